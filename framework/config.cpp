@@ -1,0 +1,228 @@
+#include "framework/config.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+namespace writescope {
+namespace {
+
+template <class T>
+constexpr const char* type_description() {
+  if constexpr (std::is_same_v<T, bool>) return "true or false";
+  else if constexpr (std::is_same_v<T, std::string>) return "a string";
+  else if constexpr (std::is_floating_point_v<T>) return "a number";
+  else if constexpr (std::is_unsigned_v<T>) return "a non-negative integer";
+  else return "an integer";
+}
+
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null: return "nothing";
+    case YAML::NodeType::Scalar: return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a mapping";
+    default: return "an undefined value";
+  }
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string join(std::initializer_list<std::string_view> words) {
+  std::string out;
+  for (auto w : words) out += (out.empty() ? "" : ", ") + std::string(w);
+  return out;
+}
+
+}  // namespace
+
+ConfigError::ConfigError(std::string source, std::string field, std::string reason)
+    : std::runtime_error(source + ": " + (field.empty() ? "" : "field '" + field + "': ") + reason),
+      source_(std::move(source)),
+      field_(std::move(field)),
+      reason_(std::move(reason)) {}
+
+std::optional<std::uint64_t> parse_byte_size(std::string_view text) {
+  std::string s(text);
+  s.erase(std::remove_if(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); }), s.end());
+  if (s.empty() || s[0] == '-' || s[0] == '+') return std::nullopt;
+  std::size_t number_end = 0;
+  double value = 0;
+  try {
+    value = std::stod(s, &number_end);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  std::string suffix = s.substr(number_end);
+  std::transform(suffix.begin(), suffix.end(), suffix.begin(), [](unsigned char c) { return std::tolower(c); });
+  static const std::pair<const char*, double> units[] = {
+      {"", 1.0},      {"b", 1.0},     {"k", 1024.0},  {"kib", 1024.0},       {"kb", 1e3},
+      {"m", 1 << 20}, {"mib", 1 << 20}, {"mb", 1e6},  {"g", 1 << 30},        {"gib", 1 << 30},
+      {"gb", 1e9},    {"t", 0x1p40},  {"tib", 0x1p40}, {"tb", 1e12}};
+  for (const auto& [name, scale] : units) {
+    if (suffix != name) continue;
+    const double bytes = value * scale;
+    if (!std::isfinite(bytes) || bytes < 0 || bytes >= 0x1p64 || bytes != std::floor(bytes)) return std::nullopt;
+    return static_cast<std::uint64_t>(bytes);
+  }
+  return std::nullopt;
+}
+
+ConfigNode::ConfigNode(YAML::Node node, std::string path, std::shared_ptr<const std::string> source)
+    : node_(std::move(node)), path_(std::move(path)), source_(std::move(source)) {}
+
+ConfigNode ConfigNode::load_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path, "", "cannot open the file for reading");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), path);
+}
+
+ConfigNode ConfigNode::parse(const std::string& text, const std::string& source) {
+  auto name = std::make_shared<const std::string>(source);
+  try {
+    YAML::Node root = YAML::Load(text);
+    ConfigNode node(root, "", name);
+    if (!root.IsMap()) throw ConfigError(source, "", "expected a mapping at the top level, got " + describe(root));
+    return node;
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1), "",
+                      "malformed YAML: " + e.msg);
+  }
+}
+
+std::string ConfigNode::child_path(const std::string& key) const {
+  return path_.empty() ? key : path_ + "." + key;
+}
+
+void ConfigNode::fail(const std::string& reason) const { throw ConfigError(*source_, path_, reason); }
+void ConfigNode::fail(const std::string& key, const std::string& reason) const {
+  throw ConfigError(*source_, child_path(key), reason);
+}
+
+void ConfigNode::require_mapping() const {
+  if (!node_.IsMap()) fail("expected a mapping, got " + describe(node_));
+}
+
+bool ConfigNode::has(const std::string& key) const {
+  require_mapping();
+  return static_cast<bool>(node_[key]);
+}
+
+YAML::Node ConfigNode::required(const std::string& key) const {
+  require_mapping();
+  YAML::Node value = node_[key];
+  if (!value || value.IsNull()) fail(key, "is required");
+  return value;
+}
+
+ConfigNode ConfigNode::child(const std::string& key) const {
+  return ConfigNode(required(key), child_path(key), source_);
+}
+
+std::optional<ConfigNode> ConfigNode::optional_child(const std::string& key) const {
+  if (!has(key) || node_[key].IsNull()) return std::nullopt;
+  return child(key);
+}
+
+std::vector<ConfigNode> ConfigNode::elements(const std::string& key) const {
+  const YAML::Node list = required(key);
+  if (!list.IsSequence()) fail(key, "expected a list, got " + describe(list));
+  if (list.size() == 0) fail(key, "must not be empty");
+  std::vector<ConfigNode> out;
+  for (std::size_t i = 0; i < list.size(); ++i)
+    out.push_back(ConfigNode(list[i], child_path(key) + "[" + std::to_string(i) + "]", source_));
+  return out;
+}
+
+template <class T>
+T ConfigNode::as() const {
+  if (!node_.IsScalar()) fail(std::string("expected ") + type_description<T>() + ", got " + describe(node_));
+  T value{};
+  if (!YAML::convert<T>::decode(node_, value))
+    fail(std::string("expected ") + type_description<T>() + ", got " + describe(node_));
+  return value;
+}
+
+template <class T>
+T ConfigNode::get(const std::string& key) const {
+  return child(key).as<T>();
+}
+
+template <class T>
+T ConfigNode::get_or(const std::string& key, T fallback) const {
+  if (!has(key) || node_[key].IsNull()) return fallback;
+  return get<T>(key);
+}
+
+template <class T>
+std::vector<T> ConfigNode::get_list(const std::string& key) const {
+  std::vector<T> out;
+  for (const ConfigNode& element : elements(key)) out.push_back(element.as<T>());
+  return out;
+}
+
+std::string ConfigNode::get_choice(const std::string& key, std::initializer_list<std::string_view> choices) const {
+  const auto value = get<std::string>(key);
+  if (std::find(choices.begin(), choices.end(), value) == choices.end())
+    fail(key, "must be one of " + join(choices) + "; got '" + value + "'");
+  return value;
+}
+
+std::uint64_t ConfigNode::get_bytes(const std::string& key) const {
+  const auto text = get<std::string>(key);
+  const auto bytes = parse_byte_size(text);
+  if (!bytes) fail(key, "expected a byte size such as 4096, 512MiB or 32GB; got '" + text + "'");
+  return *bytes;
+}
+
+void ConfigNode::allow_only(std::initializer_list<std::string_view> known) const {
+  require_mapping();
+  for (const auto& entry : node_) {
+    const auto key = entry.first.as<std::string>();
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string_view closest;
+    std::size_t best = std::numeric_limits<std::size_t>::max();
+    for (auto candidate : known) {
+      const std::size_t d = edit_distance(key, candidate);
+      if (d < best) best = d, closest = candidate;
+    }
+    std::string reason = "unknown field";
+    if (best <= 2) reason += " (did you mean '" + std::string(closest) + "'?)";
+    else reason += " (known fields: " + join(known) + ")";
+    fail(key, reason);
+  }
+}
+
+#define WRITESCOPE_INSTANTIATE_CONFIG_ACCESSORS(T)                        \
+  template T ConfigNode::as<T>() const;                                   \
+  template T ConfigNode::get<T>(const std::string&) const;                \
+  template T ConfigNode::get_or<T>(const std::string&, T) const;          \
+  template std::vector<T> ConfigNode::get_list<T>(const std::string&) const;
+
+WRITESCOPE_INSTANTIATE_CONFIG_ACCESSORS(bool)
+WRITESCOPE_INSTANTIATE_CONFIG_ACCESSORS(int)
+WRITESCOPE_INSTANTIATE_CONFIG_ACCESSORS(long)
+WRITESCOPE_INSTANTIATE_CONFIG_ACCESSORS(unsigned long)
+WRITESCOPE_INSTANTIATE_CONFIG_ACCESSORS(double)
+WRITESCOPE_INSTANTIATE_CONFIG_ACCESSORS(std::string)
+#undef WRITESCOPE_INSTANTIATE_CONFIG_ACCESSORS
+
+}  // namespace writescope

@@ -1,0 +1,93 @@
+#pragma once
+// Validated access to YAML configuration files.
+//
+// Every accessor knows the dotted path of the value it reads (e.g.
+// "models[1].context_lengths[0]"), so any problem is reported as one
+// ConfigError that names the file, the field and the reason.
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace writescope {
+
+class ConfigError : public std::runtime_error {
+ public:
+  /// `field` is the dotted path of the offending value ("" for the whole document).
+  ConfigError(std::string source, std::string field, std::string reason);
+  const std::string& source() const noexcept { return source_; }
+  const std::string& field() const noexcept { return field_; }
+  const std::string& reason() const noexcept { return reason_; }
+
+ private:
+  std::string source_, field_, reason_;
+};
+
+/// Parses "4096", "32GiB", "1.5 GB", "512 MiB", "64k" into bytes (binary
+/// suffixes are powers of 1024, decimal ones powers of 1000). Returns nothing
+/// for malformed, negative or overflowing text.
+std::optional<std::uint64_t> parse_byte_size(std::string_view text);
+
+class ConfigNode {
+ public:
+  /// Throws ConfigError if the file cannot be read or is not valid YAML.
+  static ConfigNode load_file(const std::string& path);
+  /// `source` names the text in error messages (e.g. "<command line>").
+  static ConfigNode parse(const std::string& text, const std::string& source);
+
+  const std::string& path() const noexcept { return path_; }
+  const std::string& source() const noexcept { return *source_; }
+  bool has(const std::string& key) const;
+
+  /// Required mapping or sequence child.
+  ConfigNode child(const std::string& key) const;
+  std::optional<ConfigNode> optional_child(const std::string& key) const;
+  /// Elements of a required sequence child (an empty sequence is an error).
+  std::vector<ConfigNode> elements(const std::string& key) const;
+
+  /// Required scalar child converted to T (bool, integers, double, std::string).
+  template <class T>
+  T get(const std::string& key) const;
+  template <class T>
+  T get_or(const std::string& key, T fallback) const;
+  /// Required non-empty sequence of scalars.
+  template <class T>
+  std::vector<T> get_list(const std::string& key) const;
+  /// This node itself as a scalar T.
+  template <class T>
+  T as() const;
+
+  /// Required string that must be one of `choices`.
+  std::string get_choice(const std::string& key, std::initializer_list<std::string_view> choices) const;
+  /// Required byte size ("32GiB", "4096", ...), see parse_byte_size.
+  std::uint64_t get_bytes(const std::string& key) const;
+
+  /// Throws for any key of this mapping not in `known` (catches typos).
+  void allow_only(std::initializer_list<std::string_view> known) const;
+
+  /// A ConfigError about this node (or its child `key`), for range checks
+  /// that callers perform themselves.
+  [[noreturn]] void fail(const std::string& reason) const;
+  [[noreturn]] void fail(const std::string& key, const std::string& reason) const;
+
+  const YAML::Node& yaml() const noexcept { return node_; }
+
+ private:
+  ConfigNode(YAML::Node node, std::string path, std::shared_ptr<const std::string> source);
+  std::string child_path(const std::string& key) const;
+  YAML::Node required(const std::string& key) const;
+  void require_mapping() const;
+
+  YAML::Node node_;
+  std::string path_;
+  std::shared_ptr<const std::string> source_;
+};
+
+}  // namespace writescope

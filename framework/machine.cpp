@@ -1,0 +1,130 @@
+#include "framework/machine.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "framework/results_store.hpp"
+#include "framework/runtime.hpp"
+#include "framework/spaces.hpp"
+
+#ifdef KOKKOS_ENABLE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#ifndef WRITESCOPE_BUILD_TYPE
+#define WRITESCOPE_BUILD_TYPE "unknown"
+#endif
+#ifndef WRITESCOPE_VERSION
+#define WRITESCOPE_VERSION "unknown"
+#endif
+
+extern "C" const char* writescope_git_revision_string();
+
+namespace writescope {
+namespace {
+
+/// Value of the first "key : value" line of a /proc file whose key is `key`.
+std::string proc_field(const char* file, const std::string& key) {
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    while (!name.empty() && (name.back() == ' ' || name.back() == '\t')) name.pop_back();
+    if (name != key) continue;
+    std::string value = line.substr(colon + 1);
+    value.erase(0, value.find_first_not_of(" \t"));
+    return value;
+  }
+  return "";
+}
+
+std::string read_openmp_environment() {
+  std::string out;
+  for (const char* name : {"OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "OMP_SCHEDULE"}) {
+    if (const char* value = std::getenv(name)) out += (out.empty() ? "" : " ") + std::string(name) + "=" + value;
+  }
+  return out;
+}
+
+std::string compiler_description() {
+  std::ostringstream out;
+#if defined(__clang__)
+  out << "clang " << __clang_major__ << "." << __clang_minor__ << "." << __clang_patchlevel__;
+#elif defined(__GNUC__)
+  out << "gcc " << __GNUC__ << "." << __GNUC_MINOR__ << "." << __GNUC_PATCHLEVEL__;
+#endif
+#ifdef __CUDACC_VER_MAJOR__
+  out << ", nvcc " << __CUDACC_VER_MAJOR__ << "." << __CUDACC_VER_MINOR__;
+#endif
+  return out.str();
+}
+
+}  // namespace
+
+const char* git_revision() { return writescope_git_revision_string(); }
+
+MachineDescription MachineDescription::detect() {
+  MachineDescription m;
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) m.hostname = host;
+  utsname uts{};
+  if (uname(&uts) == 0) m.operating_system = std::string(uts.sysname) + " " + uts.release + " " + uts.machine;
+  m.cpu_model = proc_field("/proc/cpuinfo", "model name");
+  m.logical_cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  m.host_threads = HostExecSpace().concurrency();
+  m.openmp_environment = read_openmp_environment();
+  const std::string mem_total = proc_field("/proc/meminfo", "MemTotal");  // "24576000 kB"
+  if (!mem_total.empty()) m.memory_bytes = std::stoll(mem_total) * 1024;
+#ifdef KOKKOS_ENABLE_CUDA
+  cudaDeviceProp prop{};
+  const int device = Kokkos::Cuda().cuda_device();
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+    m.gpu_name = prop.name;
+    m.gpu_memory_bytes = static_cast<std::int64_t>(prop.totalGlobalMem);
+    m.gpu_compute_capability = std::to_string(prop.major) + "." + std::to_string(prop.minor);
+  }
+#endif
+  m.kokkos_version = std::to_string(KOKKOS_VERSION / 10000) + "." + std::to_string(KOKKOS_VERSION / 100 % 100) +
+                     "." + std::to_string(KOKKOS_VERSION % 100);
+  for (const auto& name : ExecSpaceNames<>::get())
+    m.enabled_exec_spaces += (m.enabled_exec_spaces.empty() ? "" : ",") + name;
+  m.kokkos_configuration = writescope::kokkos_configuration();
+  m.compiler = compiler_description();
+  m.build_type = WRITESCOPE_BUILD_TYPE;
+  m.git_revision = writescope::git_revision();
+  m.writescope_version = WRITESCOPE_VERSION;
+  return m;
+}
+
+std::vector<std::pair<std::string, MachineDescription::Value>> MachineDescription::fields() const {
+  return {{"hostname", hostname},
+          {"operating_system", operating_system},
+          {"cpu_model", cpu_model},
+          {"logical_cpus", logical_cpus},
+          {"host_threads", host_threads},
+          {"openmp_environment", openmp_environment},
+          {"memory_bytes", memory_bytes},
+          {"gpu_name", gpu_name},
+          {"gpu_memory_bytes", gpu_memory_bytes},
+          {"gpu_compute_capability", gpu_compute_capability},
+          {"kokkos_version", kokkos_version},
+          {"enabled_exec_spaces", enabled_exec_spaces},
+          {"kokkos_configuration", kokkos_configuration},
+          {"compiler", compiler},
+          {"build_type", build_type},
+          {"git_revision", git_revision},
+          {"writescope_version", writescope_version}};
+}
+
+void MachineDescription::store(ResultsGroup& group) const {
+  for (const auto& [name, value] : fields())
+    std::visit([&, &name = name](const auto& v) { group.set_attribute(name, v); }, value);
+}
+
+}  // namespace writescope

@@ -1,0 +1,48 @@
+#pragma once
+// What a result was measured on: stored with every result so it can be
+// reproduced and compared across machines.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace writescope {
+
+class ResultsGroup;
+
+struct MachineDescription {
+  using Value = std::variant<std::string, std::int64_t>;
+
+  std::string hostname;
+  std::string operating_system;  // uname: sysname release machine
+  std::string cpu_model;
+  std::int64_t logical_cpus = 0;    // online CPUs
+  std::int64_t host_threads = 0;    // Kokkos host execution space concurrency
+  std::string openmp_environment;   // OMP_* variables as set, "" when none
+  std::int64_t memory_bytes = 0;    // MemTotal
+  std::string gpu_name;             // "" in a host-only build
+  std::int64_t gpu_memory_bytes = 0;
+  std::string gpu_compute_capability;
+  std::string kokkos_version;
+  std::string enabled_exec_spaces;  // comma-separated, EnabledExecSpaces order
+  std::string kokkos_configuration; // Kokkos::print_configuration, detailed
+  std::string compiler;
+  std::string build_type;
+  std::string git_revision;         // `git describe --always --dirty` at build time
+  std::string writescope_version;
+
+  /// Reads the running machine; needs an initialized Kokkos runtime.
+  static MachineDescription detect();
+
+  /// Every field, in declaration order, named as in this struct.
+  std::vector<std::pair<std::string, Value>> fields() const;
+  /// Stores every field as an attribute of `group`.
+  void store(ResultsGroup& group) const;
+};
+
+/// The revision this binary was built from (see cmake/GitRevision.cmake).
+const char* git_revision();
+
+}  // namespace writescope

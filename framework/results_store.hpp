@@ -1,0 +1,118 @@
+#pragma once
+// HDF5 results store that a killed run can never corrupt.
+//
+// Writes are copy-on-write transactions: begin() copies the committed file to
+// "<path>.partial", all writes go there, and commit() flushes, fsyncs and
+// atomically renames it over "<path>". A process killed at any moment leaves
+// "<path>" exactly as the last commit left it; a transaction that is dropped
+// without commit() changes nothing. An exclusive lock ("<path>.lock") keeps a
+// second writer out with a clear error instead of a corrupted file.
+
+#include <H5Cpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace writescope {
+
+class ResultsError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A group inside an open transaction. Datasets are row-major with the given
+/// shape (empty shape: one dimension of values.size()).
+class ResultsGroup {
+ public:
+  /// Creates a subgroup; it must not exist yet.
+  ResultsGroup create_group(const std::string& name);
+  /// Opens an existing subgroup.
+  ResultsGroup open_group(const std::string& name);
+  bool has(const std::string& name) const;
+
+  template <class T>
+  void write(const std::string& name, const std::vector<T>& values, const std::vector<std::size_t>& shape = {});
+
+  void set_attribute(const std::string& name, const std::string& value);
+  void set_attribute(const std::string& name, const char* value) { set_attribute(name, std::string(value)); }
+  void set_attribute(const std::string& name, double value);
+  void set_attribute(const std::string& name, std::int64_t value);
+  void set_attribute(const std::string& name, const std::vector<double>& values);
+
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  friend class ResultsTransaction;
+  ResultsGroup(H5::Group group, std::string path, std::string file);
+  std::string where(const std::string& name) const;
+  H5::Group group_;
+  std::string path_;
+  std::string file_;
+};
+
+class ResultsTransaction {
+ public:
+  ResultsTransaction(ResultsTransaction&&) noexcept;
+  ResultsTransaction& operator=(ResultsTransaction&&) = delete;
+  ~ResultsTransaction();
+
+  ResultsGroup root();
+  /// Makes every write of this transaction durable and visible at once.
+  void commit();
+
+ private:
+  friend class ResultsStore;
+  ResultsTransaction(std::string path, std::string partial_path);
+  std::string path_, partial_path_;
+  std::unique_ptr<H5::H5File> file_;
+};
+
+/// Owner of one results file for writing. Holds the file's lock while alive.
+class ResultsStore {
+ public:
+  /// Creates the file (empty, committed) if it does not exist. Throws
+  /// ResultsError if another process holds the lock or the file is not HDF5.
+  explicit ResultsStore(std::string path);
+  ~ResultsStore();
+  ResultsStore(const ResultsStore&) = delete;
+  ResultsStore& operator=(const ResultsStore&) = delete;
+
+  const std::string& path() const noexcept { return path_; }
+  /// Names of the committed top-level groups.
+  std::vector<std::string> groups() const;
+  bool contains(const std::string& group) const;
+  /// Starts a transaction on a copy of the committed file. One at a time.
+  ResultsTransaction begin();
+
+ private:
+  std::string path_;
+  int lock_fd_ = -1;
+};
+
+/// Read-only access to a committed results file.
+class ResultsReader {
+ public:
+  explicit ResultsReader(const std::string& path);
+
+  bool exists(const std::string& object_path) const;
+  /// Member names of a group ("/" for the root), in creation order.
+  std::vector<std::string> list(const std::string& group_path) const;
+  std::vector<std::size_t> shape(const std::string& dataset_path) const;
+  template <class T>
+  std::vector<T> read(const std::string& dataset_path) const;
+
+  std::string string_attribute(const std::string& object_path, const std::string& name) const;
+  double double_attribute(const std::string& object_path, const std::string& name) const;
+  std::int64_t int_attribute(const std::string& object_path, const std::string& name) const;
+  std::vector<double> doubles_attribute(const std::string& object_path, const std::string& name) const;
+
+ private:
+  H5::Attribute attribute(const std::string& object_path, const std::string& name) const;
+  std::string path_;
+  H5::H5File file_;
+};
+
+}  // namespace writescope

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The main job. Sets up everything on a fresh Debian 12 machine, builds the
+# host variant, prints the machine description and measures the bandwidth
+# bounds. Results go to results/ (bandwidth.json, machine.yaml).
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+build=$("$repo/scripts/build.sh" host)
+mkdir -p "$repo/results"
+export OMP_PROC_BIND=${OMP_PROC_BIND:-spread} OMP_PLACES=${OMP_PLACES:-threads}
+"$build/experiments/writescope" info
+"$build/experiments/writescope" info --format yaml >"$repo/results/machine.yaml"
+"$build/benchmarks/writescope_bandwidth" --benchmark_out="$repo/results/bandwidth.json" \
+  --benchmark_out_format=json "$@"
+echo "run: wrote results/machine.yaml and results/bandwidth.json" >&2

@@ -1,0 +1,152 @@
+#include "framework/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+namespace writescope {
+namespace {
+
+/// Runs `body`, requires a ConfigError, returns it for inspection.
+template <class Body>
+ConfigError expect_config_error(Body&& body) {
+  try {
+    body();
+  } catch (const ConfigError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no ConfigError thrown";
+  return ConfigError("", "", "");
+}
+
+const char* const sample = R"(
+name: quick
+seed: 7
+ratio: 0.25
+enabled: true
+vram_budget: 32GiB
+context_lengths: [8192, 32768]
+models:
+  - name: qwen3-30b-a3b
+    layers: 4
+  - name: mixtral-8x7b
+    layers: two
+)";
+
+TEST(Config, ReadsTypedScalarsListsAndNestedNodes) {
+  const auto config = ConfigNode::parse(sample, "sample.yaml");
+  EXPECT_EQ(config.get<std::string>("name"), "quick");
+  EXPECT_EQ(config.get<long>("seed"), 7);
+  EXPECT_DOUBLE_EQ(config.get<double>("ratio"), 0.25);
+  EXPECT_TRUE(config.get<bool>("enabled"));
+  EXPECT_EQ(config.get_bytes("vram_budget"), 32ull << 30);
+  EXPECT_EQ(config.get_list<long>("context_lengths"), (std::vector<long>{8192, 32768}));
+  EXPECT_EQ(config.get_or<int>("absent", 42), 42);
+  const auto models = config.elements("models");
+  ASSERT_EQ(models.size(), 2u);
+  EXPECT_EQ(models[0].path(), "models[0]");
+  EXPECT_EQ(models[0].get<int>("layers"), 4);
+}
+
+TEST(Config, WrongTypeNamesFieldPathAndValue) {
+  const auto config = ConfigNode::parse(sample, "sample.yaml");
+  const auto models = config.elements("models");
+  const auto e = expect_config_error([&] { models[1].get<int>("layers"); });
+  EXPECT_EQ(e.source(), "sample.yaml");
+  EXPECT_EQ(e.field(), "models[1].layers");
+  EXPECT_EQ(e.reason(), "expected an integer, got 'two'");
+  EXPECT_STREQ(e.what(), "sample.yaml: field 'models[1].layers': expected an integer, got 'two'");
+}
+
+TEST(Config, MissingFieldIsRequired) {
+  const auto config = ConfigNode::parse(sample, "sample.yaml");
+  const auto e = expect_config_error([&] { config.get<std::string>("output"); });
+  EXPECT_EQ(e.field(), "output");
+  EXPECT_EQ(e.reason(), "is required");
+}
+
+TEST(Config, NegativeValueIsNotUnsigned) {
+  const auto config = ConfigNode::parse("steps: -3\n", "c.yaml");
+  const auto e = expect_config_error([&] { config.get<unsigned long>("steps"); });
+  EXPECT_EQ(e.reason(), "expected a non-negative integer, got '-3'");
+}
+
+TEST(Config, ListsAreCheckedElementByElement) {
+  const auto config = ConfigNode::parse("lengths: [1024, big, 4096]\nempty: []\nscalar: 3\n", "c.yaml");
+  auto e = expect_config_error([&] { config.get_list<long>("lengths"); });
+  EXPECT_EQ(e.field(), "lengths[1]");
+  e = expect_config_error([&] { config.get_list<long>("empty"); });
+  EXPECT_EQ(e.reason(), "must not be empty");
+  e = expect_config_error([&] { config.get_list<long>("scalar"); });
+  EXPECT_EQ(e.reason(), "expected a list, got '3'");
+  e = expect_config_error([&] { config.get<long>("lengths"); });
+  EXPECT_EQ(e.reason(), "expected an integer, got a list");
+}
+
+TEST(Config, ChoicesListTheAllowedValues) {
+  const auto config = ConfigNode::parse("system: writescop\n", "c.yaml");
+  const auto e = expect_config_error([&] { config.get_choice("system", {"writescope", "fiddler", "gpu-only"}); });
+  EXPECT_EQ(e.reason(), "must be one of writescope, fiddler, gpu-only; got 'writescop'");
+}
+
+TEST(Config, UnknownKeysAreRejectedWithASuggestion) {
+  const auto config = ConfigNode::parse("seed: 1\nrepetitons: 3\n", "c.yaml");
+  auto e = expect_config_error([&] { config.allow_only({"seed", "repetitions", "output"}); });
+  EXPECT_EQ(e.field(), "repetitons");
+  EXPECT_EQ(e.reason(), "unknown field (did you mean 'repetitions'?)");
+  const auto far = ConfigNode::parse("zzzzzz: 1\n", "c.yaml");
+  e = expect_config_error([&] { far.allow_only({"seed", "output"}); });
+  EXPECT_EQ(e.reason(), "unknown field (known fields: seed, output)");
+  EXPECT_NO_THROW(config.allow_only({"seed", "repetitons"}));
+}
+
+TEST(Config, MalformedYamlGivesLineAndColumn) {
+  const auto e = expect_config_error([] { ConfigNode::parse("a: 1\nb: [1, 2\n", "broken.yaml"); });
+  EXPECT_EQ(e.source().rfind("broken.yaml:", 0), 0u) << e.source();
+  EXPECT_NE(e.reason().find("malformed YAML"), std::string::npos);
+}
+
+TEST(Config, TopLevelMustBeAMapping) {
+  const auto e = expect_config_error([] { ConfigNode::parse("- 1\n- 2\n", "list.yaml"); });
+  EXPECT_EQ(e.reason(), "expected a mapping at the top level, got a list");
+}
+
+TEST(Config, UnreadableFileIsNamed) {
+  const auto e = expect_config_error([] { ConfigNode::load_file("/nonexistent/writescope.yaml"); });
+  EXPECT_EQ(e.source(), "/nonexistent/writescope.yaml");
+  EXPECT_EQ(e.reason(), "cannot open the file for reading");
+}
+
+TEST(Config, LoadsFromFile) {
+  const std::string path = ::testing::TempDir() + "writescope_config_test.yaml";
+  std::ofstream(path) << "steps: 12\n";
+  EXPECT_EQ(ConfigNode::load_file(path).get<int>("steps"), 12);
+  std::remove(path.c_str());
+}
+
+TEST(Config, CallerRangeChecksUseTheSamePath) {
+  const auto config = ConfigNode::parse("model: {layers: 0}\n", "c.yaml");
+  const auto model = config.child("model");
+  const auto e = expect_config_error([&] {
+    if (model.get<int>("layers") < 1) model.fail("layers", "must be at least 1");
+  });
+  EXPECT_STREQ(e.what(), "c.yaml: field 'model.layers': must be at least 1");
+}
+
+TEST(ByteSize, ParsesBinaryAndDecimalSuffixes) {
+  EXPECT_EQ(parse_byte_size("4096"), 4096u);
+  EXPECT_EQ(parse_byte_size("32GiB"), 32ull << 30);
+  EXPECT_EQ(parse_byte_size("32 gb"), 32'000'000'000ull);
+  EXPECT_EQ(parse_byte_size("1.5 MiB"), 3ull << 19);
+  EXPECT_EQ(parse_byte_size("64k"), 65536u);
+  EXPECT_EQ(parse_byte_size("2T"), 2ull << 40);
+}
+
+TEST(ByteSize, RejectsMalformedValues) {
+  for (const char* bad : {"", "-1", "+5", "GiB", "12 parsecs", "0.5", "1e30", "nan", "inf GB"})
+    EXPECT_FALSE(parse_byte_size(bad).has_value()) << bad;
+}
+
+}  // namespace
+}  // namespace writescope

@@ -1,0 +1,159 @@
+#include "framework/results_store.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace writescope {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ResultsStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ("writescope_results_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    path_ = (dir_ / "results.h5").string();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path dir_;
+  std::string path_;
+};
+
+TEST_F(ResultsStoreTest, DatasetsAndAttributesRoundTrip) {
+  const std::vector<double> times{1.5, 2.25, 3.0, 4.75, 5.5, 6.0};
+  const std::vector<std::int64_t> bytes{1, -2, 3'000'000'000'000};
+  const std::vector<float> alpha{0.5f, 0.25f};
+  const std::vector<std::uint64_t> counts{7, 8, 9, 10};
+  const std::vector<std::int32_t> ids{-1, 4};
+  {
+    ResultsStore store(path_);
+    auto txn = store.begin();
+    auto run = txn.root().create_group("run_0");
+    run.write("step_seconds", times, {2, 3});
+    run.write("bytes", bytes);
+    run.write("alpha", alpha);
+    run.write("counts", counts, {2, 2});
+    run.write("ids", ids);
+    run.write("empty", std::vector<double>{});
+    run.set_attribute("system", "writescope");
+    run.set_attribute("tokens_per_second", 123.5);
+    run.set_attribute("batch", std::int64_t{4});
+    run.set_attribute("budgets", std::vector<double>{1e9, 2e9});
+    run.set_attribute("batch", std::int64_t{8});  // replaced, not duplicated
+    auto nested = run.create_group("layer_3");
+    nested.write("seconds", std::vector<double>{0.125});
+    txn.commit();
+  }
+  ResultsReader reader(path_);
+  EXPECT_EQ(reader.shape("/run_0/step_seconds"), (std::vector<std::size_t>{2, 3}));
+  EXPECT_EQ(reader.read<double>("/run_0/step_seconds"), times);
+  EXPECT_EQ(reader.read<std::int64_t>("/run_0/bytes"), bytes);
+  EXPECT_EQ(reader.read<float>("/run_0/alpha"), alpha);
+  EXPECT_EQ(reader.read<std::uint64_t>("/run_0/counts"), counts);
+  EXPECT_EQ(reader.read<std::int32_t>("/run_0/ids"), ids);
+  EXPECT_EQ(reader.read<double>("/run_0/ids"), (std::vector<double>{-1.0, 4.0}));  // converting read
+  EXPECT_TRUE(reader.read<double>("/run_0/empty").empty());
+  EXPECT_EQ(reader.string_attribute("/run_0", "system"), "writescope");
+  EXPECT_DOUBLE_EQ(reader.double_attribute("/run_0", "tokens_per_second"), 123.5);
+  EXPECT_EQ(reader.int_attribute("/run_0", "batch"), 8);
+  EXPECT_EQ(reader.doubles_attribute("/run_0", "budgets"), (std::vector<double>{1e9, 2e9}));
+  EXPECT_EQ(reader.read<double>("/run_0/layer_3/seconds"), (std::vector<double>{0.125}));
+  EXPECT_TRUE(reader.exists("/run_0/layer_3/seconds"));
+  EXPECT_FALSE(reader.exists("/run_0/layer_4/seconds"));
+  EXPECT_FALSE(reader.exists("/run_1"));
+}
+
+TEST_F(ResultsStoreTest, GroupsListInCreationOrderAcrossTransactions) {
+  ResultsStore store(path_);
+  EXPECT_TRUE(store.groups().empty());
+  for (const char* name : {"zeta", "alpha", "mid"}) {
+    auto txn = store.begin();
+    txn.root().create_group(name);
+    txn.commit();
+  }
+  EXPECT_EQ(store.groups(), (std::vector<std::string>{"zeta", "alpha", "mid"}));
+  EXPECT_TRUE(store.contains("alpha"));
+}
+
+TEST_F(ResultsStoreTest, UncommittedTransactionChangesNothing) {
+  ResultsStore store(path_);
+  {
+    auto txn = store.begin();
+    txn.root().create_group("kept").write("x", std::vector<double>{1.0});
+    txn.commit();
+  }
+  {
+    auto txn = store.begin();
+    txn.root().create_group("dropped").write("x", std::vector<double>{2.0});
+  }
+  EXPECT_EQ(store.groups(), std::vector<std::string>{"kept"});
+  EXPECT_FALSE(fs::exists(path_ + ".partial"));
+}
+
+TEST_F(ResultsStoreTest, ReopeningAppendsToEarlierResults) {
+  {
+    ResultsStore store(path_);
+    auto txn = store.begin();
+    txn.root().create_group("first").write("x", std::vector<double>{1.0});
+    txn.commit();
+  }
+  ResultsStore store(path_);
+  auto txn = store.begin();
+  txn.root().create_group("second");
+  txn.commit();
+  EXPECT_EQ(store.groups(), (std::vector<std::string>{"first", "second"}));
+  EXPECT_EQ(ResultsReader(path_).read<double>("/first/x"), std::vector<double>{1.0});
+}
+
+TEST_F(ResultsStoreTest, SecondWriterIsRefusedWhileTheFirstHoldsTheLock) {
+  ResultsStore first(path_);
+  try {
+    ResultsStore second(path_);
+    FAIL() << "second writer was allowed";
+  } catch (const ResultsError& e) {
+    EXPECT_NE(std::string(e.what()).find("another process is writing this results file"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(ResultsStoreTest, NonHdf5FileIsRefusedAndLeftUntouched) {
+  std::ofstream(path_) << "precious notes\n";
+  EXPECT_THROW(ResultsStore store(path_), ResultsError);
+  std::ifstream in(path_);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "precious notes");
+}
+
+TEST_F(ResultsStoreTest, ErrorsNameTheObject) {
+  ResultsStore store(path_);
+  auto txn = store.begin();
+  auto run = txn.root().create_group("run");
+  try {
+    run.write("bad", std::vector<double>{1, 2, 3}, {2, 2});
+    FAIL() << "shape mismatch accepted";
+  } catch (const ResultsError& e) {
+    EXPECT_NE(std::string(e.what()).find("/run/bad: shape holds 4 values but 3 were given"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(txn.root().create_group("run"), ResultsError);
+  EXPECT_THROW(ResultsReader("/nonexistent/results.h5"), ResultsError);
+  txn.commit();
+  try {
+    ResultsReader(path_).read<double>("/run/missing");
+    FAIL() << "missing dataset read";
+  } catch (const ResultsError& e) {
+    EXPECT_NE(std::string(e.what()).find("/run/missing"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace writescope
