@@ -18,7 +18,7 @@ namespace {
 
 constexpr std::int64_t mebibyte = std::int64_t{1} << 20;
 /// Elements per work item: long enough for a vectorised inner loop.
-constexpr std::int64_t chunk = 4096;
+constexpr std::int64_t chunk = 1 << 15;
 
 using HostWords = Kokkos::View<std::uint64_t*, HostMemSpace>;
 

@@ -5,7 +5,9 @@
 #include "framework/machine.hpp"
 #include "framework/runtime.hpp"
 
-int main(int argc, char* argv[]) {
+#include <iostream>
+
+int main(int argc, char* argv[]) try {
   writescope::Runtime runtime(argc, argv);
   const auto machine = writescope::MachineDescription::detect();
   for (const auto& [name, value] : machine.fields()) {
@@ -20,4 +22,7 @@ int main(int argc, char* argv[]) {
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
+} catch (const writescope::RuntimeError& e) {
+  std::cerr << "writescope_bandwidth: " << e.what() << "\n";
+  return 1;
 }

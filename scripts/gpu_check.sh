@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine over a carried gpu-bundle/ (scripts/gpu_bundle.sh):
+# the machine description, the whole test suite on every enabled execution
+# space (Cuda included) and the bandwidth benchmarks. Everything it writes goes
+# to $OUT (default: gpu-results/).
+set -uo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bundle=$repo/gpu-bundle
+out=${OUT:-$repo/gpu-results}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export OMP_PROC_BIND=spread OMP_PLACES=threads
+status=0
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+"$bundle/bin/writescope" info >"$out/info.txt" 2>&1 || status=1
+"$bundle/bin/writescope_tests" --gtest_output=xml:"$out/tests.xml" >"$out/tests.log" 2>&1 || status=1
+tail -3 "$out/tests.log"
+"$bundle/bin/writescope_bandwidth" --benchmark_out="$out/bandwidth.json" --benchmark_out_format=json \
+  --benchmark_min_time=0.2 ${WRITESCOPE_BENCHMARK_FILTER:+--benchmark_filter=$WRITESCOPE_BENCHMARK_FILTER} \
+  2>&1 | grep -E 'manual_time|^Benchmark' || status=1
+exit $status
