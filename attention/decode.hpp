@@ -1,0 +1,61 @@
+#pragma once
+// Split-KV decode attention over InplaceKVCache block segments (DESIGN.md §3).
+//
+// One call attends one query token per batch entry over a list of block
+// segments that all live in one pool (one memory space, one block order), and
+// returns a partial state per (batch entry, query head). Work is split along
+// the sequence (flash-decoding): every (segment, KV head) pair is an
+// independent work item producing a partial state for the KV head's group of
+// query heads, and a second kernel merges the segments of each batch entry by
+// log-sum-exp. Partial states of different pools, devices or regions merge the
+// same way (partial_state.hpp).
+//
+// The structure is one Kokkos source for every execution space. Only the
+// innermost block product is specialised: host spaces use the vectorised
+// product of impl/host_block_attention.hpp, other spaces (and host spaces when
+// asked for BlockProduct::portable) a team kernel with vector lanes over the
+// head dimension.
+
+#include <Kokkos_Core.hpp>
+
+#include <vector>
+
+#include "attention/partial_state.hpp"
+#include "attention/shape.hpp"
+#include "framework/bf16.hpp"
+#include "layouts/kv_format.hpp"
+
+namespace writescope {
+
+enum class BlockProduct {
+  automatic,  // the fastest product for the execution space
+  portable,   // the team kernel on every space (tests use it to cover both)
+};
+
+/// Device-side buffers of decode_attention, reused across calls (they only grow).
+template <class MemSpace>
+struct DecodeWorkspace {
+  Kokkos::View<BlockSegment*, MemSpace> segments;
+  Kokkos::View<int*, MemSpace> batch_offsets;                  // (batch + 1)
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> segment_o;  // (segments, q_heads, value_dim)
+  Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> segment_lse;  // (segments, q_heads)
+};
+
+/// Attends queries(b, :, :) over the segments with batch_index b, for every b.
+///   queries:  (batch, q_heads, key_dim) floats in ExecSpace's memory space
+///   pool:     (slots, block_elements) blocks of `geometry` in `order`, readable by ExecSpace
+///   segments: sorted by batch_index; batch entries without segments get the empty state
+///   out:      (batch, q_heads, value_dim) and (batch, q_heads); lse is natural log
+template <class ExecSpace, class Scalar, class PoolSpace>
+void decode_attention(const ExecSpace& space, const AttentionShape& shape, const BlockGeometry& geometry,
+                      BlockOrder order,
+                      const Kokkos::View<const float***, Kokkos::LayoutRight, typename ExecSpace::memory_space>& queries,
+                      const Kokkos::View<const Scalar**, Kokkos::LayoutRight, PoolSpace>& pool,
+                      const std::vector<BlockSegment>& segments,
+                      DecodeWorkspace<typename ExecSpace::memory_space>& workspace,
+                      const PartialState<typename ExecSpace::memory_space>& out,
+                      BlockProduct product = BlockProduct::automatic);
+
+}  // namespace writescope
+
+#include "attention/impl/decode_impl.hpp"

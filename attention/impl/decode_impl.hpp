@@ -1,0 +1,257 @@
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "attention/impl/host_block_attention.hpp"
+#include "framework/math.hpp"
+
+namespace writescope {
+namespace impl {
+
+template <class ExecSpace>
+inline constexpr bool is_host_exec_space =
+    Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible &&
+    std::is_same_v<typename ExecSpace::memory_space, Kokkos::HostSpace>;
+
+/// Host work item (segment, KV head): the vectorised block product.
+template <class ExecSpace, class Scalar, class PoolSpace>
+struct DecodeSegmentsHostKernel {
+  using MemSpace = typename ExecSpace::memory_space;
+  Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace> queries;
+  Kokkos::View<const Scalar**, Kokkos::LayoutRight, PoolSpace> pool;
+  Kokkos::View<const BlockSegment*, MemSpace> segments;
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> segment_o;
+  Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> segment_lse;
+  BlockGeometry geometry;
+  BlockOrder order;
+  int group;
+  float scale;
+
+  void operator()(int work) const {
+    const int kv_head = work % geometry.kv_heads;
+    const BlockSegment segment = segments(work / geometry.kv_heads);
+    const int s = work / geometry.kv_heads;
+    const int q0 = kv_head * group;
+    float scores[max_group * 256];
+    std::vector<float> large_scores;
+    float* scratch = scores;
+    if (group * segment.token_count > max_group * 256) {
+      large_scores.resize(static_cast<std::size_t>(group) * segment.token_count);
+      scratch = large_scores.data();
+    }
+    const HostSegment<Scalar> input{&pool(segment.slot, 0), geometry,        order, kv_head,
+                                    segment.token_begin,    segment.token_count, &queries(segment.batch_index, q0, 0),
+                                    group,                  scale};
+    host_segment_attention(input, scratch, &segment_o(s, q0, 0), &segment_lse(s, q0));
+  }
+};
+
+/// Portable work item (segment, KV head) as one team: scores with vector lanes
+/// over the key dimension, softmax by team reductions, then P·V with the team's
+/// threads and lanes over the value dimension (coalesced reads of value rows).
+template <class ExecSpace, class Scalar, class PoolSpace>
+struct DecodeSegmentsTeamKernel {
+  using MemSpace = typename ExecSpace::memory_space;
+  using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  using Scratch = Kokkos::View<float*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+
+  Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace> queries;
+  Kokkos::View<const Scalar**, Kokkos::LayoutRight, PoolSpace> pool;
+  Kokkos::View<const BlockSegment*, MemSpace> segments;
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> segment_o;
+  Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> segment_lse;
+  BlockGeometry geometry;
+  BlockOrder order;
+  int group;
+  float scale;
+
+  /// scores (group, block_tokens), then maxima and sums (group each).
+  std::size_t scratch_floats() const { return static_cast<std::size_t>(group) * (geometry.block_tokens + 2); }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const int kv_head = team.league_rank() % geometry.kv_heads;
+    const int s = team.league_rank() / geometry.kv_heads;
+    const BlockSegment segment = segments(s);
+    const int n = segment.token_count;
+    const Scalar* block = &pool(segment.slot, 0);
+    Scratch scratch(team.team_scratch(0), scratch_floats());
+    float* scores = scratch.data();
+    float* maxima = scores + group * geometry.block_tokens;
+    float* sums = maxima + group;
+    const int q0 = kv_head * group;
+
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int i) {
+      const int token = segment.token_begin + i;
+      for (int q = 0; q < group; ++q) {
+        float dot = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(team, geometry.key_dim),
+            [&](int d, float& acc) {
+              acc += queries(segment.batch_index, q0 + q, d) *
+                     to_float(block[geometry.key_offset(order, token, kv_head, d)]);
+            },
+            dot);
+        Kokkos::single(Kokkos::PerThread(team), [&]() { scores[q * geometry.block_tokens + i] = dot * scale; });
+      }
+    });
+    team.team_barrier();
+
+    for (int q = 0; q < group; ++q) {
+      float* row = scores + q * geometry.block_tokens;
+      float m = math::negative_infinity();
+      Kokkos::parallel_reduce(
+          Kokkos::TeamThreadRange(team, n), [&](int i, float& best) { best = row[i] > best ? row[i] : best; },
+          Kokkos::Max<float>(m));
+      float sum = 0;
+      team.team_barrier();
+      Kokkos::parallel_reduce(
+          Kokkos::TeamThreadRange(team, n),
+          [&](int i, float& acc) {
+            const float p = math::exp(row[i] - m);
+            Kokkos::single(Kokkos::PerThread(team), [&]() { row[i] = p; });
+            acc += p;
+          },
+          sum);
+      Kokkos::single(Kokkos::PerTeam(team), [&]() {
+        maxima[q] = m;
+        sums[q] = sum;
+      });
+    }
+    team.team_barrier();
+
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, geometry.value_dim), [&](int d) {
+      float acc[max_group];
+      for (int q = 0; q < group; ++q) acc[q] = 0;
+      for (int i = 0; i < n; ++i) {
+        const float v = to_float(block[geometry.value_offset(order, segment.token_begin + i, kv_head, d)]);
+        for (int q = 0; q < group; ++q) acc[q] += scores[q * geometry.block_tokens + i] * v;
+      }
+      for (int q = 0; q < group; ++q) segment_o(s, q0 + q, d) = acc[q] / sums[q];
+    });
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, group),
+                         [&](int q) { segment_lse(s, q0 + q) = maxima[q] + math::log(sums[q]); });
+  }
+};
+
+/// Merges the segments of each (batch entry, query head) by log-sum-exp.
+template <class MemSpace>
+struct MergeSegmentsKernel {
+  Kokkos::View<const int*, MemSpace> batch_offsets;
+  Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace> segment_o;
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> segment_lse;
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> o;
+  Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> lse;
+
+  KOKKOS_INLINE_FUNCTION void operator()(int b, int q) const {
+    const int first = batch_offsets(b), last = batch_offsets(b + 1);
+    float m = math::negative_infinity();
+    for (int s = first; s < last; ++s) m = segment_lse(s, q) > m ? segment_lse(s, q) : m;
+    const int value_dim = static_cast<int>(o.extent(2));
+    if (first == last || m == math::negative_infinity()) {
+      for (int d = 0; d < value_dim; ++d) o(b, q, d) = 0;
+      lse(b, q) = math::negative_infinity();
+      return;
+    }
+    float total = 0;
+    for (int s = first; s < last; ++s) total += math::exp(segment_lse(s, q) - m);
+    for (int d = 0; d < value_dim; ++d) {
+      float acc = 0;
+      for (int s = first; s < last; ++s) acc += math::exp(segment_lse(s, q) - m) * segment_o(s, q, d);
+      o(b, q, d) = acc / total;
+    }
+    lse(b, q) = m + math::log(total);
+  }
+};
+
+template <class View, class... Extents>
+void grow(View& view, const char* label, Extents... extents) {
+  const std::size_t wanted[] = {static_cast<std::size_t>(extents)...};
+  bool big_enough = view.data() != nullptr;
+  for (std::size_t r = 0; r < sizeof...(Extents); ++r) big_enough = big_enough && view.extent(r) >= wanted[r];
+  if (!big_enough)
+    view = View(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), static_cast<std::size_t>(extents)...);
+}
+
+}  // namespace impl
+
+template <class ExecSpace, class Scalar, class PoolSpace>
+void decode_attention(const ExecSpace& space, const AttentionShape& shape, const BlockGeometry& geometry,
+                      BlockOrder order,
+                      const Kokkos::View<const float***, Kokkos::LayoutRight, typename ExecSpace::memory_space>& queries,
+                      const Kokkos::View<const Scalar**, Kokkos::LayoutRight, PoolSpace>& pool,
+                      const std::vector<BlockSegment>& segments,
+                      DecodeWorkspace<typename ExecSpace::memory_space>& workspace,
+                      const PartialState<typename ExecSpace::memory_space>& out, BlockProduct product) {
+  using MemSpace = typename ExecSpace::memory_space;
+  static_assert(Kokkos::SpaceAccessibility<ExecSpace, PoolSpace>::accessible,
+                "decode_attention: the execution space cannot read the pool's memory space");
+  shape.validate();
+  const int batch = static_cast<int>(queries.extent(0));
+  if (shape.kv_heads != geometry.kv_heads || shape.key_dim != geometry.key_dim ||
+      shape.value_dim != geometry.value_dim || shape.values_in_keys != geometry.values_in_keys)
+    throw std::invalid_argument("decode_attention: attention shape and block geometry disagree");
+  if (shape.group() > impl::max_group)
+    throw std::invalid_argument("decode_attention: at most " + std::to_string(impl::max_group) +
+                                " query heads per KV head are supported, got " + std::to_string(shape.group()));
+  if (queries.extent(1) != static_cast<std::size_t>(shape.q_heads) ||
+      queries.extent(2) != static_cast<std::size_t>(shape.key_dim) || out.batch() != batch ||
+      out.q_heads() != shape.q_heads || out.value_dim() != shape.value_dim)
+    throw std::invalid_argument("decode_attention: queries must be (batch, q_heads, key_dim) and out (batch, q_heads, value_dim)");
+
+  // Segment list and per-batch offsets, checked and copied to the device.
+  std::vector<int> offsets(static_cast<std::size_t>(batch) + 1, 0);
+  for (std::size_t s = 0; s < segments.size(); ++s) {
+    const BlockSegment& seg = segments[s];
+    if (seg.batch_index < 0 || seg.batch_index >= batch || (s > 0 && seg.batch_index < segments[s - 1].batch_index))
+      throw std::invalid_argument("decode_attention: segments must be sorted by a batch_index in [0, batch)");
+    if (seg.slot < 0 || seg.slot >= static_cast<int>(pool.extent(0)) || seg.token_begin < 0 || seg.token_count < 1 ||
+        seg.token_begin + seg.token_count > geometry.block_tokens)
+      throw std::invalid_argument("decode_attention: segment " + std::to_string(s) + " lies outside the pool");
+    offsets[seg.batch_index + 1] += 1;
+  }
+  for (int b = 0; b < batch; ++b) offsets[b + 1] += offsets[b];
+  const int count = static_cast<int>(segments.size());
+  impl::grow(workspace.segments, "writescope::attention::segments", std::max(count, 1));
+  impl::grow(workspace.batch_offsets, "writescope::attention::batch_offsets", batch + 1);
+  impl::grow(workspace.segment_o, "writescope::attention::segment_o", std::max(count, 1), shape.q_heads,
+             shape.value_dim);
+  impl::grow(workspace.segment_lse, "writescope::attention::segment_lse", std::max(count, 1), shape.q_heads);
+  using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+  Kokkos::deep_copy(space, Kokkos::subview(workspace.segments, std::make_pair(0, count)),
+                    Kokkos::View<const BlockSegment*, Kokkos::HostSpace, Unmanaged>(segments.data(), count));
+  Kokkos::deep_copy(space, Kokkos::subview(workspace.batch_offsets, std::make_pair(0, batch + 1)),
+                    Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(offsets.data(), batch + 1));
+
+  const int work_items = count * geometry.kv_heads;
+  auto launch_team_kernel = [&] {
+    const impl::DecodeSegmentsTeamKernel<ExecSpace, Scalar, PoolSpace> kernel{
+        queries, pool, workspace.segments, workspace.segment_o, workspace.segment_lse,
+        geometry, order, shape.group(), shape.scale()};
+    constexpr bool host = impl::is_host_exec_space<ExecSpace>;
+    Kokkos::TeamPolicy<ExecSpace> policy(space, work_items, host ? 1 : 4, host ? 1 : 32);
+    policy.set_scratch_size(0, Kokkos::PerTeam(kernel.scratch_floats() * sizeof(float)));
+    Kokkos::parallel_for("writescope::attention::decode_segments", policy, kernel);
+  };
+  if (work_items > 0) {
+    if constexpr (impl::is_host_exec_space<ExecSpace>) {
+      if (product == BlockProduct::automatic)
+        Kokkos::parallel_for("writescope::attention::decode_segments_host",
+                             Kokkos::RangePolicy<ExecSpace>(space, 0, work_items),
+                             impl::DecodeSegmentsHostKernel<ExecSpace, Scalar, PoolSpace>{
+                                 queries, pool, workspace.segments, workspace.segment_o, workspace.segment_lse,
+                                 geometry, order, shape.group(), shape.scale()});
+      else
+        launch_team_kernel();
+    } else {
+      launch_team_kernel();
+    }
+  }
+  Kokkos::parallel_for("writescope::attention::merge_segments",
+                       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {batch, shape.q_heads}),
+                       impl::MergeSegmentsKernel<MemSpace>{workspace.batch_offsets, workspace.segment_o,
+                                                           workspace.segment_lse, out.o, out.lse});
+}
+
+}  // namespace writescope

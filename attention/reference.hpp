@@ -1,0 +1,32 @@
+#pragma once
+// Plain reference attention: double accumulation, no tricks. Every kernel is
+// tested against it.
+
+#include <cstdint>
+#include <vector>
+
+#include "attention/shape.hpp"
+
+namespace writescope {
+
+/// Keys and values of one sequence, as floats: keys (tokens, kv_heads, key_dim),
+/// values (tokens, kv_heads, value_dim); when shape.values_in_keys, values are
+/// read from the keys and `values` is unused.
+struct ReferenceKV {
+  const float* keys;
+  const float* values;
+  std::int64_t tokens;
+};
+
+/// Decode attention of one query (q_heads, key_dim) over tokens [begin, end).
+/// o: (q_heads, value_dim); lse: (q_heads), natural log, -inf for an empty range.
+void reference_decode(const AttentionShape& shape, const float* query, const ReferenceKV& kv, std::int64_t begin,
+                      std::int64_t end, std::vector<double>& o, std::vector<double>& lse);
+
+/// Causal prefill: queries (query_tokens, q_heads, key_dim) at positions
+/// [first_position, first_position + query_tokens) attend to tokens
+/// [0, position]. o: (query_tokens, q_heads, value_dim).
+void reference_prefill(const AttentionShape& shape, const float* queries, std::int64_t query_tokens,
+                       std::int64_t first_position, const ReferenceKV& kv, std::vector<double>& o);
+
+}  // namespace writescope

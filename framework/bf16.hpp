@@ -1,0 +1,60 @@
+#pragma once
+// bfloat16 storage for Kokkos 3.4, which has no bf16 type: a 16-bit word that
+// holds the upper half of an IEEE float. Arithmetic always happens in float;
+// conversion to float is exact, conversion from float rounds to nearest even.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace writescope {
+
+struct bf16 {
+  std::uint16_t bits;
+};
+
+KOKKOS_INLINE_FUNCTION float float_from_bits(std::uint32_t bits) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(bits);
+#else
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+#endif
+}
+
+KOKKOS_INLINE_FUNCTION std::uint32_t bits_from_float(float value) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(value);
+#else
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+#endif
+}
+
+KOKKOS_INLINE_FUNCTION float to_float(float value) { return value; }
+KOKKOS_INLINE_FUNCTION float to_float(bf16 value) { return float_from_bits(std::uint32_t{value.bits} << 16); }
+
+/// Float -> Scalar (float or bf16); bf16 rounds to nearest even, NaN stays NaN.
+template <class Scalar>
+KOKKOS_INLINE_FUNCTION Scalar from_float(float value) {
+  if constexpr (std::is_same_v<Scalar, float>) {
+    return value;
+  } else {
+    const std::uint32_t bits = bits_from_float(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<std::uint16_t>((bits >> 16) | 0x40u)};
+    const std::uint32_t rounded = bits + 0x7fffu + ((bits >> 16) & 1u);
+    return bf16{static_cast<std::uint16_t>(rounded >> 16)};
+  }
+}
+
+/// The value `value` takes after a round trip through Scalar.
+template <class Scalar>
+KOKKOS_INLINE_FUNCTION float round_to(float value) {
+  return to_float(from_float<Scalar>(value));
+}
+
+}  // namespace writescope

@@ -1,0 +1,124 @@
+#pragma once
+// InplaceKVCache::append and its copies, templated on where the new tokens live.
+
+#include <string>
+
+namespace writescope {
+namespace impl {
+
+/// Scatters tokens (tokens, kv_heads, dim) into a head-major block: keys are
+/// transposed to (kv_heads, dim, tokens), values go to (kv_heads, tokens, dim).
+template <class Scalar>
+struct TransposeIntoHeadMajor {
+  Kokkos::View<Scalar*, HostMemSpace, Kokkos::MemoryUnmanaged> block;
+  Kokkos::View<const Scalar***, Kokkos::LayoutRight, HostMemSpace> source;
+  BlockGeometry geometry;
+  int first_token;  // position of source's token 0 inside the block
+  bool keys;        // keys or values
+
+  KOKKOS_INLINE_FUNCTION void operator()(int head, int token) const {
+    const int dim = static_cast<int>(source.extent(2));
+    for (int d = 0; d < dim; ++d) {
+      const auto offset = keys ? geometry.key_offset(BlockOrder::head_major, first_token + token, head, d)
+                               : geometry.value_offset(BlockOrder::head_major, first_token + token, head, d);
+      block(offset) = source(token, head, d);
+    }
+  }
+};
+
+template <class Scalar, class MemSpace>
+Kokkos::View<const Scalar*, MemSpace, Kokkos::MemoryUnmanaged> flat_tokens(
+    const Kokkos::View<const Scalar***, Kokkos::LayoutRight, MemSpace>& tokens, std::int64_t first, std::int64_t count) {
+  const std::int64_t per_token = static_cast<std::int64_t>(tokens.extent(1) * tokens.extent(2));
+  return Kokkos::View<const Scalar*, MemSpace, Kokkos::MemoryUnmanaged>(tokens.data() + first * per_token,
+                                                                      static_cast<std::size_t>(count * per_token));
+}
+
+}  // namespace impl
+
+template <class Scalar>
+template <class ExecSpace, class MemSpace>
+void InplaceKVCache<Scalar>::append(const ExecSpace& space, int layer, int sequence, const TokenView<MemSpace>& keys,
+                                    const TokenView<MemSpace>& values,
+                                    const std::vector<Region>& new_block_regions) {
+  const BlockGeometry& g = shape_.block;
+  const auto tokens = static_cast<std::int64_t>(keys.extent(0));
+  if (keys.extent(1) != static_cast<std::size_t>(g.kv_heads) || keys.extent(2) != static_cast<std::size_t>(g.key_dim))
+    throw KVCacheError("append: keys must be (tokens, " + std::to_string(g.kv_heads) + ", " +
+                       std::to_string(g.key_dim) + "), got (" + std::to_string(keys.extent(0)) + ", " +
+                       std::to_string(keys.extent(1)) + ", " + std::to_string(keys.extent(2)) + ")");
+  if (!g.values_in_keys &&
+      (values.extent(0) != keys.extent(0) || values.extent(1) != static_cast<std::size_t>(g.kv_heads) ||
+       values.extent(2) != static_cast<std::size_t>(g.value_dim)))
+    throw KVCacheError("append: values must be (" + std::to_string(tokens) + ", " + std::to_string(g.kv_heads) +
+                       ", " + std::to_string(g.value_dim) + ")");
+  const int needed = new_blocks_needed(layer, sequence, tokens);
+  if (static_cast<int>(new_block_regions.size()) != needed)
+    throw KVCacheError("append: " + std::to_string(tokens) + " tokens open " + std::to_string(needed) +
+                       " new blocks but " + std::to_string(new_block_regions.size()) + " regions were given");
+
+  std::vector<Block>& list = blocks(layer, sequence);
+  std::int64_t written = 0;
+  std::size_t next_region = 0;
+  while (written < tokens) {
+    if (list.empty() || list.back().tokens == g.block_tokens)
+      list.push_back(allocate_block(new_block_regions[next_region++], layer, sequence));
+    Block& block = list.back();
+    const std::int64_t count = std::min<std::int64_t>(tokens - written, g.block_tokens - block.tokens);
+    write_tokens(space, block, block.tokens, keys, values, written, count);
+    block.tokens += static_cast<int>(count);
+    region_tokens_[static_cast<int>(block.region)] += count;
+    written += count;
+  }
+  space.fence();
+}
+
+template <class Scalar>
+template <class ExecSpace, class MemSpace>
+void InplaceKVCache<Scalar>::write_tokens(const ExecSpace& space, const Block& block, int token_in_block,
+                                          const TokenView<MemSpace>& keys, const TokenView<MemSpace>& values,
+                                          std::int64_t first, std::int64_t count) {
+  const BlockGeometry& g = shape_.block;
+  const BlockOrder order = block_order(block.region);
+  if (order == BlockOrder::token_major) {
+    // Token-major: the run of tokens is one contiguous range, in keys and in values.
+    auto copy_into = [&](auto& pool) {
+      using PoolSpace = typename std::decay_t<decltype(pool)>::memory_space;
+      Scalar* base = pool.data() + static_cast<std::int64_t>(block.slot) * g.block_elements();
+      const auto key_source = impl::flat_tokens(keys, first, count);
+      Kokkos::View<Scalar*, PoolSpace, Kokkos::MemoryUnmanaged> key_target(
+          base + g.key_offset(order, token_in_block, 0, 0), key_source.extent(0));
+      Kokkos::deep_copy(space, key_target, key_source);
+      if (g.values_in_keys) return;
+      const auto value_source = impl::flat_tokens(values, first, count);
+      Kokkos::View<Scalar*, PoolSpace, Kokkos::MemoryUnmanaged> value_target(
+          base + g.value_offset(order, token_in_block, 0, 0), value_source.extent(0));
+      Kokkos::deep_copy(space, value_target, value_source);
+    };
+    if (pool_of(block.region) == vram) copy_into(vram_pool_);
+    else copy_into(pinned_pool_);
+    return;
+  }
+  // Head-major (CpuResident): bring the tokens to the host, transpose on the host.
+  using HostTokens = Kokkos::View<Scalar***, Kokkos::LayoutRight, HostMemSpace>;
+  const auto range = std::make_pair(first, first + count);
+  auto to_host = [&](const TokenView<MemSpace>& source) {
+    HostTokens staged(Kokkos::view_alloc(std::string("writescope::layouts::staged_tokens"), Kokkos::WithoutInitializing),
+                      count, source.extent(1), source.extent(2));
+    Kokkos::deep_copy(space, staged, Kokkos::subview(source, range, Kokkos::ALL, Kokkos::ALL));
+    space.fence();
+    return staged;
+  };
+  Kokkos::View<Scalar*, HostMemSpace, Kokkos::MemoryUnmanaged> target(
+      host_pool_.data() + static_cast<std::int64_t>(block.slot) * g.block_elements(),
+      static_cast<std::size_t>(g.block_elements()));
+  const Kokkos::MDRangePolicy<HostExecSpace, Kokkos::Rank<2>> heads_by_tokens({0, 0}, {g.kv_heads, count});
+  Kokkos::parallel_for("writescope::layouts::transpose_keys", heads_by_tokens,
+                       impl::TransposeIntoHeadMajor<Scalar>{target, to_host(keys), g, token_in_block, true});
+  if (!g.values_in_keys)
+    Kokkos::parallel_for("writescope::layouts::transpose_values", heads_by_tokens,
+                         impl::TransposeIntoHeadMajor<Scalar>{target, to_host(values), g, token_in_block, false});
+  HostExecSpace().fence();
+}
+
+}  // namespace writescope

@@ -1,0 +1,84 @@
+#pragma once
+// The physical format of InplaceKVCache blocks.
+//
+// A block holds `block_tokens` consecutive tokens of one sequence for one
+// layer: keys (kv_heads x key_dim per token) followed by values (kv_heads x
+// value_dim per token) unless the values are the first value_dim entries of
+// each key (MLA's absorbed form: the 512-wide latent is both).
+//
+// Two element orders exist inside a block:
+//  - token-major (GpuResident, GpuStreamed, CpuStreamed): keys (tokens, kv_heads,
+//    key_dim), values (tokens, kv_heads, value_dim). A run of tokens is one
+//    contiguous range, so streaming and appending are plain copies.
+//  - head-major (CpuResident): keys transposed per head, (kv_heads, key_dim,
+//    tokens), so that consecutive tokens sit in consecutive SIMD lanes for the
+//    CPU's QK^T; values (kv_heads, tokens, value_dim). Written once, with the
+//    transpose done at write time.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+namespace writescope {
+
+enum class Region : int { gpu_resident = 0, gpu_streamed = 1, cpu_resident = 2, cpu_streamed = 3 };
+inline constexpr int region_count = 4;
+inline constexpr Region all_regions[region_count] = {Region::gpu_resident, Region::gpu_streamed,
+                                                     Region::cpu_resident, Region::cpu_streamed};
+
+/// "GpuResident", "GpuStreamed", "CpuResident", "CpuStreamed".
+const char* region_name(Region region);
+
+enum class BlockOrder : int { token_major = 0, head_major = 1 };
+
+constexpr BlockOrder block_order(Region region) {
+  return region == Region::cpu_resident ? BlockOrder::head_major : BlockOrder::token_major;
+}
+
+/// Geometry of one block; all offsets are in elements from the block start.
+struct BlockGeometry {
+  int block_tokens = 256;
+  int kv_heads = 1;
+  int key_dim = 128;
+  int value_dim = 128;
+  bool values_in_keys = false;  // MLA: value d of a token is its key entry d
+
+  KOKKOS_INLINE_FUNCTION std::int64_t key_elements() const {
+    return std::int64_t{block_tokens} * kv_heads * key_dim;
+  }
+  KOKKOS_INLINE_FUNCTION std::int64_t block_elements() const {
+    return key_elements() + (values_in_keys ? 0 : std::int64_t{block_tokens} * kv_heads * value_dim);
+  }
+
+  KOKKOS_INLINE_FUNCTION std::int64_t key_offset(BlockOrder order, int token, int head, int d) const {
+    return order == BlockOrder::token_major
+               ? (std::int64_t{token} * kv_heads + head) * key_dim + d
+               : (std::int64_t{head} * key_dim + d) * block_tokens + token;
+  }
+  KOKKOS_INLINE_FUNCTION std::int64_t value_offset(BlockOrder order, int token, int head, int d) const {
+    if (values_in_keys) return key_offset(order, token, head, d);
+    return key_elements() + (order == BlockOrder::token_major
+                                 ? (std::int64_t{token} * kv_heads + head) * value_dim + d
+                                 : (std::int64_t{head} * block_tokens + token) * value_dim + d);
+  }
+  /// Distance between the same (head, d) of consecutive tokens, for keys.
+  KOKKOS_INLINE_FUNCTION std::int64_t key_token_stride(BlockOrder order) const {
+    return order == BlockOrder::token_major ? std::int64_t{kv_heads} * key_dim : 1;
+  }
+  KOKKOS_INLINE_FUNCTION std::int64_t value_token_stride(BlockOrder order) const {
+    if (values_in_keys) return key_token_stride(order);
+    return order == BlockOrder::token_major ? std::int64_t{kv_heads} * value_dim : value_dim;
+  }
+};
+
+/// Tokens [token_begin, token_begin + token_count) of the block in pool slot
+/// `slot`, belonging to the batch entry `batch_index`. Kernels take lists of
+/// these, sorted by batch_index.
+struct BlockSegment {
+  int batch_index;
+  int slot;
+  int token_begin;
+  int token_count;
+};
+
+}  // namespace writescope

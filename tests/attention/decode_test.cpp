@@ -1,0 +1,245 @@
+#include "attention/decode.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "attention/reference.hpp"
+#include "exec_spaces.hpp"
+#include "kv_test_data.hpp"
+#include "layouts/inplace_kv_cache.hpp"
+
+namespace writescope {
+namespace {
+
+constexpr int block_tokens = 64;
+
+template <class C>
+class DecodeAttentionTest : public ::testing::Test {
+ protected:
+  using ExecSpace = typename C::Exec;
+  using Scalar = typename C::Storage;
+  using MemSpace = typename ExecSpace::memory_space;
+  using State = PartialState<MemSpace>;
+
+  /// Writes `lengths.size()` sequences into a fresh cache, block k of sequence s
+  /// in all_regions[(k + s) % 4], and keeps the float copy for the reference.
+  void build(const AttentionShape& shape, const std::vector<std::int64_t>& lengths) {
+    shape_ = shape;
+    const BlockGeometry g = shape.block_geometry(block_tokens);
+    std::int64_t blocks = 0;
+    for (auto n : lengths) blocks += (n + block_tokens - 1) / block_tokens;
+    const auto block_bytes = static_cast<std::uint64_t>(g.block_elements()) * sizeof(Scalar);
+    cache_ = std::make_unique<InplaceKVCache<Scalar>>(KVCacheShape{1, g},
+                                                      KVCacheBudgets{blocks * block_bytes, blocks * block_bytes,
+                                                                     blocks * block_bytes},
+                                                      BudgetPolicy::strict);
+    keys_.clear();
+    values_.clear();
+    sequences_.clear();
+    for (std::size_t s = 0; s < lengths.size(); ++s) {
+      const std::int64_t n = lengths[s];
+      keys_.push_back(test::random_values<Scalar>(n * g.kv_heads * g.key_dim, 100 + s));
+      values_.push_back(test::random_values<Scalar>(n * g.kv_heads * g.value_dim, 200 + s));
+      const int seq = cache_->add_sequence();
+      sequences_.push_back(seq);
+      std::vector<Region> regions;
+      for (int k = 0; k < cache_->new_blocks_needed(0, seq, n); ++k)
+        regions.push_back(all_regions[(k + s) % region_count]);
+      cache_->append(ExecSpace(), 0, seq, test::token_view<Scalar, MemSpace>(keys_[s], g.kv_heads, g.key_dim, 0, n),
+                     test::token_view<Scalar, MemSpace>(values_[s], g.kv_heads, g.value_dim, 0, n), regions);
+    }
+    const auto q = test::random_values<float>(lengths.size() * shape.q_heads * shape.key_dim, 7);
+    Kokkos::View<float***, Kokkos::LayoutRight, Kokkos::HostSpace> host("writescope::test::queries", lengths.size(),
+                                                                         shape.q_heads, shape.key_dim);
+    std::copy(q.begin(), q.end(), host.data());
+    queries_ = Kokkos::View<float***, Kokkos::LayoutRight, MemSpace>("writescope::test::queries", lengths.size(),
+                                                                      shape.q_heads, shape.key_dim);
+    Kokkos::deep_copy(queries_, host);
+    host_queries_ = q;
+  }
+
+  /// A state of the right shape (zeros; clear() makes it the empty state).
+  State empty_state() const {
+    return State("writescope::test::state", static_cast<int>(sequences_.size()), shape_.q_heads, shape_.value_dim);
+  }
+
+  /// Attention over `region`'s blocks within `ranges`, run on ExecSpace when it
+  /// can read the region's pool, else on a space that can, then copied over.
+  State attend(Region region, const std::vector<TokenRange>& ranges, BlockProduct product) {
+    const auto segments = cache_->segments(0, region, sequences_, ranges);
+    State out = empty_state();
+    auto run = [&](const auto& pool) {
+      using PoolSpace = typename std::decay_t<decltype(pool)>::memory_space;
+      if constexpr (Kokkos::SpaceAccessibility<ExecSpace, PoolSpace>::accessible) {
+        DecodeWorkspace<MemSpace> workspace;
+        decode_attention<ExecSpace, Scalar, PoolSpace>(ExecSpace(), shape_, cache_->geometry(), block_order(region),
+                                                       queries_, pool, segments, workspace, out, product);
+      } else {
+        using Other = std::conditional_t<std::is_same_v<PoolSpace, HostMemSpace>, HostExecSpace, GpuExecSpace>;
+        using OtherMem = typename Other::memory_space;
+        auto queries = Kokkos::create_mirror_view_and_copy(OtherMem(), queries_);
+        PartialState<OtherMem> there("writescope::test::there", out.batch(), out.q_heads(), out.value_dim());
+        DecodeWorkspace<OtherMem> workspace;
+        decode_attention<Other, Scalar, PoolSpace>(Other(), shape_, cache_->geometry(), block_order(region), queries,
+                                                   pool, segments, workspace, there, product);
+        Kokkos::deep_copy(out.o, there.o);
+        Kokkos::deep_copy(out.lse, there.lse);
+      }
+    };
+    if (region == Region::gpu_resident) run(cache_->vram_pool());
+    else if (region == Region::cpu_resident) run(cache_->host_pool());
+    else run(cache_->pinned_pool());
+    Kokkos::fence();
+    return out;
+  }
+
+  /// Compares a merged state with the reference over ranges[b] of each sequence.
+  void expect_reference(const State& state, const std::vector<TokenRange>& ranges) {
+    auto o = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), state.o);
+    auto lse = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), state.lse);
+    for (std::size_t b = 0; b < sequences_.size(); ++b) {
+      std::vector<double> ref_o, ref_lse;
+      reference_decode(shape_, host_queries_.data() + b * shape_.q_heads * shape_.key_dim,
+                       ReferenceKV{keys_[b].data(), values_[b].data(), cache_->length(0, sequences_[b])},
+                       ranges[b].begin, ranges[b].end, ref_o, ref_lse);
+      for (int h = 0; h < shape_.q_heads; ++h) {
+        if (std::isinf(ref_lse[h])) {
+          ASSERT_TRUE(std::isinf(lse(b, h)) && lse(b, h) < 0) << "batch " << b << " head " << h;
+        } else {
+          ASSERT_NEAR(lse(b, h), ref_lse[h], 2e-4 * (1 + std::abs(ref_lse[h]))) << "batch " << b << " head " << h;
+        }
+        for (int d = 0; d < shape_.value_dim; ++d)
+          ASSERT_NEAR(o(b, h, d), ref_o[h * shape_.value_dim + d], 3e-4)
+              << "batch " << b << " head " << h << " d " << d;
+      }
+    }
+  }
+
+  /// Whole-sequence ranges.
+  std::vector<TokenRange> full_ranges() const {
+    std::vector<TokenRange> ranges;
+    for (int seq : sequences_) ranges.push_back(TokenRange{0, cache_->length(0, seq)});
+    return ranges;
+  }
+
+  State attend_all_regions(const std::vector<TokenRange>& ranges, BlockProduct product) {
+    std::vector<State> parts;
+    for (Region region : all_regions) parts.push_back(attend(region, ranges, product));
+    State merged = empty_state();
+    merge(ExecSpace(), parts, merged);
+    ExecSpace().fence();
+    return merged;
+  }
+
+  AttentionShape shape_;
+  std::unique_ptr<InplaceKVCache<Scalar>> cache_;
+  std::vector<std::vector<float>> keys_, values_;
+  std::vector<int> sequences_;
+  std::vector<float> host_queries_;
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> queries_;
+};
+
+using Cases = test::SpacesTimesScalars<EnabledExecSpaces, float, bf16>::type;
+TYPED_TEST_SUITE(DecodeAttentionTest, Cases, test::SpaceAndScalarName);
+
+TYPED_TEST(DecodeAttentionTest, MatchesReferenceForEveryModelShape) {
+  for (const AttentionShape& shape :
+       {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()}) {
+    SCOPED_TRACE("q_heads " + std::to_string(shape.q_heads) + " kv_heads " + std::to_string(shape.kv_heads) +
+                 " key_dim " + std::to_string(shape.key_dim));
+    // Lengths that are not multiples of the block size, and a one-token sequence.
+    this->build(shape, {1, 150, 333});
+    for (BlockProduct product : {BlockProduct::automatic, BlockProduct::portable}) {
+      SCOPED_TRACE(product == BlockProduct::automatic ? "automatic" : "portable");
+      this->expect_reference(this->attend_all_regions(this->full_ranges(), product), this->full_ranges());
+    }
+  }
+}
+
+TYPED_TEST(DecodeAttentionTest, SplitAtAnyPointAndMergeEqualsMonolithic) {
+  this->build(qwen3_30b_a3b_attention(), {200, 257, 64});
+  // Split points: at the ends, on block edges and inside blocks.
+  for (const auto& splits : std::vector<std::vector<std::int64_t>>{{0, 0, 0}, {200, 257, 64}, {64, 128, 32},
+                                                                   {1, 256, 63}, {137, 3, 17}}) {
+    std::vector<TokenRange> head, tail;
+    for (std::size_t b = 0; b < splits.size(); ++b) {
+      head.push_back(TokenRange{0, splits[b]});
+      tail.push_back(TokenRange{splits[b], this->cache_->length(0, this->sequences_[b])});
+    }
+    auto merged = this->attend_all_regions(head, BlockProduct::automatic);
+    merge_into(typename TestFixture::ExecSpace(), merged, this->attend_all_regions(tail, BlockProduct::portable));
+    typename TestFixture::ExecSpace().fence();
+    this->expect_reference(merged, this->full_ranges());
+  }
+}
+
+TYPED_TEST(DecodeAttentionTest, EmptyRangesGiveMinusInfinityAndMergeAsNoOps) {
+  this->build(mixtral_8x7b_attention(), {100, 0, 40});
+  std::vector<TokenRange> ranges = this->full_ranges();
+  ranges[2] = TokenRange{20, 20};  // empty on purpose
+  const auto state = this->attend_all_regions(ranges, BlockProduct::automatic);
+  this->expect_reference(state, ranges);
+  auto lse = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), state.lse);
+  EXPECT_EQ(lse(1, 0), -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(lse(2, 5), -std::numeric_limits<float>::infinity());
+  // Merging an empty state changes nothing, bit for bit.
+  auto merged = this->empty_state();
+  Kokkos::deep_copy(merged.o, state.o);
+  Kokkos::deep_copy(merged.lse, state.lse);
+  const auto empty = this->empty_state();
+  clear(typename TestFixture::ExecSpace(), empty);
+  merge_into(typename TestFixture::ExecSpace(), merged, empty);
+  typename TestFixture::ExecSpace().fence();
+  auto before = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), state.o);
+  auto after = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), merged.o);
+  for (std::size_t i = 0; i < before.size(); ++i) ASSERT_EQ(before.data()[i], after.data()[i]);
+}
+
+TYPED_TEST(DecodeAttentionTest, RejectsUnsortedOrOutOfPoolSegments) {
+  this->build(qwen3_30b_a3b_attention(), {70, 70});
+  using Exec = typename TestFixture::ExecSpace;
+  auto state = this->empty_state();
+  DecodeWorkspace<typename TestFixture::MemSpace> workspace;
+  auto pool = this->cache_->pinned_pool();
+  using PoolSpace = typename decltype(pool)::memory_space;
+  if constexpr (Kokkos::SpaceAccessibility<Exec, PoolSpace>::accessible) {
+    const BlockGeometry g = this->cache_->geometry();
+    auto call = [&](std::vector<BlockSegment> segments) {
+      decode_attention<Exec, typename TestFixture::Scalar, PoolSpace>(
+          Exec(), this->shape_, g, BlockOrder::token_major, this->queries_, pool, segments, workspace, state);
+    };
+    EXPECT_THROW(call({{1, 0, 0, 4}, {0, 0, 0, 4}}), std::invalid_argument);
+    EXPECT_THROW(call({{0, 0, 60, 8}}), std::invalid_argument);
+    EXPECT_THROW(call({{0, 1000, 0, 4}}), std::invalid_argument);
+    EXPECT_THROW(call({{2, 0, 0, 4}}), std::invalid_argument);
+  }
+}
+
+TEST(Merge, MatchesTheLogSumExpFormulaInDouble) {
+  using Mem = HostMemSpace;
+  PartialState<Mem> a("a", 2, 3, 5), b("b", 2, 3, 5);
+  const auto values = test::random_values<float>(2 * 2 * 3 * 5 + 12, 5);
+  std::size_t k = 0;
+  for (auto* state : {&a, &b})
+    for (int i = 0; i < 2; ++i)
+      for (int h = 0; h < 3; ++h) {
+        state->lse(i, h) = 3.0f * values[k++];
+        for (int d = 0; d < 5; ++d) state->o(i, h, d) = values[k++ % values.size()];
+      }
+  PartialState<Mem> merged("m", 2, 3, 5);
+  merge(HostExecSpace(), std::vector<PartialState<Mem>>{a, b}, merged);
+  HostExecSpace().fence();
+  for (int i = 0; i < 2; ++i)
+    for (int h = 0; h < 3; ++h) {
+      const double la = a.lse(i, h), lb = b.lse(i, h), m = std::max(la, lb);
+      const double lse = m + std::log(std::exp(la - m) + std::exp(lb - m));
+      EXPECT_NEAR(merged.lse(i, h), lse, 1e-5);
+      for (int d = 0; d < 5; ++d)
+        EXPECT_NEAR(merged.o(i, h, d), std::exp(la - lse) * a.o(i, h, d) + std::exp(lb - lse) * b.o(i, h, d), 1e-5);
+    }
+}
+
+}  // namespace
+}  // namespace writescope

@@ -1,0 +1,187 @@
+#include "layouts/inplace_kv_cache.hpp"
+
+#include <gtest/gtest.h>
+
+#include "exec_spaces.hpp"
+#include "kv_test_data.hpp"
+
+namespace writescope {
+namespace {
+
+constexpr int heads = 2, key_dim = 8, value_dim = 4, block_tokens = 16;
+
+KVCacheShape small_shape(bool values_in_keys = false) {
+  return KVCacheShape{2, BlockGeometry{block_tokens, heads, key_dim, values_in_keys ? 6 : value_dim, values_in_keys}};
+}
+
+/// Budgets in whole blocks of small_shape() with Scalar storage.
+template <class Scalar>
+KVCacheBudgets blocks_of(int vram, int pinned, int host, bool values_in_keys = false) {
+  const auto bytes = static_cast<std::uint64_t>(small_shape(values_in_keys).block.block_elements()) * sizeof(Scalar);
+  return KVCacheBudgets{vram * bytes, pinned * bytes, host * bytes};
+}
+
+template <class C>
+class InplaceKVCacheTest : public ::testing::Test {
+ protected:
+  using ExecSpace = typename C::Exec;
+  using Scalar = typename C::Storage;
+  using MemSpace = typename ExecSpace::memory_space;
+
+  /// Appends tokens [first, first + count) of the test data.
+  void append(InplaceKVCache<Scalar>& cache, int layer, int sequence, std::int64_t first, std::int64_t count,
+              const std::vector<Region>& regions) {
+    const auto& g = cache.geometry();
+    const auto keys = test::token_view<Scalar, MemSpace>(keys_, g.kv_heads, g.key_dim, first, count);
+    const auto values = test::token_view<Scalar, MemSpace>(values_, g.kv_heads, g.value_dim, first, count);
+    cache.append(ExecSpace(), layer, sequence, keys, values, regions);
+  }
+
+  /// Every stored token reads back as written.
+  void expect_tokens(const InplaceKVCache<Scalar>& cache, int layer, int sequence, std::int64_t first) {
+    const auto& g = cache.geometry();
+    std::vector<float> key(g.key_dim), value(g.value_dim);
+    for (std::int64_t t = 0; t < cache.length(layer, sequence); ++t)
+      for (int h = 0; h < g.kv_heads; ++h) {
+        cache.read_token(layer, sequence, t, h, key.data(), value.data());
+        for (int d = 0; d < g.key_dim; ++d)
+          ASSERT_EQ(key[d], keys_[((first + t) * g.kv_heads + h) * g.key_dim + d]) << "token " << t << " d " << d;
+        for (int d = 0; d < g.value_dim; ++d) {
+          const float expected = g.values_in_keys ? keys_[((first + t) * g.kv_heads + h) * g.key_dim + d]
+                                                  : values_[((first + t) * g.kv_heads + h) * g.value_dim + d];
+          ASSERT_EQ(value[d], expected) << "token " << t << " value d " << d;
+        }
+      }
+  }
+
+  std::vector<float> keys_ = test::random_values<Scalar>(4096 * heads * key_dim, 11);
+  std::vector<float> values_ = test::random_values<Scalar>(4096 * heads * key_dim, 12);
+};
+
+using Cases = test::SpacesTimesScalars<EnabledExecSpaces, float, bf16>::type;
+TYPED_TEST_SUITE(InplaceKVCacheTest, Cases, test::SpaceAndScalarName);
+
+TYPED_TEST(InplaceKVCacheTest, EveryRegionStoresTokensAcrossPartialBlocks) {
+  using Storage = typename TestFixture::Scalar;
+  for (bool values_in_keys : {false, true}) {
+    InplaceKVCache<Storage> cache(small_shape(values_in_keys), blocks_of<Storage>(4, 8, 4, values_in_keys),
+                                 BudgetPolicy::strict);
+    const int seq = cache.add_sequence();
+    // 20 tokens: one full block + 4; then 30 more: fill the second block, open two more.
+    this->append(cache, 0, seq, 0, 20, {Region::gpu_resident, Region::cpu_resident});
+    ASSERT_EQ(cache.new_blocks_needed(0, seq, 30), 2);
+    this->append(cache, 0, seq, 20, 30, {Region::gpu_streamed, Region::cpu_streamed});
+    EXPECT_EQ(cache.length(0, seq), 50);
+    EXPECT_EQ(cache.length(1, seq), 0);
+    EXPECT_EQ(cache.block_regions(0, seq), (std::vector<Region>{Region::gpu_resident, Region::cpu_resident,
+                                                                Region::gpu_streamed, Region::cpu_streamed}));
+    this->expect_tokens(cache, 0, seq, 0);
+  }
+}
+
+TYPED_TEST(InplaceKVCacheTest, DecodeAppendsFillTheLastBlockInItsRegion) {
+  using Storage = typename TestFixture::Scalar;
+  InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(2, 4, 4), BudgetPolicy::strict);
+  const int seq = cache.add_sequence();
+  this->append(cache, 1, seq, 0, 10, {Region::cpu_resident});
+  for (int t = 10; t < 40; ++t) {
+    const int needed = cache.new_blocks_needed(1, seq, 1);
+    this->append(cache, 1, seq, t, 1, std::vector<Region>(needed, Region::cpu_streamed));
+    const auto regions = cache.block_regions(1, seq);
+    ASSERT_EQ(regions.front(), Region::cpu_resident) << "a written block changed region";
+  }
+  EXPECT_EQ(cache.block_regions(1, seq),
+            (std::vector<Region>{Region::cpu_resident, Region::cpu_streamed, Region::cpu_streamed}));
+  this->expect_tokens(cache, 1, seq, 0);
+}
+
+TYPED_TEST(InplaceKVCacheTest, StrictBudgetNamesRegionAndBudget) {
+  using Storage = typename TestFixture::Scalar;
+  InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(1, 1, 1), BudgetPolicy::strict);
+  const int seq = cache.add_sequence();
+  this->append(cache, 0, seq, 0, block_tokens, {Region::gpu_resident});
+  try {
+    this->append(cache, 0, seq, block_tokens, 1, {Region::gpu_resident});
+    FAIL() << "over-budget append accepted";
+  } catch (const KVCacheError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("GpuResident"), std::string::npos) << what;
+    EXPECT_NE(what.find("VRAM budget holds 1 blocks"), std::string::npos) << what;
+  }
+  // Nothing was written by the failed append.
+  EXPECT_EQ(cache.length(0, seq), block_tokens);
+  this->expect_tokens(cache, 0, seq, 0);
+}
+
+TYPED_TEST(InplaceKVCacheTest, FallBackFollowsTheDocumentedChain) {
+  using Storage = typename TestFixture::Scalar;
+  InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(1, 1, 1), BudgetPolicy::fall_back);
+  const int seq = cache.add_sequence();
+  this->append(cache, 0, seq, 0, 3 * block_tokens,
+               {Region::gpu_resident, Region::gpu_resident, Region::gpu_resident});
+  EXPECT_EQ(cache.block_regions(0, seq),
+            (std::vector<Region>{Region::gpu_resident, Region::gpu_streamed, Region::cpu_resident}));
+  this->expect_tokens(cache, 0, seq, 0);
+  EXPECT_THROW(this->append(cache, 0, seq, 3 * block_tokens, 1, {Region::cpu_streamed}), KVCacheError);
+}
+
+TYPED_TEST(InplaceKVCacheTest, AccountsBytesAndFreesSequences) {
+  using Storage = typename TestFixture::Scalar;
+  InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(2, 2, 2), BudgetPolicy::strict);
+  const std::uint64_t block = cache.block_bytes();
+  EXPECT_EQ(block, static_cast<std::uint64_t>(block_tokens * heads * (key_dim + value_dim)) * sizeof(Storage));
+  const int a = cache.add_sequence(), b = cache.add_sequence();
+  this->append(cache, 0, a, 0, 20, {Region::gpu_streamed, Region::cpu_streamed});
+  this->append(cache, 0, b, 0, 5, {Region::cpu_resident});
+  EXPECT_EQ(cache.region_bytes(Region::gpu_streamed), block);
+  EXPECT_EQ(cache.region_bytes(Region::cpu_streamed), block);
+  EXPECT_EQ(cache.region_bytes(Region::cpu_resident), block);
+  EXPECT_EQ(cache.region_bytes(Region::gpu_resident), 0u);
+  EXPECT_EQ(cache.region_token_bytes(Region::cpu_streamed), 4 * block / block_tokens);
+  // The pinned pool is full; freeing a returns both of its blocks.
+  EXPECT_THROW(this->append(cache, 1, b, 0, 1, {Region::gpu_streamed}), KVCacheError);
+  cache.free_sequence(a);
+  EXPECT_EQ(cache.region_bytes(Region::gpu_streamed), 0u);
+  EXPECT_THROW(cache.length(0, a), KVCacheError);
+  this->append(cache, 1, b, 0, 32, {Region::gpu_streamed, Region::cpu_streamed});
+  EXPECT_EQ(cache.region_bytes(Region::gpu_streamed) + cache.region_bytes(Region::cpu_streamed), 2 * block);
+}
+
+TYPED_TEST(InplaceKVCacheTest, SegmentsCoverExactlyTheRequestedRanges) {
+  using Storage = typename TestFixture::Scalar;
+  InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(4, 4, 4), BudgetPolicy::strict);
+  const int a = cache.add_sequence(), b = cache.add_sequence();
+  this->append(cache, 0, a, 0, 40, {Region::gpu_streamed, Region::cpu_resident, Region::gpu_streamed});
+  this->append(cache, 0, b, 0, 17, {Region::gpu_streamed, Region::gpu_streamed});
+  const auto segments = cache.segments(0, Region::gpu_streamed, {b, a}, {TokenRange{3, 17}, TokenRange{10, 35}});
+  ASSERT_EQ(segments.size(), 4u);
+  // b (batch index 0): tokens 3..15 of block 0 and token 16 (block 1, first token).
+  EXPECT_EQ(segments[0].batch_index, 0);
+  EXPECT_EQ(segments[0].token_begin, 3);
+  EXPECT_EQ(segments[0].token_count, 13);
+  EXPECT_EQ(segments[1].token_begin, 0);
+  EXPECT_EQ(segments[1].token_count, 1);
+  // a (batch index 1): tokens 10..15 of block 0, then block 2 up to token 34.
+  EXPECT_EQ(segments[2].batch_index, 1);
+  EXPECT_EQ(segments[2].token_begin, 10);
+  EXPECT_EQ(segments[2].token_count, 6);
+  EXPECT_EQ(segments[3].token_begin, 0);
+  EXPECT_EQ(segments[3].token_count, 3);
+  EXPECT_EQ(cache.segment_positions(0, Region::gpu_streamed, {b, a}, {TokenRange{3, 17}, TokenRange{10, 35}}),
+            (std::vector<std::int64_t>{3, 16, 10, 32}));
+  EXPECT_TRUE(cache.segments(0, Region::cpu_resident, {a}, {TokenRange{0, 16}}).empty());
+}
+
+TYPED_TEST(InplaceKVCacheTest, RejectsMismatchedInput) {
+  using Storage = typename TestFixture::Scalar;
+  InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(4, 4, 4), BudgetPolicy::strict);
+  const int seq = cache.add_sequence();
+  EXPECT_THROW(this->append(cache, 0, seq, 0, 20, {Region::gpu_resident}), KVCacheError);  // needs two regions
+  EXPECT_THROW(this->append(cache, 2, seq, 0, 1, {Region::gpu_resident}), KVCacheError);   // no layer 2
+  EXPECT_THROW(this->append(cache, 0, 7, 0, 1, {Region::gpu_resident}), KVCacheError);     // no sequence 7
+  EXPECT_EQ(cache.length(0, seq), 0);
+  EXPECT_THROW(InplaceKVCache<Storage>(KVCacheShape{0, small_shape().block}, {}, BudgetPolicy::strict), KVCacheError);
+}
+
+}  // namespace
+}  // namespace writescope
