@@ -9,6 +9,6 @@ mkdir -p "$repo/results"
 export OMP_PROC_BIND=${OMP_PROC_BIND:-spread} OMP_PLACES=${OMP_PLACES:-threads}
 "$build/experiments/writescope" info
 "$build/experiments/writescope" info --format yaml >"$repo/results/machine.yaml"
-"$build/benchmarks/writescope_bandwidth" --benchmark_out="$repo/results/bandwidth.json" \
+"$build/benchmarks/writescope_benchmarks" --benchmark_out="$repo/results/bandwidth.json" \
   --benchmark_out_format=json "$@"
 echo "run: wrote results/machine.yaml and results/bandwidth.json" >&2

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "bounds.hpp"
 #include "framework/spaces.hpp"
 #include "framework/timer.hpp"
 
@@ -17,53 +18,6 @@ namespace writescope {
 namespace {
 
 constexpr std::int64_t mebibyte = std::int64_t{1} << 20;
-/// Elements per work item: long enough for a vectorised inner loop.
-constexpr std::int64_t chunk = 1 << 15;
-
-using HostWords = Kokkos::View<std::uint64_t*, HostMemSpace>;
-
-/// Touches each chunk from the thread that will read it later (first touch).
-struct FillChunks {
-  HostWords words;
-  void operator()(std::int64_t c) const {
-    const std::int64_t end = std::min<std::int64_t>((c + 1) * chunk, words.extent(0));
-    for (std::int64_t i = c * chunk; i < end; ++i) words(i) = static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ull;
-  }
-};
-
-/// Integer sum of each chunk: associative, so the compiler vectorises it.
-struct SumChunks {
-  HostWords words;
-  void operator()(std::int64_t c, std::uint64_t& sum) const {
-    const std::int64_t end = std::min<std::int64_t>((c + 1) * chunk, words.extent(0));
-    const std::uint64_t* data = words.data();
-    std::uint64_t local = 0;
-    for (std::int64_t i = c * chunk; i < end; ++i) local += data[i];
-    sum += local;
-  }
-};
-
-struct CopyChunks {
-  HostWords destination, source;
-  void operator()(std::int64_t c) const {
-    const std::int64_t end = std::min<std::int64_t>((c + 1) * chunk, source.extent(0));
-    const std::uint64_t* from = source.data();
-    std::uint64_t* to = destination.data();
-    for (std::int64_t i = c * chunk; i < end; ++i) to[i] = from[i];
-  }
-};
-
-std::int64_t chunks_of(const HostWords& words) {
-  return (static_cast<std::int64_t>(words.extent(0)) + chunk - 1) / chunk;
-}
-
-HostWords first_touched(const std::string& label, std::int64_t bytes) {
-  HostWords words(Kokkos::view_alloc(label, Kokkos::WithoutInitializing), bytes / sizeof(std::uint64_t));
-  Kokkos::parallel_for("writescope::benchmarks::first_touch",
-                       Kokkos::RangePolicy<HostExecSpace>(0, chunks_of(words)), FillChunks{words});
-  Kokkos::fence();
-  return words;
-}
 
 void report(benchmark::State& state, std::int64_t bytes_per_iteration, double total_seconds) {
   const auto bytes = static_cast<double>(bytes_per_iteration) * static_cast<double>(state.iterations());
@@ -74,15 +28,13 @@ void report(benchmark::State& state, std::int64_t bytes_per_iteration, double to
 
 void host_read(benchmark::State& state) {
   const std::int64_t bytes = state.range(0) * mebibyte;
-  const HostWords words = first_touched("writescope::benchmarks::read", bytes);
+  const bench::HostWords words = bench::first_touched("writescope::benchmarks::read", bytes);
   const HostExecSpace space;
   FencedTimer<HostExecSpace> timer(space);
   double total = 0;
   for (auto _ : state) {
-    std::uint64_t sum = 0;
     timer.start();
-    Kokkos::parallel_reduce("writescope::benchmarks::host_read",
-                            Kokkos::RangePolicy<HostExecSpace>(space, 0, chunks_of(words)), SumChunks{words}, sum);
+    const std::uint64_t sum = bench::read_words(space, words);
     const double seconds = timer.seconds();
     benchmark::DoNotOptimize(sum);
     state.SetIterationTime(seconds);
@@ -94,16 +46,14 @@ void host_read(benchmark::State& state) {
 
 void host_copy(benchmark::State& state) {
   const std::int64_t bytes = state.range(0) * mebibyte;
-  const HostWords source = first_touched("writescope::benchmarks::copy_source", bytes);
-  const HostWords destination = first_touched("writescope::benchmarks::copy_destination", bytes);
+  const bench::HostWords source = bench::first_touched("writescope::benchmarks::copy_source", bytes);
+  const bench::HostWords destination = bench::first_touched("writescope::benchmarks::copy_destination", bytes);
   const HostExecSpace space;
   FencedTimer<HostExecSpace> timer(space);
   double total = 0;
   for (auto _ : state) {
     timer.start();
-    Kokkos::parallel_for("writescope::benchmarks::host_copy",
-                         Kokkos::RangePolicy<HostExecSpace>(space, 0, chunks_of(source)),
-                         CopyChunks{destination, source});
+    bench::copy_words(space, destination, source);
     const double seconds = timer.seconds();
     state.SetIterationTime(seconds);
     total += seconds;

@@ -23,6 +23,6 @@ int main(int argc, char* argv[]) try {
   benchmark::Shutdown();
   return 0;
 } catch (const writescope::RuntimeError& e) {
-  std::cerr << "writescope_bandwidth: " << e.what() << "\n";
+  std::cerr << "writescope_benchmarks: " << e.what() << "\n";
   return 1;
 }

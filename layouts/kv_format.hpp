@@ -10,10 +10,14 @@
 //  - token-major (GpuResident, GpuStreamed, CpuStreamed): keys (tokens, kv_heads,
 //    key_dim), values (tokens, kv_heads, value_dim). A run of tokens is one
 //    contiguous range, so streaming and appending are plain copies.
-//  - head-major (CpuResident): keys transposed per head, (kv_heads, key_dim,
-//    tokens), so that consecutive tokens sit in consecutive SIMD lanes for the
-//    CPU's QK^T; values (kv_heads, tokens, value_dim). Written once, with the
-//    transpose done at write time.
+//  - head-major (CpuResident): keys transposed per head in tiles of 16 tokens,
+//    (kv_heads, tokens / 16, key_dim, 16), so that consecutive tokens sit in
+//    consecutive SIMD lanes for the CPU's QK^T and each tile is one contiguous
+//    4 KiB stream (a plain (key_dim, tokens) transpose makes the CPU walk
+//    key_dim cache lines at a stride of block_tokens and stall on memory);
+//    values (kv_heads, tokens, value_dim). Written once, with the transpose
+//    done at write time. Blocks whose size is not a multiple of 16 use one
+//    tile of block_tokens.
 
 #include <Kokkos_Core.hpp>
 
@@ -50,10 +54,13 @@ struct BlockGeometry {
     return key_elements() + (values_in_keys ? 0 : std::int64_t{block_tokens} * kv_heads * value_dim);
   }
 
+  /// Tokens per key tile in head-major blocks.
+  KOKKOS_INLINE_FUNCTION int key_tile_tokens() const { return block_tokens % 16 == 0 ? 16 : block_tokens; }
+
   KOKKOS_INLINE_FUNCTION std::int64_t key_offset(BlockOrder order, int token, int head, int d) const {
-    return order == BlockOrder::token_major
-               ? (std::int64_t{token} * kv_heads + head) * key_dim + d
-               : (std::int64_t{head} * key_dim + d) * block_tokens + token;
+    if (order == BlockOrder::token_major) return (std::int64_t{token} * kv_heads + head) * key_dim + d;
+    const int tile = key_tile_tokens();
+    return ((std::int64_t{head} * (block_tokens / tile) + token / tile) * key_dim + d) * tile + token % tile;
   }
   KOKKOS_INLINE_FUNCTION std::int64_t value_offset(BlockOrder order, int token, int head, int d) const {
     if (values_in_keys) return key_offset(order, token, head, d);
@@ -61,13 +68,18 @@ struct BlockGeometry {
                                  ? (std::int64_t{token} * kv_heads + head) * value_dim + d
                                  : (std::int64_t{head} * block_tokens + token) * value_dim + d);
   }
-  /// Distance between the same (head, d) of consecutive tokens, for keys.
+  /// Distance between the same (head, d) of consecutive tokens (within one key
+  /// tile for head-major keys).
   KOKKOS_INLINE_FUNCTION std::int64_t key_token_stride(BlockOrder order) const {
     return order == BlockOrder::token_major ? std::int64_t{kv_heads} * key_dim : 1;
   }
   KOKKOS_INLINE_FUNCTION std::int64_t value_token_stride(BlockOrder order) const {
     if (values_in_keys) return key_token_stride(order);
     return order == BlockOrder::token_major ? std::int64_t{kv_heads} * value_dim : value_dim;
+  }
+  /// Distance between dims d and d + 1 of one token in a head-major key tile.
+  KOKKOS_INLINE_FUNCTION std::int64_t key_dim_stride(BlockOrder order) const {
+    return order == BlockOrder::token_major ? 1 : key_tile_tokens();
   }
 };
 

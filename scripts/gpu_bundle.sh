@@ -9,7 +9,7 @@ build=$("$repo/scripts/build.sh" cuda)
 bundle=$repo/gpu-bundle
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
-programs=("$build/experiments/writescope" "$build/tests/writescope_tests" "$build/benchmarks/writescope_bandwidth")
+programs=("$build/experiments/writescope" "$build/tests/writescope_tests" "$build/benchmarks/writescope_benchmarks")
 for program in "${programs[@]}"; do
   cp "$program" "$bundle/bin/"
   strip --strip-unneeded "$bundle/bin/$(basename "$program")"

@@ -15,7 +15,7 @@ nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 "$bundle/bin/writescope" info >"$out/info.txt" 2>&1 || status=1
 "$bundle/bin/writescope_tests" --gtest_output=xml:"$out/tests.xml" >"$out/tests.log" 2>&1 || status=1
 tail -3 "$out/tests.log"
-"$bundle/bin/writescope_bandwidth" --benchmark_out="$out/bandwidth.json" --benchmark_out_format=json \
+"$bundle/bin/writescope_benchmarks" --benchmark_out="$out/bandwidth.json" --benchmark_out_format=json \
   --benchmark_min_time=0.2 ${WRITESCOPE_BENCHMARK_FILTER:+--benchmark_filter=$WRITESCOPE_BENCHMARK_FILTER} \
   2>&1 | grep -E 'manual_time|^Benchmark' || status=1
 exit $status

@@ -68,7 +68,7 @@ struct DecodeSegmentsTeamKernel {
   float scale;
 
   /// scores (group, block_tokens), then maxima and sums (group each).
-  std::size_t scratch_floats() const { return static_cast<std::size_t>(group) * (geometry.block_tokens + 2); }
+  KOKKOS_INLINE_FUNCTION std::size_t scratch_floats() const { return static_cast<std::size_t>(group) * (geometry.block_tokens + 2); }
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     const int kv_head = team.league_rank() % geometry.kv_heads;
@@ -156,10 +156,11 @@ struct MergeSegmentsKernel {
     }
     float total = 0;
     for (int s = first; s < last; ++s) total += math::exp(segment_lse(s, q) - m);
-    for (int d = 0; d < value_dim; ++d) {
-      float acc = 0;
-      for (int s = first; s < last; ++s) acc += math::exp(segment_lse(s, q) - m) * segment_o(s, q, d);
-      o(b, q, d) = acc / total;
+    // One exponential per segment: weights outside, dimensions inside.
+    for (int d = 0; d < value_dim; ++d) o(b, q, d) = 0;
+    for (int s = first; s < last; ++s) {
+      const float weight = math::exp(segment_lse(s, q) - m) / total;
+      for (int d = 0; d < value_dim; ++d) o(b, q, d) += weight * segment_o(s, q, d);
     }
     lse(b, q) = m + math::log(total);
   }

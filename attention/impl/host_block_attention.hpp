@@ -108,56 +108,131 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
 }
 
-/// Scores of `Tile` query heads for keys stored head-major (tokens contiguous):
-/// 8 tokens per vector, each key vector converted once for all heads of the tile.
-template <int Tile, class Scalar>
+/// Eight sums at once: lane j of the result is the sum of the lanes of a[j].
+inline __m256 sum_lanes8(const __m256 (&a)[8]) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// Register tiles: a tile of query heads times a tile of 8-wide vectors, sized
+// so that accumulators, operands and one broadcast fit the 16 AVX2 registers
+// and each FMA needs at most 0.75 loads (Zen 3 / Intel: 2 FMAs and 2-3 loads
+// per cycle), i.e. the product is FMA-bound, not load-bound.
+
+/// Scores for keys stored head-major (tokens contiguous): `Heads` query heads
+/// times `Vectors` x 8 tokens per register tile.
+/// `keys` points at (token, d = 0) of the run, `row` apart per dim; scores go
+/// to columns [i, i + 8 * Vectors).
+template <int Heads, int Vectors, class Scalar>
+inline void scores_head_major_tile(const HostSegment<Scalar>& s, const Scalar* keys, std::int64_t row, int q0,
+                                   int i, float* scores) {
+  const BlockGeometry& g = s.geometry;
+  const int n = s.token_count;
+  __m256 acc[Heads][Vectors];
+  for (int h = 0; h < Heads; ++h)
+    for (int v = 0; v < Vectors; ++v) acc[h][v] = _mm256_setzero_ps();
+  const float* q = s.queries + q0 * g.key_dim;
+  for (int d = 0; d < g.key_dim; ++d) {
+    __m256 k[Vectors];
+    for (int v = 0; v < Vectors; ++v) k[v] = load8(keys + d * row + 8 * v);
+    for (int h = 0; h < Heads; ++h) {
+      const __m256 b = _mm256_broadcast_ss(q + h * g.key_dim + d);
+      for (int v = 0; v < Vectors; ++v) acc[h][v] = _mm256_fmadd_ps(b, k[v], acc[h][v]);
+    }
+  }
+  const __m256 scale = _mm256_set1_ps(s.scale);
+  for (int h = 0; h < Heads; ++h)
+    for (int v = 0; v < Vectors; ++v)
+      _mm256_storeu_ps(scores + (q0 + h) * n + i + 8 * v, _mm256_mul_ps(acc[h][v], scale));
+}
+
+/// Walks the segment's tokens in 8-token runs that lie inside one key tile:
+/// runs(t, vectors) for 16 or 8 tokens starting at block token t, single(t)
+/// for tokens outside whole runs.
+template <class Scalar, class Runs, class Single>
+void for_each_key_run(const HostSegment<Scalar>& s, Runs&& runs, Single&& single) {
+  const int tile = s.geometry.key_tile_tokens();
+  const int end = s.token_begin + s.token_count;
+  int t = s.token_begin;
+  while (t < end) {
+    const int room = std::min(tile - t % tile, end - t);
+    if (tile % 8 == 0 && t % 8 == 0 && room >= 16) {
+      runs(t, 2);
+      t += 16;
+    } else if (tile % 8 == 0 && t % 8 == 0 && room >= 8) {
+      runs(t, 1);
+      t += 8;
+    } else {
+      single(t);
+      t += 1;
+    }
+  }
+}
+
+template <int Heads, class Scalar>
 void scores_head_major(const HostSegment<Scalar>& s, int q0, float* scores) {
   const BlockGeometry& g = s.geometry;
-  const int n = s.token_count;
-  const Scalar* keys = s.block + g.key_offset(BlockOrder::head_major, s.token_begin, s.kv_head, 0);
-  const std::int64_t row = g.block_tokens;  // distance between dims d and d + 1
-  const __m256 scale = _mm256_set1_ps(s.scale);
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 acc[Tile];
-    for (int t = 0; t < Tile; ++t) acc[t] = _mm256_setzero_ps();
-    for (int d = 0; d < g.key_dim; ++d) {
-      const __m256 k = load8(keys + d * row + i);
-      for (int t = 0; t < Tile; ++t)
-        acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(s.queries + (q0 + t) * g.key_dim + d), k, acc[t]);
-    }
-    for (int t = 0; t < Tile; ++t) _mm256_storeu_ps(scores + (q0 + t) * n + i, _mm256_mul_ps(acc[t], scale));
-  }
-  for (; i < n; ++i)
-    for (int t = 0; t < Tile; ++t) {
-      float dot = 0;
-      for (int d = 0; d < g.key_dim; ++d) dot += s.queries[(q0 + t) * g.key_dim + d] * to_float(keys[d * row + i]);
-      scores[(q0 + t) * n + i] = dot * s.scale;
-    }
+  const std::int64_t row = g.key_dim_stride(BlockOrder::head_major);
+  auto key = [&](int t, int d) { return s.block + g.key_offset(BlockOrder::head_major, t, s.kv_head, d); };
+  for_each_key_run(
+      s,
+      [&](int t, int vectors) {
+        if (vectors == 2) scores_head_major_tile<Heads, 2>(s, key(t, 0), row, q0, t - s.token_begin, scores);
+        else scores_head_major_tile<Heads, 1>(s, key(t, 0), row, q0, t - s.token_begin, scores);
+      },
+      [&](int t) {
+        for (int h = 0; h < Heads; ++h) {
+          float dot = 0;
+          for (int d = 0; d < g.key_dim; ++d) dot += s.queries[(q0 + h) * g.key_dim + d] * to_float(*key(t, d));
+          scores[(q0 + h) * s.token_count + t - s.token_begin] = dot * s.scale;
+        }
+      });
 }
 
-/// Scores of `Tile` query heads for keys stored token-major (dims contiguous).
-template <int Tile, class Scalar>
+/// Scores for keys stored token-major (dims contiguous): 4 tokens x `Heads`
+/// heads per tile, reduced across lanes eight sums at a time.
+template <int Heads, class Scalar>
 void scores_token_major(const HostSegment<Scalar>& s, int q0, float* scores) {
+  static_assert(Heads == 2, "the lane reduction takes 4 tokens x 2 heads");
   const BlockGeometry& g = s.geometry;
   const int n = s.token_count;
-  for (int i = 0; i < n; ++i) {
-    const Scalar* key = s.block + g.key_offset(BlockOrder::token_major, s.token_begin + i, s.kv_head, 0);
-    __m256 acc[Tile];
-    for (int t = 0; t < Tile; ++t) acc[t] = _mm256_setzero_ps();
+  const float* q = s.queries + q0 * g.key_dim;
+  const std::int64_t stride = g.key_token_stride(BlockOrder::token_major);
+  const Scalar* keys = s.block + g.key_offset(BlockOrder::token_major, s.token_begin, s.kv_head, 0);
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    __m256 acc[8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
     for (int d = 0; d < g.key_dim; d += 8) {
-      const __m256 k = load8(key + d);
-      for (int t = 0; t < Tile; ++t)
-        acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(s.queries + (q0 + t) * g.key_dim + d), k, acc[t]);
+      const __m256 q_a = _mm256_loadu_ps(q + d), q_b = _mm256_loadu_ps(q + g.key_dim + d);
+      for (int t = 0; t < 4; ++t) {
+        const __m256 k = load8(keys + (i + t) * stride + d);
+        acc[2 * t] = _mm256_fmadd_ps(q_a, k, acc[2 * t]);
+        acc[2 * t + 1] = _mm256_fmadd_ps(q_b, k, acc[2 * t + 1]);
+      }
     }
-    for (int t = 0; t < Tile; ++t) scores[(q0 + t) * n + i] = horizontal_sum(acc[t]) * s.scale;
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, _mm256_mul_ps(sum_lanes8(acc), _mm256_set1_ps(s.scale)));
+    for (int t = 0; t < 4; ++t) {
+      scores[q0 * n + i + t] = sums[2 * t];
+      scores[(q0 + 1) * n + i + t] = sums[2 * t + 1];
+    }
   }
+  for (; i < n; ++i)
+    for (int h = 0; h < Heads; ++h) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int d = 0; d < g.key_dim; d += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * g.key_dim + d), load8(keys + i * stride + d), acc);
+      scores[(q0 + h) * n + i] = horizontal_sum(acc) * s.scale;
+    }
 }
 
-/// o(q, :) += sum_i p(q, i) * value(i, :) for `Tile` heads, values with dims
-/// contiguous. Tokens are taken 16 at a time so that their value rows stay in
-/// L1 while every 8-wide slice of the output is accumulated in registers.
-template <int Tile, class Scalar>
+/// o(q, :) += sum_i p(q, i) * value(i, :) for values with dims contiguous:
+/// `Heads` heads x 16 dims per register tile. Tokens are taken 16 at a time so
+/// that their value rows stay in L1 across the dimension tiles.
+template <int Heads, class Scalar>
 void values_rows(const HostSegment<Scalar>& s, int q0, const float* p, float* o) {
   const BlockGeometry& g = s.geometry;
   const int n = s.token_count;
@@ -166,56 +241,66 @@ void values_rows(const HostSegment<Scalar>& s, int q0, const float* p, float* o)
   constexpr int token_tile = 16;
   for (int i0 = 0; i0 < n; i0 += token_tile) {
     const int i1 = std::min(n, i0 + token_tile);
-    for (int d = 0; d < g.value_dim; d += 8) {
-      __m256 acc[Tile];
-      for (int t = 0; t < Tile; ++t) acc[t] = _mm256_loadu_ps(o + (q0 + t) * g.value_dim + d);
+    for (int d = 0; d < g.value_dim; d += 16) {
+      __m256 acc[Heads][2];
+      for (int h = 0; h < Heads; ++h)
+        for (int v = 0; v < 2; ++v) acc[h][v] = _mm256_loadu_ps(o + (q0 + h) * g.value_dim + d + 8 * v);
       for (int i = i0; i < i1; ++i) {
-        const __m256 v = load8(values + i * stride + d);
-        for (int t = 0; t < Tile; ++t) acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (q0 + t) * n + i), v, acc[t]);
+        const __m256 v0 = load8(values + i * stride + d), v1 = load8(values + i * stride + d + 8);
+        for (int h = 0; h < Heads; ++h) {
+          const __m256 b = _mm256_broadcast_ss(p + (q0 + h) * n + i);
+          acc[h][0] = _mm256_fmadd_ps(b, v0, acc[h][0]);
+          acc[h][1] = _mm256_fmadd_ps(b, v1, acc[h][1]);
+        }
       }
-      for (int t = 0; t < Tile; ++t) _mm256_storeu_ps(o + (q0 + t) * g.value_dim + d, acc[t]);
+      for (int h = 0; h < Heads; ++h)
+        for (int v = 0; v < 2; ++v) _mm256_storeu_ps(o + (q0 + h) * g.value_dim + d + 8 * v, acc[h][v]);
     }
   }
 }
 
-/// Same for values stored with tokens contiguous (MLA latent in a head-major block).
-template <int Tile, class Scalar>
+/// Same for values stored with tokens contiguous (the MLA latent in a
+/// head-major block): `Heads` heads x 2 value dims per tile, summed over tokens.
+template <int Heads, class Scalar>
 void values_columns(const HostSegment<Scalar>& s, int q0, const float* p, float* o) {
   const BlockGeometry& g = s.geometry;
   const int n = s.token_count;
-  const std::int64_t row = g.block_tokens;
-  const Scalar* values = s.block + g.value_offset(BlockOrder::head_major, s.token_begin, s.kv_head, 0);
-  for (int d = 0; d < g.value_dim; ++d) {
-    __m256 acc[Tile];
-    for (int t = 0; t < Tile; ++t) acc[t] = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-      const __m256 v = load8(values + d * row + i);
-      for (int t = 0; t < Tile; ++t) acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(p + (q0 + t) * n + i), v, acc[t]);
-    }
-    for (int t = 0; t < Tile; ++t) {
-      float sum = horizontal_sum(acc[t]);
-      for (int j = i; j < n; ++j) sum += p[(q0 + t) * n + j] * to_float(values[d * row + j]);
-      o[(q0 + t) * g.value_dim + d] = sum;
-    }
+  const std::int64_t row = g.key_dim_stride(BlockOrder::head_major);
+  auto value = [&](int t, int d) { return s.block + g.value_offset(BlockOrder::head_major, t, s.kv_head, d); };
+  for (int d = 0; d < g.value_dim; d += 2) {
+    __m256 acc[Heads][2];
+    for (int h = 0; h < Heads; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+    float tail[Heads][2] = {};
+    for_each_key_run(
+        s,
+        [&](int t, int vectors) {
+          const Scalar* v = value(t, d);
+          for (int r = 0; r < vectors; ++r) {
+            const __m256 v0 = load8(v + 8 * r), v1 = load8(v + row + 8 * r);
+            for (int h = 0; h < Heads; ++h) {
+              const __m256 w = _mm256_loadu_ps(p + (q0 + h) * n + t - s.token_begin + 8 * r);
+              acc[h][0] = _mm256_fmadd_ps(w, v0, acc[h][0]);
+              acc[h][1] = _mm256_fmadd_ps(w, v1, acc[h][1]);
+            }
+          }
+        },
+        [&](int t) {
+          for (int h = 0; h < Heads; ++h)
+            for (int c = 0; c < 2; ++c) tail[h][c] += p[(q0 + h) * n + t - s.token_begin] * to_float(*value(t, d + c));
+        });
+    for (int h = 0; h < Heads; ++h)
+      for (int c = 0; c < 2; ++c) o[(q0 + h) * g.value_dim + d + c] = horizontal_sum(acc[h][c]) + tail[h][c];
   }
 }
 
-/// Calls body.template operator()<Tile>(q0) for tiles of at most 8 heads covering the group.
-template <class Body>
+/// Calls body.template operator()<Heads>(q0) for tiles of `Tile` heads, then
+/// single heads for the remainder (groups are multiples of the tile in every
+/// supported model).
+template <int Tile, class Body>
 void for_each_head_tile(int group, Body&& body) {
-  for (int q0 = 0; q0 < group; q0 += 8) {
-    switch (std::min(8, group - q0)) {
-      case 1: body.template operator()<1>(q0); break;
-      case 2: body.template operator()<2>(q0); break;
-      case 3: body.template operator()<3>(q0); break;
-      case 4: body.template operator()<4>(q0); break;
-      case 5: body.template operator()<5>(q0); break;
-      case 6: body.template operator()<6>(q0); break;
-      case 7: body.template operator()<7>(q0); break;
-      default: body.template operator()<8>(q0); break;
-    }
-  }
+  int q0 = 0;
+  for (; q0 + Tile <= group; q0 += Tile) body.template operator()<Tile>(q0);
+  for (; q0 < group; ++q0) body.template operator()<1>(q0);
 }
 
 /// Softmax numerators in place: scores(q, :) <- exp(scores(q, :) - max); returns max and sum per head.
@@ -242,26 +327,51 @@ inline void exponentiate(float* scores, int group, int n, float* maxima, float* 
 }
 
 template <class Scalar>
-struct ScoresTile {
+struct HeadMajorScores {
   const HostSegment<Scalar>& s;
   float* scores;
-  template <int Tile>
+  template <int Heads>
+  void operator()(int q0) const { scores_head_major<Heads>(s, q0, scores); }
+};
+
+template <class Scalar>
+struct TokenMajorScores {
+  const HostSegment<Scalar>& s;
+  float* scores;
+  template <int Heads>
   void operator()(int q0) const {
-    if (s.order == BlockOrder::head_major) scores_head_major<Tile>(s, q0, scores);
-    else scores_token_major<Tile>(s, q0, scores);
+    if constexpr (Heads == 2) scores_token_major<2>(s, q0, scores);
+    else single_head(q0);
+  }
+  void single_head(int q0) const {
+    const BlockGeometry& g = s.geometry;
+    const std::int64_t stride = g.key_token_stride(BlockOrder::token_major);
+    const Scalar* keys = s.block + g.key_offset(BlockOrder::token_major, s.token_begin, s.kv_head, 0);
+    for (int i = 0; i < s.token_count; ++i) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int d = 0; d < g.key_dim; d += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(s.queries + q0 * g.key_dim + d), load8(keys + i * stride + d), acc);
+      scores[q0 * s.token_count + i] = horizontal_sum(acc) * s.scale;
+    }
   }
 };
 
 template <class Scalar>
-struct ValuesTile {
+struct RowValues {
   const HostSegment<Scalar>& s;
   const float* p;
   float* o;
-  template <int Tile>
-  void operator()(int q0) const {
-    if (s.order == BlockOrder::head_major && s.geometry.values_in_keys) values_columns<Tile>(s, q0, p, o);
-    else values_rows<Tile>(s, q0, p, o);
-  }
+  template <int Heads>
+  void operator()(int q0) const { values_rows<Heads>(s, q0, p, o); }
+};
+
+template <class Scalar>
+struct ColumnValues {
+  const HostSegment<Scalar>& s;
+  const float* p;
+  float* o;
+  template <int Heads>
+  void operator()(int q0) const { values_columns<Heads>(s, q0, p, o); }
 };
 
 #endif  // WRITESCOPE_HOST_AVX2
@@ -272,12 +382,16 @@ template <class Scalar>
 void host_segment_attention(const HostSegment<Scalar>& s, float* scores, float* o, float* lse) {
 #ifdef WRITESCOPE_HOST_AVX2
   const BlockGeometry& g = s.geometry;
-  if (g.key_dim % 8 == 0 && g.value_dim % 8 == 0 && s.token_count > 0) {
-    for_each_head_tile(s.group, ScoresTile<Scalar>{s, scores});
+  if (g.key_dim % 8 == 0 && g.value_dim % 16 == 0 && s.token_count > 0) {
+    if (s.order == BlockOrder::head_major) for_each_head_tile<4>(s.group, HeadMajorScores<Scalar>{s, scores});
+    else for_each_head_tile<2>(s.group, TokenMajorScores<Scalar>{s, scores});
     float maxima[max_group], sums[max_group];
     exponentiate(scores, s.group, s.token_count, maxima, sums);
     std::fill(o, o + s.group * g.value_dim, 0.0f);
-    for_each_head_tile(s.group, ValuesTile<Scalar>{s, scores, o});
+    if (s.order == BlockOrder::head_major && g.values_in_keys)
+      for_each_head_tile<4>(s.group, ColumnValues<Scalar>{s, scores, o});
+    else
+      for_each_head_tile<4>(s.group, RowValues<Scalar>{s, scores, o});
     for (int q = 0; q < s.group; ++q) {
       const float inverse = 1.0f / sums[q];
       for (int d = 0; d < g.value_dim; ++d) o[q * g.value_dim + d] *= inverse;

@@ -1,0 +1,130 @@
+// Decode attention over InplaceKVCache regions, in GB/s of KV read and as a
+// fraction of the bound measured in the same process (bounds.hpp):
+//   CPU in place (CpuResident head-major, CpuStreamed token-major) vs host DRAM read;
+//   GPU in place (GpuResident) vs device memory bandwidth, on CUDA builds.
+// One sequence of 8K, 32K or 128K tokens, bf16 KV, one layer. CPU figures also
+// carry the CPU's compute ceiling for the shape (FMA peak / FMAs per KV byte):
+// with 8-wide fp32 FMAs that ceiling is below DRAM bandwidth for MLA's 16-head
+// group, so on such a CPU the DRAM fraction cannot reach 1.
+#include <benchmark/benchmark.h>
+
+#include <memory>
+#include <random>
+
+#include "attention/decode.hpp"
+#include "bounds.hpp"
+#include "framework/timer.hpp"
+#include "layouts/inplace_kv_cache.hpp"
+
+namespace writescope {
+namespace {
+
+constexpr int block_tokens = 256;
+constexpr std::int64_t fill_chunk = 4096;
+
+/// A one-layer cache holding one sequence of `tokens` tokens, all in `region`.
+std::unique_ptr<InplaceKVCache<bf16>> filled_cache(const AttentionShape& shape, Region region, std::int64_t tokens) {
+  const BlockGeometry g = shape.block_geometry(block_tokens);
+  const std::int64_t blocks = (tokens + block_tokens - 1) / block_tokens;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(blocks * g.block_elements()) * sizeof(bf16);
+  KVCacheBudgets budgets;
+  if (region == Region::gpu_resident) budgets.vram_bytes = bytes;
+  else if (region == Region::cpu_resident) budgets.host_bytes = bytes;
+  else budgets.pinned_bytes = bytes;
+  auto cache = std::make_unique<InplaceKVCache<bf16>>(KVCacheShape{1, g}, budgets, BudgetPolicy::strict);
+  const int sequence = cache->add_sequence();
+  using Tokens = Kokkos::View<bf16***, Kokkos::LayoutRight, HostMemSpace>;
+  Tokens keys("writescope::benchmarks::keys", fill_chunk, g.kv_heads, g.key_dim);
+  Tokens values("writescope::benchmarks::values", fill_chunk, g.kv_heads, g.value_dim);
+  std::mt19937 engine(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::size_t i = 0; i < keys.size(); ++i) keys.data()[i] = from_float<bf16>(normal(engine));
+  for (std::size_t i = 0; i < values.size(); ++i) values.data()[i] = from_float<bf16>(normal(engine));
+  for (std::int64_t written = 0; written < tokens; written += fill_chunk) {
+    const std::int64_t count = std::min(fill_chunk, tokens - written);
+    const auto range = std::make_pair(std::int64_t{0}, count);
+    const std::vector<Region> regions(cache->new_blocks_needed(0, sequence, count), region);
+    cache->append<HostExecSpace, HostMemSpace>(HostExecSpace(), 0, sequence,
+                                               Kokkos::subview(keys, range, Kokkos::ALL, Kokkos::ALL),
+                                               Kokkos::subview(values, range, Kokkos::ALL, Kokkos::ALL), regions);
+  }
+  return cache;
+}
+
+template <class ExecSpace, class PoolSpace>
+void decode(benchmark::State& state, const AttentionShape& shape, Region region,
+            const Kokkos::View<bf16**, Kokkos::LayoutRight, PoolSpace>& (InplaceKVCache<bf16>::*pool)() const,
+            double bound_gbps) {
+  using MemSpace = typename ExecSpace::memory_space;
+  const std::int64_t tokens = state.range(0);
+  const auto cache = filled_cache(shape, region, tokens);
+  const auto segments = cache->segments(0, region, {0}, {TokenRange{0, tokens}});
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> queries("writescope::benchmarks::queries", 1, shape.q_heads,
+                                                                shape.key_dim);
+  Kokkos::deep_copy(queries, 0.05f);
+  PartialState<MemSpace> out("writescope::benchmarks::out", 1, shape.q_heads, shape.value_dim);
+  DecodeWorkspace<MemSpace> workspace;
+  const ExecSpace space;
+  auto run = [&](const ExecSpace& s) {
+    decode_attention<ExecSpace, bf16, PoolSpace>(s, shape, cache->geometry(), block_order(region), queries,
+                                                 (cache.get()->*pool)(), segments, workspace, out);
+  };
+  run(space);  // warm-up: workspace allocation, first touch of scratch
+  double total = 0;
+  for (auto _ : state) {
+    const double seconds = time_fenced(space, run);
+    state.SetIterationTime(seconds);
+    total += seconds;
+  }
+  const double kv_bytes = static_cast<double>(tokens) * shape.kv_heads *
+                          (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
+  const double gbps = kv_bytes * static_cast<double>(state.iterations()) / total / 1e9;
+  state.SetBytesProcessed(static_cast<std::int64_t>(kv_bytes) * state.iterations());
+  state.counters["GB/s"] = gbps;
+  state.counters["bound_GB/s"] = bound_gbps;
+  state.counters["fraction_of_bound"] = gbps / bound_gbps;
+  state.counters["threads"] = space.concurrency();
+  if constexpr (std::is_same_v<ExecSpace, HostExecSpace>) {
+    // The CPU's own ceiling for this shape: lane-FMAs per KV byte (QK^T and
+    // P.V for each query head of a KV head's group) at the measured FMA peak.
+    const double fmas_per_byte = static_cast<double>(shape.group()) * (shape.key_dim + shape.value_dim) /
+                                 ((shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16));
+    const double compute_bound = bench::host_fma_glanes() / fmas_per_byte;
+    state.counters["compute_bound_GB/s"] = compute_bound;
+    state.counters["fraction_of_compute_bound"] = gbps / compute_bound;
+  }
+}
+
+void cpu_decode(benchmark::State& state, AttentionShape shape, Region region) {
+  if (region == Region::cpu_resident)
+    decode<HostExecSpace, HostMemSpace>(state, shape, region, &InplaceKVCache<bf16>::host_pool,
+                                        bench::host_dram_read_gbps());
+  else
+    decode<HostExecSpace, PinnedMemSpace>(state, shape, region, &InplaceKVCache<bf16>::pinned_pool,
+                                          bench::host_dram_read_gbps());
+}
+
+#define WRITESCOPE_DECODE_BENCHMARK(function, name, ...)                                      \
+  BENCHMARK_CAPTURE(function, name, __VA_ARGS__)                                               \
+      ->Arg(8192)->Arg(32768)->Arg(131072)->UseManualTime()->Unit(benchmark::kMillisecond)
+
+WRITESCOPE_DECODE_BENCHMARK(cpu_decode, qwen3_gqa_cpu_resident, qwen3_30b_a3b_attention(), Region::cpu_resident);
+WRITESCOPE_DECODE_BENCHMARK(cpu_decode, qwen3_gqa_cpu_streamed, qwen3_30b_a3b_attention(), Region::cpu_streamed);
+WRITESCOPE_DECODE_BENCHMARK(cpu_decode, mixtral_gqa_cpu_resident, mixtral_8x7b_attention(), Region::cpu_resident);
+WRITESCOPE_DECODE_BENCHMARK(cpu_decode, deepseek_mla_cpu_resident, deepseek_v2_lite_mla_attention(),
+                            Region::cpu_resident);
+WRITESCOPE_DECODE_BENCHMARK(cpu_decode, deepseek_mla_cpu_streamed, deepseek_v2_lite_mla_attention(),
+                            Region::cpu_streamed);
+
+#ifdef KOKKOS_ENABLE_CUDA
+void gpu_decode(benchmark::State& state, AttentionShape shape) {
+  decode<GpuExecSpace, GpuMemSpace>(state, shape, Region::gpu_resident, &InplaceKVCache<bf16>::vram_pool,
+                                    bench::hbm_copy_gbps());
+}
+WRITESCOPE_DECODE_BENCHMARK(gpu_decode, qwen3_gqa_gpu_resident, qwen3_30b_a3b_attention());
+WRITESCOPE_DECODE_BENCHMARK(gpu_decode, deepseek_mla_gpu_resident, deepseek_v2_lite_mla_attention());
+#endif
+#undef WRITESCOPE_DECODE_BENCHMARK
+
+}  // namespace
+}  // namespace writescope
