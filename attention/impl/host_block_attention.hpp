@@ -74,6 +74,28 @@ inline __m256 load8(const bf16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
 }
 
+/// Sixteen consecutive elements as two float vectors. For bf16 the halves are
+/// the even and the odd elements (one load, one shift, one mask: cheaper than
+/// widening two halves); `interleave16` restores element order afterwards.
+inline void load16(const float* p, __m256& first, __m256& second) {
+  first = _mm256_loadu_ps(p);
+  second = _mm256_loadu_ps(p + 8);
+}
+inline void load16(const bf16* p, __m256& even, __m256& odd) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+template <class Scalar>
+inline constexpr bool load16_splits = std::is_same_v<Scalar, bf16>;
+
+/// Undoes load16's even/odd split for two result vectors of 8 lanes each.
+inline void interleave16(__m256& even, __m256& odd) {
+  const __m256 low = _mm256_unpacklo_ps(even, odd), high = _mm256_unpackhi_ps(even, odd);
+  even = _mm256_permute2f128_ps(low, high, 0x20);
+  odd = _mm256_permute2f128_ps(low, high, 0x31);
+}
+
 inline float horizontal_sum(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
@@ -130,22 +152,38 @@ inline void scores_head_major_tile(const HostSegment<Scalar>& s, const Scalar* k
                                    int i, float* scores) {
   const BlockGeometry& g = s.geometry;
   const int n = s.token_count;
-  __m256 acc[Heads][Vectors];
-  for (int h = 0; h < Heads; ++h)
-    for (int v = 0; v < Vectors; ++v) acc[h][v] = _mm256_setzero_ps();
+  // Flat accumulators with fully unrolled loops: GCC keeps a 2-D array of
+  // vectors in memory and stores it on every iteration, halving throughput.
+  __m256 acc[Heads * Vectors];
+#pragma GCC unroll 16
+  for (int a = 0; a < Heads * Vectors; ++a) acc[a] = _mm256_setzero_ps();
   const float* q = s.queries + q0 * g.key_dim;
+  // The next run of keys follows this one in memory: request it one run ahead,
+  // a cache line every 64 bytes of this run, so memory and FMAs overlap.
+  const char* next_run = reinterpret_cast<const char*>(keys + g.key_dim * row);
+  const std::int64_t run_bytes = g.key_dim * row * static_cast<std::int64_t>(sizeof(Scalar));
   for (int d = 0; d < g.key_dim; ++d) {
+    if (q0 == 0 && (d * row * static_cast<std::int64_t>(sizeof(Scalar))) % 64 == 0 &&
+        d * row * static_cast<std::int64_t>(sizeof(Scalar)) < run_bytes)
+      _mm_prefetch(next_run + d * row * static_cast<std::int64_t>(sizeof(Scalar)), _MM_HINT_T0);
     __m256 k[Vectors];
-    for (int v = 0; v < Vectors; ++v) k[v] = load8(keys + d * row + 8 * v);
+    if constexpr (Vectors == 2) load16(keys + d * row, k[0], k[1]);
+    else k[0] = load8(keys + d * row);
+#pragma GCC unroll 8
     for (int h = 0; h < Heads; ++h) {
       const __m256 b = _mm256_broadcast_ss(q + h * g.key_dim + d);
-      for (int v = 0; v < Vectors; ++v) acc[h][v] = _mm256_fmadd_ps(b, k[v], acc[h][v]);
+#pragma GCC unroll 4
+      for (int v = 0; v < Vectors; ++v) acc[h * Vectors + v] = _mm256_fmadd_ps(b, k[v], acc[h * Vectors + v]);
     }
   }
+  if constexpr (Vectors == 2 && load16_splits<Scalar>) {
+#pragma GCC unroll 8
+    for (int h = 0; h < Heads; ++h) interleave16(acc[2 * h], acc[2 * h + 1]);
+  }
   const __m256 scale = _mm256_set1_ps(s.scale);
-  for (int h = 0; h < Heads; ++h)
-    for (int v = 0; v < Vectors; ++v)
-      _mm256_storeu_ps(scores + (q0 + h) * n + i + 8 * v, _mm256_mul_ps(acc[h][v], scale));
+#pragma GCC unroll 16
+  for (int a = 0; a < Heads * Vectors; ++a)
+    _mm256_storeu_ps(scores + (q0 + a / Vectors) * n + i + 8 * (a % Vectors), _mm256_mul_ps(acc[a], scale));
 }
 
 /// Walks the segment's tokens in 8-token runs that lie inside one key tile:
@@ -171,22 +209,32 @@ void for_each_key_run(const HostSegment<Scalar>& s, Runs&& runs, Single&& single
   }
 }
 
+/// Scores of every query head for keys stored head-major: each key run (one
+/// 4 KiB tile for bf16) is read from memory once and reused from L1 by every
+/// tile of `Heads` query heads.
 template <int Heads, class Scalar>
-void scores_head_major(const HostSegment<Scalar>& s, int q0, float* scores) {
+void scores_head_major(const HostSegment<Scalar>& s, float* scores) {
   const BlockGeometry& g = s.geometry;
   const std::int64_t row = g.key_dim_stride(BlockOrder::head_major);
   auto key = [&](int t, int d) { return s.block + g.key_offset(BlockOrder::head_major, t, s.kv_head, d); };
   for_each_key_run(
       s,
       [&](int t, int vectors) {
-        if (vectors == 2) scores_head_major_tile<Heads, 2>(s, key(t, 0), row, q0, t - s.token_begin, scores);
-        else scores_head_major_tile<Heads, 1>(s, key(t, 0), row, q0, t - s.token_begin, scores);
+        int q0 = 0;
+        for (; q0 + Heads <= s.group; q0 += Heads) {
+          if (vectors == 2) scores_head_major_tile<Heads, 2>(s, key(t, 0), row, q0, t - s.token_begin, scores);
+          else scores_head_major_tile<Heads, 1>(s, key(t, 0), row, q0, t - s.token_begin, scores);
+        }
+        for (; q0 < s.group; ++q0) {
+          if (vectors == 2) scores_head_major_tile<1, 2>(s, key(t, 0), row, q0, t - s.token_begin, scores);
+          else scores_head_major_tile<1, 1>(s, key(t, 0), row, q0, t - s.token_begin, scores);
+        }
       },
       [&](int t) {
-        for (int h = 0; h < Heads; ++h) {
+        for (int h = 0; h < s.group; ++h) {
           float dot = 0;
-          for (int d = 0; d < g.key_dim; ++d) dot += s.queries[(q0 + h) * g.key_dim + d] * to_float(*key(t, d));
-          scores[(q0 + h) * s.token_count + t - s.token_begin] = dot * s.scale;
+          for (int d = 0; d < g.key_dim; ++d) dot += s.queries[h * g.key_dim + d] * to_float(*key(t, d));
+          scores[h * s.token_count + t - s.token_begin] = dot * s.scale;
         }
       });
 }
@@ -230,32 +278,61 @@ void scores_token_major(const HostSegment<Scalar>& s, int q0, float* scores) {
 }
 
 /// o(q, :) += sum_i p(q, i) * value(i, :) for values with dims contiguous:
-/// `Heads` heads x 16 dims per register tile. Tokens are taken 16 at a time so
-/// that their value rows stay in L1 across the dimension tiles.
+/// `Heads` heads x 16 dims per register tile. Tokens are taken 16 at a time and
+/// every head tile runs over the same 16 x 16 slice, so values are read from
+/// memory once and reused from L1.
+/// For bf16 the 16 dims of each output slice are kept in load16's even/odd
+/// order while tokens accumulate; values_rows restores the order at the end.
 template <int Heads, class Scalar>
-void values_rows(const HostSegment<Scalar>& s, int q0, const float* p, float* o) {
+inline void values_rows_tile(const Scalar* values, std::int64_t stride, const float* p, int n, int i0, int i1,
+                             float* o, int value_dim) {
+  __m256 acc[Heads * 2];
+#pragma GCC unroll 16
+  for (int a = 0; a < Heads * 2; ++a) acc[a] = _mm256_loadu_ps(o + (a / 2) * value_dim + 8 * (a % 2));
+  for (int i = i0; i < i1; ++i) {
+    __m256 v0, v1;
+    load16(values + i * stride, v0, v1);
+#pragma GCC unroll 8
+    for (int h = 0; h < Heads; ++h) {
+      const __m256 b = _mm256_broadcast_ss(p + h * n + i);
+      acc[2 * h] = _mm256_fmadd_ps(b, v0, acc[2 * h]);
+      acc[2 * h + 1] = _mm256_fmadd_ps(b, v1, acc[2 * h + 1]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int a = 0; a < Heads * 2; ++a) _mm256_storeu_ps(o + (a / 2) * value_dim + 8 * (a % 2), acc[a]);
+}
+
+template <int Heads, class Scalar>
+void values_rows(const HostSegment<Scalar>& s, const float* p, float* o) {
   const BlockGeometry& g = s.geometry;
   const int n = s.token_count;
   const std::int64_t stride = g.value_token_stride(s.order);
   const Scalar* values = s.block + g.value_offset(s.order, s.token_begin, s.kv_head, 0);
   constexpr int token_tile = 16;
+  const std::int64_t row_bytes = g.value_dim * static_cast<std::int64_t>(sizeof(Scalar));
   for (int i0 = 0; i0 < n; i0 += token_tile) {
     const int i1 = std::min(n, i0 + token_tile);
+    // Request the next token tile's value rows while this one is multiplied.
+    for (int i = i1; i < std::min(n, i1 + token_tile); ++i)
+      for (std::int64_t byte = 0; byte < row_bytes; byte += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(values + i * stride) + byte, _MM_HINT_T0);
     for (int d = 0; d < g.value_dim; d += 16) {
-      __m256 acc[Heads][2];
-      for (int h = 0; h < Heads; ++h)
-        for (int v = 0; v < 2; ++v) acc[h][v] = _mm256_loadu_ps(o + (q0 + h) * g.value_dim + d + 8 * v);
-      for (int i = i0; i < i1; ++i) {
-        const __m256 v0 = load8(values + i * stride + d), v1 = load8(values + i * stride + d + 8);
-        for (int h = 0; h < Heads; ++h) {
-          const __m256 b = _mm256_broadcast_ss(p + (q0 + h) * n + i);
-          acc[h][0] = _mm256_fmadd_ps(b, v0, acc[h][0]);
-          acc[h][1] = _mm256_fmadd_ps(b, v1, acc[h][1]);
-        }
-      }
-      for (int h = 0; h < Heads; ++h)
-        for (int v = 0; v < 2; ++v) _mm256_storeu_ps(o + (q0 + h) * g.value_dim + d + 8 * v, acc[h][v]);
+      int q0 = 0;
+      for (; q0 + Heads <= s.group; q0 += Heads)
+        values_rows_tile<Heads>(values + d, stride, p + q0 * n, n, i0, i1, o + q0 * g.value_dim + d, g.value_dim);
+      for (; q0 < s.group; ++q0)
+        values_rows_tile<1>(values + d, stride, p + q0 * n, n, i0, i1, o + q0 * g.value_dim + d, g.value_dim);
     }
+  }
+  if constexpr (load16_splits<Scalar>) {
+    for (int q = 0; q < s.group; ++q)
+      for (int d = 0; d < g.value_dim; d += 16) {
+        __m256 even = _mm256_loadu_ps(o + q * g.value_dim + d), odd = _mm256_loadu_ps(o + q * g.value_dim + d + 8);
+        interleave16(even, odd);
+        _mm256_storeu_ps(o + q * g.value_dim + d, even);
+        _mm256_storeu_ps(o + q * g.value_dim + d + 8, odd);
+      }
   }
 }
 
@@ -327,14 +404,6 @@ inline void exponentiate(float* scores, int group, int n, float* maxima, float* 
 }
 
 template <class Scalar>
-struct HeadMajorScores {
-  const HostSegment<Scalar>& s;
-  float* scores;
-  template <int Heads>
-  void operator()(int q0) const { scores_head_major<Heads>(s, q0, scores); }
-};
-
-template <class Scalar>
 struct TokenMajorScores {
   const HostSegment<Scalar>& s;
   float* scores;
@@ -357,15 +426,6 @@ struct TokenMajorScores {
 };
 
 template <class Scalar>
-struct RowValues {
-  const HostSegment<Scalar>& s;
-  const float* p;
-  float* o;
-  template <int Heads>
-  void operator()(int q0) const { values_rows<Heads>(s, q0, p, o); }
-};
-
-template <class Scalar>
 struct ColumnValues {
   const HostSegment<Scalar>& s;
   const float* p;
@@ -383,7 +443,7 @@ void host_segment_attention(const HostSegment<Scalar>& s, float* scores, float* 
 #ifdef WRITESCOPE_HOST_AVX2
   const BlockGeometry& g = s.geometry;
   if (g.key_dim % 8 == 0 && g.value_dim % 16 == 0 && s.token_count > 0) {
-    if (s.order == BlockOrder::head_major) for_each_head_tile<4>(s.group, HeadMajorScores<Scalar>{s, scores});
+    if (s.order == BlockOrder::head_major) scores_head_major<4>(s, scores);
     else for_each_head_tile<2>(s.group, TokenMajorScores<Scalar>{s, scores});
     float maxima[max_group], sums[max_group];
     exponentiate(scores, s.group, s.token_count, maxima, sums);
@@ -391,7 +451,7 @@ void host_segment_attention(const HostSegment<Scalar>& s, float* scores, float* 
     if (s.order == BlockOrder::head_major && g.values_in_keys)
       for_each_head_tile<4>(s.group, ColumnValues<Scalar>{s, scores, o});
     else
-      for_each_head_tile<4>(s.group, RowValues<Scalar>{s, scores, o});
+      values_rows<4>(s, scores, o);
     for (int q = 0; q < s.group; ++q) {
       const float inverse = 1.0f / sums[q];
       for (int d = 0; d < g.value_dim; ++d) o[q * g.value_dim + d] *= inverse;
