@@ -31,6 +31,11 @@ using PinnedMemSpace = HostMemSpace;
 inline constexpr bool has_gpu = false;
 #endif
 
+/// True for execution spaces that run on the host and use host memory.
+template <class ExecSpace>
+inline constexpr bool is_host_exec_space = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible &&
+                                           std::is_same_v<typename ExecSpace::memory_space, Kokkos::HostSpace>;
+
 namespace impl {
 
 template <class List, class T>

@@ -6,14 +6,10 @@
 
 #include "attention/impl/host_block_attention.hpp"
 #include "framework/math.hpp"
+#include "framework/spaces.hpp"
 
 namespace writescope {
 namespace impl {
-
-template <class ExecSpace>
-inline constexpr bool is_host_exec_space =
-    Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible &&
-    std::is_same_v<typename ExecSpace::memory_space, Kokkos::HostSpace>;
 
 /// Host work item (segment, KV head): the vectorised block product.
 template <class ExecSpace, class Scalar, class PoolSpace>
@@ -230,13 +226,13 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
     const impl::DecodeSegmentsTeamKernel<ExecSpace, Scalar, PoolSpace> kernel{
         queries, pool, workspace.segments, workspace.segment_o, workspace.segment_lse,
         geometry, order, shape.group(), shape.scale()};
-    constexpr bool host = impl::is_host_exec_space<ExecSpace>;
+    constexpr bool host = is_host_exec_space<ExecSpace>;
     Kokkos::TeamPolicy<ExecSpace> policy(space, work_items, host ? 1 : 4, host ? 1 : 32);
     policy.set_scratch_size(0, Kokkos::PerTeam(kernel.scratch_floats() * sizeof(float)));
     Kokkos::parallel_for("writescope::attention::decode_segments", policy, kernel);
   };
   if (work_items > 0) {
-    if constexpr (impl::is_host_exec_space<ExecSpace>) {
+    if constexpr (is_host_exec_space<ExecSpace>) {
       if (product == BlockProduct::automatic)
         Kokkos::parallel_for("writescope::attention::decode_segments_host",
                              Kokkos::RangePolicy<ExecSpace>(space, 0, work_items),
