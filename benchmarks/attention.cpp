@@ -8,12 +8,13 @@
 // group, so on such a CPU the DRAM fraction cannot reach 1.
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <memory>
 #include <random>
 
 #include "attention/decode.hpp"
+#include "attention/split.hpp"
 #include "bounds.hpp"
-#include "framework/timer.hpp"
 #include "layouts/inplace_kv_cache.hpp"
 
 namespace writescope {
@@ -70,12 +71,7 @@ void decode(benchmark::State& state, const AttentionShape& shape, Region region,
                                                  (cache.get()->*pool)(), segments, workspace, out);
   };
   run(space);  // warm-up: workspace allocation, first touch of scratch
-  double total = 0;
-  for (auto _ : state) {
-    const double seconds = time_fenced(space, run);
-    state.SetIterationTime(seconds);
-    total += seconds;
-  }
+  const double total = bench::run_fenced_iterations(state, space, run);
   const double kv_bytes = static_cast<double>(tokens) * shape.kv_heads *
                           (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
   const double gbps = kv_bytes * static_cast<double>(state.iterations()) / total / 1e9;
@@ -115,6 +111,56 @@ WRITESCOPE_DECODE_BENCHMARK(cpu_decode, deepseek_mla_cpu_resident, deepseek_v2_l
                             Region::cpu_resident);
 WRITESCOPE_DECODE_BENCHMARK(cpu_decode, deepseek_mla_cpu_streamed, deepseek_v2_lite_mla_attention(),
                             Region::cpu_streamed);
+
+/// One step split at a CPU share of range(1) percent over a sequence whose
+/// blocks all sit in the movable band (pinned): the GPU streams the first
+/// blocks, the CPU attends the rest in place, at the same time on CUDA builds
+/// (one after the other on host-only builds, where both shares use the host).
+void split_decode(benchmark::State& state, AttentionShape shape) {
+  const std::int64_t tokens = state.range(0);
+  const double cpu_share = static_cast<double>(state.range(1)) / 100.0;
+  const auto cache = filled_cache(shape, Region::gpu_streamed, tokens);
+  const auto blocks = cache->segments(0, Region::gpu_streamed, {0}, {TokenRange{0, tokens}});
+  const auto cut = static_cast<std::ptrdiff_t>(std::llround((1.0 - cpu_share) * static_cast<double>(blocks.size())));
+  SplitPlan plan;
+  plan.gpu_streamed.assign(blocks.begin(), blocks.begin() + cut);
+  plan.cpu_pinned.assign(blocks.begin() + cut, blocks.end());
+  Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> queries("writescope::benchmarks::queries", 1,
+                                                                    shape.q_heads, shape.key_dim);
+  Kokkos::deep_copy(queries, 0.05f);
+  PartialState<GpuMemSpace> out("writescope::benchmarks::split_out", 1, shape.q_heads, shape.value_dim);
+  SplitDecode<bf16> split(shape, cache->geometry(), 1, 16);
+  split.run(*cache, queries, plan, out);  // warm-up: workspaces
+  double total = 0, gpu = 0, cpu = 0;
+  for (auto _ : state) {
+    const SplitTimings t = split.run(*cache, queries, plan, out);
+    state.SetIterationTime(t.step_seconds);
+    total += t.step_seconds;
+    gpu += t.gpu_seconds;
+    cpu += t.cpu_seconds;
+  }
+  const double block_bytes = static_cast<double>(cache->block_bytes());
+  const double n = static_cast<double>(state.iterations());
+  const double kv_bytes = static_cast<double>(tokens) * shape.kv_heads *
+                          (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
+  state.counters["cpu_share"] = cpu_share;
+  state.counters["GB/s"] = kv_bytes * n / total / 1e9;
+  if (!plan.gpu_streamed.empty())
+    state.counters["gpu_path_GB/s"] = block_bytes * static_cast<double>(plan.gpu_streamed.size()) * n / gpu / 1e9;
+  if (!plan.cpu_pinned.empty()) {
+    const double cpu_gbps = block_bytes * static_cast<double>(plan.cpu_pinned.size()) * n / cpu / 1e9;
+    state.counters["cpu_path_GB/s"] = cpu_gbps;
+#ifdef KOKKOS_ENABLE_CUDA
+    // The split's ideal: both paths at full speed, the CPU's as measured here.
+    state.counters["sum_bound_GB/s"] = cpu_gbps + bench::pinned_h2d_gbps();
+    state.counters["fraction_of_sum_bound"] = kv_bytes * n / total / 1e9 / (cpu_gbps + bench::pinned_h2d_gbps());
+#endif
+  }
+}
+BENCHMARK_CAPTURE(split_decode, qwen3_gqa_band, qwen3_30b_a3b_attention())
+    ->ArgsProduct({{32768, 131072}, {0, 25, 50, 75, 100}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 #ifdef KOKKOS_ENABLE_CUDA
 void gpu_decode(benchmark::State& state, AttentionShape shape) {

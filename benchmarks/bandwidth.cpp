@@ -12,7 +12,6 @@
 
 #include "bounds.hpp"
 #include "framework/spaces.hpp"
-#include "framework/timer.hpp"
 
 namespace writescope {
 namespace {
@@ -30,16 +29,9 @@ void host_read(benchmark::State& state) {
   const std::int64_t bytes = state.range(0) * mebibyte;
   const bench::HostWords words = bench::first_touched("writescope::benchmarks::read", bytes);
   const HostExecSpace space;
-  FencedTimer<HostExecSpace> timer(space);
-  double total = 0;
-  for (auto _ : state) {
-    timer.start();
-    const std::uint64_t sum = bench::read_words(space, words);
-    const double seconds = timer.seconds();
-    benchmark::DoNotOptimize(sum);
-    state.SetIterationTime(seconds);
-    total += seconds;
-  }
+  const double total = bench::run_fenced_iterations(state, space, [&](const HostExecSpace& s) {
+    benchmark::DoNotOptimize(bench::read_words(s, words));
+  });
   report(state, bytes, total);
   state.counters["threads"] = space.concurrency();
 }
@@ -49,15 +41,8 @@ void host_copy(benchmark::State& state) {
   const bench::HostWords source = bench::first_touched("writescope::benchmarks::copy_source", bytes);
   const bench::HostWords destination = bench::first_touched("writescope::benchmarks::copy_destination", bytes);
   const HostExecSpace space;
-  FencedTimer<HostExecSpace> timer(space);
-  double total = 0;
-  for (auto _ : state) {
-    timer.start();
-    bench::copy_words(space, destination, source);
-    const double seconds = timer.seconds();
-    state.SetIterationTime(seconds);
-    total += seconds;
-  }
+  const double total = bench::run_fenced_iterations(
+      state, space, [&](const HostExecSpace& s) { bench::copy_words(s, destination, source); });
   report(state, 2 * bytes, total);
   state.counters["threads"] = space.concurrency();
 }
@@ -76,16 +61,8 @@ void device_copy(benchmark::State& state, int bytes_factor) {
   Kokkos::View<Bytes*, SourceSpace> source("writescope::benchmarks::source", bytes);
   Kokkos::View<Bytes*, DestinationSpace> destination("writescope::benchmarks::destination", bytes);
   Kokkos::deep_copy(source, Bytes{1});
-  const GpuExecSpace space;
-  FencedTimer<GpuExecSpace> timer(space);
-  double total = 0;
-  for (auto _ : state) {
-    timer.start();
-    Kokkos::deep_copy(space, destination, source);
-    const double seconds = timer.seconds();
-    state.SetIterationTime(seconds);
-    total += seconds;
-  }
+  const double total = bench::run_fenced_iterations(
+      state, GpuExecSpace(), [&](const GpuExecSpace& s) { Kokkos::deep_copy(s, destination, source); });
   report(state, bytes_factor * bytes, total);
 }
 

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "framework/timer.hpp"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>

@@ -3,11 +3,13 @@
 // figure can be reported as a fraction of a bound from the same run.
 
 #include <Kokkos_Core.hpp>
+#include <benchmark/benchmark.h>
 
 #include <cstdint>
 #include <string>
 
 #include "framework/spaces.hpp"
+#include "framework/timer.hpp"
 
 namespace writescope::bench {
 
@@ -19,6 +21,19 @@ HostWords first_touched(const std::string& label, std::int64_t bytes);
 std::uint64_t read_words(const HostExecSpace& space, const HostWords& words);
 /// destination = source on the host execution space.
 void copy_words(const HostExecSpace& space, const HostWords& destination, const HostWords& source);
+
+/// Runs `work(space)` once per benchmark iteration, fenced before and after,
+/// as the iteration's manual time; returns the total seconds.
+template <class ExecSpace, class Work>
+double run_fenced_iterations(benchmark::State& state, const ExecSpace& space, Work&& work) {
+  double total = 0;
+  for (auto _ : state) {
+    const double seconds = time_fenced(space, work);
+    state.SetIterationTime(seconds);
+    total += seconds;
+  }
+  return total;
+}
 
 /// Host DRAM read bandwidth in GB/s (10^9 B/s): best of several fenced reads of
 /// 1 GiB with all host threads, measured once per process.

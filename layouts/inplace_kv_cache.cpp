@@ -188,28 +188,10 @@ std::vector<BlockSegment> InplaceKVCache<Scalar>::segments(int layer, Region reg
       const std::int64_t end = std::min(ranges[i].end, block_start + list[b].tokens);
       if (begin >= end) continue;
       out.push_back(BlockSegment{static_cast<int>(i), list[b].slot, static_cast<int>(begin - block_start),
-                                 static_cast<int>(end - begin)});
+                                 static_cast<int>(end - begin), begin});
     }
   }
   return out;
-}
-
-template <class Scalar>
-std::vector<std::int64_t> InplaceKVCache<Scalar>::segment_positions(int layer, Region region,
-                                                                    const std::vector<int>& sequences,
-                                                                    const std::vector<TokenRange>& ranges) const {
-  std::vector<std::int64_t> positions;
-  const int block_tokens = shape_.block.block_tokens;
-  for (std::size_t i = 0; i < sequences.size(); ++i) {
-    const auto& list = blocks(layer, sequences[i]);
-    for (std::size_t b = 0; b < list.size(); ++b) {
-      if (list[b].region != region) continue;
-      const std::int64_t block_start = static_cast<std::int64_t>(b) * block_tokens;
-      const std::int64_t begin = std::max(ranges[i].begin, block_start);
-      if (begin < std::min(ranges[i].end, block_start + list[b].tokens)) positions.push_back(begin);
-    }
-  }
-  return positions;
 }
 
 template <class Scalar>

@@ -99,9 +99,6 @@ class InplaceKVCache {
   /// sequences[i]; batch_index is i. Sorted by batch_index, then token order.
   std::vector<BlockSegment> segments(int layer, Region region, const std::vector<int>& sequences,
                                      const std::vector<TokenRange>& ranges) const;
-  /// Token positions (within the sequence) of the first token of each segment.
-  std::vector<std::int64_t> segment_positions(int layer, Region region, const std::vector<int>& sequences,
-                                              const std::vector<TokenRange>& ranges) const;
 
   /// Bytes of the blocks currently placed in `region` (whole blocks).
   std::uint64_t region_bytes(Region region) const;

@@ -84,13 +84,15 @@ struct BlockGeometry {
 };
 
 /// Tokens [token_begin, token_begin + token_count) of the block in pool slot
-/// `slot`, belonging to the batch entry `batch_index`. Kernels take lists of
-/// these, sorted by batch_index.
+/// `slot`, belonging to the batch entry `batch_index`; the first of them is
+/// token `position` of its sequence. Kernels take lists of these, sorted by
+/// batch_index.
 struct BlockSegment {
   int batch_index;
   int slot;
   int token_begin;
   int token_count;
+  std::int64_t position;
 };
 
 }  // namespace writescope

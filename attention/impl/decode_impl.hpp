@@ -11,36 +11,45 @@
 namespace writescope {
 namespace impl {
 
-/// Host work item (segment, KV head): the vectorised block product.
+/// What both decode kernels read and write: per (segment, KV head) work item,
+/// the segment's keys/values in `pool`, the group's queries, and one partial
+/// state per segment.
 template <class ExecSpace, class Scalar, class PoolSpace>
-struct DecodeSegmentsHostKernel {
+struct DecodeSegmentsData {
   using MemSpace = typename ExecSpace::memory_space;
-  Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace> queries;
-  Kokkos::View<const Scalar**, Kokkos::LayoutRight, PoolSpace> pool;
+  Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace> queries;  // (batch, q_heads, key_dim)
+  Kokkos::View<const Scalar**, Kokkos::LayoutRight, PoolSpace> pool;    // (slots, block_elements)
   Kokkos::View<const BlockSegment*, MemSpace> segments;
-  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> segment_o;
-  Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> segment_lse;
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> segment_o;      // (segments, q_heads, value_dim)
+  Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> segment_lse;     // (segments, q_heads)
   BlockGeometry geometry;
   BlockOrder order;
   int group;
   float scale;
+};
+
+/// Host work item (segment, KV head): the vectorised block product.
+template <class ExecSpace, class Scalar, class PoolSpace>
+struct DecodeSegmentsHostKernel {
+  DecodeSegmentsData<ExecSpace, Scalar, PoolSpace> data;
 
   void operator()(int work) const {
+    const BlockGeometry& geometry = data.geometry;
     const int kv_head = work % geometry.kv_heads;
-    const BlockSegment segment = segments(work / geometry.kv_heads);
     const int s = work / geometry.kv_heads;
-    const int q0 = kv_head * group;
+    const BlockSegment segment = data.segments(s);
+    const int q0 = kv_head * data.group;
     float scores[max_group * 256];
     std::vector<float> large_scores;
     float* scratch = scores;
-    if (group * segment.token_count > max_group * 256) {
-      large_scores.resize(static_cast<std::size_t>(group) * segment.token_count);
+    if (data.group * segment.token_count > max_group * 256) {
+      large_scores.resize(static_cast<std::size_t>(data.group) * segment.token_count);
       scratch = large_scores.data();
     }
-    const HostSegment<Scalar> input{&pool(segment.slot, 0), geometry,        order, kv_head,
-                                    segment.token_begin,    segment.token_count, &queries(segment.batch_index, q0, 0),
-                                    group,                  scale};
-    host_segment_attention(input, scratch, &segment_o(s, q0, 0), &segment_lse(s, q0));
+    const HostSegment<Scalar> input{&data.pool(segment.slot, 0), geometry,        data.order, kv_head,
+                                    segment.token_begin,         segment.token_count,
+                                    &data.queries(segment.batch_index, q0, 0), data.group, data.scale};
+    host_segment_attention(input, scratch, &data.segment_o(s, q0, 0), &data.segment_lse(s, q0));
   }
 };
 
@@ -49,29 +58,29 @@ struct DecodeSegmentsHostKernel {
 /// threads and lanes over the value dimension (coalesced reads of value rows).
 template <class ExecSpace, class Scalar, class PoolSpace>
 struct DecodeSegmentsTeamKernel {
-  using MemSpace = typename ExecSpace::memory_space;
   using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   using Scratch = Kokkos::View<float*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
 
-  Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace> queries;
-  Kokkos::View<const Scalar**, Kokkos::LayoutRight, PoolSpace> pool;
-  Kokkos::View<const BlockSegment*, MemSpace> segments;
-  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> segment_o;
-  Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> segment_lse;
-  BlockGeometry geometry;
-  BlockOrder order;
-  int group;
-  float scale;
+  DecodeSegmentsData<ExecSpace, Scalar, PoolSpace> data;
 
   /// scores (group, block_tokens), then maxima and sums (group each).
-  KOKKOS_INLINE_FUNCTION std::size_t scratch_floats() const { return static_cast<std::size_t>(group) * (geometry.block_tokens + 2); }
+  KOKKOS_INLINE_FUNCTION std::size_t scratch_floats() const {
+    return static_cast<std::size_t>(data.group) * (data.geometry.block_tokens + 2);
+  }
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const auto& queries = data.queries;
+    const auto& geometry = data.geometry;
+    const auto& segment_o = data.segment_o;
+    const auto& segment_lse = data.segment_lse;
+    const BlockOrder order = data.order;
+    const int group = data.group;
+    const float scale = data.scale;
     const int kv_head = team.league_rank() % geometry.kv_heads;
     const int s = team.league_rank() / geometry.kv_heads;
-    const BlockSegment segment = segments(s);
+    const BlockSegment segment = data.segments(s);
     const int n = segment.token_count;
-    const Scalar* block = &pool(segment.slot, 0);
+    const Scalar* block = &data.pool(segment.slot, 0);
     Scratch scratch(team.team_scratch(0), scratch_floats());
     float* scores = scratch.data();
     float* maxima = scores + group * geometry.block_tokens;
@@ -222,10 +231,11 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
                     Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(offsets.data(), batch + 1));
 
   const int work_items = count * geometry.kv_heads;
+  const impl::DecodeSegmentsData<ExecSpace, Scalar, PoolSpace> data{
+      queries,  pool,  workspace.segments, workspace.segment_o, workspace.segment_lse,
+      geometry, order, shape.group(),      shape.scale()};
   auto launch_team_kernel = [&] {
-    const impl::DecodeSegmentsTeamKernel<ExecSpace, Scalar, PoolSpace> kernel{
-        queries, pool, workspace.segments, workspace.segment_o, workspace.segment_lse,
-        geometry, order, shape.group(), shape.scale()};
+    const impl::DecodeSegmentsTeamKernel<ExecSpace, Scalar, PoolSpace> kernel{data};
     constexpr bool host = is_host_exec_space<ExecSpace>;
     Kokkos::TeamPolicy<ExecSpace> policy(space, work_items, host ? 1 : 4, host ? 1 : 32);
     policy.set_scratch_size(0, Kokkos::PerTeam(kernel.scratch_floats() * sizeof(float)));
@@ -236,9 +246,7 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
       if (product == BlockProduct::automatic)
         Kokkos::parallel_for("writescope::attention::decode_segments_host",
                              Kokkos::RangePolicy<ExecSpace>(space, 0, work_items),
-                             impl::DecodeSegmentsHostKernel<ExecSpace, Scalar, PoolSpace>{
-                                 queries, pool, workspace.segments, workspace.segment_o, workspace.segment_lse,
-                                 geometry, order, shape.group(), shape.scale()});
+                             impl::DecodeSegmentsHostKernel<ExecSpace, Scalar, PoolSpace>{data});
       else
         launch_team_kernel();
     } else {

@@ -210,10 +210,10 @@ TYPED_TEST(DecodeAttentionTest, RejectsUnsortedOrOutOfPoolSegments) {
       decode_attention<Exec, typename TestFixture::Scalar, PoolSpace>(
           Exec(), this->shape_, g, BlockOrder::token_major, this->queries_, pool, segments, workspace, state);
     };
-    EXPECT_THROW(call({{1, 0, 0, 4}, {0, 0, 0, 4}}), std::invalid_argument);
-    EXPECT_THROW(call({{0, 0, 60, 8}}), std::invalid_argument);
-    EXPECT_THROW(call({{0, 1000, 0, 4}}), std::invalid_argument);
-    EXPECT_THROW(call({{2, 0, 0, 4}}), std::invalid_argument);
+    EXPECT_THROW(call({{1, 0, 0, 4, 0}, {0, 0, 0, 4, 0}}), std::invalid_argument);
+    EXPECT_THROW(call({{0, 0, 60, 8, 60}}), std::invalid_argument);
+    EXPECT_THROW(call({{0, 1000, 0, 4, 0}}), std::invalid_argument);
+    EXPECT_THROW(call({{2, 0, 0, 4, 0}}), std::invalid_argument);
   }
 }
 

@@ -64,13 +64,12 @@ TYPED_TEST(StreamedDecodeTest, ChunkedDoubleBufferedStreamingMatchesReference) {
       // Reference over exactly the streamed tokens of the range: attend each
       // streamed segment separately and merge in double.
       std::vector<double> merged_o(shape.q_heads * shape.value_dim, 0.0), merged_lse(shape.q_heads, -INFINITY);
-      const auto positions = cache.segment_positions(0, Region::gpu_streamed, sequences, ranges);
       for (std::size_t s = 0; s < segments.size(); ++s) {
         if (segments[s].batch_index != b) continue;
         std::vector<double> part_o, part_lse;
         reference_decode(shape, host_queries.data() + b * shape.q_heads * shape.key_dim,
-                         ReferenceKV{keys[b].data(), values[b].data(), lengths[b]}, positions[s],
-                         positions[s] + segments[s].token_count, part_o, part_lse);
+                         ReferenceKV{keys[b].data(), values[b].data(), lengths[b]}, segments[s].position,
+                         segments[s].position + segments[s].token_count, part_o, part_lse);
         for (int h = 0; h < shape.q_heads; ++h) {
           const double m = std::max(merged_lse[h], part_lse[h]);
           const double total = std::exp(merged_lse[h] - m) + std::exp(part_lse[h] - m);

@@ -167,8 +167,9 @@ TYPED_TEST(InplaceKVCacheTest, SegmentsCoverExactlyTheRequestedRanges) {
   EXPECT_EQ(segments[2].token_count, 6);
   EXPECT_EQ(segments[3].token_begin, 0);
   EXPECT_EQ(segments[3].token_count, 3);
-  EXPECT_EQ(cache.segment_positions(0, Region::gpu_streamed, {b, a}, {TokenRange{3, 17}, TokenRange{10, 35}}),
-            (std::vector<std::int64_t>{3, 16, 10, 32}));
+  std::vector<std::int64_t> positions;
+  for (const auto& segment : segments) positions.push_back(segment.position);
+  EXPECT_EQ(positions, (std::vector<std::int64_t>{3, 16, 10, 32}));
   EXPECT_TRUE(cache.segments(0, Region::cpu_resident, {a}, {TokenRange{0, 16}}).empty());
 }
 

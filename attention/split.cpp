@@ -1,0 +1,85 @@
+#include "attention/split.hpp"
+
+#include <thread>
+
+#include "framework/timer.hpp"
+
+namespace writescope {
+
+template <class Scalar>
+SplitDecode<Scalar>::SplitDecode(const AttentionShape& shape, const BlockGeometry& geometry, int batch,
+                                 int chunk_blocks)
+    : shape_(shape),
+      geometry_(geometry),
+      streamed_(shape, geometry, chunk_blocks),
+      gpu_queries_("writescope::attention::split_queries", batch, shape.q_heads, shape.key_dim),
+      resident_out_("writescope::attention::split_resident", batch, shape.q_heads, shape.value_dim),
+      cpu_on_gpu_("writescope::attention::split_cpu_on_gpu", batch, shape.q_heads, shape.value_dim),
+      cpu_out_{PartialState<HostMemSpace>("writescope::attention::split_cpu_resident", batch, shape.q_heads,
+                                          shape.value_dim),
+               PartialState<HostMemSpace>("writescope::attention::split_cpu_pinned", batch, shape.q_heads,
+                                          shape.value_dim)} {}
+
+template <class Scalar>
+double SplitDecode<Scalar>::run_gpu_share(const InplaceKVCache<Scalar>& cache, const SplitPlan& plan,
+                                          const PartialState<GpuMemSpace>& out) {
+  const GpuExecSpace& copy = streams_[0];
+  const GpuExecSpace& compute = streams_[1];
+  const GpuExecSpace& resident = streams_[2];
+  FencedTimer<GpuExecSpace> timer(compute);
+  timer.start();
+  decode_attention<GpuExecSpace, Scalar, GpuMemSpace>(resident, shape_, geometry_, BlockOrder::token_major,
+                                                      gpu_queries_, cache.vram_pool(), plan.gpu_resident,
+                                                      resident_workspace_, resident_out_);
+  streamed_.run(copy, compute, gpu_queries_, cache.pinned_pool(), plan.gpu_streamed, out);
+  resident.fence();
+  return timer.seconds();
+}
+
+template <class Scalar>
+double SplitDecode<Scalar>::run_cpu_share(const InplaceKVCache<Scalar>& cache, const HostQueries& queries,
+                                          const SplitPlan& plan) {
+  const HostExecSpace host;
+  return time_fenced(host, [&](const HostExecSpace& space) {
+    decode_attention<HostExecSpace, Scalar, HostMemSpace>(space, shape_, geometry_, BlockOrder::head_major, queries,
+                                                          cache.host_pool(), plan.cpu_resident, cpu_workspace_[0],
+                                                          cpu_out_[0]);
+    decode_attention<HostExecSpace, Scalar, PinnedMemSpace>(space, shape_, geometry_, BlockOrder::token_major,
+                                                            queries, cache.pinned_pool(), plan.cpu_pinned,
+                                                            cpu_workspace_[1], cpu_out_[1]);
+    merge_into(space, cpu_out_[0], cpu_out_[1]);
+  });
+}
+
+template <class Scalar>
+SplitTimings SplitDecode<Scalar>::run(const InplaceKVCache<Scalar>& cache, const HostQueries& queries,
+                                      const SplitPlan& plan, const PartialState<GpuMemSpace>& out) {
+  SplitTimings timings;
+  const GpuExecSpace& compute = streams_[1];
+  FencedTimer<GpuExecSpace> step(compute);
+  step.start();
+  Kokkos::deep_copy(compute, gpu_queries_, queries);
+  compute.fence();
+  if constexpr (has_gpu) {
+    // The GPU share is a chain of copies, kernels and fences: drive it from its
+    // own host thread so the OpenMP threads stay free for the CPU share.
+    std::thread gpu_driver([&] { timings.gpu_seconds = run_gpu_share(cache, plan, out); });
+    timings.cpu_seconds = run_cpu_share(cache, queries, plan);
+    gpu_driver.join();
+  } else {
+    timings.gpu_seconds = run_gpu_share(cache, plan, out);
+    timings.cpu_seconds = run_cpu_share(cache, queries, plan);
+  }
+  Kokkos::deep_copy(compute, cpu_on_gpu_.o, cpu_out_[0].o);
+  Kokkos::deep_copy(compute, cpu_on_gpu_.lse, cpu_out_[0].lse);
+  merge_into(compute, out, resident_out_);
+  merge_into(compute, out, cpu_on_gpu_);
+  timings.step_seconds = step.seconds();
+  timings.streamed_bytes = streamed_.bytes_copied();
+  return timings;
+}
+
+template class SplitDecode<float>;
+template class SplitDecode<bf16>;
+
+}  // namespace writescope

@@ -1,0 +1,68 @@
+#pragma once
+// One decode step of attention split along the sequence between the GPU and
+// the CPU (DESIGN.md §4, execution): the GPU attends its VRAM-resident blocks
+// in place and streams its share of pinned blocks, while the CPU attends the
+// host-resident blocks and its share of pinned blocks in place; the partial
+// states then merge on the GPU. In a CUDA build the GPU share is driven from a
+// second host thread so both devices work at the same time; in a host-only
+// build the two shares run one after the other on the host.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <vector>
+
+#include "attention/decode.hpp"
+#include "attention/streaming.hpp"
+#include "framework/streams.hpp"
+#include "layouts/inplace_kv_cache.hpp"
+
+namespace writescope {
+
+/// Block segments per device and pool for one step, each list sorted by batch index.
+struct SplitPlan {
+  std::vector<BlockSegment> gpu_resident;  // VRAM pool, read in place by the GPU
+  std::vector<BlockSegment> gpu_streamed;  // pinned pool, streamed to the GPU
+  std::vector<BlockSegment> cpu_resident;  // host pool, read in place by the CPU
+  std::vector<BlockSegment> cpu_pinned;    // pinned pool, read in place by the CPU (the movable band)
+};
+
+struct SplitTimings {
+  double gpu_seconds = 0;   // GPU share: resident + streamed, until its last kernel finished
+  double cpu_seconds = 0;   // CPU share
+  double step_seconds = 0;  // whole step including the final merge
+  std::uint64_t streamed_bytes = 0;
+};
+
+template <class Scalar>
+class SplitDecode {
+ public:
+  using HostQueries = Kokkos::View<const float***, Kokkos::LayoutRight, HostMemSpace>;
+
+  /// `chunk_blocks`: blocks per streaming chunk (see StreamedDecode).
+  SplitDecode(const AttentionShape& shape, const BlockGeometry& geometry, int batch, int chunk_blocks);
+
+  /// Attends queries (batch, q_heads, key_dim) over the plan's segments of
+  /// `cache` (layer fixed by the plan) into `out` (batch, q_heads, value_dim).
+  SplitTimings run(const InplaceKVCache<Scalar>& cache, const HostQueries& queries, const SplitPlan& plan,
+                   const PartialState<GpuMemSpace>& out);
+
+ private:
+  double run_gpu_share(const InplaceKVCache<Scalar>& cache, const SplitPlan& plan, const PartialState<GpuMemSpace>& out);
+  double run_cpu_share(const InplaceKVCache<Scalar>& cache, const HostQueries& queries, const SplitPlan& plan);
+
+  AttentionShape shape_;
+  BlockGeometry geometry_;
+  GpuStreams streams_{3};  // copy, compute, resident
+  StreamedDecode<Scalar> streamed_;
+  DecodeWorkspace<GpuMemSpace> resident_workspace_;
+  DecodeWorkspace<HostMemSpace> cpu_workspace_[2];
+  Kokkos::View<float***, Kokkos::LayoutRight, GpuMemSpace> gpu_queries_;
+  PartialState<GpuMemSpace> resident_out_, cpu_on_gpu_;
+  PartialState<HostMemSpace> cpu_out_[2];
+};
+
+extern template class SplitDecode<float>;
+extern template class SplitDecode<bf16>;
+
+}  // namespace writescope
