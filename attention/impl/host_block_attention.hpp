@@ -21,6 +21,15 @@
 #define WRITESCOPE_HOST_AVX2 1
 #endif
 
+// Full unrolling of the register-tile loops (GCC keeps un-unrolled arrays of
+// vectors in memory). nvcc's front end does not know the GCC pragma.
+#if defined(__CUDACC__)
+#define WRITESCOPE_UNROLL(n)
+#else
+#define WRITESCOPE_STRINGIFY(x) #x
+#define WRITESCOPE_UNROLL(n) _Pragma(WRITESCOPE_STRINGIFY(GCC unroll n))
+#endif
+
 namespace writescope::impl {
 
 /// Largest query-head group a KV head may serve (MLA: 16).
@@ -155,7 +164,7 @@ inline void scores_head_major_tile(const HostSegment<Scalar>& s, const Scalar* k
   // Flat accumulators with fully unrolled loops: GCC keeps a 2-D array of
   // vectors in memory and stores it on every iteration, halving throughput.
   __m256 acc[Heads * Vectors];
-#pragma GCC unroll 16
+WRITESCOPE_UNROLL(16)
   for (int a = 0; a < Heads * Vectors; ++a) acc[a] = _mm256_setzero_ps();
   const float* q = s.queries + q0 * g.key_dim;
   // The next run of keys follows this one in memory: request it one run ahead,
@@ -169,19 +178,19 @@ inline void scores_head_major_tile(const HostSegment<Scalar>& s, const Scalar* k
     __m256 k[Vectors];
     if constexpr (Vectors == 2) load16(keys + d * row, k[0], k[1]);
     else k[0] = load8(keys + d * row);
-#pragma GCC unroll 8
+WRITESCOPE_UNROLL(8)
     for (int h = 0; h < Heads; ++h) {
       const __m256 b = _mm256_broadcast_ss(q + h * g.key_dim + d);
-#pragma GCC unroll 4
+WRITESCOPE_UNROLL(4)
       for (int v = 0; v < Vectors; ++v) acc[h * Vectors + v] = _mm256_fmadd_ps(b, k[v], acc[h * Vectors + v]);
     }
   }
   if constexpr (Vectors == 2 && load16_splits<Scalar>) {
-#pragma GCC unroll 8
+WRITESCOPE_UNROLL(8)
     for (int h = 0; h < Heads; ++h) interleave16(acc[2 * h], acc[2 * h + 1]);
   }
   const __m256 scale = _mm256_set1_ps(s.scale);
-#pragma GCC unroll 16
+WRITESCOPE_UNROLL(16)
   for (int a = 0; a < Heads * Vectors; ++a)
     _mm256_storeu_ps(scores + (q0 + a / Vectors) * n + i + 8 * (a % Vectors), _mm256_mul_ps(acc[a], scale));
 }
@@ -287,19 +296,19 @@ template <int Heads, class Scalar>
 inline void values_rows_tile(const Scalar* values, std::int64_t stride, const float* p, int n, int i0, int i1,
                              float* o, int value_dim) {
   __m256 acc[Heads * 2];
-#pragma GCC unroll 16
+WRITESCOPE_UNROLL(16)
   for (int a = 0; a < Heads * 2; ++a) acc[a] = _mm256_loadu_ps(o + (a / 2) * value_dim + 8 * (a % 2));
   for (int i = i0; i < i1; ++i) {
     __m256 v0, v1;
     load16(values + i * stride, v0, v1);
-#pragma GCC unroll 8
+WRITESCOPE_UNROLL(8)
     for (int h = 0; h < Heads; ++h) {
       const __m256 b = _mm256_broadcast_ss(p + h * n + i);
       acc[2 * h] = _mm256_fmadd_ps(b, v0, acc[2 * h]);
       acc[2 * h + 1] = _mm256_fmadd_ps(b, v1, acc[2 * h + 1]);
     }
   }
-#pragma GCC unroll 16
+WRITESCOPE_UNROLL(16)
   for (int a = 0; a < Heads * 2; ++a) _mm256_storeu_ps(o + (a / 2) * value_dim + 8 * (a % 2), acc[a]);
 }
 
