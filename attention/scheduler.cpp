@@ -1,0 +1,155 @@
+#include "attention/scheduler.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace writescope {
+namespace {
+
+std::vector<BlockSegment> sorted_by_batch(std::vector<BlockSegment> segments) {
+  std::stable_sort(segments.begin(), segments.end(),
+                   [](const BlockSegment& a, const BlockSegment& b) { return a.batch_index < b.batch_index; });
+  return segments;
+}
+
+}  // namespace
+
+template <class Scalar>
+WriteScopeScheduler<Scalar>::WriteScopeScheduler(const RooflineModel& model, const AttentionShape& shape,
+                                                 const InplaceKVCache<Scalar>& cache, SchedulerOptions options)
+    : model_(model),
+      shape_(shape),
+      cache_(cache),
+      options_(options),
+      fmas_per_byte_(static_cast<double>(shape.group()) * (shape.key_dim + shape.value_dim) /
+                     ((shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(Scalar))),
+      bytes_per_token_(static_cast<double>(cache.block_bytes()) / cache.geometry().block_tokens),
+      cpu_rate_(model.rates().cpu_attention_gbps * 1e9),
+      link_rate_(model.rates().has_gpu ? model.rates().link_gbps * 1e9 : 1.0),
+      resident_blocks_(static_cast<std::size_t>(cache.shape().layers), 0) {
+  if (!(options.resident_headroom > 0 && options.resident_headroom <= 1))
+    throw std::invalid_argument("scheduler: resident_headroom must be in (0, 1]");
+}
+
+template <class Scalar>
+std::vector<Region> WriteScopeScheduler<Scalar>::place(int layer, int sequence, std::int64_t tokens,
+                                                       std::int64_t expected_tokens, bool decode) {
+  const int block_tokens = cache_.geometry().block_tokens;
+  const int needed = cache_.new_blocks_needed(layer, sequence, tokens);
+  std::vector<Region> existing = cache_.block_regions(layer, sequence);
+  const std::int64_t vram_quota = model_.rates().has_gpu
+                                      ? cache_.capacity_blocks(Region::gpu_resident) / cache_.shape().layers
+                                      : 0;
+  // The CPU's share of the spilled blocks at the expected length, and the part
+  // of it that may be fixed in CpuResident.
+  const std::int64_t expected_blocks =
+      std::max<std::int64_t>((expected_tokens + block_tokens - 1) / block_tokens,
+                             static_cast<std::int64_t>(existing.size()) + needed);
+  std::int64_t resident = std::count(existing.begin(), existing.end(), Region::gpu_resident);
+  const std::int64_t expected_resident =
+      std::min<std::int64_t>(expected_blocks, resident + std::max<std::int64_t>(0, vram_quota - resident_blocks_[layer]));
+  const double block_bytes = static_cast<double>(cache_.block_bytes());
+  StepBytes expected{static_cast<double>(expected_resident) * block_bytes, 0,
+                     static_cast<double>(expected_blocks - expected_resident) * block_bytes};
+  const double cpu_fraction =
+      expected.movable > 0 ? model_.best_split(expected, fmas_per_byte_, 0).cpu_movable_bytes / expected.movable : 0;
+  RooflineModel cautious = model_;
+  cautious.rates().cpu_attention_gbps *= options_.resident_headroom;
+  cautious.rates().cpu_fma_glanes *= options_.resident_headroom;
+  const double resident_fraction =
+      expected.movable > 0 ? cautious.best_split(expected, fmas_per_byte_, 0).cpu_movable_bytes / expected.movable : 0;
+
+  std::int64_t cpu_resident = std::count(existing.begin(), existing.end(), Region::cpu_resident);
+  std::int64_t cpu_affine = cpu_resident + std::count(existing.begin(), existing.end(), Region::cpu_streamed);
+  std::int64_t spilled = static_cast<std::int64_t>(existing.size()) - resident;
+  std::vector<Region> regions;
+  for (int k = 0; k < needed; ++k) {
+    Region region;
+    if (resident_blocks_[layer] < vram_quota) {
+      region = Region::gpu_resident;
+      ++resident_blocks_[layer];
+      ++resident;
+    } else {
+      const double target = static_cast<double>(spilled + 1);
+      if (!decode && static_cast<double>(cpu_resident) + 0.5 <= resident_fraction * target) {
+        region = Region::cpu_resident;
+        ++cpu_resident;
+        ++cpu_affine;
+      } else if (static_cast<double>(cpu_affine) + 0.5 <= cpu_fraction * target) {
+        region = Region::cpu_streamed;
+        ++cpu_affine;
+      } else {
+        region = model_.rates().has_gpu ? Region::gpu_streamed : Region::cpu_streamed;
+      }
+      ++spilled;
+    }
+    regions.push_back(region);
+  }
+  return regions;
+}
+
+template <class Scalar>
+double WriteScopeScheduler<Scalar>::segment_bytes(const std::vector<BlockSegment>& segments) const {
+  double tokens = 0;
+  for (const BlockSegment& s : segments) tokens += s.token_count;
+  return tokens * bytes_per_token_;
+}
+
+template <class Scalar>
+StepBytes WriteScopeScheduler<Scalar>::bytes_of(const SplitPlan& plan) const {
+  return StepBytes{segment_bytes(plan.gpu_resident), segment_bytes(plan.cpu_resident),
+                   segment_bytes(plan.gpu_streamed) + segment_bytes(plan.cpu_pinned)};
+}
+
+template <class Scalar>
+SplitPlan WriteScopeScheduler<Scalar>::plan(int layer, const std::vector<int>& sequences,
+                                            const std::vector<TokenRange>& ranges,
+                                            SplitPrediction* prediction) const {
+  SplitPlan plan;
+  plan.gpu_resident = cache_.segments(layer, Region::gpu_resident, sequences, ranges);
+  plan.cpu_resident = cache_.segments(layer, Region::cpu_resident, sequences, ranges);
+  // The band in the order the CPU takes it: its own blocks first.
+  std::vector<BlockSegment> band = cache_.segments(layer, Region::cpu_streamed, sequences, ranges);
+  const std::vector<BlockSegment> gpu_band = cache_.segments(layer, Region::gpu_streamed, sequences, ranges);
+  band.insert(band.end(), gpu_band.begin(), gpu_band.end());
+  StepBytes bytes{segment_bytes(plan.gpu_resident), segment_bytes(plan.cpu_resident), segment_bytes(band)};
+  const double cpu_target = model_.best_split(bytes, fmas_per_byte_, 0).cpu_movable_bytes;
+  double cpu_bytes = 0;
+  std::size_t cut = 0;
+  for (; cut < band.size(); ++cut) {
+    const double next = band[cut].token_count * bytes_per_token_;
+    if (cpu_bytes + 0.5 * next > cpu_target) break;
+    cpu_bytes += next;
+  }
+  plan.cpu_pinned = sorted_by_batch(std::vector<BlockSegment>(band.begin(), band.begin() + cut));
+  plan.gpu_streamed = sorted_by_batch(std::vector<BlockSegment>(band.begin() + cut, band.end()));
+  if (!model_.rates().has_gpu) {
+    plan.cpu_pinned = sorted_by_batch(band);
+    plan.gpu_streamed.clear();
+  }
+  if (prediction) *prediction = model_.predict(bytes, segment_bytes(plan.cpu_pinned), fmas_per_byte_, 0);
+  return plan;
+}
+
+template <class Scalar>
+void WriteScopeScheduler<Scalar>::observe(const SplitPlan& plan, const SplitTimings& timings) {
+  const StepBytes bytes = bytes_of(plan);
+  const double cpu_bytes = bytes.cpu_resident + segment_bytes(plan.cpu_pinned);
+  const double cpu_time = timings.cpu_seconds - model_.rates().cpu_latency_s;
+  if (cpu_bytes > 0 && cpu_time > 0) cpu_rate_.observe(cpu_bytes / cpu_time);
+  const double streamed = segment_bytes(plan.gpu_streamed);
+  if (model_.rates().has_gpu && streamed > 0) {
+    const double link_time = timings.gpu_seconds - bytes.gpu_resident / (model_.rates().hbm_gbps * 1e9) -
+                             model_.rates().gpu_latency_s - model_.rates().link_latency_s;
+    if (link_time > 0) link_rate_.observe(streamed / link_time);
+    model_.rates().link_gbps = link_rate_.value() / 1e9;
+  }
+  // The measured rate already includes the CPU's compute limit.
+  model_.rates().cpu_attention_gbps = cpu_rate_.value() / 1e9;
+  model_.rates().cpu_fma_glanes = 0;
+}
+
+template class WriteScopeScheduler<float>;
+template class WriteScopeScheduler<bf16>;
+
+}  // namespace writescope

@@ -1,0 +1,211 @@
+#include "framework/roofline.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+
+namespace writescope {
+namespace {
+
+double positive(const ConfigNode& node, const std::string& key) {
+  const double value = node.get<double>(key);
+  if (!(value > 0) || !std::isfinite(value)) node.fail(key, "must be a positive number");
+  return value;
+}
+
+double non_negative_micros(const ConfigNode& node, const std::string& key) {
+  const double value = node.get_or<double>(key, 0.0);
+  if (!(value >= 0) || !std::isfinite(value)) node.fail(key, "must be a non-negative number of microseconds");
+  return value * 1e-6;
+}
+
+}  // namespace
+
+MachineProfile MachineProfile::load(const std::string& path) { return from_config(ConfigNode::load_file(path)); }
+
+MachineProfile MachineProfile::from_config(const ConfigNode& root) {
+  root.allow_only({"name", "has_gpu", "gpu", "link", "cpu"});
+  MachineProfile p;
+  p.name = root.get<std::string>("name");
+  p.has_gpu = root.get_or<bool>("has_gpu", true);
+  if (p.has_gpu) {
+    const ConfigNode gpu = root.child("gpu");
+    gpu.allow_only({"hbm_gbps", "launch_latency_us"});
+    p.hbm_gbps = positive(gpu, "hbm_gbps");
+    p.gpu_launch_latency_s = non_negative_micros(gpu, "launch_latency_us");
+    const ConfigNode link = root.child("link");
+    link.allow_only({"pinned_h2d_gbps", "pinned_d2h_gbps", "pageable_h2d_gbps", "pageable_d2h_gbps", "latency_us"});
+    p.pinned_h2d_gbps = positive(link, "pinned_h2d_gbps");
+    p.pinned_d2h_gbps = positive(link, "pinned_d2h_gbps");
+    p.pageable_h2d_gbps = positive(link, "pageable_h2d_gbps");
+    p.pageable_d2h_gbps = positive(link, "pageable_d2h_gbps");
+    p.link_latency_s = non_negative_micros(link, "latency_us");
+  }
+  const ConfigNode cpu = root.child("cpu");
+  cpu.allow_only({"threads", "dram_read_gbps", "fma_glanes", "launch_latency_us", "gemv_gbps", "gemm_gflops",
+                  "attention_gbps"});
+  p.cpu_threads = cpu.get<int>("threads");
+  if (p.cpu_threads < 1) cpu.fail("threads", "must be at least 1");
+  p.cpu_dram_read_gbps = positive(cpu, "dram_read_gbps");
+  p.cpu_fma_glanes = positive(cpu, "fma_glanes");
+  p.cpu_launch_latency_s = non_negative_micros(cpu, "launch_latency_us");
+  p.cpu_gemv_gbps = positive(cpu, "gemv_gbps");
+  p.cpu_gemm_gflops = positive(cpu, "gemm_gflops");
+  const ConfigNode attention = cpu.child("attention_gbps");
+  for (const auto& shape : attention.yaml()) {
+    const auto shape_name = shape.first.as<std::string>();
+    const ConfigNode per_threads = attention.child(shape_name);
+    for (const auto& entry : per_threads.yaml()) {
+      const auto key = entry.first.as<std::string>();
+      int threads = 0;
+      try {
+        threads = std::stoi(key);
+      } catch (const std::exception&) {
+        per_threads.fail(key, "expected a thread count as the key");
+      }
+      if (threads < 1) per_threads.fail(key, "thread counts must be at least 1");
+      p.cpu_attention_gbps[shape_name][threads] = positive(per_threads, key);
+    }
+  }
+  if (p.cpu_attention_gbps.empty()) cpu.fail("attention_gbps", "must list at least one attention shape");
+  return p;
+}
+
+std::string MachineProfile::to_yaml() const {
+  YAML::Emitter out;
+  out << YAML::BeginMap << YAML::Key << "name" << YAML::Value << name << YAML::Key << "has_gpu" << YAML::Value
+      << has_gpu;
+  if (has_gpu) {
+    out << YAML::Key << "gpu" << YAML::Value << YAML::BeginMap << YAML::Key << "hbm_gbps" << YAML::Value << hbm_gbps
+        << YAML::Key << "launch_latency_us" << YAML::Value << gpu_launch_latency_s * 1e6 << YAML::EndMap;
+    out << YAML::Key << "link" << YAML::Value << YAML::BeginMap << YAML::Key << "pinned_h2d_gbps" << YAML::Value
+        << pinned_h2d_gbps << YAML::Key << "pinned_d2h_gbps" << YAML::Value << pinned_d2h_gbps << YAML::Key
+        << "pageable_h2d_gbps" << YAML::Value << pageable_h2d_gbps << YAML::Key << "pageable_d2h_gbps" << YAML::Value
+        << pageable_d2h_gbps << YAML::Key << "latency_us" << YAML::Value << link_latency_s * 1e6 << YAML::EndMap;
+  }
+  out << YAML::Key << "cpu" << YAML::Value << YAML::BeginMap << YAML::Key << "threads" << YAML::Value << cpu_threads
+      << YAML::Key << "dram_read_gbps" << YAML::Value << cpu_dram_read_gbps << YAML::Key << "fma_glanes"
+      << YAML::Value << cpu_fma_glanes << YAML::Key << "launch_latency_us" << YAML::Value
+      << cpu_launch_latency_s * 1e6 << YAML::Key << "gemv_gbps" << YAML::Value << cpu_gemv_gbps << YAML::Key
+      << "gemm_gflops" << YAML::Value << cpu_gemm_gflops << YAML::Key << "attention_gbps" << YAML::Value
+      << YAML::BeginMap;
+  for (const auto& [shape, per_threads] : cpu_attention_gbps) {
+    out << YAML::Key << shape << YAML::Value << YAML::Flow << YAML::BeginMap;
+    for (const auto& [threads, gbps] : per_threads) out << YAML::Key << threads << YAML::Value << gbps;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap << YAML::EndMap << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+void MachineProfile::save(const std::string& path) const {
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream file(partial);
+    file << to_yaml();
+    if (!file.flush()) throw std::runtime_error(partial + ": cannot write the machine profile");
+  }
+  if (std::rename(partial.c_str(), path.c_str()) != 0)
+    throw std::runtime_error(path + ": cannot replace with the new machine profile");
+}
+
+double MachineProfile::cpu_attention(const std::string& shape, int threads) const {
+  const auto found = cpu_attention_gbps.find(shape);
+  if (found == cpu_attention_gbps.end() || found->second.empty())
+    throw std::out_of_range("machine profile '" + name + "' has no CPU attention figure for shape '" + shape + "'");
+  auto at = found->second.upper_bound(threads);
+  if (at != found->second.begin()) --at;
+  return at->second;
+}
+
+ModelRates ModelRates::from_profile(const MachineProfile& profile, const std::string& shape, int threads) {
+  ModelRates r;
+  r.has_gpu = profile.has_gpu;
+  r.hbm_gbps = profile.hbm_gbps;
+  r.link_gbps = profile.pinned_h2d_gbps;
+  r.cpu_attention_gbps = profile.cpu_attention(shape, threads);
+  r.cpu_fma_glanes = profile.cpu_fma_glanes;
+  r.gpu_latency_s = profile.gpu_launch_latency_s;
+  r.link_latency_s = profile.link_latency_s;
+  r.cpu_latency_s = profile.cpu_launch_latency_s;
+  return r;
+}
+
+double RooflineModel::gpu_seconds(double resident_bytes, double streamed_bytes) const {
+  if (resident_bytes <= 0 && streamed_bytes <= 0) return 0;
+  return resident_bytes / (rates_.hbm_gbps * 1e9) + streamed_bytes / (rates_.link_gbps * 1e9) +
+         rates_.gpu_latency_s + (streamed_bytes > 0 ? rates_.link_latency_s : 0);
+}
+
+double RooflineModel::cpu_seconds(double bytes, double fmas_per_byte, double expert_seconds) const {
+  if (bytes <= 0) return expert_seconds;
+  const double memory = bytes / (rates_.cpu_attention_gbps * 1e9);
+  const double compute = rates_.cpu_fma_glanes > 0 ? bytes * fmas_per_byte / (rates_.cpu_fma_glanes * 1e9) : 0;
+  return std::max(memory, compute) + rates_.cpu_latency_s + expert_seconds;
+}
+
+SplitPrediction RooflineModel::predict(const StepBytes& bytes, double cpu_movable_bytes, double fmas_per_byte,
+                                       double expert_seconds) const {
+  SplitPrediction p;
+  p.cpu_movable_bytes = std::clamp(cpu_movable_bytes, 0.0, bytes.movable);
+  if (!rates_.has_gpu) p.cpu_movable_bytes = bytes.movable;
+  const double cpu_bytes = bytes.cpu_resident + p.cpu_movable_bytes + (rates_.has_gpu ? 0 : bytes.gpu_resident);
+  p.gpu_seconds = rates_.has_gpu ? gpu_seconds(bytes.gpu_resident, bytes.movable - p.cpu_movable_bytes) : 0;
+  p.cpu_seconds = cpu_seconds(cpu_bytes, fmas_per_byte, expert_seconds);
+  p.step_seconds = std::max(p.gpu_seconds, p.cpu_seconds);
+  p.alpha = bytes.total() > 0 ? cpu_bytes / bytes.total() : 0;
+  return p;
+}
+
+SplitPrediction RooflineModel::best_split(const StepBytes& bytes, double fmas_per_byte,
+                                          double expert_seconds) const {
+  if (!rates_.has_gpu) return predict(bytes, bytes.movable, fmas_per_byte, expert_seconds);
+  // cpu - gpu grows with the CPU's share: bisect for where they meet, then
+  // keep the best of that point and the two ends (latencies make steps).
+  double low = 0, high = bytes.movable;
+  for (int i = 0; i < 100 && high - low > 1e-9 * (1 + bytes.movable); ++i) {
+    const double mid = 0.5 * (low + high);
+    const SplitPrediction p = predict(bytes, mid, fmas_per_byte, expert_seconds);
+    (p.cpu_seconds < p.gpu_seconds ? low : high) = mid;
+  }
+  SplitPrediction best = predict(bytes, 0.5 * (low + high), fmas_per_byte, expert_seconds);
+  for (double end : {0.0, bytes.movable}) {
+    const SplitPrediction p = predict(bytes, end, fmas_per_byte, expert_seconds);
+    if (p.step_seconds < best.step_seconds) best = p;
+  }
+  return best;
+}
+
+RateEstimator::RateEstimator(double initial, double weight, double outlier_ratio, int confirmations)
+    : value_(initial), weight_(weight), outlier_ratio_(outlier_ratio), confirmations_(confirmations) {
+  if (!(initial > 0) || !(weight > 0 && weight <= 1) || !(outlier_ratio > 1) || confirmations < 1)
+    throw std::invalid_argument("RateEstimator: need initial > 0, 0 < weight <= 1, outlier_ratio > 1, confirmations >= 1");
+}
+
+void RateEstimator::observe(double rate) {
+  if (!(rate > 0) || !std::isfinite(rate)) return;
+  const int side = rate > value_ * outlier_ratio_ ? 1 : rate * outlier_ratio_ < value_ ? -1 : 0;
+  if (side == 0) {
+    pending_side_ = pending_count_ = 0;
+    pending_sum_ = 0;
+    value_ += weight_ * (rate - value_);
+    return;
+  }
+  if (side != pending_side_) {
+    pending_side_ = side;
+    pending_count_ = 0;
+    pending_sum_ = 0;
+  }
+  pending_sum_ += rate;
+  if (++pending_count_ >= confirmations_) {
+    value_ = pending_sum_ / pending_count_;
+    pending_side_ = pending_count_ = 0;
+    pending_sum_ = 0;
+  }
+}
+
+}  // namespace writescope

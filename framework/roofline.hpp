@@ -1,0 +1,122 @@
+#pragma once
+// The WriteScope performance model (DESIGN.md §4): a machine profile, the
+// roofline prediction of one decode step's attention on each device, the CPU
+// share that minimises the step, and online estimates of the effective rates.
+//
+// Units: bytes, seconds, GB/s = 10^9 bytes per second, Glanes/s = 10^9 fp32
+// lane-FMAs per second.
+
+#include <map>
+#include <string>
+
+#include "framework/config.hpp"
+
+namespace writescope {
+
+/// Measured (writescope calibrate) or published figures of one machine.
+struct MachineProfile {
+  std::string name;
+  bool has_gpu = true;
+  double hbm_gbps = 0;              // GPU attention over VRAM-resident KV
+  double gpu_launch_latency_s = 0;  // fixed cost of the GPU share of a step
+  double pinned_h2d_gbps = 0;
+  double pinned_d2h_gbps = 0;
+  double pageable_h2d_gbps = 0;
+  double pageable_d2h_gbps = 0;
+  double link_latency_s = 0;        // fixed cost of streaming in a step
+  int cpu_threads = 0;
+  double cpu_dram_read_gbps = 0;
+  double cpu_fma_glanes = 0;
+  double cpu_launch_latency_s = 0;  // fixed cost of the CPU share of a step
+  double cpu_gemv_gbps = 0;         // expert weights streamed by decode GEMVs
+  double cpu_gemm_gflops = 0;
+  /// CPU decode attention, per attention shape name, per thread count.
+  std::map<std::string, std::map<int, double>> cpu_attention_gbps;
+
+  /// Reads and validates a profile; errors name the file and the field.
+  static MachineProfile load(const std::string& path);
+  static MachineProfile from_config(const ConfigNode& root);
+  std::string to_yaml() const;
+  /// Writes atomically (temporary file + rename), so a profile is never half written.
+  void save(const std::string& path) const;
+
+  /// CPU attention GB/s for `shape` at `threads` (the largest measured thread
+  /// count not above it, else the smallest); throws std::out_of_range naming
+  /// the shape when it was not measured.
+  double cpu_attention(const std::string& shape, int threads) const;
+};
+
+/// Rates the model computes with, for one attention shape.
+struct ModelRates {
+  bool has_gpu = true;
+  double hbm_gbps = 0;
+  double link_gbps = 0;
+  double cpu_attention_gbps = 0;
+  double cpu_fma_glanes = 0;
+  double gpu_latency_s = 0;
+  double link_latency_s = 0;
+  double cpu_latency_s = 0;
+
+  static ModelRates from_profile(const MachineProfile& profile, const std::string& shape, int threads);
+};
+
+/// KV bytes of one step (one layer, the whole batch) by where they live.
+struct StepBytes {
+  double gpu_resident = 0;  // VRAM: GPU only
+  double cpu_resident = 0;  // host memory: CPU only
+  double movable = 0;       // pinned band: streamed by the GPU or read in place by the CPU
+  double total() const { return gpu_resident + cpu_resident + movable; }
+};
+
+struct SplitPrediction {
+  double cpu_movable_bytes = 0;  // the band's bytes given to the CPU
+  double alpha = 0;              // CPU share of all the step's KV bytes
+  double gpu_seconds = 0;
+  double cpu_seconds = 0;
+  double step_seconds = 0;
+};
+
+class RooflineModel {
+ public:
+  explicit RooflineModel(const ModelRates& rates) : rates_(rates) {}
+
+  const ModelRates& rates() const noexcept { return rates_; }
+  ModelRates& rates() noexcept { return rates_; }
+
+  /// GPU share: resident bytes at HBM speed plus streamed bytes at link speed, plus latencies.
+  double gpu_seconds(double resident_bytes, double streamed_bytes) const;
+  /// CPU share: max(bytes / attention bandwidth, FMAs / FMA peak) + latency +
+  /// the CPU's expert work in the same phase.
+  double cpu_seconds(double bytes, double fmas_per_byte, double expert_seconds) const;
+
+  /// The step with `cpu_movable_bytes` of the band on the CPU.
+  SplitPrediction predict(const StepBytes& bytes, double cpu_movable_bytes, double fmas_per_byte,
+                          double expert_seconds) const;
+  /// The CPU share of the band that minimises the step (the devices finish
+  /// together where they can; else the band goes wholly to one side).
+  SplitPrediction best_split(const StepBytes& bytes, double fmas_per_byte, double expert_seconds) const;
+
+ private:
+  ModelRates rates_;
+};
+
+/// EWMA estimate of an effective rate with outlier rejection. A sample further
+/// than `outlier_ratio` from the estimate (either way) is held back; once
+/// `confirmations` consecutive samples agree on the same side, the estimate
+/// jumps to their mean (a real drift, such as the CPU slowing down under
+/// expert work), so the plan follows within that many steps.
+class RateEstimator {
+ public:
+  explicit RateEstimator(double initial, double weight = 0.3, double outlier_ratio = 1.5, int confirmations = 3);
+  void observe(double rate);
+  double value() const noexcept { return value_; }
+
+ private:
+  double value_, weight_, outlier_ratio_;
+  int confirmations_;
+  int pending_side_ = 0;  // -1 below, +1 above, 0 none
+  int pending_count_ = 0;
+  double pending_sum_ = 0;
+};
+
+}  // namespace writescope

@@ -1,0 +1,141 @@
+#include "attention/scheduler.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "kv_test_data.hpp"
+
+namespace writescope {
+namespace {
+
+constexpr int block_tokens = 16;
+
+ModelRates rates(double link_gbps, double cpu_gbps) {
+  ModelRates r;
+  r.hbm_gbps = 3000;
+  r.link_gbps = link_gbps;
+  r.cpu_attention_gbps = cpu_gbps;
+  return r;
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  SchedulerTest()
+      : shape_(mixtral_8x7b_attention()),
+        geometry_(shape_.block_geometry(block_tokens)),
+        block_bytes_(static_cast<std::uint64_t>(geometry_.block_elements()) * sizeof(bf16)) {}
+
+  std::unique_ptr<InplaceKVCache<bf16>> make_cache(int vram_blocks, int layers = 1) {
+    return std::make_unique<InplaceKVCache<bf16>>(
+        KVCacheShape{layers, geometry_},
+        KVCacheBudgets{vram_blocks * block_bytes_, 256 * block_bytes_, 256 * block_bytes_}, BudgetPolicy::strict);
+  }
+
+  /// Appends `tokens` tokens of arbitrary content where the scheduler says.
+  void write(InplaceKVCache<bf16>& cache, WriteScopeScheduler<bf16>& scheduler, int layer, int sequence,
+             std::int64_t tokens, std::int64_t expected, bool decode) {
+    const auto regions = scheduler.place(layer, sequence, tokens, expected, decode);
+    const auto data = test::random_values<bf16>(tokens * geometry_.kv_heads * geometry_.key_dim, 3);
+    const auto view = test::token_view<bf16, HostMemSpace>(data, geometry_.kv_heads, geometry_.key_dim, 0, tokens);
+    cache.append(HostExecSpace(), layer, sequence, view, view, regions);
+  }
+
+  std::int64_t count(const InplaceKVCache<bf16>& cache, int layer, int sequence, Region region) {
+    const auto regions = cache.block_regions(layer, sequence);
+    return std::count(regions.begin(), regions.end(), region);
+  }
+
+  AttentionShape shape_;
+  BlockGeometry geometry_;
+  std::uint64_t block_bytes_;
+};
+
+TEST_F(SchedulerTest, PrefillFillsVramThenSplitsTheSpillByTheModel) {
+  auto cache = make_cache(/*vram_blocks=*/20, /*layers=*/2);
+  // Link 25 GB/s, CPU 100 GB/s: the CPU should own 80 % of the spilled blocks;
+  // at half its rate (the headroom) 2/3 of them, which go to CpuResident.
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(rates(25, 100)), shape_, *cache);
+  const int seq = cache->add_sequence();
+  write(*cache, scheduler, 0, seq, 130 * block_tokens, 130 * block_tokens, false);
+  EXPECT_EQ(count(*cache, 0, seq, Region::gpu_resident), 10);  // half of the VRAM pool: two layers share it
+  const double spilled = 120;
+  EXPECT_NEAR(count(*cache, 0, seq, Region::cpu_resident) / spilled, 2.0 / 3.0, 0.02);
+  EXPECT_NEAR((count(*cache, 0, seq, Region::cpu_resident) + count(*cache, 0, seq, Region::cpu_streamed)) / spilled,
+              0.8, 0.02);
+  EXPECT_NEAR(count(*cache, 0, seq, Region::gpu_streamed) / spilled, 0.2, 0.02);
+  // Layer 1 gets its own half of the VRAM pool.
+  write(*cache, scheduler, 1, seq, 30 * block_tokens, 30 * block_tokens, false);
+  EXPECT_EQ(count(*cache, 1, seq, Region::gpu_resident), 10);
+}
+
+TEST_F(SchedulerTest, DecodeAppendsKeepTheCumulativeSplitAndStayInTheBand) {
+  auto cache = make_cache(0);
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(rates(50, 50)), shape_, *cache);
+  const int seq = cache->add_sequence();
+  for (int t = 0; t < 64 * block_tokens; ++t) write(*cache, scheduler, 0, seq, 1, 64 * block_tokens, true);
+  EXPECT_EQ(count(*cache, 0, seq, Region::cpu_resident), 0);  // decode never fixes blocks on the CPU
+  EXPECT_NEAR(count(*cache, 0, seq, Region::cpu_streamed) / 64.0, 0.5, 0.03);
+}
+
+TEST_F(SchedulerTest, PlanSplitsTheBandAndCoversEveryBlockOnce) {
+  auto cache = make_cache(4);
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(rates(25, 100)), shape_, *cache);
+  const int a = cache->add_sequence(), b = cache->add_sequence();
+  write(*cache, scheduler, 0, a, 40 * block_tokens + 5, 40 * block_tokens + 5, false);
+  write(*cache, scheduler, 0, b, 17 * block_tokens, 17 * block_tokens, false);
+  const std::vector<TokenRange> ranges{{0, 40 * block_tokens + 5}, {0, 17 * block_tokens}};
+  SplitPrediction prediction;
+  const SplitPlan plan = scheduler.plan(0, {a, b}, ranges, &prediction);
+  std::int64_t tokens = 0;
+  for (const auto* list : {&plan.gpu_resident, &plan.gpu_streamed, &plan.cpu_resident, &plan.cpu_pinned}) {
+    EXPECT_TRUE(std::is_sorted(list->begin(), list->end(), [](const BlockSegment& x, const BlockSegment& y) {
+      return x.batch_index < y.batch_index;
+    }));
+    for (const auto& s : *list) tokens += s.token_count;
+  }
+  EXPECT_EQ(tokens, 57 * block_tokens + 5);
+  // The band goes mostly to the CPU (80 % of all KV on the CPU at the optimum).
+  EXPECT_NEAR(prediction.alpha, 0.8 * (1 - 4.0 / 58), 0.05);
+  EXPECT_LT(std::abs(prediction.gpu_seconds - prediction.cpu_seconds), 0.1 * prediction.step_seconds);
+}
+
+TEST_F(SchedulerTest, FeedbackFollowsACpuSlowdownAndItsEnd) {
+  auto cache = make_cache(0);
+  const ModelRates believed = rates(50, 50);
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(believed), shape_, *cache, SchedulerOptions{0.5});
+  const int seq = cache->add_sequence();
+  for (int t = 0; t < 256 * block_tokens; t += block_tokens)
+    write(*cache, scheduler, 0, seq, block_tokens, 256 * block_tokens, true);
+  const std::vector<TokenRange> range{{0, 256 * block_tokens}};
+
+  // The true machine: link 50 GB/s; the CPU runs at 50 GB/s, drops to 20 GB/s
+  // (expert work or another process) for steps 30..69, then recovers.
+  auto true_cpu = [](int step) { return step >= 30 && step < 70 ? 20.0 : 50.0; };
+  auto optimum = [&](int step) { return true_cpu(step) / (true_cpu(step) + 50.0); };
+  constexpr int settle_steps = 4;  // confirmations (3) + one step to replan
+  for (int step = 0; step < 100; ++step) {
+    SplitPrediction predicted;
+    const SplitPlan plan = scheduler.plan(0, {seq}, range, &predicted);
+    const StepBytes bytes = scheduler.bytes_of(plan);
+    double cpu_bytes = 0;
+    for (const auto& s : plan.cpu_pinned) cpu_bytes += s.token_count;
+    cpu_bytes *= static_cast<double>(cache->block_bytes()) / block_tokens;
+    SplitTimings measured;
+    // 3 % noise, and one wild sample that the estimator must ignore.
+    const double noise = 1.0 + 0.03 * ((step * 7919) % 11 - 5) / 5.0;
+    measured.cpu_seconds = cpu_bytes / (true_cpu(step) * 1e9) * noise * (step == 15 ? 8.0 : 1.0);
+    measured.gpu_seconds = (bytes.movable - cpu_bytes) / 50e9;
+    measured.step_seconds = std::max(measured.cpu_seconds, measured.gpu_seconds);
+    // Every step but the few right after a change must be at the optimum:
+    // the single wild sample at step 15 must not move the plan at all.
+    const bool settled = !(step >= 30 && step < 30 + settle_steps) && !(step >= 70 && step < 70 + settle_steps);
+    if (settled) {
+      EXPECT_NEAR(predicted.alpha, optimum(step), 0.03) << "step " << step;
+    }
+    scheduler.observe(plan, measured);
+  }
+}
+
+}  // namespace
+}  // namespace writescope

@@ -1,0 +1,148 @@
+#include "framework/roofline.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace writescope {
+namespace {
+
+ModelRates synthetic(double link_gbps, double cpu_gbps) {
+  ModelRates r;
+  r.hbm_gbps = 3000;
+  r.link_gbps = link_gbps;
+  r.cpu_attention_gbps = cpu_gbps;
+  return r;
+}
+
+constexpr double gigabyte = 1e9;
+
+TEST(Roofline, LinkAndCpuShareTheBandInProportionToTheirRates) {
+  // Link 25 GB/s and CPU 100 GB/s: the CPU takes 100 / 125 = 0.8 of the band.
+  const RooflineModel model(synthetic(25, 100));
+  const SplitPrediction p = model.best_split(StepBytes{0, 0, 10 * gigabyte}, 0, 0);
+  EXPECT_NEAR(p.alpha, 0.8, 1e-6);
+  EXPECT_NEAR(p.gpu_seconds, p.cpu_seconds, 1e-9);
+  EXPECT_NEAR(p.step_seconds, 10 * gigabyte / 125e9, 1e-9);
+}
+
+TEST(Roofline, ResidentBytesAndExpertWorkShiftTheSplit) {
+  const RooflineModel model(synthetic(50, 50));
+  // 6 GB resident in VRAM cost 2 ms on the GPU; the CPU also spends 10 ms on experts.
+  const SplitPrediction p = model.best_split(StepBytes{6 * gigabyte, 0, 4 * gigabyte}, 0, 0.010);
+  const double expected_cpu_bytes = (4e9 / 50e9 + 6e9 / 3000e9 - 0.010) / (2 / 50e9);
+  EXPECT_NEAR(p.cpu_movable_bytes, expected_cpu_bytes, 1e3);
+  EXPECT_NEAR(p.gpu_seconds, p.cpu_seconds, 1e-9);
+}
+
+TEST(Roofline, NoGpuPutsEverythingOnTheCpu) {
+  ModelRates r = synthetic(25, 100);
+  r.has_gpu = false;
+  const SplitPrediction p = RooflineModel(r).best_split(StepBytes{1e9, 1e9, 2e9}, 0, 0);
+  EXPECT_EQ(p.alpha, 1.0);
+  EXPECT_EQ(p.gpu_seconds, 0.0);
+  EXPECT_NEAR(p.cpu_seconds, 4e9 / 100e9, 1e-12);
+}
+
+TEST(Roofline, EverythingInVramLeavesTheCpuIdle) {
+  const SplitPrediction p = RooflineModel(synthetic(25, 100)).best_split(StepBytes{8e9, 0, 0}, 0, 0);
+  EXPECT_EQ(p.alpha, 0.0);
+  EXPECT_NEAR(p.step_seconds, 8e9 / 3000e9, 1e-12);
+}
+
+TEST(Roofline, ComputeBoundCpuIsLimitedByItsFmaRate) {
+  ModelRates r = synthetic(25, 100);
+  r.cpu_fma_glanes = 100;  // 4 FMAs per byte at 100 G/s: 25 GB/s effective
+  const SplitPrediction p = RooflineModel(r).best_split(StepBytes{0, 0, 10e9}, 4.0, 0);
+  EXPECT_NEAR(p.alpha, 0.5, 1e-6);
+}
+
+TEST(Roofline, LatenciesMakeTinyStepsOneSided) {
+  ModelRates r = synthetic(25, 100);
+  r.cpu_latency_s = 1e-3;  // the CPU share costs 1 ms just to start
+  const SplitPrediction p = RooflineModel(r).best_split(StepBytes{0, 0, 1e6}, 0, 0);
+  EXPECT_EQ(p.alpha, 0.0);  // 1 MB streams in 40 us: not worth waking the CPU
+}
+
+TEST(RateEstimator, SmoothsNoiseRejectsOutliersAndFollowsDrift) {
+  RateEstimator rate(100.0, 0.5, 1.5, 3);
+  rate.observe(110);
+  EXPECT_NEAR(rate.value(), 105, 1e-9);
+  rate.observe(10);  // one outlier: held back
+  EXPECT_NEAR(rate.value(), 105, 1e-9);
+  rate.observe(104);  // agreement resets the pending outliers
+  rate.observe(40);
+  rate.observe(42);
+  EXPECT_NEAR(rate.value(), 104.5, 1e-9);
+  rate.observe(44);  // third consecutive low sample: a real drift
+  EXPECT_NEAR(rate.value(), 42, 1e-9);
+  EXPECT_THROW(RateEstimator(0.0), std::invalid_argument);
+}
+
+class ProfileTest : public ::testing::Test {
+ protected:
+  std::string write(const std::string& text) {
+    const std::string path = ::testing::TempDir() + "writescope_profile_" + std::to_string(::getpid()) + ".yaml";
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+    paths_.push_back(path);
+    return path;
+  }
+  void TearDown() override {
+    for (const auto& p : paths_) std::remove(p.c_str());
+  }
+  std::vector<std::string> paths_;
+};
+
+TEST_F(ProfileTest, ShippedExampleProfilesLoad) {
+  for (const char* name : {"h200-pcie5", "a100-pcie4", "v100-pcie3"}) {
+    const auto profile =
+        MachineProfile::load(std::string(WRITESCOPE_SOURCE_DIR) + "/experiments/profiles/" + name + ".yaml");
+    EXPECT_EQ(profile.name, name);
+    EXPECT_GT(profile.pinned_h2d_gbps, 0);
+    EXPECT_GT(profile.cpu_attention("qwen3-30b-a3b", profile.cpu_threads), 0);
+  }
+}
+
+TEST_F(ProfileTest, SaveAndLoadRoundTrip) {
+  auto profile = MachineProfile::load(std::string(WRITESCOPE_SOURCE_DIR) + "/experiments/profiles/h200-pcie5.yaml");
+  const std::string path = write("");
+  profile.save(path);
+  const auto again = MachineProfile::load(path);
+  EXPECT_EQ(again.to_yaml(), profile.to_yaml());
+  EXPECT_DOUBLE_EQ(again.cpu_attention("qwen3-30b-a3b", 8), 2.3);   // largest measured count <= 8
+  EXPECT_DOUBLE_EQ(again.cpu_attention("qwen3-30b-a3b", 64), 25);
+  EXPECT_THROW(again.cpu_attention("llama", 16), std::out_of_range);
+}
+
+TEST_F(ProfileTest, ErrorsNameTheField) {
+  const std::string base = R"(name: bad
+gpu: {hbm_gbps: 1000}
+link: {pinned_h2d_gbps: 25, pinned_d2h_gbps: 25, pageable_h2d_gbps: 8, pageable_d2h_gbps: -8}
+cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, gemv_gbps: 10, gemm_gflops: 50,
+      attention_gbps: {qwen3-30b-a3b: {4: 5}}}
+)";
+  try {
+    MachineProfile::load(write(base));
+    FAIL() << "negative bandwidth accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "link.pageable_d2h_gbps");
+    EXPECT_EQ(e.reason(), "must be a positive number");
+  }
+  const std::string no_gpu = R"(name: laptop
+has_gpu: false
+cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, gemv_gbps: 10, gemm_gflops: 50,
+      attention_gbps: {qwen3-30b-a3b: {four: 5}}}
+)";
+  try {
+    MachineProfile::load(write(no_gpu));
+    FAIL() << "bad thread count accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "cpu.attention_gbps.qwen3-30b-a3b.four");
+  }
+}
+
+}  // namespace
+}  // namespace writescope
