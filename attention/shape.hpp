@@ -3,12 +3,14 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "layouts/kv_format.hpp"
 
 namespace writescope {
 
 struct AttentionShape {
+  std::string name = "custom";  // model name; machine profiles key CPU attention rates by it
   int q_heads = 32;
   int kv_heads = 4;      // MLA: 1 (the shared latent)
   int key_dim = 128;     // MLA: kv_lora_rank + rope dims (512 + 64)
@@ -25,6 +27,12 @@ struct AttentionShape {
   /// Throws std::invalid_argument unless q_heads is a positive multiple of kv_heads etc.
   void validate() const;
 };
+
+/// The shape of a supported model by name ("qwen3-30b-a3b", "mixtral-8x7b",
+/// "deepseek-v2-lite"); std::invalid_argument lists the names otherwise.
+AttentionShape attention_shape(const std::string& name);
+/// Every supported model's shape.
+std::vector<AttentionShape> supported_attention_shapes();
 
 /// Qwen3-30B-A3B: 32 query / 4 KV heads, d = 128.
 AttentionShape qwen3_30b_a3b_attention();

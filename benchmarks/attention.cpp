@@ -10,7 +10,6 @@
 
 #include <cmath>
 #include <memory>
-#include <random>
 
 #include "attention/decode.hpp"
 #include "attention/split.hpp"
@@ -19,38 +18,6 @@
 
 namespace writescope {
 namespace {
-
-constexpr int block_tokens = 256;
-constexpr std::int64_t fill_chunk = 4096;
-
-/// A one-layer cache holding one sequence of `tokens` tokens, all in `region`.
-std::unique_ptr<InplaceKVCache<bf16>> filled_cache(const AttentionShape& shape, Region region, std::int64_t tokens) {
-  const BlockGeometry g = shape.block_geometry(block_tokens);
-  const std::int64_t blocks = (tokens + block_tokens - 1) / block_tokens;
-  const std::uint64_t bytes = static_cast<std::uint64_t>(blocks * g.block_elements()) * sizeof(bf16);
-  KVCacheBudgets budgets;
-  if (region == Region::gpu_resident) budgets.vram_bytes = bytes;
-  else if (region == Region::cpu_resident) budgets.host_bytes = bytes;
-  else budgets.pinned_bytes = bytes;
-  auto cache = std::make_unique<InplaceKVCache<bf16>>(KVCacheShape{1, g}, budgets, BudgetPolicy::strict);
-  const int sequence = cache->add_sequence();
-  using Tokens = Kokkos::View<bf16***, Kokkos::LayoutRight, HostMemSpace>;
-  Tokens keys("writescope::benchmarks::keys", fill_chunk, g.kv_heads, g.key_dim);
-  Tokens values("writescope::benchmarks::values", fill_chunk, g.kv_heads, g.value_dim);
-  std::mt19937 engine(1);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (std::size_t i = 0; i < keys.size(); ++i) keys.data()[i] = from_float<bf16>(normal(engine));
-  for (std::size_t i = 0; i < values.size(); ++i) values.data()[i] = from_float<bf16>(normal(engine));
-  for (std::int64_t written = 0; written < tokens; written += fill_chunk) {
-    const std::int64_t count = std::min(fill_chunk, tokens - written);
-    const auto range = std::make_pair(std::int64_t{0}, count);
-    const std::vector<Region> regions(cache->new_blocks_needed(0, sequence, count), region);
-    cache->append<HostExecSpace, HostMemSpace>(HostExecSpace(), 0, sequence,
-                                               Kokkos::subview(keys, range, Kokkos::ALL, Kokkos::ALL),
-                                               Kokkos::subview(values, range, Kokkos::ALL, Kokkos::ALL), regions);
-  }
-  return cache;
-}
 
 template <class ExecSpace, class PoolSpace>
 void decode(benchmark::State& state, const AttentionShape& shape, Region region,

@@ -27,10 +27,10 @@ void report(benchmark::State& state, std::int64_t bytes_per_iteration, double to
 
 void host_read(benchmark::State& state) {
   const std::int64_t bytes = state.range(0) * mebibyte;
-  const bench::HostWords words = bench::first_touched("writescope::benchmarks::read", bytes);
+  const HostWords words = first_touched("writescope::benchmarks::read", bytes);
   const HostExecSpace space;
   const double total = bench::run_fenced_iterations(state, space, [&](const HostExecSpace& s) {
-    benchmark::DoNotOptimize(bench::read_words(s, words));
+    benchmark::DoNotOptimize(read_words(s, words));
   });
   report(state, bytes, total);
   state.counters["threads"] = space.concurrency();
@@ -38,11 +38,11 @@ void host_read(benchmark::State& state) {
 
 void host_copy(benchmark::State& state) {
   const std::int64_t bytes = state.range(0) * mebibyte;
-  const bench::HostWords source = bench::first_touched("writescope::benchmarks::copy_source", bytes);
-  const bench::HostWords destination = bench::first_touched("writescope::benchmarks::copy_destination", bytes);
+  const HostWords source = first_touched("writescope::benchmarks::copy_source", bytes);
+  const HostWords destination = first_touched("writescope::benchmarks::copy_destination", bytes);
   const HostExecSpace space;
   const double total = bench::run_fenced_iterations(
-      state, space, [&](const HostExecSpace& s) { bench::copy_words(s, destination, source); });
+      state, space, [&](const HostExecSpace& s) { copy_words(s, destination, source); });
   report(state, 2 * bytes, total);
   state.counters["threads"] = space.concurrency();
 }

@@ -1,0 +1,368 @@
+#include "experiments/calibration.hpp"
+
+#include <KokkosBlas2_gemv.hpp>
+#include <KokkosBlas3_gemm.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include "attention/decode.hpp"
+#include "framework/timer.hpp"
+
+#include <algorithm>
+
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace writescope {
+namespace {
+
+/// Elements per work item: long enough for a vectorised inner loop.
+constexpr std::int64_t chunk = 1 << 15;
+constexpr int repetitions = 5;
+
+/// Keeps a result alive so the measured work cannot be optimised away.
+template <class T>
+void keep(const T& value) {
+  volatile T sink = value;
+  (void)sink;
+}
+
+std::int64_t chunks_of(const HostWords& words) {
+  return (static_cast<std::int64_t>(words.extent(0)) + chunk - 1) / chunk;
+}
+
+struct FillChunks {
+  HostWords words;
+  void operator()(std::int64_t c) const {
+    const std::int64_t end = std::min<std::int64_t>((c + 1) * chunk, words.extent(0));
+    for (std::int64_t i = c * chunk; i < end; ++i) words(i) = static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ull;
+  }
+};
+
+/// Integer sum of each chunk: associative, so the compiler vectorises it.
+struct SumChunks {
+  HostWords words;
+  void operator()(std::int64_t c, std::uint64_t& sum) const {
+    const std::int64_t end = std::min<std::int64_t>((c + 1) * chunk, words.extent(0));
+    const std::uint64_t* data = words.data();
+    std::uint64_t local = 0;
+    for (std::int64_t i = c * chunk; i < end; ++i) local += data[i];
+    sum += local;
+  }
+};
+
+struct CopyChunks {
+  HostWords destination, source;
+  void operator()(std::int64_t c) const {
+    const std::int64_t end = std::min<std::int64_t>((c + 1) * chunk, source.extent(0));
+    const std::uint64_t* from = source.data();
+    std::uint64_t* to = destination.data();
+    for (std::int64_t i = c * chunk; i < end; ++i) to[i] = from[i];
+  }
+};
+
+/// Best rate (units per second / 10^9) of `repetitions` fenced runs of `work` doing `units`.
+template <class ExecSpace, class Work>
+double best_rate(const ExecSpace& space, double units, Work&& work) {
+  double best = 0;
+  for (int r = 0; r < repetitions; ++r) best = std::max(best, units / time_fenced(space, work) / 1e9);
+  return best;
+}
+
+}  // namespace
+
+HostWords first_touched(const std::string& label, std::int64_t bytes) {
+  HostWords words(Kokkos::view_alloc(label, Kokkos::WithoutInitializing),
+                  static_cast<std::size_t>(bytes) / sizeof(std::uint64_t));
+  Kokkos::parallel_for("writescope::experiments::first_touch", Kokkos::RangePolicy<HostExecSpace>(0, chunks_of(words)),
+                       FillChunks{words});
+  Kokkos::fence();
+  return words;
+}
+
+std::uint64_t read_words(const HostExecSpace& space, const HostWords& words) {
+  std::uint64_t sum = 0;
+  Kokkos::parallel_reduce("writescope::experiments::host_read",
+                          Kokkos::RangePolicy<HostExecSpace>(space, 0, chunks_of(words)), SumChunks{words}, sum);
+  return sum;
+}
+
+void copy_words(const HostExecSpace& space, const HostWords& destination, const HostWords& source) {
+  Kokkos::parallel_for("writescope::experiments::host_copy",
+                       Kokkos::RangePolicy<HostExecSpace>(space, 0, chunks_of(source)),
+                       CopyChunks{destination, source});
+}
+
+double measure_host_dram_read_gbps(std::int64_t bytes) {
+  const HostWords words = first_touched("writescope::experiments::dram_read", bytes);
+  std::uint64_t sum = 0;
+  const double best = best_rate(HostExecSpace(), static_cast<double>(bytes),
+                                [&](const HostExecSpace& space) { sum += read_words(space, words); });
+  keep(sum);
+  return best;
+}
+
+namespace {
+
+constexpr int fma_chains = 12;  // independent chains: enough to cover FMA latency x ports
+constexpr std::int64_t fma_iterations = 20'000'000;
+
+/// Per thread: fma_iterations x fma_chains vector FMAs kept in registers.
+struct FmaChains {
+  float seed;
+  void operator()(int, float& sink) const {
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[fma_chains];
+    for (int c = 0; c < fma_chains; ++c) acc[c] = _mm256_set1_ps(seed + c);
+    const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+    for (std::int64_t i = 0; i < fma_iterations; ++i)
+      for (int c = 0; c < fma_chains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+    float total = 0;
+    for (int c = 0; c < fma_chains; ++c) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[c]);
+      for (float lane : lanes) total += lane;
+    }
+    sink += total;
+#else
+    float acc[fma_chains];
+    for (int c = 0; c < fma_chains; ++c) acc[c] = seed + c;
+    for (std::int64_t i = 0; i < fma_iterations; ++i)
+      for (int c = 0; c < fma_chains; ++c) acc[c] = acc[c] * 0.999999f + 1e-7f;
+    for (float a : acc) sink += a;
+#endif
+  }
+};
+
+#if defined(__AVX2__) && defined(__FMA__)
+constexpr int fma_lanes = 8;
+#else
+constexpr int fma_lanes = 1;
+#endif
+
+}  // namespace
+
+double measure_host_fma_glanes() {
+  const HostExecSpace space;
+  const int threads = space.concurrency();
+  const double lane_fmas = static_cast<double>(threads) * fma_iterations * fma_chains * fma_lanes;
+  return best_rate(space, lane_fmas, [&](const HostExecSpace& s) {
+    float sum = 0;
+    Kokkos::parallel_reduce("writescope::experiments::fma_peak", Kokkos::RangePolicy<HostExecSpace>(s, 0, threads),
+                            FmaChains{1.0f}, sum);
+    keep(sum);
+  });
+}
+
+namespace {
+
+/// An empty host work item: what launching a parallel region costs.
+struct EmptyHostWork {
+  void operator()(int) const {}
+};
+
+constexpr std::int64_t fill_chunk = 4096;
+constexpr int attention_block_tokens = 256;
+
+}  // namespace
+
+double measure_host_launch_latency_s() {
+  const HostExecSpace space;
+  double best = 1e9;
+  for (int r = 0; r < 200; ++r)
+    best = std::min(best, time_fenced(space, [](const HostExecSpace& s) {
+                      Kokkos::parallel_for("writescope::experiments::empty",
+                                           Kokkos::RangePolicy<HostExecSpace>(s, 0, s.concurrency()), EmptyHostWork{});
+                    }));
+  return best;
+}
+
+double measure_cpu_gemv_gbps() {
+  constexpr int rows = 4096, columns = 4096;
+  Kokkos::View<float**, Kokkos::LayoutLeft, HostMemSpace> a("writescope::experiments::gemv_a", rows, columns);
+  Kokkos::View<float*, HostMemSpace> x("writescope::experiments::gemv_x", columns), y("writescope::experiments::gemv_y", rows);
+  Kokkos::deep_copy(a, 0.5f);
+  Kokkos::deep_copy(x, 1.0f);
+  return best_rate(HostExecSpace(), static_cast<double>(rows) * columns * sizeof(float),
+                   [&](const HostExecSpace&) { KokkosBlas::gemv("N", 1.0f, a, x, 0.0f, y); });
+}
+
+double measure_cpu_gemm_gflops() {
+  constexpr int n = 1024;
+  using Matrix = Kokkos::View<float**, Kokkos::LayoutLeft, HostMemSpace>;
+  Matrix a("writescope::experiments::gemm_a", n, n), b("writescope::experiments::gemm_b", n, n),
+      c("writescope::experiments::gemm_c", n, n);
+  Kokkos::deep_copy(a, 0.5f);
+  Kokkos::deep_copy(b, 0.25f);
+  return best_rate(HostExecSpace(), 2.0 * n * n * n,
+                   [&](const HostExecSpace&) { KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c); });
+}
+
+std::unique_ptr<InplaceKVCache<bf16>> filled_cache(const AttentionShape& shape, Region region, std::int64_t tokens) {
+  const BlockGeometry g = shape.block_geometry(attention_block_tokens);
+  const std::int64_t blocks = (tokens + attention_block_tokens - 1) / attention_block_tokens;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(blocks * g.block_elements()) * sizeof(bf16);
+  KVCacheBudgets budgets;
+  if (region == Region::gpu_resident) budgets.vram_bytes = bytes;
+  else if (region == Region::cpu_resident) budgets.host_bytes = bytes;
+  else budgets.pinned_bytes = bytes;
+  auto cache = std::make_unique<InplaceKVCache<bf16>>(KVCacheShape{1, g}, budgets, BudgetPolicy::strict);
+  const int sequence = cache->add_sequence();
+  using Tokens = Kokkos::View<bf16***, Kokkos::LayoutRight, HostMemSpace>;
+  Tokens keys("writescope::experiments::keys", fill_chunk, g.kv_heads, g.key_dim);
+  Tokens values("writescope::experiments::values", fill_chunk, g.kv_heads, g.value_dim);
+  std::mt19937 engine(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::size_t i = 0; i < keys.size(); ++i) keys.data()[i] = from_float<bf16>(normal(engine));
+  for (std::size_t i = 0; i < values.size(); ++i) values.data()[i] = from_float<bf16>(normal(engine));
+  for (std::int64_t written = 0; written < tokens; written += fill_chunk) {
+    const std::int64_t count = std::min(fill_chunk, tokens - written);
+    const auto range = std::make_pair(std::int64_t{0}, count);
+    const std::vector<Region> regions(cache->new_blocks_needed(0, sequence, count), region);
+    cache->append<HostExecSpace, HostMemSpace>(HostExecSpace(), 0, sequence,
+                                               Kokkos::subview(keys, range, Kokkos::ALL, Kokkos::ALL),
+                                               Kokkos::subview(values, range, Kokkos::ALL, Kokkos::ALL), regions);
+  }
+  return cache;
+}
+
+double measure_cpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens) {
+  const auto cache = filled_cache(shape, Region::cpu_resident, tokens);
+  const auto segments = cache->segments(0, Region::cpu_resident, {0}, {TokenRange{0, tokens}});
+  Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> queries("writescope::experiments::queries", 1,
+                                                                    shape.q_heads, shape.key_dim);
+  Kokkos::deep_copy(queries, 0.05f);
+  PartialState<HostMemSpace> out("writescope::experiments::out", 1, shape.q_heads, shape.value_dim);
+  DecodeWorkspace<HostMemSpace> workspace;
+  auto run = [&](const HostExecSpace& space) {
+    decode_attention<HostExecSpace, bf16, HostMemSpace>(space, shape, cache->geometry(), BlockOrder::head_major,
+                                                        queries, cache->host_pool(), segments, workspace, out);
+  };
+  run(HostExecSpace());
+  const double kv_bytes = static_cast<double>(tokens) * shape.kv_heads *
+                          (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
+  return best_rate(HostExecSpace(), kv_bytes, run);
+}
+
+namespace {
+
+/// Runs this program again with `threads` OpenMP threads to measure CPU attention there.
+double attention_in_child(const std::string& executable, const AttentionShape& shape, int threads,
+                          std::int64_t tokens) {
+  std::ostringstream command;
+  command << "OMP_NUM_THREADS=" << threads << " OMP_PROC_BIND=spread OMP_PLACES=threads '" << executable
+          << "' calibrate-attention --shape " << shape.name << " --tokens " << tokens << " 2>&1";
+  std::FILE* pipe = popen(command.str().c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("calibrate: cannot start '" + command.str() + "'");
+  std::string output;
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
+  const int status = pclose(pipe);
+  std::string last = output;
+  while (!last.empty() && (last.back() == '\n' || last.back() == ' ')) last.pop_back();
+  last = last.substr(last.find_last_of('\n') == std::string::npos ? 0 : last.find_last_of('\n') + 1);
+  try {
+    if (status == 0) return std::stod(last);
+  } catch (const std::exception&) {
+  }
+  throw std::runtime_error("calibrate: '" + command.str() + "' failed (status " + std::to_string(status) +
+                           "): " + output);
+}
+
+}  // namespace
+
+MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progress)(const std::string&)) {
+  MachineProfile p;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  p.name = options.name.empty() ? std::string(host) : options.name;
+  p.has_gpu = has_gpu;
+  const HostExecSpace space;
+  p.cpu_threads = space.concurrency();
+  auto step = [&](const std::string& what, double& field, auto measure) {
+    progress(what + " ...");
+    field = measure();
+  };
+  step("host DRAM read bandwidth", p.cpu_dram_read_gbps, [] { return measure_host_dram_read_gbps(); });
+  step("host FMA throughput", p.cpu_fma_glanes, [] { return measure_host_fma_glanes(); });
+  step("host launch latency", p.cpu_launch_latency_s, [] { return measure_host_launch_latency_s(); });
+  step("CPU GEMV bandwidth", p.cpu_gemv_gbps, [] { return measure_cpu_gemv_gbps(); });
+  step("CPU GEMM throughput", p.cpu_gemm_gflops, [] { return measure_cpu_gemm_gflops(); });
+  std::vector<int> threads = options.thread_counts;
+  if (threads.empty()) {
+    for (int t = 1; t < p.cpu_threads; t *= 2) threads.push_back(t);
+    threads.push_back(p.cpu_threads);
+  }
+  for (const AttentionShape& shape : supported_attention_shapes()) {
+    for (int t : threads) {
+      progress("CPU attention, " + shape.name + ", " + std::to_string(t) + " threads ...");
+      p.cpu_attention_gbps[shape.name][t] =
+          t == p.cpu_threads ? measure_cpu_attention_gbps(shape, options.attention_tokens)
+                             : attention_in_child(options.executable, shape, t, options.attention_tokens);
+    }
+  }
+#ifdef KOKKOS_ENABLE_CUDA
+  constexpr std::int64_t copy_bytes = std::int64_t{256} << 20;
+  step("HBM bandwidth", p.hbm_gbps, [] { return measure_copy_gbps<GpuMemSpace, GpuMemSpace>(copy_bytes, 2.0); });
+  step("pinned H2D", p.pinned_h2d_gbps, [] { return measure_copy_gbps<GpuMemSpace, PinnedMemSpace>(copy_bytes); });
+  step("pinned D2H", p.pinned_d2h_gbps, [] { return measure_copy_gbps<PinnedMemSpace, GpuMemSpace>(copy_bytes); });
+  step("pageable H2D", p.pageable_h2d_gbps, [] { return measure_copy_gbps<GpuMemSpace, HostMemSpace>(copy_bytes); });
+  step("pageable D2H", p.pageable_d2h_gbps, [] { return measure_copy_gbps<HostMemSpace, GpuMemSpace>(copy_bytes); });
+  step("link latency", p.link_latency_s, [] { return measure_copy_latency_s<GpuMemSpace, PinnedMemSpace>(); });
+  step("GPU launch latency", p.gpu_launch_latency_s, [] { return measure_gpu_launch_latency_s(); });
+#endif
+  return p;
+}
+
+#ifdef KOKKOS_ENABLE_CUDA
+template <class Destination, class Source>
+double measure_copy_gbps(std::int64_t bytes, double bytes_factor) {
+  Kokkos::View<std::uint8_t*, Source> source("writescope::experiments::copy_source", bytes);
+  Kokkos::View<std::uint8_t*, Destination> destination("writescope::experiments::copy_destination", bytes);
+  return best_rate(GpuExecSpace(), bytes_factor * static_cast<double>(bytes),
+                   [&](const GpuExecSpace& space) { Kokkos::deep_copy(space, destination, source); });
+}
+
+template double measure_copy_gbps<GpuMemSpace, PinnedMemSpace>(std::int64_t, double);
+template double measure_copy_gbps<PinnedMemSpace, GpuMemSpace>(std::int64_t, double);
+template double measure_copy_gbps<GpuMemSpace, HostMemSpace>(std::int64_t, double);
+template double measure_copy_gbps<HostMemSpace, GpuMemSpace>(std::int64_t, double);
+template double measure_copy_gbps<GpuMemSpace, GpuMemSpace>(std::int64_t, double);
+
+template <class Destination, class Source>
+double measure_copy_latency_s() {
+  Kokkos::View<std::uint8_t*, Source> source("writescope::experiments::latency_source", 4);
+  Kokkos::View<std::uint8_t*, Destination> destination("writescope::experiments::latency_destination", 4);
+  double best = 1e9;
+  for (int r = 0; r < 50; ++r)
+    best = std::min(best, time_fenced(GpuExecSpace(), [&](const GpuExecSpace& space) {
+                      Kokkos::deep_copy(space, destination, source);
+                    }));
+  return best;
+}
+template double measure_copy_latency_s<GpuMemSpace, PinnedMemSpace>();
+
+namespace {
+struct EmptyDeviceWork {
+  KOKKOS_INLINE_FUNCTION void operator()(int) const {}
+};
+}  // namespace
+
+double measure_gpu_launch_latency_s() {
+  double best = 1e9;
+  for (int r = 0; r < 200; ++r)
+    best = std::min(best, time_fenced(GpuExecSpace(), [](const GpuExecSpace& space) {
+                      Kokkos::parallel_for("writescope::experiments::empty_kernel",
+                                           Kokkos::RangePolicy<GpuExecSpace>(space, 0, 1), EmptyDeviceWork{});
+                    }));
+  return best;
+}
+#endif
+
+}  // namespace writescope

@@ -1,0 +1,69 @@
+#pragma once
+// Measurements of this machine: the bounds benchmarks report against, and the
+// machine profile `writescope calibrate` writes for the roofline model.
+// Bandwidths in GB/s (10^9 B/s), rates in 10^9 per second, latencies in seconds.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attention/shape.hpp"
+#include "framework/roofline.hpp"
+#include "framework/spaces.hpp"
+#include "layouts/inplace_kv_cache.hpp"
+
+namespace writescope {
+
+using HostWords = Kokkos::View<std::uint64_t*, HostMemSpace>;
+
+/// `bytes` of host memory, first touched by the threads that read it later.
+HostWords first_touched(const std::string& label, std::int64_t bytes);
+/// Reads every word once on the host execution space (a vectorised integer sum).
+std::uint64_t read_words(const HostExecSpace& space, const HostWords& words);
+/// destination = source on the host execution space.
+void copy_words(const HostExecSpace& space, const HostWords& destination, const HostWords& source);
+
+/// Best of five fenced reads of `bytes` with all host threads.
+double measure_host_dram_read_gbps(std::int64_t bytes = std::int64_t{1} << 30);
+/// fp32 lane-FMAs per second with all host threads, 8-wide AVX2 FMA where built with it.
+double measure_host_fma_glanes();
+/// Smallest time of an empty parallel_for over the host threads.
+double measure_host_launch_latency_s();
+/// Streaming GEMV (float, through Kokkos Kernels / OpenBLAS): matrix bytes per second.
+double measure_cpu_gemv_gbps();
+/// GEMM (float, 1024^3, through Kokkos Kernels / OpenBLAS): 10^9 FLOP per second.
+double measure_cpu_gemm_gflops();
+
+/// A one-layer bf16 cache holding one sequence of `tokens` tokens, all in `region`.
+std::unique_ptr<InplaceKVCache<bf16>> filled_cache(const AttentionShape& shape, Region region, std::int64_t tokens);
+/// CPU decode attention over `tokens` CpuResident tokens: KV bytes per second, best of five.
+double measure_cpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens);
+
+#ifdef KOKKOS_ENABLE_CUDA
+/// Best of five copies of `bytes` from Source to Destination; bytes_factor 2 counts read + write.
+template <class Destination, class Source>
+double measure_copy_gbps(std::int64_t bytes, double bytes_factor = 1.0);
+/// Smallest time of a 4-byte copy from Source to Destination.
+template <class Destination, class Source>
+double measure_copy_latency_s();
+/// Smallest time of an empty kernel on the GPU.
+double measure_gpu_launch_latency_s();
+#endif
+
+struct CalibrationOptions {
+  std::string name;                 // profile name; default: the host name
+  std::vector<int> thread_counts;   // CPU attention sweep; default 1, 2, 4, ... and all threads
+  std::int64_t attention_tokens = 32768;
+  std::string executable;           // this program, re-run once per thread count
+};
+
+/// Measures everything a MachineProfile holds. CPU attention at other thread
+/// counts runs in child processes of `options.executable` (Kokkos fixes the
+/// thread count at start-up): `<executable> calibrate-attention --shape S --tokens N`
+/// with OMP_NUM_THREADS set. `progress` receives one line per measurement.
+MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progress)(const std::string&));
+
+}  // namespace writescope
