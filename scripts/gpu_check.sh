@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over a carried gpu-bundle/ (scripts/gpu_bundle.sh):
 # the machine description, the whole test suite on every enabled execution
-# space (Cuda included) and the bandwidth benchmarks. Everything it writes goes
-# to $OUT (default: gpu-results/).
+# space (Cuda included), the machine profile (writescope calibrate) and the
+# benchmarks (bandwidth bounds, decode attention, split steps). Everything it
+# writes goes to $OUT (default: gpu-results/): info.txt, tests.xml, tests.log,
+# profile.yaml, benchmarks.json. WRITESCOPE_BENCHMARK_FILTER narrows the
+# benchmarks (a Google Benchmark regex).
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bundle=$repo/gpu-bundle
@@ -15,7 +18,8 @@ nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 "$bundle/bin/writescope" info >"$out/info.txt" 2>&1 || status=1
 "$bundle/bin/writescope_tests" --gtest_output=xml:"$out/tests.xml" >"$out/tests.log" 2>&1 || status=1
 tail -3 "$out/tests.log"
-"$bundle/bin/writescope_benchmarks" --benchmark_out="$out/bandwidth.json" --benchmark_out_format=json \
+"$bundle/bin/writescope" calibrate --output "$out/profile.yaml" 2>"$out/calibrate.log" || status=1
+"$bundle/bin/writescope_benchmarks" --benchmark_out="$out/benchmarks.json" --benchmark_out_format=json \
   --benchmark_min_time=0.2 ${WRITESCOPE_BENCHMARK_FILTER:+--benchmark_filter=$WRITESCOPE_BENCHMARK_FILTER} \
   2>&1 | grep -E 'manual_time|^Benchmark' || status=1
 exit $status

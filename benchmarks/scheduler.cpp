@@ -1,0 +1,110 @@
+// WriteScope's scheduled split against its alternatives on the same kernels
+// (DESIGN.md §4): one sequence of 8K-128K tokens written by the scheduler's
+// write policy, then a decode loop of plan -> split step -> feedback. In the
+// same run, the same tokens in one pinned region are attended with the whole
+// band streamed to the GPU (GPU-streaming only) and read by the CPU (CPU only).
+// Counters: GB/s of KV per step, speedups over both alternatives, the model's
+// mean relative prediction error, final alpha and the alpha the model started
+// from. On host-only builds the "GPU" share runs on the host, so the figures
+// exercise the machinery but say nothing about a GPU.
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+
+#include "attention/scheduler.hpp"
+#include "bounds.hpp"
+
+namespace writescope {
+namespace {
+
+constexpr std::int64_t write_chunk = 4096;
+
+ModelRates measured_rates(const AttentionShape& shape) {
+  ModelRates r;
+  r.has_gpu = has_gpu;
+#ifdef KOKKOS_ENABLE_CUDA
+  r.hbm_gbps = bench::hbm_copy_gbps();
+  r.link_gbps = bench::pinned_h2d_gbps();
+#else
+  r.hbm_gbps = r.link_gbps = bench::host_dram_read_gbps();
+#endif
+  r.cpu_attention_gbps = measure_cpu_attention_gbps(shape, 8192);
+  return r;
+}
+
+/// Best step time of `plan` over a few runs.
+double best_step(SplitDecode<bf16>& split, const InplaceKVCache<bf16>& cache, const SplitPlan& plan,
+                 const Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace>& queries,
+                 const PartialState<GpuMemSpace>& out) {
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) best = std::min(best, split.run(cache, queries, plan, out).step_seconds);
+  return best;
+}
+
+void scheduled_decode(benchmark::State& state, AttentionShape shape) {
+  const std::int64_t tokens = state.range(0);
+  const BlockGeometry g = shape.block_geometry(256);
+  const auto blocks = static_cast<std::uint64_t>((tokens + 255) / 256);
+  const std::uint64_t bytes = blocks * static_cast<std::uint64_t>(g.block_elements()) * sizeof(bf16);
+  InplaceKVCache<bf16> cache(KVCacheShape{1, g}, KVCacheBudgets{0, bytes, bytes}, BudgetPolicy::strict);
+  const RooflineModel model(measured_rates(shape));
+  WriteScopeScheduler<bf16> scheduler(model, shape, cache);
+  const int sequence = cache.add_sequence();
+  {
+    Kokkos::View<bf16***, Kokkos::LayoutRight, HostMemSpace> keys("writescope::benchmarks::keys", write_chunk,
+                                                                 g.kv_heads, g.key_dim);
+    Kokkos::deep_copy(keys, bf16{0x3c00});  // 0.0078125: content does not change the timing
+    for (std::int64_t written = 0; written < tokens; written += write_chunk) {
+      const std::int64_t count = std::min(write_chunk, tokens - written);
+      const auto range = std::make_pair(std::int64_t{0}, count);
+      const auto view = Kokkos::subview(keys, range, Kokkos::ALL, Kokkos::ALL);
+      cache.append<HostExecSpace, HostMemSpace>(HostExecSpace(), 0, sequence, view, view,
+                                                scheduler.place(0, sequence, count, tokens, false));
+    }
+  }
+  Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> queries("writescope::benchmarks::queries", 1,
+                                                                    shape.q_heads, shape.key_dim);
+  Kokkos::deep_copy(queries, 0.05f);
+  PartialState<GpuMemSpace> out("writescope::benchmarks::out", 1, shape.q_heads, shape.value_dim);
+  SplitDecode<bf16> split(shape, g, 1, 16);
+  const std::vector<TokenRange> range{{0, tokens}};
+  SplitPrediction first;
+  split.run(cache, queries, scheduler.plan(0, {sequence}, range, &first), out);  // warm-up
+  double total = 0, error = 0, alpha = 0;
+  for (auto _ : state) {
+    SplitPrediction predicted;
+    const SplitPlan plan = scheduler.plan(0, {sequence}, range, &predicted);
+    const SplitTimings measured = split.run(cache, queries, plan, out);
+    scheduler.observe(plan, measured);
+    state.SetIterationTime(measured.step_seconds);
+    total += measured.step_seconds;
+    error += std::abs(predicted.step_seconds - measured.step_seconds) / measured.step_seconds;
+    alpha = predicted.alpha;
+  }
+  const double steps = static_cast<double>(state.iterations());
+
+  // The alternatives, on one pinned region holding the same tokens.
+  const auto band = filled_cache(shape, Region::gpu_streamed, tokens);
+  const auto all = band->segments(0, Region::gpu_streamed, {0}, range);
+  SplitPlan streaming_only, cpu_only;
+  streaming_only.gpu_streamed = all;
+  cpu_only.cpu_pinned = all;
+  const double streaming_seconds = best_step(split, *band, streaming_only, queries, out);
+  const double cpu_seconds = best_step(split, *band, cpu_only, queries, out);
+
+  const double mean_step = total / steps;
+  const double kv_bytes = static_cast<double>(tokens) * shape.kv_heads *
+                          (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
+  state.counters["GB/s"] = kv_bytes / mean_step / 1e9;
+  state.counters["speedup_vs_gpu_streaming"] = streaming_seconds / mean_step;
+  state.counters["speedup_vs_cpu_only"] = cpu_seconds / mean_step;
+  state.counters["prediction_error"] = error / steps;
+  state.counters["alpha_start"] = first.alpha;
+  state.counters["alpha_end"] = alpha;
+}
+
+BENCHMARK_CAPTURE(scheduled_decode, qwen3_gqa, qwen3_30b_a3b_attention())
+    ->Arg(8192)->Arg(32768)->Arg(131072)->Iterations(20)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace writescope
