@@ -14,6 +14,7 @@
 
 #include "experiments/calibration.hpp"
 #include "framework/config.hpp"
+#include "framework/log.hpp"
 #include "framework/machine.hpp"
 #include "framework/results_store.hpp"
 #include "framework/runtime.hpp"
@@ -135,7 +136,7 @@ long positive_integer(const std::string& command, const std::string& option, con
   return value;
 }
 
-void progress_line(const std::string& line) { std::cerr << "calibrate: " << line << std::endl; }
+void progress_line(const std::string& line) { log_info("calibrate: ", line); }
 
 int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
   auto options = parse_options("calibrate", args, {"--output", "--name", "--thread-counts", "--tokens"});
