@@ -1,0 +1,259 @@
+#include "moe/safetensors.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace writescope {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+TensorDType parse_dtype(const std::string& name, const std::string& where) {
+  if (name == "F32") return TensorDType::f32;
+  if (name == "F16") return TensorDType::f16;
+  if (name == "BF16") return TensorDType::bf16;
+  throw CheckpointError(where + ": unsupported dtype '" + name + "' (expected F32, F16 or BF16)");
+}
+
+/// IEEE binary16 -> float, exact.
+float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::uint32_t exponent = (h >> 10) & 0x1fu;
+  std::uint32_t mantissa = h & 0x3ffu;
+  std::uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    exponent = 113;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  return float_from_bits(bits);
+}
+
+/// float -> IEEE binary16, round to nearest even (for writing test checkpoints).
+std::uint16_t float_to_half(float value) {
+  const std::uint32_t bits = bits_from_float(value);
+  const std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  const std::uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return sign | 0x7e00u;              // NaN
+  if (magnitude >= 0x477ff000u) return sign | 0x7c00u;             // overflow -> inf
+  if (magnitude < 0x38800000u) {                                   // subnormal or zero
+    const float scaled = std::fabs(value) * 16777216.0f;           // 2^24: units of the smallest subnormal
+    return sign | static_cast<std::uint16_t>(std::nearbyint(scaled));
+  }
+  const std::uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
+  return sign | static_cast<std::uint16_t>((rounded - 0x38000000u) >> 13);
+}
+
+std::string json_escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* dtype_name(TensorDType dtype) {
+  switch (dtype) {
+    case TensorDType::f32: return "F32";
+    case TensorDType::f16: return "F16";
+    case TensorDType::bf16: return "BF16";
+  }
+  return "?";
+}
+
+std::size_t dtype_bytes(TensorDType dtype) { return dtype == TensorDType::f32 ? 4 : 2; }
+
+std::int64_t TensorInfo::elements() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& folder) : folder_(folder) {
+  if (!fs::is_directory(folder_)) throw CheckpointError("checkpoint " + folder_ + ": no such folder");
+  const fs::path index = fs::path(folder_) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    YAML::Node root;
+    try {
+      root = YAML::LoadFile(index.string());
+    } catch (const YAML::Exception& e) {
+      throw CheckpointError(index.string() + ": malformed JSON: " + e.what());
+    }
+    const YAML::Node map = root["weight_map"];
+    if (!map || !map.IsMap()) throw CheckpointError(index.string() + ": no 'weight_map' object");
+    std::set<std::string> files;
+    for (const auto& entry : map) files.insert(entry.second.as<std::string>());
+    for (const auto& file : files) add_file(file);
+    for (const auto& entry : map) {
+      const auto name = entry.first.as<std::string>();
+      const auto found = tensors_.find(name);
+      if (found == tensors_.end() || found->second.file != (fs::path(folder_) / entry.second.as<std::string>()).string())
+        throw CheckpointError(index.string() + ": tensor '" + name + "' is listed in " +
+                              entry.second.as<std::string>() + " but that file does not hold it");
+    }
+  } else if (fs::exists(fs::path(folder_) / "model.safetensors")) {
+    add_file("model.safetensors");
+  } else {
+    throw CheckpointError("checkpoint " + folder_ + ": neither model.safetensors nor model.safetensors.index.json");
+  }
+}
+
+void SafetensorsCheckpoint::add_file(const std::string& file_name) {
+  const std::string path = (fs::path(folder_) / file_name).string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError(path + ": cannot open the file");
+  const std::uint64_t size = fs::file_size(path);
+  unsigned char length_bytes[8];
+  if (size < 8 || !in.read(reinterpret_cast<char*>(length_bytes), 8))
+    throw CheckpointError(path + ": truncated (no header length)");
+  std::uint64_t header_length = 0;
+  for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | length_bytes[i];
+  if (header_length > size - 8) throw CheckpointError(path + ": truncated (header longer than the file)");
+  std::string header(header_length, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_length));
+  YAML::Node root;
+  try {
+    root = YAML::Load(header);
+  } catch (const YAML::Exception& e) {
+    throw CheckpointError(path + ": malformed header: " + e.what());
+  }
+  if (!root.IsMap()) throw CheckpointError(path + ": the header is not a JSON object");
+  const std::uint64_t data_start = 8 + header_length;
+  for (const auto& entry : root) {
+    const auto name = entry.first.as<std::string>();
+    if (name == "__metadata__") continue;
+    const std::string where = path + ": tensor '" + name + "'";
+    const YAML::Node node = entry.second;
+    if (!node["dtype"] || !node["shape"] || !node["data_offsets"] || node["data_offsets"].size() != 2)
+      throw CheckpointError(where + ": needs dtype, shape and data_offsets [begin, end]");
+    TensorInfo info;
+    info.file = path;
+    info.dtype = parse_dtype(node["dtype"].as<std::string>(), where);
+    for (const auto& d : node["shape"]) info.shape.push_back(d.as<std::int64_t>());
+    info.begin = data_start + node["data_offsets"][0].as<std::uint64_t>();
+    info.end = data_start + node["data_offsets"][1].as<std::uint64_t>();
+    if (info.end < info.begin || info.end - info.begin != static_cast<std::uint64_t>(info.elements()) * dtype_bytes(info.dtype))
+      throw CheckpointError(where + ": data_offsets hold " + std::to_string(info.end - info.begin) +
+                            " bytes, shape " + shape_text(info.shape) + " of " + dtype_name(info.dtype) + " needs " +
+                            std::to_string(info.elements() * static_cast<std::int64_t>(dtype_bytes(info.dtype))));
+    if (info.end > size)
+      throw CheckpointError(where + ": data [" + std::to_string(info.begin) + ", " + std::to_string(info.end) +
+                            ") lies beyond the end of the file (" + std::to_string(size) + " bytes): truncated");
+    if (!tensors_.emplace(name, info).second)
+      throw CheckpointError(where + ": also present in " + tensors_.at(name).file);
+  }
+}
+
+const TensorInfo& SafetensorsCheckpoint::info(const std::string& tensor) const {
+  const auto found = tensors_.find(tensor);
+  if (found == tensors_.end()) throw CheckpointError("checkpoint " + folder_ + ": tensor '" + tensor + "' not found");
+  return found->second;
+}
+
+std::vector<std::string> SafetensorsCheckpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& entry : tensors_) out.push_back(entry.first);
+  return out;
+}
+
+template <class Scalar>
+std::vector<Scalar> SafetensorsCheckpoint::read(const std::string& tensor,
+                                                const std::vector<std::int64_t>& expected_shape) const {
+  const auto found = tensors_.find(tensor);
+  if (found == tensors_.end())
+    throw CheckpointError("checkpoint " + folder_ + ": tensor '" + tensor + "' not found (expected shape " +
+                          shape_text(expected_shape) + ")");
+  const TensorInfo& t = found->second;
+  if (t.shape != expected_shape)
+    throw CheckpointError(t.file + ": tensor '" + tensor + "' has shape " + shape_text(t.shape) + ", expected " +
+                          shape_text(expected_shape));
+  std::ifstream in(t.file, std::ios::binary);
+  std::vector<unsigned char> raw(t.end - t.begin);
+  in.seekg(static_cast<std::streamoff>(t.begin));
+  if (!in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size())))
+    throw CheckpointError(t.file + ": tensor '" + tensor + "': read failed (file changed or truncated)");
+  const auto n = static_cast<std::size_t>(t.elements());
+  std::vector<Scalar> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    float value;
+    if (t.dtype == TensorDType::f32) {
+      std::memcpy(&value, raw.data() + 4 * i, 4);
+    } else {
+      std::uint16_t half;
+      std::memcpy(&half, raw.data() + 2 * i, 2);
+      value = t.dtype == TensorDType::bf16 ? to_float(bf16{half}) : half_to_float(half);
+    }
+    out[i] = from_float<Scalar>(value);
+  }
+  return out;
+}
+
+template std::vector<float> SafetensorsCheckpoint::read<float>(const std::string&,
+                                                              const std::vector<std::int64_t>&) const;
+template std::vector<bf16> SafetensorsCheckpoint::read<bf16>(const std::string&,
+                                                            const std::vector<std::int64_t>&) const;
+
+void write_safetensors(const std::string& path, const std::map<std::string, TensorToWrite>& tensors) {
+  std::ostringstream header;
+  header << "{";
+  std::uint64_t offset = 0;
+  bool first = true;
+  for (const auto& [name, t] : tensors) {
+    std::int64_t elements = 1;
+    for (auto d : t.shape) elements *= d;
+    if (static_cast<std::size_t>(elements) != t.values.size())
+      throw CheckpointError(path + ": tensor '" + name + "' has " + std::to_string(t.values.size()) +
+                            " values for shape " + shape_text(t.shape));
+    const std::uint64_t bytes = static_cast<std::uint64_t>(elements) * dtype_bytes(t.dtype);
+    header << (first ? "" : ",") << "\"" << json_escape(name) << "\":{\"dtype\":\"" << dtype_name(t.dtype)
+           << "\",\"shape\":" << shape_text(t.shape) << ",\"data_offsets\":[" << offset << "," << offset + bytes
+           << "]}";
+    offset += bytes;
+    first = false;
+  }
+  header << "}";
+  const std::string text = header.str();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw CheckpointError(path + ": cannot create the file");
+  unsigned char length_bytes[8];
+  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xffu);
+  out.write(reinterpret_cast<const char*>(length_bytes), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const auto& [name, t] : tensors) {
+    for (float value : t.values) {
+      if (t.dtype == TensorDType::f32) {
+        out.write(reinterpret_cast<const char*>(&value), 4);
+      } else {
+        const std::uint16_t half = t.dtype == TensorDType::bf16 ? from_float<bf16>(value).bits : float_to_half(value);
+        out.write(reinterpret_cast<const char*>(&half), 2);
+      }
+    }
+  }
+  if (!out.flush()) throw CheckpointError(path + ": write failed");
+}
+
+}  // namespace writescope

@@ -1,0 +1,101 @@
+#include "moe/safetensors.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace writescope {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("writescope_ckpt_" + std::to_string(::getpid()) + "_" +
+                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  /// Values exactly representable in f16 and bf16 (and a half subnormal).
+  static std::vector<float> exact_values(std::size_t n) {
+    std::vector<float> out(n);
+    for (std::size_t i = 0; i < n; ++i) out[i] = (static_cast<float>(i % 17) - 8.0f) * 0.125f;
+    if (n > 3) out[3] = std::ldexp(1.0f, -20);  // subnormal in f16, normal in bf16
+    return out;
+  }
+
+  /// Expects a CheckpointError whose message contains every part.
+  template <class Body>
+  void expect_error(Body&& body, std::initializer_list<std::string> parts) {
+    try {
+      body();
+      ADD_FAILURE() << "no CheckpointError";
+    } catch (const CheckpointError& e) {
+      for (const auto& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(SafetensorsTest, EveryDTypeRoundTrips) {
+  std::map<std::string, TensorToWrite> tensors;
+  tensors["a.f32"] = {TensorDType::f32, {2, 3}, {1.5f, -2.25f, 3e-30f, 4.0f, 1e30f, -0.0f}};
+  tensors["b.f16"] = {TensorDType::f16, {4, 5}, exact_values(20)};
+  tensors["c.bf16"] = {TensorDType::bf16, {20}, exact_values(20)};
+  write_safetensors((dir_ / "model.safetensors").string(), tensors);
+  const SafetensorsCheckpoint checkpoint(dir_.string());
+  EXPECT_EQ(checkpoint.names().size(), 3u);
+  EXPECT_EQ(checkpoint.info("b.f16").dtype, TensorDType::f16);
+  EXPECT_EQ(checkpoint.read<float>("a.f32", {2, 3}), tensors["a.f32"].values);
+  EXPECT_EQ(checkpoint.read<float>("b.f16", {4, 5}), tensors["b.f16"].values);
+  EXPECT_EQ(checkpoint.read<float>("c.bf16", {20}), tensors["c.bf16"].values);
+  const auto as_bf16 = checkpoint.read<bf16>("a.f32", {2, 3});
+  EXPECT_EQ(to_float(as_bf16[0]), 1.5f);
+  EXPECT_EQ(to_float(as_bf16[1]), -2.25f);
+}
+
+TEST_F(SafetensorsTest, ShardsListedByTheIndex) {
+  write_safetensors((dir_ / "model-00001-of-00002.safetensors").string(),
+                    {{"layers.0.w", {TensorDType::bf16, {2, 2}, {1, 2, 3, 4}}}});
+  write_safetensors((dir_ / "model-00002-of-00002.safetensors").string(),
+                    {{"layers.1.w", {TensorDType::f32, {3}, {5, 6, 7}}}});
+  std::ofstream(dir_ / "model.safetensors.index.json")
+      << R"({"metadata": {"total_size": 20}, "weight_map": {"layers.0.w": "model-00001-of-00002.safetensors",
+            "layers.1.w": "model-00002-of-00002.safetensors"}})";
+  const SafetensorsCheckpoint checkpoint(dir_.string());
+  EXPECT_EQ(checkpoint.read<float>("layers.1.w", {3}), (std::vector<float>{5, 6, 7}));
+  EXPECT_EQ(checkpoint.read<float>("layers.0.w", {2, 2}), (std::vector<float>{1, 2, 3, 4}));
+}
+
+TEST_F(SafetensorsTest, ErrorsNameFileTensorAndExpectation) {
+  const std::string file = (dir_ / "model.safetensors").string();
+  write_safetensors(file, {{"w", {TensorDType::f32, {4, 8}, std::vector<float>(32, 1.0f)}}});
+  const SafetensorsCheckpoint checkpoint(dir_.string());
+  expect_error([&] { checkpoint.read<float>("w", {8, 4}); }, {file, "'w'", "shape [4, 8], expected [8, 4]"});
+  expect_error([&] { checkpoint.read<float>("router", {64, 2048}); },
+               {dir_.string(), "'router' not found", "expected shape [64, 2048]"});
+  // Truncated: the last bytes of the data are gone.
+  fs::resize_file(file, fs::file_size(file) - 10);
+  expect_error([&] { SafetensorsCheckpoint truncated(dir_.string()); }, {file, "'w'", "beyond the end", "truncated"});
+  // A header that is not JSON.
+  std::ofstream(file, std::ios::binary) << std::string("\x05\x00\x00\x00\x00\x00\x00\x00{oops", 13);
+  expect_error([&] { SafetensorsCheckpoint broken(dir_.string()); }, {file, "malformed header"});
+  expect_error([&] { SafetensorsCheckpoint missing((dir_ / "nowhere").string()); }, {"no such folder"});
+  fs::remove(file);
+  expect_error([&] { SafetensorsCheckpoint empty(dir_.string()); }, {"neither model.safetensors"});
+}
+
+TEST_F(SafetensorsTest, IndexMustMatchTheShards) {
+  write_safetensors((dir_ / "a.safetensors").string(), {{"x", {TensorDType::f32, {1}, {1}}}});
+  std::ofstream(dir_ / "model.safetensors.index.json") << R"({"weight_map": {"y": "a.safetensors"}})";
+  expect_error([&] { SafetensorsCheckpoint checkpoint(dir_.string()); }, {"'y'", "a.safetensors", "does not hold it"});
+}
+
+}  // namespace
+}  // namespace writescope
