@@ -1,0 +1,306 @@
+#include "moe/model_config.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace writescope {
+namespace {
+
+ModelConfig deepseek_v2_lite() {
+  ModelConfig c;
+  c.name = "deepseek-v2-lite";
+  c.architecture = Architecture::deepseek_v2;
+  c.layers = 27;
+  c.hidden = 2048;
+  c.vocab = 102400;
+  c.max_position = 163840;
+  c.rms_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  c.rope_scaling = RopeScaling{"yarn", 40.0, 4096, 32.0, 1.0, 0.707, 0.707};
+  c.q_heads = 16;
+  c.kv_heads = 16;
+  c.q_lora_rank = 0;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.head_dim = 192;
+  c.experts = 64;
+  c.experts_per_token = 6;
+  c.expert_intermediate = 1408;
+  c.shared_experts = 2;
+  c.normalize_topk = false;
+  c.routed_scaling_factor = 1.0;
+  c.dense_layers = 1;
+  c.dense_intermediate = 10944;
+  return c;
+}
+
+ModelConfig qwen3_30b_a3b() {
+  ModelConfig c;
+  c.name = "qwen3-30b-a3b";
+  c.architecture = Architecture::qwen3_moe;
+  c.layers = 48;
+  c.hidden = 2048;
+  c.vocab = 151936;
+  c.max_position = 40960;
+  c.rms_eps = 1e-6;
+  c.rope_theta = 1e6;
+  c.q_heads = 32;
+  c.kv_heads = 4;
+  c.head_dim = 128;
+  c.qk_norm = true;
+  c.experts = 128;
+  c.experts_per_token = 8;
+  c.expert_intermediate = 768;
+  c.normalize_topk = true;
+  return c;
+}
+
+ModelConfig mixtral_8x7b() {
+  ModelConfig c;
+  c.name = "mixtral-8x7b";
+  c.architecture = Architecture::mixtral;
+  c.layers = 32;
+  c.hidden = 4096;
+  c.vocab = 32000;
+  c.max_position = 32768;
+  c.rms_eps = 1e-5;
+  c.rope_theta = 1e6;
+  c.q_heads = 32;
+  c.kv_heads = 8;
+  c.head_dim = 128;
+  c.experts = 8;
+  c.experts_per_token = 2;
+  c.expert_intermediate = 14336;
+  c.normalize_topk = true;
+  return c;
+}
+
+/// Same architecture and structure, sizes small enough for a test to run a
+/// whole model in milliseconds (head dims stay multiples of 8 for the kernels).
+ModelConfig tiny(ModelConfig c, const std::string& name) {
+  c.name = name;
+  c.layers = c.architecture == Architecture::deepseek_v2 ? 3 : 2;
+  c.hidden = 64;
+  c.vocab = 256;
+  c.max_position = 4096;
+  if (c.mla()) {
+    c.q_heads = c.kv_heads = 4;
+    c.kv_lora_rank = 32;
+    c.qk_nope_head_dim = 16;
+    c.qk_rope_head_dim = 8;
+    c.v_head_dim = 16;
+    c.head_dim = 24;
+    c.rope_scaling = RopeScaling{"yarn", 4.0, 256, 32.0, 1.0, 0.707, 0.707};
+    c.experts = 8;
+    c.experts_per_token = 2;
+    c.expert_intermediate = 32;
+    c.dense_intermediate = 96;
+  } else {
+    c.q_heads = 4;
+    c.kv_heads = 2;
+    c.head_dim = 16;
+    c.experts = c.architecture == Architecture::mixtral ? 4 : 8;
+    c.experts_per_token = 2;
+    c.expert_intermediate = 32;
+  }
+  return c;
+}
+
+int scaled(int size, double scale) {
+  return std::max(16, static_cast<int>(std::lround(size * scale / 16.0)) * 16);
+}
+
+/// YaRN's attention-temperature factor (DeepSeek's yarn_get_mscale).
+double yarn_mscale(double factor, double mscale) {
+  return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+}  // namespace
+
+const char* architecture_name(Architecture architecture) {
+  switch (architecture) {
+    case Architecture::deepseek_v2: return "deepseek_v2";
+    case Architecture::qwen3_moe: return "qwen3_moe";
+    case Architecture::mixtral: return "mixtral";
+  }
+  return "?";
+}
+
+AttentionShape ModelConfig::attention() const {
+  AttentionShape s;
+  s.name = name;
+  s.q_heads = q_heads;
+  if (mla()) {
+    s.kv_heads = 1;
+    s.key_dim = kv_lora_rank + qk_rope_head_dim;
+    s.value_dim = kv_lora_rank;
+    s.values_in_keys = true;
+    double scale = 1.0 / std::sqrt(static_cast<double>(qk_nope_head_dim + qk_rope_head_dim));
+    if (rope_scaling.type == "yarn") {
+      const double m = yarn_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim);
+      scale *= m * m;
+    }
+    s.softmax_scale = static_cast<float>(scale);
+  } else {
+    s.kv_heads = kv_heads;
+    s.key_dim = s.value_dim = head_dim;
+    s.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  }
+  return s;
+}
+
+std::int64_t ModelConfig::kv_elements_per_token() const {
+  return mla() ? std::int64_t{kv_lora_rank} + qk_rope_head_dim : std::int64_t{2} * kv_heads * head_dim;
+}
+
+std::int64_t ModelConfig::parameters() const {
+  const std::int64_t h = hidden;
+  std::int64_t attention_params;
+  if (mla()) {
+    const std::int64_t q_dim = std::int64_t{q_heads} * (qk_nope_head_dim + qk_rope_head_dim);
+    const std::int64_t q = q_lora_rank > 0 ? h * q_lora_rank + q_lora_rank + std::int64_t{q_lora_rank} * q_dim : h * q_dim;
+    attention_params = q + h * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank +
+                       std::int64_t{kv_lora_rank} * q_heads * (qk_nope_head_dim + v_head_dim) +
+                       std::int64_t{q_heads} * v_head_dim * h;
+  } else {
+    attention_params = h * q_heads * head_dim + 2 * h * kv_heads * head_dim + std::int64_t{q_heads} * head_dim * h +
+                       (qk_norm ? 2 * head_dim : 0);
+  }
+  const std::int64_t expert = 3 * h * expert_intermediate;
+  const std::int64_t moe_mlp = std::int64_t{experts} * expert + std::int64_t{shared_experts} * expert + h * experts;
+  const std::int64_t dense_mlp = 3 * h * dense_intermediate;
+  const std::int64_t norms = 2 * h;
+  const std::int64_t layer_sum = std::int64_t{layers} * (attention_params + norms) +
+                                 std::int64_t{dense_layers} * dense_mlp +
+                                 std::int64_t{layers - dense_layers} * moe_mlp;
+  const std::int64_t embeddings = std::int64_t{vocab} * h * (tied_embeddings ? 1 : 2);
+  return layer_sum + embeddings + h;
+}
+
+void ModelConfig::validate() const {
+  const std::string source = "model " + name;
+  auto require = [&](bool ok, const char* field, const std::string& reason) {
+    if (!ok) throw ConfigError(source, field, reason);
+  };
+  require(layers >= 1, "layers", "must be at least 1");
+  require(hidden >= 1, "hidden", "must be positive");
+  require(vocab >= 1, "vocab", "must be positive");
+  require(q_heads >= 1, "q_heads", "must be positive");
+  if (mla()) {
+    require(qk_rope_head_dim > 0 && qk_nope_head_dim > 0 && v_head_dim > 0, "qk_rope_head_dim",
+            "MLA needs positive qk_nope_head_dim, qk_rope_head_dim and v_head_dim");
+  } else {
+    require(kv_heads >= 1 && q_heads % kv_heads == 0, "kv_heads", "must divide q_heads");
+    require(head_dim >= 1, "head_dim", "must be positive");
+  }
+  require(experts >= 1, "experts", "must be at least 1");
+  require(experts_per_token >= 1 && experts_per_token <= experts, "experts_per_token",
+          "must be between 1 and the number of experts");
+  require(expert_intermediate >= 1, "expert_intermediate", "must be positive");
+  require(dense_layers >= 0 && dense_layers <= layers, "dense_layers", "must be between 0 and layers");
+  require(dense_layers == 0 || dense_intermediate >= 1, "dense_intermediate", "dense layers need a size");
+  require(rms_eps > 0, "rms_eps", "must be positive");
+  require(rope_theta > 0, "rope_theta", "must be positive");
+  require(rope_scaling.type == "none" || rope_scaling.type == "yarn", "rope_scaling.type",
+          "must be none or yarn, got '" + rope_scaling.type + "'");
+}
+
+std::vector<std::string> model_preset_names() {
+  return {"deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b", "tiny-deepseek-v2", "tiny-qwen3-moe", "tiny-mixtral"};
+}
+
+ModelConfig model_preset(const std::string& name) {
+  if (name == "deepseek-v2-lite") return deepseek_v2_lite();
+  if (name == "qwen3-30b-a3b") return qwen3_30b_a3b();
+  if (name == "mixtral-8x7b") return mixtral_8x7b();
+  if (name == "tiny-deepseek-v2") return tiny(deepseek_v2_lite(), name);
+  if (name == "tiny-qwen3-moe") return tiny(qwen3_30b_a3b(), name);
+  if (name == "tiny-mixtral") return tiny(mixtral_8x7b(), name);
+  std::string known;
+  for (const auto& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown model '" + name + "' (known: " + known + ")");
+}
+
+ModelConfig apply_overrides(ModelConfig c, const ModelOverrides& overrides) {
+  if (overrides.layers) {
+    c.layers = *overrides.layers;
+    c.dense_layers = std::min(c.dense_layers, c.layers);
+  }
+  if (!(overrides.hidden_scale > 0)) throw std::invalid_argument("model overrides: hidden_scale must be positive");
+  if (overrides.hidden_scale != 1.0) {
+    c.hidden = scaled(c.hidden, overrides.hidden_scale);
+    c.expert_intermediate = scaled(c.expert_intermediate, overrides.hidden_scale);
+    if (c.dense_intermediate > 0) c.dense_intermediate = scaled(c.dense_intermediate, overrides.hidden_scale);
+  }
+  c.validate();
+  return c;
+}
+
+ModelConfig load_hf_config(const std::string& config_json) {
+  const ConfigNode root = ConfigNode::load_file(config_json);
+  const auto architectures = root.get_list<std::string>("architectures");
+  const std::string& kind = architectures.front();
+  ModelConfig c;
+  c.name = root.get_or<std::string>("_name_or_path", config_json);
+  c.layers = root.get<int>("num_hidden_layers");
+  c.hidden = root.get<int>("hidden_size");
+  c.vocab = root.get<int>("vocab_size");
+  c.max_position = root.get_or<int>("max_position_embeddings", 0);
+  c.tied_embeddings = root.get_or<bool>("tie_word_embeddings", false);
+  c.rms_eps = root.get<double>("rms_norm_eps");
+  c.rope_theta = root.get_or<double>("rope_theta", 10000.0);
+  c.q_heads = root.get<int>("num_attention_heads");
+  c.kv_heads = root.get_or<int>("num_key_value_heads", c.q_heads);
+  c.experts_per_token = root.get<int>("num_experts_per_tok");
+  if (kind == "DeepseekV2ForCausalLM") {
+    c.architecture = Architecture::deepseek_v2;
+    c.q_lora_rank = root.has("q_lora_rank") && !root.yaml()["q_lora_rank"].IsNull() ? root.get<int>("q_lora_rank") : 0;
+    c.kv_lora_rank = root.get<int>("kv_lora_rank");
+    c.qk_nope_head_dim = root.get<int>("qk_nope_head_dim");
+    c.qk_rope_head_dim = root.get<int>("qk_rope_head_dim");
+    c.v_head_dim = root.get<int>("v_head_dim");
+    c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    c.experts = root.get<int>("n_routed_experts");
+    c.expert_intermediate = root.get<int>("moe_intermediate_size");
+    c.shared_experts = root.get_or<int>("n_shared_experts", 0);
+    c.normalize_topk = root.get_or<bool>("norm_topk_prob", false);
+    c.routed_scaling_factor = root.get_or<double>("routed_scaling_factor", 1.0);
+    c.dense_layers = root.get_or<int>("first_k_dense_replace", 0);
+    c.dense_intermediate = root.get<int>("intermediate_size");
+    if (const auto scaling = root.optional_child("rope_scaling")) {
+      c.rope_scaling.type = scaling->get<std::string>("type");
+      c.rope_scaling.factor = scaling->get<double>("factor");
+      c.rope_scaling.original_max_position = scaling->get<int>("original_max_position_embeddings");
+      c.rope_scaling.beta_fast = scaling->get_or<double>("beta_fast", 32.0);
+      c.rope_scaling.beta_slow = scaling->get_or<double>("beta_slow", 1.0);
+      c.rope_scaling.mscale = scaling->get_or<double>("mscale", 1.0);
+      c.rope_scaling.mscale_all_dim = scaling->get_or<double>("mscale_all_dim", 0.0);
+    }
+  } else if (kind == "Qwen3MoeForCausalLM") {
+    c.architecture = Architecture::qwen3_moe;
+    c.head_dim = root.get<int>("head_dim");
+    c.qk_norm = true;
+    c.experts = root.get<int>("num_experts");
+    c.expert_intermediate = root.get<int>("moe_intermediate_size");
+    c.normalize_topk = root.get_or<bool>("norm_topk_prob", true);
+  } else if (kind == "MixtralForCausalLM") {
+    c.architecture = Architecture::mixtral;
+    c.head_dim = root.get_or<int>("head_dim", c.hidden / c.q_heads);
+    c.experts = root.get<int>("num_local_experts");
+    c.expert_intermediate = root.get<int>("intermediate_size");
+    c.normalize_topk = true;
+  } else {
+    root.fail("architectures", "unsupported architecture '" + kind +
+                                   "' (expected DeepseekV2ForCausalLM, Qwen3MoeForCausalLM or MixtralForCausalLM)");
+  }
+  try {
+    c.validate();
+  } catch (const ConfigError& e) {
+    throw ConfigError(config_json, e.field(), e.reason());
+  }
+  return c;
+}
+
+}  // namespace writescope

@@ -1,0 +1,143 @@
+#include "moe/model_config.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+
+namespace writescope {
+namespace {
+
+TEST(ModelConfig, RealShapesMatchThePublishedParameterCounts) {
+  // Totals from the model cards: 15.7B, 30.5B, 46.7B parameters.
+  const std::pair<const char*, double> published[] = {
+      {"deepseek-v2-lite", 15.7e9}, {"qwen3-30b-a3b", 30.5e9}, {"mixtral-8x7b", 46.7e9}};
+  for (const auto& [name, parameters] : published) {
+    const ModelConfig c = model_preset(name);
+    EXPECT_NO_THROW(c.validate()) << name;
+    EXPECT_NEAR(static_cast<double>(c.parameters()) / parameters, 1.0, 0.015) << name << ": " << c.parameters();
+  }
+}
+
+TEST(ModelConfig, AttentionShapesMatchTheKernelsPresets) {
+  for (const auto& [model, shape] : {std::pair{model_preset("qwen3-30b-a3b"), qwen3_30b_a3b_attention()},
+                                     std::pair{model_preset("mixtral-8x7b"), mixtral_8x7b_attention()},
+                                     std::pair{model_preset("deepseek-v2-lite"), deepseek_v2_lite_mla_attention()}}) {
+    const AttentionShape a = model.attention();
+    EXPECT_EQ(a.q_heads, shape.q_heads) << model.name;
+    EXPECT_EQ(a.kv_heads, shape.kv_heads) << model.name;
+    EXPECT_EQ(a.key_dim, shape.key_dim) << model.name;
+    EXPECT_EQ(a.value_dim, shape.value_dim) << model.name;
+    EXPECT_EQ(a.values_in_keys, shape.values_in_keys) << model.name;
+  }
+  // DeepSeek's softmax scale carries YaRN's mscale squared.
+  const double mscale = 0.1 * 0.707 * std::log(40.0) + 1.0;
+  EXPECT_NEAR(model_preset("deepseek-v2-lite").attention().scale(), mscale * mscale / std::sqrt(192.0), 1e-6);
+  EXPECT_EQ(model_preset("qwen3-30b-a3b").kv_elements_per_token(), 1024);
+  EXPECT_EQ(model_preset("mixtral-8x7b").kv_elements_per_token(), 2048);
+  EXPECT_EQ(model_preset("deepseek-v2-lite").kv_elements_per_token(), 576);
+}
+
+TEST(ModelConfig, TinyVariantsKeepTheArchitecture) {
+  for (const char* name : {"tiny-deepseek-v2", "tiny-qwen3-moe", "tiny-mixtral"}) {
+    const ModelConfig c = model_preset(name);
+    EXPECT_NO_THROW(c.validate()) << name;
+    EXPECT_LT(c.parameters(), 2'000'000) << name;
+    EXPECT_EQ(c.attention().key_dim % 8, 0) << name;
+  }
+  EXPECT_TRUE(model_preset("tiny-deepseek-v2").mla());
+  EXPECT_EQ(model_preset("tiny-deepseek-v2").dense_layers, 1);
+  EXPECT_TRUE(model_preset("tiny-qwen3-moe").qk_norm);
+  EXPECT_THROW(model_preset("llama-70b"), std::invalid_argument);
+}
+
+TEST(ModelConfig, OverridesScaleDownAndStayValid) {
+  ModelOverrides overrides;
+  overrides.layers = 4;
+  overrides.hidden_scale = 0.25;
+  const ModelConfig c = apply_overrides(model_preset("mixtral-8x7b"), overrides);
+  EXPECT_EQ(c.layers, 4);
+  EXPECT_EQ(c.hidden, 1024);
+  EXPECT_EQ(c.expert_intermediate, 3584);
+  EXPECT_EQ(c.head_dim, 128);
+  overrides.layers = 0;
+  try {
+    apply_overrides(model_preset("qwen3-30b-a3b"), overrides);
+    FAIL() << "zero layers accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "layers");
+  }
+}
+
+class HfConfigTest : public ::testing::Test {
+ protected:
+  std::string write(const std::string& json) {
+    path_ = ::testing::TempDir() + "writescope_config_" + std::to_string(::getpid()) + ".json";
+    std::ofstream(path_) << json;
+    return path_;
+  }
+  void TearDown() override { std::remove(path_.c_str()); }
+  std::string path_;
+};
+
+TEST_F(HfConfigTest, ReadsTheThreeArchitectures) {
+  const ModelConfig deepseek = load_hf_config(write(R"({
+    "architectures": ["DeepseekV2ForCausalLM"], "hidden_size": 2048, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "n_shared_experts": 2, "n_routed_experts": 64, "num_experts_per_tok": 6, "first_k_dense_replace": 1,
+    "kv_lora_rank": 512, "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "rms_norm_eps": 1e-06, "vocab_size": 102400, "rope_theta": 10000, "max_position_embeddings": 163840,
+    "norm_topk_prob": false, "routed_scaling_factor": 1.0, "tie_word_embeddings": false,
+    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                     "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}})"));
+  const ModelConfig preset = model_preset("deepseek-v2-lite");
+  EXPECT_EQ(deepseek.parameters(), preset.parameters());
+  EXPECT_EQ(deepseek.rope_scaling.type, "yarn");
+  EXPECT_FLOAT_EQ(deepseek.attention().scale(), preset.attention().scale());
+
+  const ModelConfig qwen = load_hf_config(write(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "num_hidden_layers": 48,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "moe_intermediate_size": 768,
+    "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": true, "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-06, "vocab_size": 151936, "tie_word_embeddings": false})"));
+  EXPECT_EQ(qwen.parameters(), model_preset("qwen3-30b-a3b").parameters());
+  EXPECT_TRUE(qwen.qk_norm);
+
+  const ModelConfig mixtral = load_hf_config(write(R"({
+    "architectures": ["MixtralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+    "num_experts_per_tok": 2, "rope_theta": 1e6, "rms_norm_eps": 1e-05, "vocab_size": 32000})"));
+  EXPECT_EQ(mixtral.parameters(), model_preset("mixtral-8x7b").parameters());
+}
+
+TEST_F(HfConfigTest, ErrorsNameTheFileAndField) {
+  const std::string path = write(R"({"architectures": ["MixtralForCausalLM"], "hidden_size": 4096})");
+  try {
+    load_hf_config(path);
+    FAIL() << "incomplete config accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.source(), path);
+    EXPECT_EQ(e.field(), "num_hidden_layers");
+    EXPECT_EQ(e.reason(), "is required");
+  }
+  try {
+    load_hf_config(write(R"({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 8,
+      "vocab_size": 8, "rms_norm_eps": 1e-5, "num_attention_heads": 2, "num_experts_per_tok": 1})"));
+    FAIL() << "unsupported architecture accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "architectures");
+    EXPECT_NE(e.reason().find("LlamaForCausalLM"), std::string::npos);
+  }
+  try {
+    load_hf_config(write(R"({"architectures": ["MixtralForCausalLM"], "hidden_size": 64, "intermediate_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 4, "num_local_experts": 4,
+      "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "vocab_size": 100, "head_dim": 16})"));
+    FAIL() << "kv heads not dividing q heads accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "kv_heads");
+  }
+}
+
+}  // namespace
+}  // namespace writescope
