@@ -1,0 +1,187 @@
+#include "moe/weights.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace writescope {
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t name_hash(const std::string& name) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+class SpecList {
+ public:
+  void linear(const std::string& name, std::int64_t out, std::int64_t in) { specs_.push_back({name, {out, in}, false}); }
+  void norm(const std::string& name, std::int64_t size) { specs_.push_back({name, {size}, true}); }
+  void swiglu(const std::string& prefix, std::int64_t hidden, std::int64_t intermediate, const char* gate,
+              const char* up, const char* down) {
+    linear(prefix + gate + ".weight", intermediate, hidden);
+    linear(prefix + up + ".weight", intermediate, hidden);
+    linear(prefix + down + ".weight", hidden, intermediate);
+  }
+  std::vector<TensorSpec> take() { return std::move(specs_); }
+
+ private:
+  std::vector<TensorSpec> specs_;
+};
+
+}  // namespace
+
+std::int64_t TensorSpec::elements() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::vector<TensorSpec> weight_specs(const ModelConfig& c) {
+  SpecList s;
+  const std::int64_t h = c.hidden;
+  s.linear("model.embed_tokens.weight", c.vocab, h);
+  for (int layer = 0; layer < c.layers; ++layer) {
+    const std::string p = "model.layers." + std::to_string(layer) + ".";
+    s.norm(p + "input_layernorm.weight", h);
+    s.norm(p + "post_attention_layernorm.weight", h);
+    if (c.mla()) {
+      const std::int64_t q_dim = std::int64_t{c.q_heads} * (c.qk_nope_head_dim + c.qk_rope_head_dim);
+      if (c.q_lora_rank > 0) {
+        s.linear(p + "self_attn.q_a_proj.weight", c.q_lora_rank, h);
+        s.norm(p + "self_attn.q_a_layernorm.weight", c.q_lora_rank);
+        s.linear(p + "self_attn.q_b_proj.weight", q_dim, c.q_lora_rank);
+      } else {
+        s.linear(p + "self_attn.q_proj.weight", q_dim, h);
+      }
+      s.linear(p + "self_attn.kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, h);
+      s.norm(p + "self_attn.kv_a_layernorm.weight", c.kv_lora_rank);
+      s.linear(p + "self_attn.kv_b_proj.weight", std::int64_t{c.q_heads} * (c.qk_nope_head_dim + c.v_head_dim),
+               c.kv_lora_rank);
+      s.linear(p + "self_attn.o_proj.weight", h, std::int64_t{c.q_heads} * c.v_head_dim);
+    } else {
+      s.linear(p + "self_attn.q_proj.weight", std::int64_t{c.q_heads} * c.head_dim, h);
+      s.linear(p + "self_attn.k_proj.weight", std::int64_t{c.kv_heads} * c.head_dim, h);
+      s.linear(p + "self_attn.v_proj.weight", std::int64_t{c.kv_heads} * c.head_dim, h);
+      s.linear(p + "self_attn.o_proj.weight", h, std::int64_t{c.q_heads} * c.head_dim);
+      if (c.qk_norm) {
+        s.norm(p + "self_attn.q_norm.weight", c.head_dim);
+        s.norm(p + "self_attn.k_norm.weight", c.head_dim);
+      }
+    }
+    if (layer < c.dense_layers) {
+      s.swiglu(p + "mlp.", h, c.dense_intermediate, "gate_proj", "up_proj", "down_proj");
+      continue;
+    }
+    const bool mixtral = c.architecture == Architecture::mixtral;
+    const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    s.linear(moe + "gate.weight", c.experts, h);
+    for (int e = 0; e < c.experts; ++e) {
+      const std::string expert = moe + "experts." + std::to_string(e) + ".";
+      if (mixtral) s.swiglu(expert, h, c.expert_intermediate, "w1", "w3", "w2");
+      else s.swiglu(expert, h, c.expert_intermediate, "gate_proj", "up_proj", "down_proj");
+    }
+    if (c.shared_experts > 0)
+      s.swiglu(moe + "shared_experts.", h, std::int64_t{c.shared_experts} * c.expert_intermediate, "gate_proj",
+               "up_proj", "down_proj");
+  }
+  s.norm("model.norm.weight", h);
+  if (!c.tied_embeddings) s.linear("lm_head.weight", c.vocab, h);
+  return s.take();
+}
+
+template <class Scalar>
+std::vector<Scalar> synthetic_tensor(const TensorSpec& spec, std::uint64_t seed) {
+  const auto n = static_cast<std::size_t>(spec.elements());
+  std::vector<Scalar> out(n);
+  if (spec.is_norm) {
+    for (auto& x : out) x = from_float<Scalar>(1.0f);
+    return out;
+  }
+  // Uniform with standard deviation 1/sqrt(in_features): sqrt(3) / sqrt(in) amplitude.
+  const double amplitude = std::sqrt(3.0 / static_cast<double>(spec.shape.back()));
+  const std::uint64_t base = name_hash(spec.name) ^ splitmix64(seed);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double unit = static_cast<double>(splitmix64(base + i) >> 11) * 0x1.0p-53;  // [0, 1)
+    out[i] = from_float<Scalar>(static_cast<float>((2.0 * unit - 1.0) * amplitude));
+  }
+  return out;
+}
+
+template std::vector<float> synthetic_tensor<float>(const TensorSpec&, std::uint64_t);
+template std::vector<bf16> synthetic_tensor<bf16>(const TensorSpec&, std::uint64_t);
+
+namespace {
+
+std::string hf_config_json(const ModelConfig& c) {
+  std::ostringstream j;
+  j.precision(17);
+  const char* kind = c.architecture == Architecture::deepseek_v2 ? "DeepseekV2ForCausalLM"
+                     : c.architecture == Architecture::qwen3_moe ? "Qwen3MoeForCausalLM"
+                                                                 : "MixtralForCausalLM";
+  j << "{\n  \"architectures\": [\"" << kind << "\"],\n  \"_name_or_path\": \"" << c.name << "\",\n"
+    << "  \"hidden_size\": " << c.hidden << ",\n  \"num_hidden_layers\": " << c.layers << ",\n"
+    << "  \"num_attention_heads\": " << c.q_heads << ",\n  \"num_key_value_heads\": " << c.kv_heads << ",\n"
+    << "  \"vocab_size\": " << c.vocab << ",\n  \"max_position_embeddings\": " << c.max_position << ",\n"
+    << "  \"rms_norm_eps\": " << c.rms_eps << ",\n  \"rope_theta\": " << c.rope_theta << ",\n"
+    << "  \"num_experts_per_tok\": " << c.experts_per_token << ",\n"
+    << "  \"tie_word_embeddings\": " << (c.tied_embeddings ? "true" : "false") << ",\n";
+  if (c.architecture == Architecture::deepseek_v2) {
+    j << "  \"q_lora_rank\": " << (c.q_lora_rank > 0 ? std::to_string(c.q_lora_rank) : "null") << ",\n"
+      << "  \"kv_lora_rank\": " << c.kv_lora_rank << ",\n  \"qk_nope_head_dim\": " << c.qk_nope_head_dim << ",\n"
+      << "  \"qk_rope_head_dim\": " << c.qk_rope_head_dim << ",\n  \"v_head_dim\": " << c.v_head_dim << ",\n"
+      << "  \"n_routed_experts\": " << c.experts << ",\n  \"moe_intermediate_size\": " << c.expert_intermediate
+      << ",\n  \"n_shared_experts\": " << c.shared_experts << ",\n  \"norm_topk_prob\": "
+      << (c.normalize_topk ? "true" : "false") << ",\n  \"routed_scaling_factor\": " << c.routed_scaling_factor
+      << ",\n  \"first_k_dense_replace\": " << c.dense_layers << ",\n  \"intermediate_size\": "
+      << c.dense_intermediate;
+    if (c.rope_scaling.type == "yarn")
+      j << ",\n  \"rope_scaling\": {\"type\": \"yarn\", \"factor\": " << c.rope_scaling.factor
+        << ", \"original_max_position_embeddings\": " << c.rope_scaling.original_max_position
+        << ", \"beta_fast\": " << c.rope_scaling.beta_fast << ", \"beta_slow\": " << c.rope_scaling.beta_slow
+        << ", \"mscale\": " << c.rope_scaling.mscale << ", \"mscale_all_dim\": " << c.rope_scaling.mscale_all_dim
+        << "}";
+  } else if (c.architecture == Architecture::qwen3_moe) {
+    j << "  \"head_dim\": " << c.head_dim << ",\n  \"num_experts\": " << c.experts
+      << ",\n  \"moe_intermediate_size\": " << c.expert_intermediate << ",\n  \"norm_topk_prob\": "
+      << (c.normalize_topk ? "true" : "false");
+  } else {
+    j << "  \"head_dim\": " << c.head_dim << ",\n  \"num_local_experts\": " << c.experts
+      << ",\n  \"intermediate_size\": " << c.expert_intermediate;
+  }
+  j << "\n}\n";
+  return j.str();
+}
+
+}  // namespace
+
+void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& config, std::uint64_t seed,
+                                TensorDType dtype) {
+  config.validate();
+  std::filesystem::create_directories(folder);
+  std::ofstream(std::filesystem::path(folder) / "config.json") << hf_config_json(config);
+  std::map<std::string, TensorToWrite> tensors;
+  for (const TensorSpec& spec : weight_specs(config))
+    tensors[spec.name] = TensorToWrite{dtype, spec.shape, synthetic_tensor<float>(spec, seed)};
+  write_safetensors((std::filesystem::path(folder) / "model.safetensors").string(), tensors);
+}
+
+template <class Scalar>
+std::vector<std::vector<Scalar>> load_weights(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config) {
+  std::vector<std::vector<Scalar>> out;
+  for (const TensorSpec& spec : weight_specs(config)) out.push_back(checkpoint.read<Scalar>(spec.name, spec.shape));
+  return out;
+}
+
+template std::vector<std::vector<float>> load_weights<float>(const SafetensorsCheckpoint&, const ModelConfig&);
+template std::vector<std::vector<bf16>> load_weights<bf16>(const SafetensorsCheckpoint&, const ModelConfig&);
+
+}  // namespace writescope

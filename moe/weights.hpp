@@ -1,0 +1,48 @@
+#pragma once
+// The weight tensors of a model: their Hugging Face names and shapes for each
+// architecture, deterministic synthetic values, and loading from a checkpoint.
+//
+// Shapes follow the checkpoints: linear layers are (out_features, in_features),
+// row-major. Synthetic weights are seeded per tensor name (so any subset of
+// tensors can be generated independently, in any order) and scaled by
+// 1/sqrt(in_features) so activations stay finite through every layer; norm
+// weights are 1.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe/model_config.hpp"
+#include "moe/safetensors.hpp"
+
+namespace writescope {
+
+struct TensorSpec {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  bool is_norm = false;  // a norm's scale vector (synthetic value 1)
+  std::int64_t elements() const;
+};
+
+/// Every weight tensor of `config`, in checkpoint naming, in layer order.
+std::vector<TensorSpec> weight_specs(const ModelConfig& config);
+
+/// Deterministic synthetic values of `spec` for `seed`, converted to Scalar.
+template <class Scalar>
+std::vector<Scalar> synthetic_tensor(const TensorSpec& spec, std::uint64_t seed);
+
+/// Writes a complete synthetic checkpoint (config.json + model.safetensors) of a
+/// small model, e.g. for tests and examples; the values equal synthetic_tensor.
+void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& config, std::uint64_t seed,
+                                TensorDType dtype);
+
+/// Reads every tensor of weight_specs(config) from `checkpoint`, checking shapes.
+template <class Scalar>
+std::vector<std::vector<Scalar>> load_weights(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config);
+
+extern template std::vector<float> synthetic_tensor<float>(const TensorSpec&, std::uint64_t);
+extern template std::vector<bf16> synthetic_tensor<bf16>(const TensorSpec&, std::uint64_t);
+extern template std::vector<std::vector<float>> load_weights<float>(const SafetensorsCheckpoint&, const ModelConfig&);
+extern template std::vector<std::vector<bf16>> load_weights<bf16>(const SafetensorsCheckpoint&, const ModelConfig&);
+
+}  // namespace writescope

@@ -1,0 +1,102 @@
+#include "moe/weights.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+namespace writescope {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(Weights, SpecsCoverEveryParameterOfEveryArchitecture) {
+  for (const auto& name : model_preset_names()) {
+    const ModelConfig config = model_preset(name);
+    const auto specs = weight_specs(config);
+    std::int64_t total = 0;
+    for (const auto& spec : specs) total += spec.elements();
+    EXPECT_EQ(total, config.parameters()) << name;
+  }
+  const auto mixtral = weight_specs(model_preset("tiny-mixtral"));
+  EXPECT_TRUE(std::any_of(mixtral.begin(), mixtral.end(), [](const TensorSpec& s) {
+    return s.name == "model.layers.1.block_sparse_moe.experts.3.w2.weight";
+  }));
+  const auto deepseek = weight_specs(model_preset("tiny-deepseek-v2"));
+  EXPECT_TRUE(std::any_of(deepseek.begin(), deepseek.end(),
+                          [](const TensorSpec& s) { return s.name == "model.layers.0.mlp.down_proj.weight"; }));
+  EXPECT_TRUE(std::any_of(deepseek.begin(), deepseek.end(), [](const TensorSpec& s) {
+    return s.name == "model.layers.2.mlp.shared_experts.up_proj.weight";
+  }));
+}
+
+TEST(Weights, SyntheticValuesAreDeterministicAndScaled) {
+  const TensorSpec spec{"model.layers.0.self_attn.q_proj.weight", {256, 1024}, false};
+  const auto a = synthetic_tensor<float>(spec, 7);
+  EXPECT_EQ(a, synthetic_tensor<float>(spec, 7));
+  EXPECT_NE(a, synthetic_tensor<float>(spec, 8));
+  EXPECT_NE(a, synthetic_tensor<float>(TensorSpec{"other", {256, 1024}, false}, 7));
+  const double mean = std::accumulate(a.begin(), a.end(), 0.0) / a.size();
+  double variance = 0;
+  for (float x : a) variance += (x - mean) * (x - mean);
+  variance /= a.size();
+  EXPECT_NEAR(mean, 0.0, 1e-3);
+  EXPECT_NEAR(std::sqrt(variance), 1.0 / std::sqrt(1024.0), 0.02 / std::sqrt(1024.0));
+  const auto norm = synthetic_tensor<bf16>(TensorSpec{"n", {8}, true}, 7);
+  for (bf16 x : norm) EXPECT_EQ(to_float(x), 1.0f);
+}
+
+TEST(Weights, SyntheticCheckpointsLoadBackForEachArchitecture) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("writescope_synthetic_" + std::to_string(::getpid()));
+  for (const char* name : {"tiny-deepseek-v2", "tiny-qwen3-moe", "tiny-mixtral"}) {
+    fs::remove_all(dir);
+    const ModelConfig config = model_preset(name);
+    write_synthetic_checkpoint(dir.string(), config, 3, TensorDType::bf16);
+    const ModelConfig read = load_hf_config((dir / "config.json").string());
+    EXPECT_EQ(read.parameters(), config.parameters()) << name;
+    EXPECT_EQ(read.name, config.name);
+    const SafetensorsCheckpoint checkpoint(dir.string());
+    const auto weights = load_weights<bf16>(checkpoint, read);
+    const auto specs = weight_specs(config);
+    ASSERT_EQ(weights.size(), specs.size());
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const auto expected = synthetic_tensor<bf16>(specs[i], 3);
+      ASSERT_EQ(weights[i].size(), expected.size()) << specs[i].name;
+      for (std::size_t k = 0; k < expected.size(); ++k)
+        ASSERT_EQ(weights[i][k].bits, expected[k].bits) << specs[i].name << " element " << k;
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Weights, AMissingOrMisShapedTensorIsNamed) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("writescope_broken_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const ModelConfig config = model_preset("tiny-qwen3-moe");
+  write_synthetic_checkpoint(dir.string(), config, 1, TensorDType::f32);
+  ModelConfig wider = config;
+  wider.expert_intermediate = 48;  // the checkpoint has 32
+  try {
+    load_weights<float>(SafetensorsCheckpoint(dir.string()), wider);
+    FAIL() << "mis-shaped experts accepted";
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("model.layers.0.mlp.experts.0.gate_proj.weight"), std::string::npos) << what;
+    EXPECT_NE(what.find("has shape [32, 64], expected [48, 64]"), std::string::npos) << what;
+  }
+  ModelConfig deeper = config;
+  deeper.layers = 3;
+  try {
+    load_weights<float>(SafetensorsCheckpoint(dir.string()), deeper);
+    FAIL() << "missing layer accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.layers.2.input_layernorm.weight' not found"), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace writescope
