@@ -7,19 +7,12 @@
 
 #include "attention/step_log.hpp"
 #include "kv_test_data.hpp"
+#include "synthetic_rates.hpp"
 
 namespace writescope {
 namespace {
 
 constexpr int block_tokens = 16;
-
-ModelRates rates(double link_gbps, double cpu_gbps) {
-  ModelRates r;
-  r.hbm_gbps = 3000;
-  r.link_gbps = link_gbps;
-  r.cpu_attention_gbps = cpu_gbps;
-  return r;
-}
 
 class SchedulerTest : public ::testing::Test {
  protected:
@@ -57,7 +50,7 @@ TEST_F(SchedulerTest, PrefillFillsVramThenSplitsTheSpillByTheModel) {
   auto cache = make_cache(/*vram_blocks=*/20, /*layers=*/2);
   // Link 25 GB/s, CPU 100 GB/s: the CPU should own 80 % of the spilled blocks;
   // at half its rate (the headroom) 2/3 of them, which go to CpuResident.
-  WriteScopeScheduler<bf16> scheduler(RooflineModel(rates(25, 100)), shape_, *cache);
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(25, 100)), shape_, *cache);
   const int seq = cache->add_sequence();
   write(*cache, scheduler, 0, seq, 130 * block_tokens, 130 * block_tokens, false);
   EXPECT_EQ(count(*cache, 0, seq, Region::gpu_resident), 10);  // half of the VRAM pool: two layers share it
@@ -73,7 +66,7 @@ TEST_F(SchedulerTest, PrefillFillsVramThenSplitsTheSpillByTheModel) {
 
 TEST_F(SchedulerTest, DecodeAppendsKeepTheCumulativeSplitAndStayInTheBand) {
   auto cache = make_cache(0);
-  WriteScopeScheduler<bf16> scheduler(RooflineModel(rates(50, 50)), shape_, *cache);
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(50, 50)), shape_, *cache);
   const int seq = cache->add_sequence();
   for (int t = 0; t < 64 * block_tokens; ++t) write(*cache, scheduler, 0, seq, 1, 64 * block_tokens, true);
   EXPECT_EQ(count(*cache, 0, seq, Region::cpu_resident), 0);  // decode never fixes blocks on the CPU
@@ -82,7 +75,7 @@ TEST_F(SchedulerTest, DecodeAppendsKeepTheCumulativeSplitAndStayInTheBand) {
 
 TEST_F(SchedulerTest, PlanSplitsTheBandAndCoversEveryBlockOnce) {
   auto cache = make_cache(4);
-  WriteScopeScheduler<bf16> scheduler(RooflineModel(rates(25, 100)), shape_, *cache);
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(25, 100)), shape_, *cache);
   const int a = cache->add_sequence(), b = cache->add_sequence();
   write(*cache, scheduler, 0, a, 40 * block_tokens + 5, 40 * block_tokens + 5, false);
   write(*cache, scheduler, 0, b, 17 * block_tokens, 17 * block_tokens, false);
@@ -104,7 +97,7 @@ TEST_F(SchedulerTest, PlanSplitsTheBandAndCoversEveryBlockOnce) {
 
 TEST_F(SchedulerTest, FeedbackFollowsACpuSlowdownAndItsEnd) {
   auto cache = make_cache(0);
-  const ModelRates believed = rates(50, 50);
+  const ModelRates believed = test::synthetic_rates(50, 50);
   WriteScopeScheduler<bf16> scheduler(RooflineModel(believed), shape_, *cache, SchedulerOptions{0.5});
   const int seq = cache->add_sequence();
   for (int t = 0; t < 256 * block_tokens; t += block_tokens)

@@ -5,22 +5,16 @@
 
 #include <cstdio>
 
+#include "synthetic_rates.hpp"
+
 namespace writescope {
 namespace {
-
-ModelRates synthetic(double link_gbps, double cpu_gbps) {
-  ModelRates r;
-  r.hbm_gbps = 3000;
-  r.link_gbps = link_gbps;
-  r.cpu_attention_gbps = cpu_gbps;
-  return r;
-}
 
 constexpr double gigabyte = 1e9;
 
 TEST(Roofline, LinkAndCpuShareTheBandInProportionToTheirRates) {
   // Link 25 GB/s and CPU 100 GB/s: the CPU takes 100 / 125 = 0.8 of the band.
-  const RooflineModel model(synthetic(25, 100));
+  const RooflineModel model(test::synthetic_rates(25, 100));
   const SplitPrediction p = model.best_split(StepBytes{0, 0, 10 * gigabyte}, 0, 0);
   EXPECT_NEAR(p.alpha, 0.8, 1e-6);
   EXPECT_NEAR(p.gpu_seconds, p.cpu_seconds, 1e-9);
@@ -28,7 +22,7 @@ TEST(Roofline, LinkAndCpuShareTheBandInProportionToTheirRates) {
 }
 
 TEST(Roofline, ResidentBytesAndExpertWorkShiftTheSplit) {
-  const RooflineModel model(synthetic(50, 50));
+  const RooflineModel model(test::synthetic_rates(50, 50));
   // 6 GB resident in VRAM cost 2 ms on the GPU; the CPU also spends 10 ms on experts.
   const SplitPrediction p = model.best_split(StepBytes{6 * gigabyte, 0, 4 * gigabyte}, 0, 0.010);
   const double expected_cpu_bytes = (4e9 / 50e9 + 6e9 / 3000e9 - 0.010) / (2 / 50e9);
@@ -37,7 +31,7 @@ TEST(Roofline, ResidentBytesAndExpertWorkShiftTheSplit) {
 }
 
 TEST(Roofline, NoGpuPutsEverythingOnTheCpu) {
-  ModelRates r = synthetic(25, 100);
+  ModelRates r = test::synthetic_rates(25, 100);
   r.has_gpu = false;
   const SplitPrediction p = RooflineModel(r).best_split(StepBytes{1e9, 1e9, 2e9}, 0, 0);
   EXPECT_EQ(p.alpha, 1.0);
@@ -46,20 +40,20 @@ TEST(Roofline, NoGpuPutsEverythingOnTheCpu) {
 }
 
 TEST(Roofline, EverythingInVramLeavesTheCpuIdle) {
-  const SplitPrediction p = RooflineModel(synthetic(25, 100)).best_split(StepBytes{8e9, 0, 0}, 0, 0);
+  const SplitPrediction p = RooflineModel(test::synthetic_rates(25, 100)).best_split(StepBytes{8e9, 0, 0}, 0, 0);
   EXPECT_EQ(p.alpha, 0.0);
   EXPECT_NEAR(p.step_seconds, 8e9 / 3000e9, 1e-12);
 }
 
 TEST(Roofline, ComputeBoundCpuIsLimitedByItsFmaRate) {
-  ModelRates r = synthetic(25, 100);
+  ModelRates r = test::synthetic_rates(25, 100);
   r.cpu_fma_glanes = 100;  // 4 FMAs per byte at 100 G/s: 25 GB/s effective
   const SplitPrediction p = RooflineModel(r).best_split(StepBytes{0, 0, 10e9}, 4.0, 0);
   EXPECT_NEAR(p.alpha, 0.5, 1e-6);
 }
 
 TEST(Roofline, LatenciesMakeTinyStepsOneSided) {
-  ModelRates r = synthetic(25, 100);
+  ModelRates r = test::synthetic_rates(25, 100);
   r.cpu_latency_s = 1e-3;  // the CPU share costs 1 ms just to start
   const SplitPrediction p = RooflineModel(r).best_split(StepBytes{0, 0, 1e6}, 0, 0);
   EXPECT_EQ(p.alpha, 0.0);  // 1 MB streams in 40 us: not worth waking the CPU
