@@ -22,9 +22,6 @@ class StepLog {
               double cpu_movable_bytes);
 
   std::size_t steps() const noexcept { return alpha_.size(); }
-  const std::vector<double>& alpha() const noexcept { return alpha_; }
-  const std::vector<double>& predicted_step_seconds() const noexcept { return predicted_step_; }
-  const std::vector<double>& measured_step_seconds() const noexcept { return measured_step_; }
 
   /// Datasets alpha, predicted_{gpu,cpu,step}_seconds, measured_{gpu,cpu,step}_seconds
   /// (steps), bytes (steps, 4) with attribute `columns`, into `group`.

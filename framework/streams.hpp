@@ -17,7 +17,6 @@ class GpuStreams {
   GpuStreams& operator=(const GpuStreams&) = delete;
 
   const GpuExecSpace& operator[](int index) const { return instances_.at(index); }
-  int size() const { return static_cast<int>(instances_.size()); }
 
  private:
   std::vector<GpuExecSpace> instances_;
