@@ -6,14 +6,31 @@
 #include "framework/runtime.hpp"
 
 #include <iostream>
+#include <sstream>
+
+namespace {
+
+/// Kokkos' multi-line configuration as one line ("a; b; c") for the context.
+std::string one_line(const std::string& text) {
+  std::istringstream lines(text);
+  std::string line, out;
+  while (std::getline(lines, line)) {
+    const auto first = line.find_first_not_of(" \t");
+    if (first == std::string::npos) continue;
+    out += (out.empty() ? "" : "; ") + line.substr(first);
+  }
+  return out;
+}
+
+}  // namespace
 
 int main(int argc, char* argv[]) try {
   writescope::Runtime runtime(argc, argv);
   const auto machine = writescope::MachineDescription::detect();
   for (const auto& [name, value] : machine.fields()) {
-    if (name == "kokkos_configuration") continue;  // multi-line; the fields below summarise it
     std::visit([&, &name = name](const auto& v) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) benchmark::AddCustomContext(name, v);
+      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>)
+        benchmark::AddCustomContext(name, name == "kokkos_configuration" ? one_line(v) : v);
       else benchmark::AddCustomContext(name, std::to_string(v));
     }, value);
   }
