@@ -26,4 +26,36 @@ KOKKOS_INLINE_FUNCTION float log(float x) {
 #endif
 }
 
+KOKKOS_INLINE_FUNCTION double exp(double x) {
+#ifdef __CUDA_ARCH__
+  return ::exp(x);
+#else
+  return std::exp(x);
+#endif
+}
+
+KOKKOS_INLINE_FUNCTION double sqrt(double x) {
+#ifdef __CUDA_ARCH__
+  return ::sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+KOKKOS_INLINE_FUNCTION double cos(double x) {
+#ifdef __CUDA_ARCH__
+  return ::cos(x);
+#else
+  return std::cos(x);
+#endif
+}
+
+KOKKOS_INLINE_FUNCTION double sin(double x) {
+#ifdef __CUDA_ARCH__
+  return ::sin(x);
+#else
+  return std::sin(x);
+#endif
+}
+
 }  // namespace writescope::math
