@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine over a carried gpu-bundle/ (scripts/gpu_bundle.sh):
+# Runs on the GPU machine over a carried gpu-bundle.tar.xz (scripts/gpu_bundle.sh):
 # the machine description, the whole test suite on every enabled execution
 # space (Cuda included), the machine profile (writescope calibrate) and the
 # benchmarks (bandwidth bounds, decode attention, split steps). Everything it
@@ -8,9 +8,11 @@
 # benchmarks (a Google Benchmark regex).
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bundle=$repo/gpu-bundle
 out=${OUT:-$repo/gpu-results}
 mkdir -p "$out"
+unpacked=$(mktemp -d)
+tar -C "$unpacked" -xJf "$repo/gpu-bundle.tar.xz"
+bundle=$unpacked/gpu-bundle
 export LD_LIBRARY_PATH=$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export OMP_PROC_BIND=spread OMP_PLACES=threads
 status=0
