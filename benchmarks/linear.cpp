@@ -1,0 +1,67 @@
+// Decode-time expert linear layers (memory-bound GEMVs with a few rows): the
+// project's kernel on bf16 weights against OpenBLAS sgemm (through Kokkos
+// Kernels) on the same weights widened to float, in GB/s of weight bytes
+// actually streamed and of bf16-equivalent weight bytes, and as a fraction of
+// the host DRAM read bound measured in the same run. Shapes: an expert's gate
+// (or up) projection of Qwen3-30B-A3B (768 x 2048), DeepSeek-V2-Lite
+// (1408 x 2048) and Mixtral-8x7B (14336 x 4096).
+#include <benchmark/benchmark.h>
+
+#include <KokkosBlas3_gemm.hpp>
+
+#include "bounds.hpp"
+#include "moe/linear.hpp"
+
+namespace writescope {
+namespace {
+
+template <class Scalar>
+Kokkos::View<Scalar**, Kokkos::LayoutRight, HostMemSpace> weights(int out, int in) {
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, HostMemSpace> w("writescope::benchmarks::weights", out, in);
+  for (int j = 0; j < out; ++j)
+    for (int c = 0; c < in; ++c) w(j, c) = from_float<Scalar>(static_cast<float>((j * 31 + c * 17) % 97 - 48) * 1e-3f);
+  return w;
+}
+
+void report(benchmark::State& state, double total_seconds, double streamed_bytes, double bf16_bytes) {
+  const double n = static_cast<double>(state.iterations());
+  state.counters["GB/s"] = streamed_bytes * n / total_seconds / 1e9;
+  state.counters["bf16_equivalent_GB/s"] = bf16_bytes * n / total_seconds / 1e9;
+  state.counters["fraction_of_bound"] = streamed_bytes * n / total_seconds / 1e9 / bench::host_dram_read_gbps();
+}
+
+/// range(0) = rows (batch), range(1) = out features, range(2) = in features.
+void bf16_linear(benchmark::State& state) {
+  const int rows = static_cast<int>(state.range(0)), out = static_cast<int>(state.range(1)),
+            in = static_cast<int>(state.range(2));
+  const auto w = weights<bf16>(out, in);
+  Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> x("writescope::benchmarks::x", rows, in),
+      y("writescope::benchmarks::y", rows, out);
+  Kokkos::deep_copy(x, 0.5f);
+  const double total = bench::run_fenced_iterations(
+      state, HostExecSpace(), [&](const HostExecSpace& s) { linear<HostExecSpace, bf16>(s, x, w, y); });
+  report(state, total, 2.0 * out * in, 2.0 * out * in);
+}
+
+void openblas_float_linear(benchmark::State& state) {
+  const int rows = static_cast<int>(state.range(0)), out = static_cast<int>(state.range(1)),
+            in = static_cast<int>(state.range(2));
+  const auto w = weights<float>(out, in);
+  Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> x("writescope::benchmarks::x", rows, in),
+      y("writescope::benchmarks::y", rows, out);
+  Kokkos::deep_copy(x, 0.5f);
+  const double total = bench::run_fenced_iterations(state, HostExecSpace(), [&](const HostExecSpace&) {
+    KokkosBlas::gemm("N", "T", 1.0f, x, w, 0.0f, y);
+  });
+  report(state, total, 4.0 * out * in, 2.0 * out * in);
+}
+
+#define WRITESCOPE_LINEAR_SHAPES(b)                                                                        \
+  b->Args({1, 768, 2048})->Args({8, 768, 2048})->Args({1, 1408, 2048})->Args({1, 14336, 4096})           \
+      ->Args({8, 14336, 4096})->UseManualTime()->Unit(benchmark::kMicrosecond)
+WRITESCOPE_LINEAR_SHAPES(BENCHMARK(bf16_linear)->Name("expert_linear/bf16_writescope"));
+WRITESCOPE_LINEAR_SHAPES(BENCHMARK(openblas_float_linear)->Name("expert_linear/float_openblas"));
+#undef WRITESCOPE_LINEAR_SHAPES
+
+}  // namespace
+}  // namespace writescope

@@ -1,0 +1,27 @@
+#pragma once
+// Linear layers of the model, y = x W^T, with weights kept in their storage
+// type (bf16 or float) and fp32 accumulation.
+//
+// Why not Kokkos Kernels here: Kokkos Kernels 3.4 reaches OpenBLAS / cuBLAS
+// only for float and double, so bf16 weights would have to be widened to
+// float first, doubling the bytes that decode, a memory-bound GEMV with a
+// handful of rows, has to stream. benchmarks/linear.cpp measures this kernel
+// against OpenBLAS sgemm on float weights in the same run.
+
+#include <Kokkos_Core.hpp>
+
+#include "framework/bf16.hpp"
+
+namespace writescope {
+
+/// y(r, j) = sum_c x(r, c) * w(j, c).
+///   x: (rows, in) float, w: (out, in) Scalar, y: (rows, out) float
+template <class ExecSpace, class Scalar>
+void linear(const ExecSpace& space,
+            const Kokkos::View<const float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& x,
+            const Kokkos::View<const Scalar**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& w,
+            const Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& y);
+
+}  // namespace writescope
+
+#include "moe/impl/linear_impl.hpp"

@@ -1,0 +1,46 @@
+#include "moe/linear.hpp"
+
+#include <gtest/gtest.h>
+
+#include "exec_spaces.hpp"
+#include "kv_test_data.hpp"
+
+namespace writescope {
+namespace {
+
+template <class C>
+class LinearTest : public ::testing::Test {};
+using Cases = test::SpacesTimesScalars<EnabledExecSpaces, float, bf16>::type;
+TYPED_TEST_SUITE(LinearTest, Cases, test::SpaceAndScalarName);
+
+TYPED_TEST(LinearTest, MatchesADoubleReference) {
+  using ExecSpace = typename TypeParam::Exec;
+  using Scalar = typename TypeParam::Storage;
+  using Mem = typename ExecSpace::memory_space;
+  // Shapes with and without the vector fast path: in % 8, out % 4, odd row counts.
+  for (const auto& [rows, in, out] : std::vector<std::tuple<int, int, int>>{{1, 64, 12}, {5, 128, 36}, {3, 20, 7}}) {
+    const auto x_values = test::random_values<float>(rows * in, 1);
+    const auto w_values = test::random_values<Scalar>(out * in, 2);
+    Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> x_host("writescope::test::x", rows, in);
+    Kokkos::View<Scalar**, Kokkos::LayoutRight, Kokkos::HostSpace> w_host("writescope::test::w", out, in);
+    std::copy(x_values.begin(), x_values.end(), x_host.data());
+    for (int i = 0; i < out * in; ++i) w_host.data()[i] = from_float<Scalar>(w_values[i]);
+    auto x = Kokkos::create_mirror_view_and_copy(Mem(), x_host);
+    auto w = Kokkos::create_mirror_view_and_copy(Mem(), w_host);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> y("writescope::test::y", rows, out);
+    linear<ExecSpace, Scalar>(ExecSpace(), x, w, y);
+    const auto result = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < out; ++j) {
+        double expected = 0;
+        for (int c = 0; c < in; ++c) expected += static_cast<double>(x_values[r * in + c]) * w_values[j * in + c];
+        ASSERT_NEAR(result(r, j), expected, 1e-4 * (1 + std::abs(expected))) << rows << "x" << in << "x" << out;
+      }
+  }
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> x("writescope::test::x", 2, 8), y("writescope::test::y", 2, 3);
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> w("writescope::test::w", 4, 8);
+  EXPECT_THROW((linear<ExecSpace, Scalar>(ExecSpace(), x, w, y)), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace writescope
