@@ -1,0 +1,71 @@
+#pragma once
+// The feed-forward half of an MoE layer (DESIGN.md §5): the router picks the
+// top-k experts of every token, each SwiGLU expert runs on the tokens routed
+// to it (gathered into one contiguous batch, so its weights stream once), and
+// the weighted results, plus the shared experts' for DeepSeek, are added up.
+
+#include <Kokkos_Core.hpp>
+
+#include <vector>
+
+#include "moe/layer_kernels.hpp"
+#include "moe/linear.hpp"
+
+namespace writescope {
+
+/// One SwiGLU expert: gate and up (intermediate, hidden), down (hidden, intermediate).
+template <class Scalar, class MemSpace>
+struct ExpertWeights {
+  Kokkos::View<const Scalar**, Kokkos::LayoutRight, MemSpace> gate, up, down;
+  int hidden() const { return static_cast<int>(gate.extent(1)); }
+  int intermediate() const { return static_cast<int>(gate.extent(0)); }
+};
+
+/// Intermediate activations of swiglu_expert, (rows, intermediate) each; they
+/// grow as needed and are reused across calls.
+template <class MemSpace>
+struct SwigluScratch {
+  Matrix<MemSpace> gate, up;
+};
+
+/// y = down(silu(gate x) * up x) for every row of x.
+///   x: (rows, hidden), y: (rows, hidden)
+template <class ExecSpace, class Scalar>
+void swiglu_expert(const ExecSpace& space, const ExpertWeights<Scalar, typename ExecSpace::memory_space>& expert,
+                   const Kokkos::View<const float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& x,
+                   const Matrix<typename ExecSpace::memory_space>& y,
+                   SwigluScratch<typename ExecSpace::memory_space>& scratch);
+
+template <class ExecSpace, class Scalar>
+class MoeFeedForward {
+ public:
+  using MemSpace = typename ExecSpace::memory_space;
+  using Weights = ExpertWeights<Scalar, MemSpace>;
+
+  /// `router`: (experts, hidden); `shared` may be empty (no shared experts).
+  MoeFeedForward(Kokkos::View<const Scalar**, Kokkos::LayoutRight, MemSpace> router, std::vector<Weights> experts,
+                 std::vector<Weights> shared, int experts_per_token, RouterKind kind, double scaling_factor);
+
+  /// out = sum over the top-k experts of weight * expert(x), plus every shared expert(x).
+  ///   x: (rows, hidden), out: (rows, hidden)
+  void operator()(const ExecSpace& space,
+                  const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x, const Matrix<MemSpace>& out);
+
+  /// Tokens each expert received in the last call (for placement statistics).
+  const std::vector<int>& last_counts() const noexcept { return counts_; }
+
+ private:
+  Kokkos::View<const Scalar**, Kokkos::LayoutRight, MemSpace> router_;
+  std::vector<Weights> experts_, shared_;
+  int experts_per_token_;
+  RouterKind kind_;
+  double scaling_factor_;
+  std::vector<int> counts_;
+  Matrix<MemSpace> logits_, route_weights_, gathered_, expert_out_;
+  Kokkos::View<int**, Kokkos::LayoutRight, MemSpace> chosen_;
+  SwigluScratch<MemSpace> swiglu_scratch_;
+};
+
+}  // namespace writescope
+
+#include "moe/impl/experts_impl.hpp"

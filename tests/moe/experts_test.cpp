@@ -1,0 +1,109 @@
+#include "moe/experts.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "exec_spaces.hpp"
+#include "kv_test_data.hpp"
+
+namespace writescope {
+namespace {
+
+constexpr int hidden = 32, intermediate = 24, experts = 6, rows = 5, top_k = 2;
+
+/// Host copy of a (out, in) weight matrix and its device View.
+template <class Scalar, class Mem>
+struct TestMatrix {
+  std::vector<float> values;
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> view;
+  TestMatrix(int out, int in, unsigned seed) : values(test::random_values<Scalar>(out * in, seed, 0.3f)) {
+    Kokkos::View<Scalar**, Kokkos::LayoutRight, Kokkos::HostSpace> host("writescope::test::w", out, in);
+    for (int i = 0; i < out * in; ++i) host.data()[i] = from_float<Scalar>(values[i]);
+    view = Kokkos::create_mirror_view_and_copy(Mem(), host);
+  }
+};
+
+std::vector<double> reference_expert(const std::vector<float>& gate, const std::vector<float>& up,
+                                     const std::vector<float>& down, const float* x) {
+  std::vector<double> h(intermediate), y(hidden, 0.0);
+  for (int i = 0; i < intermediate; ++i) {
+    double g = 0, u = 0;
+    for (int c = 0; c < hidden; ++c) g += static_cast<double>(gate[i * hidden + c]) * x[c], u += static_cast<double>(up[i * hidden + c]) * x[c];
+    h[i] = g / (1 + std::exp(-g)) * u;
+  }
+  for (int j = 0; j < hidden; ++j)
+    for (int i = 0; i < intermediate; ++i) y[j] += down[j * intermediate + i] * h[i];
+  return y;
+}
+
+template <class C>
+class MoeFeedForwardTest : public ::testing::Test {};
+using Cases = test::SpacesTimesScalars<EnabledExecSpaces, float, bf16>::type;
+TYPED_TEST_SUITE(MoeFeedForwardTest, Cases, test::SpaceAndScalarName);
+
+TYPED_TEST(MoeFeedForwardTest, RoutesGathersAndAddsLikeAPlainLoop) {
+  using ExecSpace = typename TypeParam::Exec;
+  using Scalar = typename TypeParam::Storage;
+  using Mem = typename ExecSpace::memory_space;
+  using Weights = ExpertWeights<Scalar, Mem>;
+  TestMatrix<Scalar, Mem> router(experts, hidden, 1);
+  std::vector<TestMatrix<Scalar, Mem>> gates, ups, downs;
+  for (int e = 0; e <= experts; ++e) {  // the last one is the shared expert
+    gates.emplace_back(intermediate, hidden, 10 + e);
+    ups.emplace_back(intermediate, hidden, 20 + e);
+    downs.emplace_back(hidden, intermediate, 30 + e);
+  }
+  std::vector<Weights> routed;
+  for (int e = 0; e < experts; ++e) routed.push_back(Weights{gates[e].view, ups[e].view, downs[e].view});
+  const Weights shared{gates[experts].view, ups[experts].view, downs[experts].view};
+  const auto x_values = test::random_values<float>(rows * hidden, 40);
+  Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> x_host("writescope::test::x", rows, hidden);
+  std::copy(x_values.begin(), x_values.end(), x_host.data());
+  const auto x = Kokkos::create_mirror_view_and_copy(Mem(), x_host);
+
+  for (RouterKind kind : {RouterKind::normalized_topk, RouterKind::scaled_topk}) {
+    const bool with_shared = kind == RouterKind::scaled_topk;  // DeepSeek style
+    MoeFeedForward<ExecSpace, Scalar> ffn(router.view, routed, with_shared ? std::vector<Weights>{shared}
+                                                                           : std::vector<Weights>{},
+                                          top_k, kind, 1.25);
+    Matrix<Mem> out("writescope::test::out", rows, hidden);
+    ffn(ExecSpace(), x, out);
+    const auto result = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+    std::vector<int> counts(experts, 0);
+    for (int r = 0; r < rows; ++r) {
+      const float* xr = x_values.data() + r * hidden;
+      std::vector<double> logits(experts);
+      for (int e = 0; e < experts; ++e)
+        for (int c = 0; c < hidden; ++c) logits[e] += static_cast<double>(router.values[e * hidden + c]) * xr[c];
+      std::vector<int> order(experts);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+      double total = 0, chosen = 0;
+      for (double l : logits) total += std::exp(l - logits[order[0]]);
+      for (int j = 0; j < top_k; ++j) chosen += std::exp(logits[order[j]] - logits[order[0]]) / total;
+      std::vector<double> expected(hidden, 0.0);
+      for (int j = 0; j < top_k; ++j) {
+        const int e = order[j];
+        ++counts[e];
+        const double p = std::exp(logits[e] - logits[order[0]]) / total;
+        const double w = kind == RouterKind::normalized_topk ? p / chosen : 1.25 * p;
+        const auto y = reference_expert(gates[e].values, ups[e].values, downs[e].values, xr);
+        for (int c = 0; c < hidden; ++c) expected[c] += w * y[c];
+      }
+      if (with_shared) {
+        const auto y = reference_expert(gates[experts].values, ups[experts].values, downs[experts].values, xr);
+        for (int c = 0; c < hidden; ++c) expected[c] += y[c];
+      }
+      for (int c = 0; c < hidden; ++c) ASSERT_NEAR(result(r, c), expected[c], 1e-4) << "row " << r << " column " << c;
+    }
+    EXPECT_EQ(ffn.last_counts(), counts);
+  }
+  EXPECT_THROW((MoeFeedForward<ExecSpace, Scalar>(router.view, routed, {}, experts + 1, RouterKind::scaled_topk, 1.0)),
+               std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace writescope
