@@ -160,6 +160,11 @@ std::vector<float> ReferenceModel::gqa_attention(int layer, const std::vector<fl
   auto& values = values_[layer];
   keys.insert(keys.end(), k.begin(), k.end());
   values.insert(values.end(), v.begin(), v.end());
+  if (round_kv_) {
+    for (auto it = keys.end() - static_cast<std::ptrdiff_t>(k.size()); it != keys.end(); ++it) *it = round_to<bf16>(*it);
+    for (auto it = values.end() - static_cast<std::ptrdiff_t>(v.size()); it != values.end(); ++it)
+      *it = round_to<bf16>(*it);
+  }
   const std::int64_t n = position + 1;
   const int row = c.kv_heads * hd;
   std::vector<float> out;
@@ -194,6 +199,9 @@ std::vector<float> ReferenceModel::mla_attention(int layer, const std::vector<fl
   rope_.apply(compressed.data() + latent, rope, position);
   auto& cache = keys_[layer];
   cache.insert(cache.end(), compressed.begin(), compressed.end());
+  if (round_kv_)
+    for (auto it = cache.end() - static_cast<std::ptrdiff_t>(compressed.size()); it != cache.end(); ++it)
+      *it = round_to<bf16>(*it);
   const int row = latent + rope;
   const std::int64_t n = position + 1;
   const double scale = config_.attention().scale();

@@ -49,6 +49,9 @@ class ReferenceModel {
   /// Forgets the sequence (empties the KV cache).
   void reset();
   std::int64_t length() const noexcept { return length_; }
+  /// Store cached keys and values rounded to bf16, as the runtime's KV cache
+  /// does, so the two can be compared closely.
+  void round_kv_cache_to_bf16(bool round) { round_kv_ = round; }
 
  private:
   const std::vector<float>& weight(const std::string& name) const;
@@ -67,6 +70,7 @@ class ReferenceModel {
   // normalised latent + roped k_pe (tokens, kv_lora_rank + qk_rope_head_dim).
   std::vector<std::vector<float>> keys_, values_;
   std::int64_t length_ = 0;
+  bool round_kv_ = false;
 };
 
 }  // namespace writescope
