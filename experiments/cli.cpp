@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "experiments/calibration.hpp"
+#include "moe/model.hpp"
 #include "framework/config.hpp"
 #include "framework/log.hpp"
 #include "framework/machine.hpp"
@@ -32,6 +35,14 @@ constexpr const char* usage_text =
     "                              measure this machine and write its profile (YAML; stdout\n"
     "                              without --output): bandwidths, latencies, CPU attention\n"
     "                              per model shape and thread count, GEMV/GEMM throughput\n"
+    "  generate --model NAME|CHECKPOINT_DIR --prompt 1,2,3 --new-tokens N [--layers N]\n"
+    "           [--hidden-scale S] [--seed S] [--block-tokens N] [--host-budget BYTES]\n"
+    "           [--logits FILE.h5]\n"
+    "                              greedy decoding on the host (GQA models), printing the\n"
+    "                              generated token ids; --logits stores every step's logits\n"
+    "  make-checkpoint --model NAME --output DIR [--seed S] [--dtype bf16|f16|f32]\n"
+    "                              write a synthetic Hugging Face checkpoint (config.json +\n"
+    "                              model.safetensors) of a preset, e.g. a tiny test model\n"
     "  help                        this text\n"
     "\n"
     "Kokkos options (--kokkos-threads=N, --kokkos-device=N, ...) may be given anywhere.\n";
@@ -171,6 +182,121 @@ int calibrate_attention_command(const std::vector<std::string>& args, std::ostre
   return 0;
 }
 
+std::vector<int> token_list(const std::string& text) {
+  std::vector<int> tokens;
+  std::stringstream list(text);
+  for (std::string item; std::getline(list, item, ',');) {
+    std::size_t used = 0;
+    long value = -1;
+    try {
+      value = std::stol(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || value < 0)
+      throw UsageError("generate: --prompt must be comma-separated token ids, got '" + item + "'");
+    tokens.push_back(static_cast<int>(value));
+  }
+  if (tokens.empty()) throw UsageError("generate: --prompt is empty");
+  return tokens;
+}
+
+int generate_command(const std::vector<std::string>& args, std::ostream& out) {
+  auto options = parse_options("generate", args,
+                               {"--model", "--prompt", "--new-tokens", "--layers", "--hidden-scale", "--seed",
+                                "--block-tokens", "--host-budget", "--logits"});
+  for (const char* required : {"--model", "--prompt", "--new-tokens"})
+    if (!options.count(required)) throw UsageError(std::string("generate: ") + required + " is required");
+  const std::vector<int> prompt = token_list(options["--prompt"]);
+  const long new_tokens = positive_integer("generate", "--new-tokens", options["--new-tokens"]);
+  const std::string& model_name = options["--model"];
+  const bool from_checkpoint = std::filesystem::is_directory(model_name);
+  ModelConfig config = from_checkpoint ? load_hf_config(model_name + "/config.json") : model_preset(model_name);
+  ModelOverrides overrides;
+  if (options.count("--layers")) overrides.layers = static_cast<int>(positive_integer("generate", "--layers", options["--layers"]));
+  if (options.count("--hidden-scale")) {
+    try {
+      overrides.hidden_scale = std::stod(options["--hidden-scale"]);
+    } catch (const std::exception&) {
+      overrides.hidden_scale = -1;
+    }
+    if (!(overrides.hidden_scale > 0))
+      throw UsageError("generate: --hidden-scale must be a positive number, got '" + options["--hidden-scale"] + "'");
+  }
+  if (from_checkpoint && (overrides.layers || overrides.hidden_scale != 1.0))
+    throw UsageError("generate: --layers and --hidden-scale apply to synthetic models, not to checkpoint " + model_name);
+  config = apply_overrides(config, overrides);
+  const int block_tokens =
+      options.count("--block-tokens") ? static_cast<int>(positive_integer("generate", "--block-tokens", options["--block-tokens"])) : 256;
+  std::uint64_t host_budget = std::uint64_t{1} << 30;
+  if (options.count("--host-budget")) {
+    const auto parsed = parse_byte_size(options["--host-budget"]);
+    if (!parsed) throw UsageError("generate: --host-budget must be a byte size such as 512MiB, got '" + options["--host-budget"] + "'");
+    host_budget = *parsed;
+  }
+  const std::uint64_t seed = options.count("--seed") ? static_cast<std::uint64_t>(positive_integer("generate", "--seed", options["--seed"])) : 1;
+  // On the host every block is CPU-resident (head-major), the CPU's own layout.
+  const auto placement = [](int, int, int) { return Region::cpu_resident; };
+  log_info("generate: ", config.name, " (", config.layers, " layers, hidden ", config.hidden, ", ",
+           from_checkpoint ? "checkpoint weights" : "synthetic weights", ")");
+  MoeModel<HostExecSpace> model =
+      from_checkpoint
+          ? MoeModel<HostExecSpace>(config, load_weights<bf16>(SafetensorsCheckpoint(model_name), config), block_tokens,
+                                    KVCacheBudgets{0, 0, host_budget}, placement)
+          : MoeModel<HostExecSpace>::synthetic(config, seed, block_tokens, KVCacheBudgets{0, 0, host_budget}, placement);
+  const int sequence = model.add_sequence();
+  std::vector<float> all_logits;
+  std::vector<float> logits;
+  const auto started = std::chrono::steady_clock::now();
+  for (int token : prompt) logits = model.step({sequence}, {token}).front();
+  const auto prefilled = std::chrono::steady_clock::now();
+  std::vector<int> generated;
+  for (long i = 0; i < new_tokens; ++i) {
+    all_logits.insert(all_logits.end(), logits.begin(), logits.end());
+    const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    generated.push_back(next);
+    if (i + 1 < new_tokens) logits = model.step({sequence}, {next}).front();
+  }
+  const double decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefilled).count();
+  for (std::size_t i = 0; i < generated.size(); ++i) out << (i ? " " : "") << generated[i];
+  out << "\n";
+  log_info("generate: prompt ", prompt.size(), " tokens in ",
+           std::chrono::duration<double>(prefilled - started).count(), " s; ", new_tokens - 1, " decode steps at ",
+           new_tokens > 1 ? (new_tokens - 1) / decode_seconds : 0.0, " tokens/s");
+  if (options.count("--logits")) {
+    ResultsStore store(options["--logits"]);
+    auto txn = store.begin();
+    const std::string group_name = "generate_" + std::to_string(store.groups().size());
+    auto group = txn.root().create_group(group_name);
+    group.write("logits", all_logits, {generated.size(), static_cast<std::size_t>(config.vocab)});
+    group.write("generated", std::vector<std::int32_t>(generated.begin(), generated.end()));
+    group.write("prompt", std::vector<std::int32_t>(prompt.begin(), prompt.end()));
+    group.set_attribute("model", config.name);
+    group.set_attribute("seed", static_cast<std::int64_t>(seed));
+    group.set_attribute("weights", from_checkpoint ? model_name : std::string("synthetic"));
+    auto machine = group.create_group("machine");
+    MachineDescription::detect().store(machine);
+    txn.commit();
+    log_info("generate: logits of ", generated.size(), " steps in ", options["--logits"], ":/", group_name);
+  }
+  return 0;
+}
+
+int make_checkpoint_command(const std::vector<std::string>& args) {
+  auto options = parse_options("make-checkpoint", args, {"--model", "--output", "--seed", "--dtype"});
+  for (const char* required : {"--model", "--output"})
+    if (!options.count(required)) throw UsageError(std::string("make-checkpoint: ") + required + " is required");
+  const std::string dtype = options.count("--dtype") ? options["--dtype"] : "bf16";
+  if (dtype != "bf16" && dtype != "f16" && dtype != "f32")
+    throw UsageError("make-checkpoint: --dtype must be bf16, f16 or f32, got '" + dtype + "'");
+  const std::uint64_t seed =
+      options.count("--seed") ? static_cast<std::uint64_t>(positive_integer("make-checkpoint", "--seed", options["--seed"])) : 1;
+  write_synthetic_checkpoint(options["--output"], model_preset(options["--model"]), seed,
+                             dtype == "bf16" ? TensorDType::bf16 : dtype == "f16" ? TensorDType::f16 : TensorDType::f32);
+  log_info("make-checkpoint: wrote ", options["--output"]);
+  return 0;
+}
+
 }  // namespace
 
 int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
@@ -182,6 +308,8 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     const std::vector<std::string> rest(args.begin() + 1, args.end());
     if (command == "info") return info_command(rest, out);
     if (command == "calibrate") return calibrate_command(rest, out);
+    if (command == "generate") return generate_command(rest, out);
+    if (command == "make-checkpoint") return make_checkpoint_command(rest);
     // Internal: one CPU attention measurement at this process' thread count.
     if (command == "calibrate-attention") return calibrate_attention_command(rest, out);
     if (command == "help" || command == "--help" || command == "-h") {
@@ -192,6 +320,9 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
   } catch (const UsageError& e) {
     err << "writescope: " << e.what() << "\n\n" << usage_text;
     return 2;
+  } catch (const CheckpointError& e) {
+    err << "writescope: checkpoint error: " << e.what() << "\n";
+    return 1;
   } catch (const ConfigError& e) {
     err << "writescope: configuration error: " << e.what() << "\n";
     return 1;

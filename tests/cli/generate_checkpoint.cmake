@@ -1,0 +1,23 @@
+# cmake -DCOMMAND=<writescope> -DFOLDER=<dir> -P generate_checkpoint.cmake
+# make-checkpoint writes a synthetic checkpoint; generate from it must print the
+# same tokens as generate from the same synthetic preset and seed.
+file(REMOVE_RECURSE "${FOLDER}")
+execute_process(COMMAND ${COMMAND} make-checkpoint --model tiny-qwen3-moe --seed 7 --output ${FOLDER}
+  RESULT_VARIABLE status ERROR_VARIABLE err)
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "make-checkpoint failed (${status}): ${err}")
+endif()
+execute_process(COMMAND ${COMMAND} generate --model ${FOLDER} --prompt 3,1,4,1,5 --new-tokens 6
+  RESULT_VARIABLE status OUTPUT_VARIABLE from_checkpoint ERROR_VARIABLE err)
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "generate from the checkpoint failed (${status}): ${err}")
+endif()
+execute_process(COMMAND ${COMMAND} generate --model tiny-qwen3-moe --seed 7 --prompt 3,1,4,1,5 --new-tokens 6
+  RESULT_VARIABLE status OUTPUT_VARIABLE synthetic ERROR_VARIABLE err)
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "generate from the preset failed (${status}): ${err}")
+endif()
+if(NOT from_checkpoint STREQUAL synthetic OR NOT synthetic MATCHES "^[0-9]+( [0-9]+)+\n$")
+  message(FATAL_ERROR "checkpoint generated '${from_checkpoint}', preset generated '${synthetic}'")
+endif()
+file(REMOVE_RECURSE "${FOLDER}")
