@@ -38,7 +38,7 @@ constexpr const char* usage_text =
     "  generate --model NAME|CHECKPOINT_DIR --prompt 1,2,3 --new-tokens N [--layers N]\n"
     "           [--hidden-scale S] [--seed S] [--block-tokens N] [--host-budget BYTES]\n"
     "           [--logits FILE.h5]\n"
-    "                              greedy decoding on the host (GQA models), printing the\n"
+    "                              greedy decoding on the host, printing the\n"
     "                              generated token ids; --logits stores every step's logits\n"
     "  make-checkpoint --model NAME --output DIR [--seed S] [--dtype bf16|f16|f32]\n"
     "                              write a synthetic Hugging Face checkpoint (config.json +\n"

@@ -5,10 +5,11 @@
 // placed by a caller-chosen policy, split-KV decode attention over every
 // region the space can read, merged by log-sum-exp, output projection, the MoE
 // feed-forward, residuals, final norm and LM head. bf16 weights, fp32
-// activations.
+// activations. MLA runs in the absorbed form: the cache holds the normalised
+// latent and the roped k_pe (576 wide for DeepSeek-V2-Lite), queries are
+// absorbed into the latent, and the latent output is expanded per head.
 //
-// MLA (DeepSeek-V2) and the CPU + GPU split execution come next; an MLA
-// config is refused with a clear error until then.
+// The CPU + GPU split execution of attention and experts comes next.
 
 #include <Kokkos_Core.hpp>
 
@@ -55,6 +56,16 @@ class MoeModel {
   const Norm& norm(const std::string& name) const;
   void attention(int layer, const std::vector<int>& sequences, const Matrix<MemSpace>& h,
                  const Matrix<MemSpace>& out);
+  void mla_attention(int layer, const std::vector<int>& sequences, const Matrix<MemSpace>& h,
+                     const Matrix<MemSpace>& out);
+  Kokkos::View<const std::int64_t*, MemSpace> positions_of(int layer, const std::vector<int>& sequences) const;
+  /// Appends one cache row per sequence (keys, then values unless stored in the keys).
+  std::vector<TokenRange> append(int layer, const std::vector<int>& sequences,
+                                 const Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace>& rows);
+  /// Attention over every region this space can read, merged into `merged`.
+  void attend(int layer, const std::vector<int>& sequences, const std::vector<TokenRange>& ranges,
+              const Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace>& queries,
+              const PartialState<MemSpace>& merged);
 
   ModelConfig config_;
   AttentionShape shape_;
@@ -62,6 +73,8 @@ class MoeModel {
   std::map<std::string, Weight> weights_;
   std::map<std::string, Norm> norms_;
   std::vector<MoeFeedForward<ExecSpace, bf16>> feed_forward_;  // per MoE layer
+  std::vector<ExpertWeights<bf16, MemSpace>> dense_;             // DeepSeek's first dense layers
+  SwigluScratch<MemSpace> dense_scratch_;
   std::unique_ptr<InplaceKVCache<bf16>> cache_;
   Kokkos::View<const double*, MemSpace> inverse_frequencies_;
   float rope_scale_ = 1.0f;

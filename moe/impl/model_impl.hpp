@@ -25,9 +25,59 @@ struct AddInPlace {
 /// packed(b, c) = bf16(x(b, c)): one token's keys or values per row, as the cache stores them.
 template <class MemSpace>
 struct PackBf16 {
-  Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace> packed;
+  Kokkos::View<bf16**, Kokkos::LayoutStride, MemSpace> packed;
   Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> x;
   KOKKOS_INLINE_FUNCTION void operator()(int r, int c) const { packed(r, c) = from_float<bf16>(x(r, c)); }
+};
+
+/// MLA, absorbed: queries(b, h, l) = sum_d w_kb(h, d, l) q_nope(b, h, d) for the
+/// latent part, and the roped q_pe copied after it.
+///   q: (batch, heads * (nope + rope)), kv_b: (heads * (nope + v), latent),
+///   queries: (batch, heads, latent + rope)
+template <class MemSpace>
+struct AbsorbQueries {
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> queries;
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> q;
+  Kokkos::View<const bf16**, Kokkos::LayoutRight, MemSpace> kv_b;
+  int heads, nope, rope, value_dim, latent;
+  KOKKOS_INLINE_FUNCTION void operator()(int bh, int l) const {
+    const int b = bh / heads, h = bh % heads;
+    const int q0 = h * (nope + rope);
+    if (l < latent) {
+      float sum = 0;
+      for (int d = 0; d < nope; ++d) sum += to_float(kv_b(h * (nope + value_dim) + d, l)) * q(b, q0 + d);
+      queries(b, h, l) = sum;
+    } else {
+      queries(b, h, l) = q(b, q0 + nope + (l - latent));
+    }
+  }
+};
+
+/// MLA, absorbed: values(b, h * v + d) = sum_l w_vb(h, d, l) o_latent(b, h, l).
+template <class MemSpace>
+struct ExpandValues {
+  Matrix<MemSpace> values;
+  Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace> o_latent;
+  Kokkos::View<const bf16**, Kokkos::LayoutRight, MemSpace> kv_b;
+  int heads, nope, value_dim, latent;
+  KOKKOS_INLINE_FUNCTION void operator()(int bh, int d) const {
+    const int b = bh / heads, h = bh % heads;
+    float sum = 0;
+    for (int l = 0; l < latent; ++l) sum += to_float(kv_b(h * (nope + value_dim) + nope + d, l)) * o_latent(b, h, l);
+    values(b, h * value_dim + d) = sum;
+  }
+};
+
+/// The cached MLA row: the normalised latent, then the roped k_pe.
+template <class MemSpace>
+struct PackLatentRow {
+  Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace> packed;  // (batch, latent + rope)
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> latent;
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> compressed;  // (batch, latent + rope), k_pe roped
+  KOKKOS_INLINE_FUNCTION void operator()(int b, int c) const {
+    const int width = static_cast<int>(latent.extent(1));
+    packed(b, c) = from_float<bf16>(c < width ? latent(b, c) : compressed(b, c));
+  }
 };
 
 template <class MemSpace, class HostValues>
@@ -44,9 +94,6 @@ MoeModel<ExecSpace>::MoeModel(const ModelConfig& config, const std::vector<std::
                               int block_tokens, const KVCacheBudgets& budgets, BlockPlacement placement)
     : config_(config), shape_(config.attention()), placement_(std::move(placement)) {
   config_.validate();
-  if (config_.mla())
-    throw std::invalid_argument("model " + config_.name +
-                                ": the Kokkos runtime does not run MLA (DeepSeek-V2) yet; use the reference model");
   const auto specs = weight_specs(config_);
   if (specs.size() != weights.size())
     throw std::invalid_argument("model " + config_.name + ": " + std::to_string(weights.size()) +
@@ -66,6 +113,16 @@ MoeModel<ExecSpace>::MoeModel(const ModelConfig& config, const std::vector<std::
   const bool mixtral = config_.architecture == Architecture::mixtral;
   for (int layer = 0; layer < config_.layers; ++layer) {
     const std::string moe = "model.layers." + std::to_string(layer) + (mixtral ? ".block_sparse_moe." : ".mlp.");
+    if (layer < config_.dense_layers) {
+      dense_.push_back(ExpertWeights<bf16, MemSpace>{weight(moe + "gate_proj.weight"), weight(moe + "up_proj.weight"),
+                                                     weight(moe + "down_proj.weight")});
+      continue;
+    }
+    std::vector<ExpertWeights<bf16, MemSpace>> shared;
+    if (config_.shared_experts > 0)
+      shared.push_back(ExpertWeights<bf16, MemSpace>{weight(moe + "shared_experts.gate_proj.weight"),
+                                                     weight(moe + "shared_experts.up_proj.weight"),
+                                                     weight(moe + "shared_experts.down_proj.weight")});
     std::vector<ExpertWeights<bf16, MemSpace>> experts;
     for (int e = 0; e < config_.experts; ++e) {
       const std::string p = moe + "experts." + std::to_string(e) + ".";
@@ -75,8 +132,8 @@ MoeModel<ExecSpace>::MoeModel(const ModelConfig& config, const std::vector<std::
                                                                  weight(p + "up_proj.weight"),
                                                                  weight(p + "down_proj.weight")});
     }
-    feed_forward_.emplace_back(weight(moe + "gate.weight"), std::move(experts),
-                               std::vector<ExpertWeights<bf16, MemSpace>>{}, config_.experts_per_token,
+    feed_forward_.emplace_back(weight(moe + "gate.weight"), std::move(experts), std::move(shared),
+                               config_.experts_per_token,
                                config_.normalize_topk ? RouterKind::normalized_topk : RouterKind::scaled_topk,
                                config_.routed_scaling_factor);
   }
@@ -109,8 +166,110 @@ const typename MoeModel<ExecSpace>::Norm& MoeModel<ExecSpace>::norm(const std::s
 }
 
 template <class ExecSpace>
+std::vector<TokenRange> MoeModel<ExecSpace>::append(int layer, const std::vector<int>& sequences,
+                                                    const Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace>& rows) {
+  const ExecSpace space;
+  const BlockGeometry& g = cache_->geometry();
+  std::vector<TokenRange> ranges;
+  for (std::size_t b = 0; b < sequences.size(); ++b) {
+    const int sequence = sequences[b];
+    std::vector<Region> regions;
+    const int opened = static_cast<int>(cache_->block_regions(layer, sequence).size());
+    for (int n = 0; n < cache_->new_blocks_needed(layer, sequence, 1); ++n)
+      regions.push_back(placement_(layer, sequence, opened + n));
+    using Token = Kokkos::View<const bf16***, Kokkos::LayoutRight, MemSpace>;
+    const bf16* keys = &rows(b, 0);
+    const bf16* values = g.values_in_keys ? keys : keys + std::int64_t{g.kv_heads} * g.key_dim;
+    cache_->append<ExecSpace, MemSpace>(space, layer, sequence, Token(keys, 1, g.kv_heads, g.key_dim),
+                                        Token(values, 1, g.kv_heads, g.value_dim), regions);
+    ranges.push_back(TokenRange{0, cache_->length(layer, sequence)});
+  }
+  return ranges;
+}
+
+template <class ExecSpace>
+void MoeModel<ExecSpace>::attend(int layer, const std::vector<int>& sequences, const std::vector<TokenRange>& ranges,
+                                 const Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace>& queries,
+                                 const PartialState<MemSpace>& merged) {
+  const ExecSpace space;
+  clear(space, merged);
+  auto attend_region = [&](Region region, const auto& pool) {
+    using PoolSpace = typename std::decay_t<decltype(pool)>::memory_space;
+    const auto segments = cache_->segments(layer, region, sequences, ranges);
+    if (segments.empty()) return;
+    if constexpr (Kokkos::SpaceAccessibility<ExecSpace, PoolSpace>::accessible) {
+      PartialState<MemSpace> part("writescope::moe::attention_part", merged.batch(), merged.q_heads(),
+                                  merged.value_dim());
+      decode_attention<ExecSpace, bf16, PoolSpace>(space, shape_, cache_->geometry(), block_order(region), queries,
+                                                   pool, segments, workspace_, part);
+      merge_into(space, merged, part);
+    } else {
+      throw std::runtime_error(std::string("model: ") + ExecSpace::name() + " cannot read " + region_name(region) +
+                               " blocks; place them where it can, or use the split executor");
+    }
+  };
+  attend_region(Region::gpu_resident, cache_->vram_pool());
+  attend_region(Region::gpu_streamed, cache_->pinned_pool());
+  attend_region(Region::cpu_streamed, cache_->pinned_pool());
+  attend_region(Region::cpu_resident, cache_->host_pool());
+}
+
+template <class ExecSpace>
+void MoeModel<ExecSpace>::mla_attention(int layer, const std::vector<int>& sequences, const Matrix<MemSpace>& h,
+                                        const Matrix<MemSpace>& out) {
+  const ExecSpace space;
+  const ModelConfig& c = config_;
+  const int batch = static_cast<int>(sequences.size());
+  const int heads = c.q_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vdim = c.v_head_dim,
+            latent = c.kv_lora_rank;
+  const std::string p = "model.layers." + std::to_string(layer) + ".self_attn.";
+  Matrix<MemSpace> q("writescope::moe::q", batch, heads * (nope + rope));
+  if (c.q_lora_rank > 0) {
+    Matrix<MemSpace> compressed_q("writescope::moe::q_a", batch, c.q_lora_rank);
+    linear<ExecSpace, bf16>(space, h, weight(p + "q_a_proj.weight"), compressed_q);
+    rms_norm(space, compressed_q, norm(p + "q_a_layernorm.weight"), c.q_lora_rank, c.rms_eps);
+    linear<ExecSpace, bf16>(space, compressed_q, weight(p + "q_b_proj.weight"), q);
+  } else {
+    linear<ExecSpace, bf16>(space, h, weight(p + "q_proj.weight"), q);
+  }
+  Matrix<MemSpace> compressed("writescope::moe::kv_a", batch, latent + rope), normed("writescope::moe::latent", batch, latent);
+  linear<ExecSpace, bf16>(space, h, weight(p + "kv_a_proj_with_mqa.weight"), compressed);
+  Kokkos::deep_copy(space, normed, Kokkos::subview(compressed, Kokkos::ALL, std::make_pair(0, latent)));
+  rms_norm(space, normed, norm(p + "kv_a_layernorm.weight"), latent, c.rms_eps);
+  const auto positions = positions_of(layer, sequences);
+  apply_rope(space, q, positions, inverse_frequencies_, rope_scale_, nope, nope + rope, rope, true);
+  apply_rope(space, compressed, positions, inverse_frequencies_, rope_scale_, latent, latent + rope, rope, true);
+  Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace> rows("writescope::moe::latent_rows", batch, latent + rope);
+  Kokkos::parallel_for("writescope::moe::pack_latent", impl::rows_by_columns(space, batch, latent + rope),
+                       impl::PackLatentRow<MemSpace>{rows, normed, compressed});
+  space.fence();
+  const auto ranges = append(layer, sequences, rows);
+
+  const auto& kv_b = weight(p + "kv_b_proj.weight");
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> queries("writescope::moe::mla_queries", batch, heads,
+                                                                latent + rope);
+  Kokkos::parallel_for("writescope::moe::absorb_queries", impl::rows_by_columns(space, batch * heads, latent + rope),
+                       impl::AbsorbQueries<MemSpace>{queries, q, kv_b, heads, nope, rope, vdim, latent});
+  PartialState<MemSpace> merged("writescope::moe::attention", batch, heads, latent);
+  attend(layer, sequences, ranges, queries, merged);
+  Matrix<MemSpace> values("writescope::moe::mla_values", batch, heads * vdim);
+  Kokkos::parallel_for("writescope::moe::expand_values", impl::rows_by_columns(space, batch * heads, vdim),
+                       impl::ExpandValues<MemSpace>{values, merged.o, kv_b, heads, nope, vdim, latent});
+  linear<ExecSpace, bf16>(space, values, weight(p + "o_proj.weight"), out);
+}
+
+template <class ExecSpace>
+Kokkos::View<const std::int64_t*, typename ExecSpace::memory_space> MoeModel<ExecSpace>::positions_of(
+    int layer, const std::vector<int>& sequences) const {
+  Kokkos::View<std::int64_t*, Kokkos::HostSpace> positions("writescope::moe::positions", sequences.size());
+  for (std::size_t b = 0; b < sequences.size(); ++b) positions(b) = cache_->length(layer, sequences[b]);
+  return Kokkos::create_mirror_view_and_copy(MemSpace(), positions);
+}
+
+template <class ExecSpace>
 void MoeModel<ExecSpace>::attention(int layer, const std::vector<int>& sequences, const Matrix<MemSpace>& h,
                                     const Matrix<MemSpace>& out) {
+  if (config_.mla()) return mla_attention(layer, sequences, h, out);
   const ExecSpace space;
   const int batch = static_cast<int>(sequences.size());
   const int hd = config_.head_dim, qh = config_.q_heads, kvh = config_.kv_heads;
@@ -124,55 +283,21 @@ void MoeModel<ExecSpace>::attention(int layer, const std::vector<int>& sequences
     rms_norm(space, q, norm(p + "q_norm.weight"), hd, config_.rms_eps);
     rms_norm(space, k, norm(p + "k_norm.weight"), hd, config_.rms_eps);
   }
-  Kokkos::View<std::int64_t*, Kokkos::HostSpace> positions_host("writescope::moe::positions", batch);
-  for (int b = 0; b < batch; ++b) positions_host(b) = cache_->length(layer, sequences[b]);
-  const auto positions = Kokkos::create_mirror_view_and_copy(MemSpace(), positions_host);
+  const auto positions = positions_of(layer, sequences);
   apply_rope(space, q, positions, inverse_frequencies_, rope_scale_, 0, hd, hd, false);
   apply_rope(space, k, positions, inverse_frequencies_, rope_scale_, 0, hd, hd, false);
 
-  // Append this step's keys and values, block regions from the placement policy.
-  Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace> k16("writescope::moe::k16", batch, kvh * hd),
-      v16("writescope::moe::v16", batch, kvh * hd);
+  // This step's keys and values as the cache stores them: one row of keys then values per sequence.
+  Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace> rows("writescope::moe::kv_rows", batch, 2 * kvh * hd);
   Kokkos::parallel_for("writescope::moe::pack_keys", impl::rows_by_columns(space, batch, kvh * hd),
-                       impl::PackBf16<MemSpace>{k16, k});
+                       impl::PackBf16<MemSpace>{Kokkos::subview(rows, Kokkos::ALL, std::make_pair(0, kvh * hd)), k});
   Kokkos::parallel_for("writescope::moe::pack_values", impl::rows_by_columns(space, batch, kvh * hd),
-                       impl::PackBf16<MemSpace>{v16, v});
+                       impl::PackBf16<MemSpace>{Kokkos::subview(rows, Kokkos::ALL, std::make_pair(kvh * hd, 2 * kvh * hd)), v});
   space.fence();
-  std::vector<TokenRange> ranges;
-  for (int b = 0; b < batch; ++b) {
-    const int sequence = sequences[b];
-    std::vector<Region> regions;
-    const int opened = static_cast<int>(cache_->block_regions(layer, sequence).size());
-    for (int n = 0; n < cache_->new_blocks_needed(layer, sequence, 1); ++n)
-      regions.push_back(placement_(layer, sequence, opened + n));
-    using Token = Kokkos::View<const bf16***, Kokkos::LayoutRight, MemSpace>;
-    cache_->append<ExecSpace, MemSpace>(space, layer, sequence, Token(&k16(b, 0), 1, kvh, hd),
-                                        Token(&v16(b, 0), 1, kvh, hd), regions);
-    ranges.push_back(TokenRange{0, cache_->length(layer, sequence)});
-  }
-
-  // Attention over every region this space can read, merged.
+  const auto ranges = append(layer, sequences, rows);
   const Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace> queries(q.data(), batch, qh, hd);
   PartialState<MemSpace> merged("writescope::moe::attention", batch, qh, hd);
-  clear(space, merged);
-  auto attend = [&](Region region, const auto& pool) {
-    using PoolSpace = typename std::decay_t<decltype(pool)>::memory_space;
-    const auto segments = cache_->segments(layer, region, sequences, ranges);
-    if (segments.empty()) return;
-    if constexpr (Kokkos::SpaceAccessibility<ExecSpace, PoolSpace>::accessible) {
-      PartialState<MemSpace> part("writescope::moe::attention_part", batch, qh, hd);
-      decode_attention<ExecSpace, bf16, PoolSpace>(space, shape_, cache_->geometry(), block_order(region), queries,
-                                                   pool, segments, workspace_, part);
-      merge_into(space, merged, part);
-    } else {
-      throw std::runtime_error(std::string("model: ") + ExecSpace::name() + " cannot read " + region_name(region) +
-                               " blocks; place them where it can, or use the split executor");
-    }
-  };
-  attend(Region::gpu_resident, cache_->vram_pool());
-  attend(Region::gpu_streamed, cache_->pinned_pool());
-  attend(Region::cpu_streamed, cache_->pinned_pool());
-  attend(Region::cpu_resident, cache_->host_pool());
+  attend(layer, sequences, ranges, queries, merged);
   const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> attended(merged.o.data(), batch, qh * hd);
   linear<ExecSpace, bf16>(space, attended, weight(p + "o_proj.weight"), out);
 }
@@ -204,7 +329,10 @@ std::vector<std::vector<float>> MoeModel<ExecSpace>::step(const std::vector<int>
                          impl::AddInPlace<MemSpace>{x, branch});
     Kokkos::deep_copy(space, h, x);
     rms_norm(space, h, norm(p + "post_attention_layernorm.weight"), hidden, config_.rms_eps);
-    feed_forward_[layer](space, h, branch);
+    if (layer < config_.dense_layers)
+      swiglu_expert<ExecSpace, bf16>(space, dense_[layer], h, branch, dense_scratch_);
+    else
+      feed_forward_[layer - config_.dense_layers](space, h, branch);
     Kokkos::parallel_for("writescope::moe::residual", impl::rows_by_columns(space, batch, hidden),
                          impl::AddInPlace<MemSpace>{x, branch});
   }
