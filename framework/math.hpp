@@ -1,5 +1,5 @@
 #pragma once
-// Float math usable in host and device code. Kokkos 3.4 keeps these under
+// Math usable in host and device code. Kokkos 3.4 keeps these under
 // Kokkos::Experimental and Kokkos 4 moves them, so kernels use these instead.
 
 #include <Kokkos_Core.hpp>
@@ -10,52 +10,22 @@ namespace writescope::math {
 
 KOKKOS_INLINE_FUNCTION constexpr float negative_infinity() { return -__builtin_huge_valf(); }
 
-KOKKOS_INLINE_FUNCTION float exp(float x) {
+// name(type): CUDA's global-namespace function in device code, std:: on the host.
 #ifdef __CUDA_ARCH__
-  return ::expf(x);
+#define WRITESCOPE_MATH_FUNCTION(name, type, device_function) \
+  KOKKOS_INLINE_FUNCTION type name(type x) { return ::device_function(x); }
 #else
-  return std::exp(x);
+#define WRITESCOPE_MATH_FUNCTION(name, type, device_function) \
+  KOKKOS_INLINE_FUNCTION type name(type x) { return std::name(x); }
 #endif
-}
 
-KOKKOS_INLINE_FUNCTION float log(float x) {
-#ifdef __CUDA_ARCH__
-  return ::logf(x);
-#else
-  return std::log(x);
-#endif
-}
+WRITESCOPE_MATH_FUNCTION(exp, float, expf)
+WRITESCOPE_MATH_FUNCTION(log, float, logf)
+WRITESCOPE_MATH_FUNCTION(exp, double, exp)
+WRITESCOPE_MATH_FUNCTION(sqrt, double, sqrt)
+WRITESCOPE_MATH_FUNCTION(cos, double, cos)
+WRITESCOPE_MATH_FUNCTION(sin, double, sin)
 
-KOKKOS_INLINE_FUNCTION double exp(double x) {
-#ifdef __CUDA_ARCH__
-  return ::exp(x);
-#else
-  return std::exp(x);
-#endif
-}
-
-KOKKOS_INLINE_FUNCTION double sqrt(double x) {
-#ifdef __CUDA_ARCH__
-  return ::sqrt(x);
-#else
-  return std::sqrt(x);
-#endif
-}
-
-KOKKOS_INLINE_FUNCTION double cos(double x) {
-#ifdef __CUDA_ARCH__
-  return ::cos(x);
-#else
-  return std::cos(x);
-#endif
-}
-
-KOKKOS_INLINE_FUNCTION double sin(double x) {
-#ifdef __CUDA_ARCH__
-  return ::sin(x);
-#else
-  return std::sin(x);
-#endif
-}
+#undef WRITESCOPE_MATH_FUNCTION
 
 }  // namespace writescope::math
