@@ -139,6 +139,10 @@ void ReferenceModel::reset() {
   length_ = 0;
 }
 
+void ReferenceModel::cache_row(std::vector<float>& cache, const std::vector<float>& row) const {
+  for (float x : row) cache.push_back(round_kv_ ? round_to<bf16>(x) : x);
+}
+
 const std::vector<float>& ReferenceModel::weight(const std::string& name) const { return weights_[index_.at(name)]; }
 
 std::vector<float> ReferenceModel::gqa_attention(int layer, const std::vector<float>& x, std::int64_t position) {
@@ -158,13 +162,8 @@ std::vector<float> ReferenceModel::gqa_attention(int layer, const std::vector<fl
   }
   auto& keys = keys_[layer];
   auto& values = values_[layer];
-  keys.insert(keys.end(), k.begin(), k.end());
-  values.insert(values.end(), v.begin(), v.end());
-  if (round_kv_) {
-    for (auto it = keys.end() - static_cast<std::ptrdiff_t>(k.size()); it != keys.end(); ++it) *it = round_to<bf16>(*it);
-    for (auto it = values.end() - static_cast<std::ptrdiff_t>(v.size()); it != values.end(); ++it)
-      *it = round_to<bf16>(*it);
-  }
+  cache_row(keys, k);
+  cache_row(values, v);
   const std::int64_t n = position + 1;
   const int row = c.kv_heads * hd;
   std::vector<float> out;
@@ -198,10 +197,7 @@ std::vector<float> ReferenceModel::mla_attention(int layer, const std::vector<fl
   deinterleave(compressed.data() + latent, rope);
   rope_.apply(compressed.data() + latent, rope, position);
   auto& cache = keys_[layer];
-  cache.insert(cache.end(), compressed.begin(), compressed.end());
-  if (round_kv_)
-    for (auto it = cache.end() - static_cast<std::ptrdiff_t>(compressed.size()); it != cache.end(); ++it)
-      *it = round_to<bf16>(*it);
+  cache_row(cache, compressed);
   const int row = latent + rope;
   const std::int64_t n = position + 1;
   const double scale = config_.attention().scale();

@@ -55,6 +55,8 @@ class ReferenceModel {
 
  private:
   const std::vector<float>& weight(const std::string& name) const;
+  /// Appends one token's cached row, rounded to bf16 when asked to.
+  void cache_row(std::vector<float>& cache, const std::vector<float>& row) const;
   std::vector<float> attention(int layer, const std::vector<float>& x, std::int64_t position);
   std::vector<float> gqa_attention(int layer, const std::vector<float>& x, std::int64_t position);
   std::vector<float> mla_attention(int layer, const std::vector<float>& x, std::int64_t position);
