@@ -21,8 +21,7 @@ WriteScopeScheduler<Scalar>::WriteScopeScheduler(const RooflineModel& model, con
       shape_(shape),
       cache_(cache),
       options_(options),
-      fmas_per_byte_(static_cast<double>(shape.group()) * (shape.key_dim + shape.value_dim) /
-                     ((shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(Scalar))),
+      fmas_per_byte_(shape.fmas_per_byte(sizeof(Scalar))),
       bytes_per_token_(static_cast<double>(cache.block_bytes()) / cache.geometry().block_tokens),
       cpu_rate_(model.rates().cpu_attention_gbps * 1e9),
       link_rate_(model.rates().has_gpu ? model.rates().link_gbps * 1e9 : 1.0),

@@ -2,6 +2,7 @@
 // Attention head geometry of the supported models.
 
 #include <cmath>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,12 @@ struct AttentionShape {
   }
   /// Throws std::invalid_argument unless q_heads is a positive multiple of kv_heads etc.
   void validate() const;
+  /// fp32 lane-FMAs per KV byte when the cache stores `scalar_bytes`-wide
+  /// elements (QK^T and P.V of every query head of a group).
+  double fmas_per_byte(std::size_t scalar_bytes) const {
+    return static_cast<double>(group()) * (key_dim + value_dim) /
+           (static_cast<double>(key_dim + (values_in_keys ? 0 : value_dim)) * static_cast<double>(scalar_bytes));
+  }
 };
 
 /// The shape of a supported model by name ("qwen3-30b-a3b", "mixtral-8x7b",

@@ -50,9 +50,7 @@ void decode(benchmark::State& state, const AttentionShape& shape, Region region,
   if constexpr (std::is_same_v<ExecSpace, HostExecSpace>) {
     // The CPU's own ceiling for this shape: lane-FMAs per KV byte (QK^T and
     // P.V for each query head of a KV head's group) at the measured FMA peak.
-    const double fmas_per_byte = static_cast<double>(shape.group()) * (shape.key_dim + shape.value_dim) /
-                                 ((shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16));
-    const double compute_bound = bench::host_fma_glanes() / fmas_per_byte;
+    const double compute_bound = bench::host_fma_glanes() / shape.fmas_per_byte(sizeof(bf16));
     state.counters["compute_bound_GB/s"] = compute_bound;
     state.counters["fraction_of_compute_bound"] = gbps / compute_bound;
   }

@@ -36,10 +36,12 @@ constexpr const char* usage_text =
     "                              without --output): bandwidths, latencies, CPU attention\n"
     "                              per model shape and thread count, GEMV/GEMM throughput\n"
     "  generate --model NAME|CHECKPOINT_DIR --prompt 1,2,3 --new-tokens N [--layers N]\n"
-    "           [--hidden-scale S] [--seed S] [--block-tokens N] [--host-budget BYTES]\n"
-    "           [--logits FILE.h5]\n"
-    "                              greedy decoding on the host, printing the\n"
-    "                              generated token ids; --logits stores every step's logits\n"
+    "           [--hidden-scale S] [--seed S] [--block-tokens N] [--vram-budget BYTES]\n"
+    "           [--host-budget BYTES] [--logits FILE.h5]\n"
+    "                              prefill the prompt, then greedy decoding, printing the\n"
+    "                              generated token ids; KV fills VRAM then host memory,\n"
+    "                              routed experts run on the CPU; --logits stores every\n"
+    "                              step's logits\n"
     "  make-checkpoint --model NAME --output DIR [--seed S] [--dtype bf16|f16|f32]\n"
     "                              write a synthetic Hugging Face checkpoint (config.json +\n"
     "                              model.safetensors) of a preset, e.g. a tiny test model\n"
@@ -204,7 +206,7 @@ std::vector<int> token_list(const std::string& text) {
 int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   auto options = parse_options("generate", args,
                                {"--model", "--prompt", "--new-tokens", "--layers", "--hidden-scale", "--seed",
-                                "--block-tokens", "--host-budget", "--logits"});
+                                "--block-tokens", "--host-budget", "--vram-budget", "--logits"});
   for (const char* required : {"--model", "--prompt", "--new-tokens"})
     if (!options.count(required)) throw UsageError(std::string("generate: ") + required + " is required");
   const std::vector<int> prompt = token_list(options["--prompt"]);
@@ -228,27 +230,34 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   config = apply_overrides(config, overrides);
   const int block_tokens =
       options.count("--block-tokens") ? static_cast<int>(positive_integer("generate", "--block-tokens", options["--block-tokens"])) : 256;
-  std::uint64_t host_budget = std::uint64_t{1} << 30;
-  if (options.count("--host-budget")) {
-    const auto parsed = parse_byte_size(options["--host-budget"]);
-    if (!parsed) throw UsageError("generate: --host-budget must be a byte size such as 512MiB, got '" + options["--host-budget"] + "'");
-    host_budget = *parsed;
-  }
+  auto byte_option = [&](const char* name, std::uint64_t fallback) {
+    if (!options.count(name)) return fallback;
+    const auto parsed = parse_byte_size(options[name]);
+    if (!parsed)
+      throw UsageError(std::string("generate: ") + name + " must be a byte size such as 512MiB, got '" +
+                       options[name] + "'");
+    return *parsed;
+  };
+  const std::uint64_t host_budget = byte_option("--host-budget", std::uint64_t{1} << 30);
+  const std::uint64_t vram_budget = byte_option("--vram-budget", std::uint64_t{4} << 30);
   const std::uint64_t seed = options.count("--seed") ? static_cast<std::uint64_t>(positive_integer("generate", "--seed", options["--seed"])) : 1;
-  // On the host every block is CPU-resident (head-major), the CPU's own layout.
-  const auto placement = [](int, int, int) { return Region::cpu_resident; };
+  // KV blocks fill the VRAM budget first, then host memory; routed experts run on the CPU.
+  ModelOptions model_options;
+  model_options.vram_budget = vram_budget;
+  model_options.host_kv_budget = host_budget;
+  model_options.block_tokens = block_tokens;
+  model_options.kv_policy = [](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
+    return std::make_unique<FirstFitKVPolicy>(std::nullopt, shape, cache, Region::cpu_resident);
+  };
   log_info("generate: ", config.name, " (", config.layers, " layers, hidden ", config.hidden, ", ",
            from_checkpoint ? "checkpoint weights" : "synthetic weights", ")");
-  MoeModel<HostExecSpace> model =
-      from_checkpoint
-          ? MoeModel<HostExecSpace>(config, load_weights<bf16>(SafetensorsCheckpoint(model_name), config), block_tokens,
-                                    KVCacheBudgets{0, 0, host_budget}, placement)
-          : MoeModel<HostExecSpace>::synthetic(config, seed, block_tokens, KVCacheBudgets{0, 0, host_budget}, placement);
-  const int sequence = model.add_sequence();
+  MoeModel model = from_checkpoint
+                       ? MoeModel(config, load_weights<bf16>(SafetensorsCheckpoint(model_name), config), model_options)
+                       : MoeModel::synthetic(config, seed, model_options);
+  const int sequence = model.add_sequence(static_cast<std::int64_t>(prompt.size()) + new_tokens);
   std::vector<float> all_logits;
-  std::vector<float> logits;
   const auto started = std::chrono::steady_clock::now();
-  for (int token : prompt) logits = model.step({sequence}, {token}).front();
+  std::vector<float> logits = model.prefill(sequence, prompt);
   const auto prefilled = std::chrono::steady_clock::now();
   std::vector<int> generated;
   for (long i = 0; i < new_tokens; ++i) {

@@ -36,6 +36,60 @@ void swiglu_expert(const ExecSpace& space, const ExpertWeights<Scalar, typename 
                    const Matrix<typename ExecSpace::memory_space>& y,
                    SwigluScratch<typename ExecSpace::memory_space>& scratch);
 
+/// Tokens routed to each expert by one router call, on the host.
+struct Routing {
+  std::vector<std::vector<int>> rows;       // per expert: rows of x routed to it, ascending
+  std::vector<std::vector<float>> weights;  // per expert: the routing weight of each of those rows
+  /// Tokens each expert received.
+  std::vector<int> counts() const;
+  /// Experts that received at least one token, ascending.
+  std::vector<int> active() const;
+};
+
+/// The router of one MoE layer: softmax top-k of x W_router^T, gathered per expert on the host.
+template <class ExecSpace, class Scalar>
+class Router {
+ public:
+  using MemSpace = typename ExecSpace::memory_space;
+  /// `weights`: (experts, hidden)
+  Router(Kokkos::View<const Scalar**, Kokkos::LayoutRight, MemSpace> weights, int experts_per_token, RouterKind kind,
+         double scaling_factor);
+  int experts() const { return static_cast<int>(weights_.extent(0)); }
+  /// x: (rows, hidden)
+  Routing operator()(const ExecSpace& space, const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x);
+
+ private:
+  Kokkos::View<const Scalar**, Kokkos::LayoutRight, MemSpace> weights_;
+  int experts_per_token_;
+  RouterKind kind_;
+  double scaling_factor_;
+  Matrix<MemSpace> logits_, route_weights_;
+  Kokkos::View<int**, Kokkos::LayoutRight, MemSpace> chosen_;
+};
+
+/// Runs SwiGLU experts on gathered rows and adds their weighted outputs; owns
+/// the scratch so that no call allocates once sizes are reached.
+template <class ExecSpace, class Scalar>
+class ExpertRunner {
+ public:
+  using MemSpace = typename ExecSpace::memory_space;
+  /// out(rows[i], :) += weights[i] * expert(x(rows[i], :)).
+  ///   x: (rows, hidden), out: (rows, hidden)
+  void add(const ExecSpace& space, const ExpertWeights<Scalar, MemSpace>& expert,
+           const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x, const std::vector<int>& rows,
+           const std::vector<float>& weights, const Matrix<MemSpace>& out);
+  /// out += expert(x) for every row (shared experts).
+  void add_all(const ExecSpace& space, const ExpertWeights<Scalar, MemSpace>& expert,
+               const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x, const Matrix<MemSpace>& out);
+
+ private:
+  Matrix<MemSpace> gathered_, expert_out_;
+  Kokkos::View<int*, MemSpace> rows_;
+  Kokkos::View<float*, MemSpace> weights_;
+  SwigluScratch<MemSpace> swiglu_;
+};
+
+/// The MoE feed-forward of one layer on one execution space.
 template <class ExecSpace, class Scalar>
 class MoeFeedForward {
  public:
@@ -55,15 +109,10 @@ class MoeFeedForward {
   const std::vector<int>& last_counts() const noexcept { return counts_; }
 
  private:
-  Kokkos::View<const Scalar**, Kokkos::LayoutRight, MemSpace> router_;
+  Router<ExecSpace, Scalar> router_;
   std::vector<Weights> experts_, shared_;
-  int experts_per_token_;
-  RouterKind kind_;
-  double scaling_factor_;
   std::vector<int> counts_;
-  Matrix<MemSpace> logits_, route_weights_, gathered_, expert_out_;
-  Kokkos::View<int**, Kokkos::LayoutRight, MemSpace> chosen_;
-  SwigluScratch<MemSpace> swiglu_scratch_;
+  ExpertRunner<ExecSpace, Scalar> runner_;
 };
 
 }  // namespace writescope

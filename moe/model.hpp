@@ -1,86 +1,139 @@
 #pragma once
-// The Kokkos model runtime for decode (DESIGN.md §5), on one execution space:
-// embedding, per layer RMSNorm, attention projections (GQA with Qwen3's q/k
-// norms), rotary embeddings, KV appends into an InplaceKVCache with blocks
-// placed by a caller-chosen policy, split-KV decode attention over every
-// region the space can read, merged by log-sum-exp, output projection, the MoE
-// feed-forward, residuals, final norm and LM head. bf16 weights, fp32
-// activations. MLA runs in the absorbed form: the cache holds the normalised
-// latent and the roped k_pe (576 wide for DeepSeek-V2-Lite), queries are
-// absorbed into the latent, and the latent output is expanded per head.
+// The model runtime (DESIGN.md §5): one GPU and the CPU decoding a batch of
+// sequences of an MoE model.
 //
-// The CPU + GPU split execution of attention and experts comes next.
+// On the GPU: embedding, norms, attention projections (GQA with Qwen3's q/k
+// norms; MLA in the absorbed form, whose cache row is the normalised latent
+// and the roped k_pe), the router, shared experts, DeepSeek's dense first
+// layers, the routed experts the expert policy keeps in GPU slots or loads
+// for a step, the final norm and the LM head. On the CPU, from host memory:
+// the routed experts the policy gives it, at the same time as the GPU's
+// experts in a CUDA build. Attention of a decode step runs through
+// SplitDecode over the InplaceKVCache on the blocks the KV policy assigns to
+// each device; a prompt runs through the prefill kernel before its KV is
+// written to the regions the KV policy chooses. bf16 weights, fp32
+// activations.
+//
+// VRAM budget = GPU weights + workspace + expert slots + the KV cache's VRAM
+// pool: what the weights, workspace and slots leave goes to the KV cache, and
+// a budget that cannot hold the weights and workspace is a ModelBudgetError.
+// In a host-only build the "GPU" is the host, so budgets are still enforced
+// and every path runs, only without a second device.
 
 #include <Kokkos_Core.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "attention/decode.hpp"
+#include "attention/kv_policy.hpp"
+#include "attention/split.hpp"
+#include "framework/roofline.hpp"
 #include "layouts/inplace_kv_cache.hpp"
+#include "moe/expert_policy.hpp"
 #include "moe/experts.hpp"
 #include "moe/reference_model.hpp"
 #include "moe/weights.hpp"
 
 namespace writescope {
 
-/// Region of the block `block_index` of (layer, sequence), when it is opened.
-using BlockPlacement = std::function<Region(int layer, int sequence, int block_index)>;
+/// A budget that cannot hold what the model needs; the message names the
+/// budget, what it must hold and how much is missing.
+class ModelBudgetError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
-template <class ExecSpace>
+/// Makes the KV policy once the model's cache exists.
+using KVPolicyFactory =
+    std::function<std::unique_ptr<KVPolicy>(const AttentionShape& shape, const InplaceKVCache<bf16>& cache)>;
+
+struct ModelOptions {
+  std::uint64_t vram_budget = 0;    // bytes: GPU weights, workspace, expert slots and the KV VRAM pool
+  std::uint64_t pinned_kv_budget = 0;  // bytes of pinned host memory for the KV cache's movable band
+  std::uint64_t host_kv_budget = 0;    // bytes of host memory for CpuResident KV blocks
+  int block_tokens = 16;
+  int max_rows = 64;                // most tokens one forward pass carries (batch or prompt chunk)
+  int stream_chunk_blocks = 8;      // KV blocks per streaming chunk
+  KVPolicyFactory kv_policy;        // required
+  std::shared_ptr<ExpertPolicy> experts = std::make_shared<CpuExpertPolicy>();
+};
+
+/// Seconds and bytes of one layer of one forward pass. Devices overlap, so the
+/// components may add up to more than the layer's wall time.
+struct LayerRecord {
+  double attention_gpu = 0, attention_cpu = 0, experts_gpu = 0, experts_cpu = 0, transfers = 0, other = 0;
+  double attention = 0;            // wall time of the attention step
+  double predicted_attention = 0;  // the roofline model's prediction for the KV policy's plan
+  double alpha = 0;                // CPU share of the KV bytes read
+  double region_bytes[4] = {0, 0, 0, 0};  // read from each Region
+};
+
+/// Where the VRAM budget went.
+struct VramUse {
+  std::uint64_t weights = 0, workspace = 0, expert_slots = 0, kv = 0;
+};
+
+struct ModelForward;
+
 class MoeModel {
  public:
-  using MemSpace = typename ExecSpace::memory_space;
+  struct Impl;
 
-  /// `weights` in weight_specs(config) order (bf16 values); the KV cache is
-  /// sized by `budgets` with blocks of `block_tokens` tokens.
-  MoeModel(const ModelConfig& config, const std::vector<std::vector<bf16>>& weights, int block_tokens,
-           const KVCacheBudgets& budgets, BlockPlacement placement);
-  static MoeModel synthetic(const ModelConfig& config, std::uint64_t seed, int block_tokens,
-                            const KVCacheBudgets& budgets, BlockPlacement placement);
+  /// `weights` in weight_specs(config) order (bf16 values).
+  MoeModel(const ModelConfig& config, const std::vector<std::vector<bf16>>& weights, ModelOptions options);
+  static MoeModel synthetic(const ModelConfig& config, std::uint64_t seed, ModelOptions options);
+  MoeModel(MoeModel&&) = default;
+  ~MoeModel();
+
+  /// Bytes of VRAM the model needs besides expert slots and KV (weights + workspace).
+  static VramUse fixed_vram(const ModelConfig& config, const ModelOptions& options);
+  /// Bytes of one routed expert's weights.
+  static std::uint64_t expert_bytes(const ModelConfig& config);
 
   const ModelConfig& config() const noexcept { return config_; }
+  const AttentionShape& attention_shape() const noexcept { return shape_; }
   const InplaceKVCache<bf16>& cache() const noexcept { return *cache_; }
-  int add_sequence() { return cache_->add_sequence(); }
+  const VramUse& vram_use() const noexcept { return vram_; }
+  const ExpertResidency& residency() const noexcept { return residency_; }
+  KVPolicy& kv_policy() noexcept { return *kv_policy_; }
+  ExpertPolicy& expert_policy() noexcept { return *options_.experts; }
 
-  /// One token for each of `sequences`; returns their logits (batch, vocab).
+  /// A new, empty sequence expected to reach `expected_tokens` (KV placement plans for it).
+  int add_sequence(std::int64_t expected_tokens = 0);
+  void free_sequence(int sequence);
+
+  /// Runs `prompt` of an empty `sequence` through the prefill path, in chunks
+  /// of at most max_rows tokens; returns the logits of its last token (vocab).
+  std::vector<float> prefill(int sequence, const std::vector<int>& prompt);
+  /// One decode token for each of `sequences`; returns their logits (batch, vocab).
   std::vector<std::vector<float>> step(const std::vector<int>& sequences, const std::vector<int>& tokens);
 
+  /// Per layer, the last forward pass's record.
+  const std::vector<LayerRecord>& last_records() const noexcept { return records_; }
+  /// Tokens each routed expert of each MoE layer received in the last forward pass.
+  const std::vector<std::vector<int>>& last_expert_counts() const noexcept { return expert_counts_; }
+  /// Tells the expert policy that warm-up is over (it may move experts now).
+  void end_warmup();
+
  private:
-  using Weight = Kokkos::View<const bf16**, Kokkos::LayoutRight, MemSpace>;
-  using Norm = Kokkos::View<const float*, MemSpace>;
-  const Weight& weight(const std::string& name) const;
-  const Norm& norm(const std::string& name) const;
-  void attention(int layer, const std::vector<int>& sequences, const Matrix<MemSpace>& h,
-                 const Matrix<MemSpace>& out);
-  void mla_attention(int layer, const std::vector<int>& sequences, const Matrix<MemSpace>& h,
-                     const Matrix<MemSpace>& out);
-  Kokkos::View<const std::int64_t*, MemSpace> positions_of(int layer, const std::vector<int>& sequences) const;
-  /// Appends one cache row per sequence (keys, then values unless stored in the keys).
-  std::vector<TokenRange> append(int layer, const std::vector<int>& sequences,
-                                 const Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace>& rows);
-  /// Attention over every region this space can read, merged into `merged`.
-  void attend(int layer, const std::vector<int>& sequences, const std::vector<TokenRange>& ranges,
-              const Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace>& queries,
-              const PartialState<MemSpace>& merged);
+  ModelForward forward();
 
   ModelConfig config_;
   AttentionShape shape_;
-  BlockPlacement placement_;
-  std::map<std::string, Weight> weights_;
-  std::map<std::string, Norm> norms_;
-  std::vector<MoeFeedForward<ExecSpace, bf16>> feed_forward_;  // per MoE layer
-  std::vector<ExpertWeights<bf16, MemSpace>> dense_;             // DeepSeek's first dense layers
-  SwigluScratch<MemSpace> dense_scratch_;
+  ModelOptions options_;
+  VramUse vram_;
   std::unique_ptr<InplaceKVCache<bf16>> cache_;
-  Kokkos::View<const double*, MemSpace> inverse_frequencies_;
-  float rope_scale_ = 1.0f;
-  DecodeWorkspace<MemSpace> workspace_;
+  std::unique_ptr<KVPolicy> kv_policy_;
+  ExpertResidency residency_;
+  std::vector<LayerRecord> records_;
+  std::vector<std::vector<int>> expert_counts_;
+  std::vector<std::int64_t> expected_tokens_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace writescope
-
-#include "moe/impl/model_impl.hpp"

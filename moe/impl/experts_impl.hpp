@@ -36,6 +36,14 @@ struct ScatterAddRows {
   KOKKOS_INLINE_FUNCTION void operator()(int i, int c) const { out(rows(i), c) += weights(i) * y(i, c); }
 };
 
+/// out += y
+template <class MemSpace>
+struct AddRows {
+  Matrix<MemSpace> out;
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> y;
+  KOKKOS_INLINE_FUNCTION void operator()(int r, int c) const { out(r, c) += y(r, c); }
+};
+
 template <class ExecSpace>
 Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>> rows_by_columns(const ExecSpace& space, int rows, int columns) {
   return Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, columns});
@@ -68,79 +76,112 @@ void swiglu_expert(const ExecSpace& space, const ExpertWeights<Scalar, typename 
   linear<ExecSpace, Scalar>(space, gate, expert.down, y);
 }
 
+inline std::vector<int> Routing::counts() const {
+  std::vector<int> counts;
+  for (const auto& r : rows) counts.push_back(static_cast<int>(r.size()));
+  return counts;
+}
+
+inline std::vector<int> Routing::active() const {
+  std::vector<int> experts;
+  for (std::size_t e = 0; e < rows.size(); ++e)
+    if (!rows[e].empty()) experts.push_back(static_cast<int>(e));
+  return experts;
+}
+
+template <class ExecSpace, class Scalar>
+Router<ExecSpace, Scalar>::Router(Kokkos::View<const Scalar**, Kokkos::LayoutRight, MemSpace> weights,
+                                  int experts_per_token, RouterKind kind, double scaling_factor)
+    : weights_(weights), experts_per_token_(experts_per_token), kind_(kind), scaling_factor_(scaling_factor) {
+  if (experts_per_token < 1 || experts_per_token > experts())
+    throw std::invalid_argument("MoE: experts_per_token must be between 1 and the number of experts");
+}
+
+template <class ExecSpace, class Scalar>
+Routing Router<ExecSpace, Scalar>::operator()(const ExecSpace& space,
+                                              const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x) {
+  const int rows = static_cast<int>(x.extent(0)), k = experts_per_token_;
+  const auto logits = impl::scratch(logits_, "writescope::moe::router_logits", rows, experts());
+  linear<ExecSpace, Scalar>(space, x, weights_, logits);
+  const auto chosen = impl::scratch(chosen_, "writescope::moe::chosen", rows, k);
+  const auto weights = impl::scratch(route_weights_, "writescope::moe::route_weights", rows, k);
+  route(space, kind_, scaling_factor_, logits, chosen, weights);
+  const auto chosen_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), chosen);
+  const auto weights_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), weights);
+  Routing routing;
+  routing.rows.resize(static_cast<std::size_t>(experts()));
+  routing.weights.resize(static_cast<std::size_t>(experts()));
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < k; ++j) {
+      routing.rows[chosen_host(r, j)].push_back(r);
+      routing.weights[chosen_host(r, j)].push_back(weights_host(r, j));
+    }
+  return routing;
+}
+
+template <class ExecSpace, class Scalar>
+void ExpertRunner<ExecSpace, Scalar>::add(const ExecSpace& space, const ExpertWeights<Scalar, MemSpace>& expert,
+                                          const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x,
+                                          const std::vector<int>& rows, const std::vector<float>& weights,
+                                          const Matrix<MemSpace>& out) {
+  const int n = static_cast<int>(rows.size()), hidden = static_cast<int>(x.extent(1));
+  if (n == 0) return;
+  if (rows_.extent(0) < rows.size()) {
+    rows_ = Kokkos::View<int*, MemSpace>(Kokkos::view_alloc(std::string("writescope::moe::expert_rows"),
+                                                            Kokkos::WithoutInitializing), rows.size());
+    weights_ = Kokkos::View<float*, MemSpace>(Kokkos::view_alloc(std::string("writescope::moe::expert_weights"),
+                                                                 Kokkos::WithoutInitializing), rows.size());
+  }
+  using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+  const auto rows_view = Kokkos::subview(rows_, std::make_pair(0, n));
+  const auto weights_view = Kokkos::subview(weights_, std::make_pair(0, n));
+  Kokkos::deep_copy(space, rows_view, Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(rows.data(), rows.size()));
+  Kokkos::deep_copy(space, weights_view,
+                    Kokkos::View<const float*, Kokkos::HostSpace, Unmanaged>(weights.data(), weights.size()));
+  const auto xs = impl::scratch(gathered_, "writescope::moe::gathered", n, hidden);
+  const auto ys = impl::scratch(expert_out_, "writescope::moe::expert_out", n, hidden);
+  Kokkos::parallel_for("writescope::moe::gather", impl::rows_by_columns(space, n, hidden),
+                       impl::GatherRows<MemSpace>{xs, x, rows_view});
+  swiglu_expert<ExecSpace, Scalar>(space, expert, xs, ys, swiglu_);
+  Kokkos::parallel_for("writescope::moe::scatter_add", impl::rows_by_columns(space, n, hidden),
+                       impl::ScatterAddRows<MemSpace>{out, ys, rows_view, weights_view});
+  // The host vectors behind the copies may go out of scope after return.
+  space.fence();
+}
+
+template <class ExecSpace, class Scalar>
+void ExpertRunner<ExecSpace, Scalar>::add_all(const ExecSpace& space, const ExpertWeights<Scalar, MemSpace>& expert,
+                                              const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x,
+                                              const Matrix<MemSpace>& out) {
+  const int rows = static_cast<int>(x.extent(0)), hidden = static_cast<int>(x.extent(1));
+  const auto ys = impl::scratch(expert_out_, "writescope::moe::expert_out", rows, hidden);
+  swiglu_expert<ExecSpace, Scalar>(space, expert, x, ys, swiglu_);
+  Kokkos::parallel_for("writescope::moe::add_shared", impl::rows_by_columns(space, rows, hidden),
+                       impl::AddRows<MemSpace>{out, ys});
+}
+
 template <class ExecSpace, class Scalar>
 MoeFeedForward<ExecSpace, Scalar>::MoeFeedForward(Kokkos::View<const Scalar**, Kokkos::LayoutRight, MemSpace> router,
                                                   std::vector<Weights> experts, std::vector<Weights> shared,
                                                   int experts_per_token, RouterKind kind, double scaling_factor)
-    : router_(router),
+    : router_(router, experts_per_token, kind, scaling_factor),
       experts_(std::move(experts)),
       shared_(std::move(shared)),
-      experts_per_token_(experts_per_token),
-      kind_(kind),
-      scaling_factor_(scaling_factor),
       counts_(experts_.size(), 0) {
-  if (router_.extent(0) != experts_.size())
-    throw std::invalid_argument("MoE: the router has " + std::to_string(router_.extent(0)) + " rows for " +
+  if (router_.experts() != static_cast<int>(experts_.size()))
+    throw std::invalid_argument("MoE: the router has " + std::to_string(router_.experts()) + " rows for " +
                                 std::to_string(experts_.size()) + " experts");
-  if (experts_per_token < 1 || experts_per_token > static_cast<int>(experts_.size()))
-    throw std::invalid_argument("MoE: experts_per_token must be between 1 and the number of experts");
 }
 
 template <class ExecSpace, class Scalar>
 void MoeFeedForward<ExecSpace, Scalar>::operator()(const ExecSpace& space,
                                                    const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x,
                                                    const Matrix<MemSpace>& out) {
-  const int rows = static_cast<int>(x.extent(0)), hidden = static_cast<int>(x.extent(1));
-  const int k = experts_per_token_;
-  const auto logits = impl::scratch(logits_, "writescope::moe::router_logits", rows, static_cast<int>(experts_.size()));
-  linear<ExecSpace, Scalar>(space, x, router_, logits);
-  const auto chosen = impl::scratch(chosen_, "writescope::moe::chosen", rows, k);
-  const auto weights = impl::scratch(route_weights_, "writescope::moe::route_weights", rows, k);
-  route(space, kind_, scaling_factor_, logits, chosen, weights);
-  const auto chosen_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), chosen);
-  const auto weights_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), weights);
+  const Routing routing = router_(space, x);
+  counts_ = routing.counts();
   Kokkos::deep_copy(space, out, 0.0f);
-
-  std::fill(counts_.begin(), counts_.end(), 0);
-  for (std::size_t e = 0; e < experts_.size(); ++e) {
-    std::vector<int> token_rows;
-    std::vector<float> token_weights;
-    for (int r = 0; r < rows; ++r)
-      for (int j = 0; j < k; ++j)
-        if (chosen_host(r, j) == static_cast<int>(e)) {
-          token_rows.push_back(r);
-          token_weights.push_back(weights_host(r, j));
-        }
-    counts_[e] = static_cast<int>(token_rows.size());
-    if (token_rows.empty()) continue;
-    const int n = counts_[e];
-    using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
-    const auto rows_view = Kokkos::create_mirror_view_and_copy(
-        MemSpace(), Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(token_rows.data(), n));
-    const auto weights_view = Kokkos::create_mirror_view_and_copy(
-        MemSpace(), Kokkos::View<const float*, Kokkos::HostSpace, Unmanaged>(token_weights.data(), n));
-    const auto xs = impl::scratch(gathered_, "writescope::moe::gathered", n, hidden);
-    const auto ys = impl::scratch(expert_out_, "writescope::moe::expert_out", n, hidden);
-    Kokkos::parallel_for("writescope::moe::gather", impl::rows_by_columns(space, n, hidden),
-                         impl::GatherRows<MemSpace>{xs, x, rows_view});
-    swiglu_expert<ExecSpace, Scalar>(space, experts_[e], xs, ys, swiglu_scratch_);
-    Kokkos::parallel_for("writescope::moe::scatter_add", impl::rows_by_columns(space, n, hidden),
-                         impl::ScatterAddRows<MemSpace>{out, ys, rows_view, weights_view});
-  }
-  if (!shared_.empty()) {
-    const auto ys = impl::scratch(expert_out_, "writescope::moe::expert_out", rows, hidden);
-    Kokkos::View<int*, MemSpace> all_rows("writescope::moe::all_rows", rows);
-    Kokkos::View<float*, MemSpace> ones("writescope::moe::ones", rows);
-    Kokkos::deep_copy(space, ones, 1.0f);
-    const auto identity = Kokkos::create_mirror_view(all_rows);
-    for (int r = 0; r < rows; ++r) identity(r) = r;
-    Kokkos::deep_copy(space, all_rows, identity);
-    for (const Weights& expert : shared_) {
-      swiglu_expert<ExecSpace, Scalar>(space, expert, x, ys, swiglu_scratch_);
-      Kokkos::parallel_for("writescope::moe::add_shared", impl::rows_by_columns(space, rows, hidden),
-                           impl::ScatterAddRows<MemSpace>{out, ys, all_rows, ones});
-    }
-  }
+  for (int e : routing.active()) runner_.add(space, experts_[e], x, routing.rows[e], routing.weights[e], out);
+  for (const Weights& expert : shared_) runner_.add_all(space, expert, x, out);
 }
 
 }  // namespace writescope

@@ -5,14 +5,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "exec_spaces.hpp"
-
 namespace writescope {
 namespace {
 
-template <class ExecSpace>
-class MoeModelTest : public ::testing::Test {};
-TYPED_TEST_SUITE(MoeModelTest, test::ExecSpaceTypes, test::ExecSpaceName);
+// The model runs on the machine's two devices (GpuExecSpace and
+// HostExecSpace); its kernels are tested on every space in their own tests.
 
 /// The reference model on the same bf16 weights, with a bf16 KV cache.
 ReferenceModel reference_for(const ModelConfig& config, std::uint64_t seed) {
@@ -26,21 +23,60 @@ ReferenceModel reference_for(const ModelConfig& config, std::uint64_t seed) {
   return model;
 }
 
-TYPED_TEST(MoeModelTest, DecodeMatchesTheReferenceWhereverBlocksLive) {
-  using ExecSpace = TypeParam;
-  constexpr bool reads_host = Kokkos::SpaceAccessibility<ExecSpace, HostMemSpace>::accessible;
-  for (const char* name : {"tiny-qwen3-moe", "tiny-mixtral", "tiny-deepseek-v2"}) {
+RooflineModel test_roofline() {
+  ModelRates rates;
+  rates.has_gpu = has_gpu;
+  rates.hbm_gbps = 1000;
+  rates.link_gbps = 20;
+  rates.cpu_attention_gbps = 10;
+  rates.cpu_fma_glanes = 100;
+  return RooflineModel(rates);
+}
+
+constexpr std::uint64_t mib = 1 << 20;
+
+ModelOptions options_with(BlockPlacement placement, std::shared_ptr<ExpertPolicy> experts, int max_rows = 8) {
+  ModelOptions options;
+  options.vram_budget = 256 * mib;
+  options.pinned_kv_budget = 4 * mib;
+  options.host_kv_budget = 4 * mib;
+  options.block_tokens = 4;
+  options.max_rows = max_rows;
+  options.stream_chunk_blocks = 2;
+  options.kv_policy = [placement](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
+    return std::make_unique<CallbackKVPolicy>(test_roofline(), shape, cache, placement);
+  };
+  options.experts = std::move(experts);
+  return options;
+}
+
+/// Blocks of 4 tokens cycle through all four regions.
+const BlockPlacement every_region = [](int layer, int sequence, int block) {
+  return static_cast<Region>((layer + sequence + block) % 4);
+};
+
+/// Experts cycle through GPU-resident, loaded for the step, and CPU.
+std::shared_ptr<ExpertPolicy> mixed_experts() {
+  return std::make_shared<FixedExpertPolicy>(
+      [](int layer, int expert) { return static_cast<ExpertPlacement>((layer + expert) % 3); });
+}
+
+void expect_logits_near(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance,
+                        const std::string& where) {
+  ASSERT_EQ(actual.size(), expected.size()) << where;
+  double scale = 0;
+  for (float e : expected) scale = std::max(scale, static_cast<double>(std::abs(e)));
+  for (std::size_t v = 0; v < expected.size(); ++v)
+    ASSERT_NEAR(actual[v], expected[v], tolerance * (1 + scale)) << where << " vocab " << v;
+}
+
+const char* const tiny_models[] = {"tiny-qwen3-moe", "tiny-mixtral", "tiny-deepseek-v2"};
+
+TEST(MoeModel, DecodeMatchesTheReferenceWhereverBlocksAndExpertsLive) {
+  for (const char* name : tiny_models) {
     SCOPED_TRACE(name);
     const ModelConfig config = model_preset(name);
-    // Blocks of 4 tokens cycle through the regions this space can read.
-    const BlockPlacement placement = [](int layer, int sequence, int block) {
-      const Region readable[] = {Region::gpu_resident, Region::gpu_streamed, Region::cpu_streamed,
-                                 Region::cpu_resident};
-      return readable[(layer + sequence + block) % (reads_host ? 4 : 3)];
-    };
-    const std::uint64_t mib = 1 << 20;
-    MoeModel<ExecSpace> model =
-        MoeModel<ExecSpace>::synthetic(config, 9, 4, KVCacheBudgets{mib, mib, mib}, placement);
+    MoeModel model = MoeModel::synthetic(config, 9, options_with(every_region, mixed_experts()));
     // Two sequences of different lengths decoded together.
     const std::vector<std::vector<int>> prompts{{5, 17, 200, 3, 99, 42, 7, 8, 11, 250, 1}, {31, 64, 128}};
     std::vector<ReferenceModel> references{reference_for(config, 9), reference_for(config, 9)};
@@ -49,17 +85,107 @@ TYPED_TEST(MoeModelTest, DecodeMatchesTheReferenceWhereverBlocksLive) {
       std::vector<int> sequences{a}, tokens{prompts[0][t]};
       if (t < prompts[1].size()) sequences.push_back(b), tokens.push_back(prompts[1][t]);
       const auto logits = model.step(sequences, tokens);
-      for (std::size_t i = 0; i < sequences.size(); ++i) {
-        const auto expected = references[i].forward({tokens[i]});
-        double scale = 0;
-        for (float e : expected) scale = std::max(scale, static_cast<double>(std::abs(e)));
-        for (std::size_t v = 0; v < expected.size(); ++v)
-          ASSERT_NEAR(logits[i][v], expected[v], 1e-4 * (1 + scale)) << "step " << t << " sequence " << i << " vocab " << v;
-      }
+      for (std::size_t i = 0; i < sequences.size(); ++i)
+        expect_logits_near(logits[i], references[i].forward({tokens[i]}), 1e-4,
+                           "step " + std::to_string(t) + " sequence " + std::to_string(i));
     }
     EXPECT_EQ(model.cache().length(0, a), static_cast<std::int64_t>(prompts[0].size()));
+    for (Region region : {Region::gpu_resident, Region::gpu_streamed, Region::cpu_resident, Region::cpu_streamed})
+      EXPECT_GT(model.cache().region_bytes(region), 0u) << region_name(region);
     EXPECT_THROW(model.step({a}, {config.vocab}), std::invalid_argument);
+    EXPECT_THROW(model.step({a, a}, {1, 2}), std::invalid_argument);
   }
+}
+
+TEST(MoeModel, ChunkedPrefillMatchesTheReference) {
+  for (const char* name : tiny_models) {
+    SCOPED_TRACE(name);
+    const ModelConfig config = model_preset(name);
+    // Chunks of 4 tokens: later chunks read earlier ones back from every region.
+    MoeModel model = MoeModel::synthetic(config, 3, options_with(every_region, mixed_experts(), 4));
+    ReferenceModel reference = reference_for(config, 3);
+    const std::vector<int> prompt{5, 17, 200, 3, 99, 42, 7, 8, 11, 250};
+    const int sequence = model.add_sequence();
+    expect_logits_near(model.prefill(sequence, prompt), reference.forward(prompt), 1e-4, "prefill");
+    EXPECT_EQ(model.cache().length(config.layers - 1, sequence), static_cast<std::int64_t>(prompt.size()));
+    for (int token : {9, 100, 2})
+      expect_logits_near(model.step({sequence}, {token}).front(), reference.forward({token}), 1e-4, "decode");
+    EXPECT_THROW(model.prefill(sequence, {1}), std::invalid_argument);
+  }
+}
+
+TEST(MoeModel, LogitsDoNotDependOnPlacement) {
+  const ModelConfig config = model_preset("tiny-qwen3-moe");
+  const BlockPlacement gpu_blocks = [](int, int, int) { return Region::gpu_resident; };
+  const BlockPlacement cpu_blocks = [](int, int, int) { return Region::cpu_resident; };
+  MoeModel on_gpu = MoeModel::synthetic(config, 5, options_with(gpu_blocks, std::make_shared<GpuExpertPolicy>()));
+  MoeModel on_cpu = MoeModel::synthetic(config, 5, options_with(cpu_blocks, std::make_shared<CpuExpertPolicy>()));
+  MoeModel mixed = MoeModel::synthetic(config, 5, options_with(every_region, mixed_experts()));
+  std::vector<int> sequences;
+  for (MoeModel* model : {&on_gpu, &on_cpu, &mixed}) sequences.push_back(model->add_sequence());
+  for (int token : {4, 8, 15, 16, 23, 42, 108, 7, 9}) {
+    const auto expected = on_gpu.step({sequences[0]}, {token}).front();
+    expect_logits_near(on_cpu.step({sequences[1]}, {token}).front(), expected, 1e-5, "CPU placement");
+    expect_logits_near(mixed.step({sequences[2]}, {token}).front(), expected, 1e-5, "mixed placement");
+  }
+  // The experts ran where the policies said.
+  for (const LayerRecord& r : on_gpu.last_records()) EXPECT_EQ(r.experts_cpu, 0);
+  for (const LayerRecord& r : on_cpu.last_records()) EXPECT_GT(r.experts_cpu, 0);
+}
+
+TEST(MoeModel, RecordsTheBytesEachRegionServed) {
+  const ModelConfig config = model_preset("tiny-mixtral");
+  MoeModel model = MoeModel::synthetic(config, 2, options_with(every_region, std::make_shared<CpuExpertPolicy>()));
+  const int a = model.add_sequence(), b = model.add_sequence();
+  for (int t = 0; t < 9; ++t) model.step({a, b}, {t + 1, t + 2});
+  const double bytes_per_token = static_cast<double>(model.cache().block_bytes()) / 4;
+  for (int layer = 0; layer < config.layers; ++layer) {
+    const LayerRecord& record = model.last_records()[layer];
+    double total = 0;
+    for (double bytes : record.region_bytes) total += bytes;
+    EXPECT_DOUBLE_EQ(total, 2 * 9 * bytes_per_token) << "layer " << layer;
+    EXPECT_GT(record.attention, 0);
+    EXPECT_GT(record.predicted_attention, 0);
+    EXPECT_GT(record.experts_cpu, 0);
+    // CpuResident and CpuStreamed blocks are read by the CPU.
+    const double cpu_bytes = record.region_bytes[int(Region::cpu_resident)] + record.region_bytes[int(Region::cpu_streamed)];
+    EXPECT_NEAR(record.alpha, cpu_bytes / total, 1e-12);
+  }
+  for (const auto& counts : model.last_expert_counts()) {
+    int routed = 0;
+    for (int c : counts) routed += c;
+    EXPECT_EQ(routed, 2 * config.experts_per_token);
+  }
+}
+
+TEST(MoeModel, BudgetsTooSmallAreClearErrors) {
+  const ModelConfig config = model_preset("tiny-qwen3-moe");
+  const VramUse fixed = MoeModel::fixed_vram(config, options_with(every_region, mixed_experts()));
+  ModelOptions options = options_with(every_region, std::make_shared<CpuExpertPolicy>());
+  options.vram_budget = fixed.weights + fixed.workspace - 1;
+  try {
+    MoeModel::synthetic(config, 1, options);
+    FAIL() << "no error";
+  } catch (const ModelBudgetError& e) {
+    EXPECT_NE(std::string(e.what()).find("vram_budget"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("needs at least"), std::string::npos) << e.what();
+  }
+  // Room for the weights but not for every expert of the GPU-only policy.
+  options = options_with(every_region, std::make_shared<GpuExpertPolicy>());
+  options.vram_budget = fixed.weights + fixed.workspace + MoeModel::expert_bytes(config);
+  try {
+    MoeModel::synthetic(config, 1, options);
+    FAIL() << "no error";
+  } catch (const ModelBudgetError& e) {
+    EXPECT_NE(std::string(e.what()).find("routed experts on the GPU"), std::string::npos) << e.what();
+  }
+  // What the slots leave is the KV cache's VRAM pool.
+  options = options_with(every_region, std::make_shared<CpuExpertPolicy>());
+  options.vram_budget = fixed.weights + fixed.workspace + 3 * mib;
+  const MoeModel model = MoeModel::synthetic(config, 1, options);
+  EXPECT_EQ(model.vram_use().kv, 3 * mib);
+  EXPECT_EQ(model.cache().capacity_blocks(Region::gpu_resident),
+            static_cast<std::int64_t>(3 * mib / model.cache().block_bytes()));
 }
 
 }  // namespace

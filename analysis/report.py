@@ -1,0 +1,680 @@
+#!/usr/bin/python3
+"""Speedup report of a WriteScope results file (schema `writescope-results-1`).
+
+Reads datasets and attributes only (never group names) and writes PNG figures
+plus `report.md` into the output folder:
+
+    /usr/bin/python3 analysis/report.py results/quick.h5 -o results/report
+"""
+
+import argparse
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+import h5py
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
+from matplotlib.transforms import blended_transform_factory  # noqa: E402
+
+FORMAT = "writescope-results-1"
+SUBJECT = "writescope"
+FALLBACK_BASELINE = "gpu-only"
+STATUSES = ("complete", "does_not_fit", "failed")
+NOT_RUN_MARKERS = {"does_not_fit": "x", "failed": "v"}
+COMPONENT_ORDER = ("attention_gpu", "attention_cpu", "experts_gpu", "experts_cpu", "transfers", "other")
+
+
+class InputError(Exception):
+    """The results file does not follow the schema; `where` is an HDF5 object path."""
+
+    def __init__(self, where, message):
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+# ---------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    has_gpu: bool
+    hbm_gbps: float
+    pinned_h2d_gbps: float
+    cpu_dram_read_gbps: float
+    cpu_fma_glanes: float
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """What a complete run measured; arrays are (steps) or (steps, layers)."""
+
+    tokens_per_second: float
+    attention_fmas_per_byte: float
+    cpu_attention_gbps: float
+    predicted_attention_seconds: np.ndarray
+    attention_seconds: np.ndarray
+    alpha: np.ndarray
+    components: dict
+
+
+@dataclass(frozen=True)
+class Run:
+    model: str
+    model_label: str
+    system: str
+    batch: int
+    context: int
+    vram_budget_bytes: int
+    repetition: int
+    status: str
+    reason: str
+    measured: Measurements | None = None
+
+    @property
+    def setting(self):
+        """Runs of one setting differ only in system, context and repetition."""
+        return (self.model_label, self.batch, self.vram_budget_bytes)
+
+    def sort_key(self):
+        tps = self.measured.tokens_per_second if self.measured else 0.0
+        return (self.model, self.setting, self.system, self.context, self.repetition,
+                self.status, self.reason, tps)
+
+
+@dataclass(frozen=True)
+class Results:
+    experiment: str
+    git_revision: str
+    profile: Profile
+    runs: list
+
+
+def _as_string(value):
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else None
+
+
+def _as_int(value):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    return None
+
+
+def _as_float(value):
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
+        return float(value)
+    return None
+
+
+ATTRIBUTE_KINDS = {str: (_as_string, "a string"), int: (_as_int, "an integer"), float: (_as_float, "a number")}
+
+
+def attribute(obj, name, kind):
+    """The scalar attribute `name` of `obj`, converted to `kind` (str, int or float)."""
+    if name not in obj.attrs:
+        raise InputError(obj.name, f"missing attribute '{name}'")
+    convert, description = ATTRIBUTE_KINDS[kind]
+    value = convert(obj.attrs[name])
+    if value is None:
+        raise InputError(obj.name, f"attribute '{name}' must be {description}")
+    return value
+
+
+def member(group, name, kind):
+    """The member `name` of `group`, which must be an h5py.Group or h5py.Dataset."""
+    obj = group.get(name)
+    what = "group" if kind is h5py.Group else "dataset"
+    if obj is None:
+        raise InputError(group.name, f"missing {what} '{name}'")
+    if not isinstance(obj, kind):
+        raise InputError(obj.name, f"is not a {what}")
+    return obj
+
+
+def dataset(group, name, shape):
+    """A numeric dataset of `group` as float64, checked against `shape`."""
+    obj = member(group, name, h5py.Dataset)
+    if obj.dtype.kind not in "iuf":
+        raise InputError(obj.name, "is not numeric")
+    if obj.shape != shape:
+        raise InputError(obj.name, f"has shape {obj.shape}, expected {shape}")
+    return obj[()].astype(np.float64)
+
+
+def read_profile(root):
+    group = member(root, "profile", h5py.Group)
+    profile = Profile(
+        name=attribute(group, "name", str),
+        has_gpu=attribute(group, "has_gpu", int) != 0,
+        hbm_gbps=attribute(group, "hbm_gbps", float),
+        pinned_h2d_gbps=attribute(group, "pinned_h2d_gbps", float),
+        cpu_dram_read_gbps=attribute(group, "cpu_dram_read_gbps", float),
+        cpu_fma_glanes=attribute(group, "cpu_fma_glanes", float),
+    )
+    for name in ("cpu_dram_read_gbps", "cpu_fma_glanes"):
+        if not getattr(profile, name) > 0:
+            raise InputError(group.name, f"attribute '{name}' must be positive")
+    return profile
+
+
+def read_measurements(group):
+    """The attributes and datasets only complete runs have."""
+    steps_dataset = member(group, "attention_seconds", h5py.Dataset)
+    if len(steps_dataset.shape) != 1 or steps_dataset.shape[0] == 0:
+        raise InputError(steps_dataset.name, f"has shape {steps_dataset.shape}, expected (steps) with steps > 0")
+    steps = steps_dataset.shape[0]
+    layers = attribute(group, "layers", int)
+    components = member(group, "components", h5py.Group)
+    tokens_per_second = attribute(group, "tokens_per_second", float)
+    if not tokens_per_second > 0:
+        raise InputError(group.name, "attribute 'tokens_per_second' must be positive")
+    return Measurements(
+        tokens_per_second=tokens_per_second,
+        attention_fmas_per_byte=attribute(group, "attention_fmas_per_byte", float),
+        cpu_attention_gbps=attribute(group, "cpu_attention_gbps", float),
+        predicted_attention_seconds=dataset(group, "predicted_attention_seconds", (steps,)),
+        attention_seconds=dataset(group, "attention_seconds", (steps,)),
+        alpha=dataset(group, "alpha", (steps, layers)),
+        components={name: dataset(components, name, (steps, layers)) for name in components},
+    )
+
+
+def read_run(group):
+    status = attribute(group, "status", str)
+    if status not in STATUSES:
+        raise InputError(group.name, f"attribute 'status' is '{status}', expected one of {', '.join(STATUSES)}")
+    return Run(
+        model=attribute(group, "model", str),
+        model_label=attribute(group, "model_label", str),
+        system=attribute(group, "system", str),
+        batch=attribute(group, "batch", int),
+        context=attribute(group, "context", int),
+        vram_budget_bytes=attribute(group, "vram_budget_bytes", int),
+        repetition=attribute(group, "repetition", int),
+        status=status,
+        reason=attribute(group, "reason", str),
+        measured=read_measurements(group) if status == "complete" else None,
+    )
+
+
+def load(path):
+    """Everything the report needs from the results file at `path`."""
+    if not os.path.exists(path):
+        raise InputError("", "no such file")
+    if not os.path.isfile(path) or not h5py.is_hdf5(path):
+        raise InputError("", "not an HDF5 file")
+    try:
+        with h5py.File(path, "r") as root:
+            found = attribute(root, "format", str)
+            if found != FORMAT:
+                raise InputError(root.name, f"attribute 'format' is '{found}', expected '{FORMAT}'")
+            runs = member(root, "runs", h5py.Group)
+            return Results(
+                experiment=attribute(root, "experiment", str),
+                git_revision=attribute(root, "git_revision", str),
+                profile=read_profile(root),
+                runs=sorted((read_run(member(runs, name, h5py.Group)) for name in runs), key=Run.sort_key),
+            )
+    except OSError as error:
+        raise InputError("", f"cannot read: {error}") from None
+
+
+# ---------------------------------------------------------------- analysis
+
+
+def complete(runs):
+    return [run for run in runs if run.measured]
+
+
+def mean_throughput(runs):
+    """{(setting, system, context): mean tokens/s over the complete repetitions}."""
+    grouped = {}
+    for run in complete(runs):
+        grouped.setdefault((run.setting, run.system, run.context), []).append(run.measured.tokens_per_second)
+    return {key: float(np.mean(values)) for key, values in grouped.items()}
+
+
+def comparisons(runs):
+    """(subject, baseline) system pairs: `writescope` over every other system when present,
+    else every system over `gpu-only` (or the first system alphabetically)."""
+    systems = sorted({run.system for run in runs})
+    if SUBJECT in systems:
+        return [(SUBJECT, baseline) for baseline in systems if baseline != SUBJECT]
+    baseline = FALLBACK_BASELINE if FALLBACK_BASELINE in systems else systems[0]
+    return [(subject, baseline) for subject in systems if subject != baseline]
+
+
+def speedups(throughput, subject, baseline):
+    """[(setting, context, speedup)] wherever both systems have complete runs."""
+    points = []
+    for (setting, system, context), tps in sorted(throughput.items()):
+        base = throughput.get((setting, baseline, context))
+        if system == subject and base:
+            points.append((setting, context, tps / base))
+    return points
+
+
+def geomean_rows(runs, min_context):
+    """[(model, subject, baseline, geometric mean or None, number of points)]."""
+    rows = []
+    for model, model_runs in by_model(runs).items():
+        throughput = mean_throughput(model_runs)
+        for subject, baseline in comparisons(model_runs):
+            values = [s for _, context, s in speedups(throughput, subject, baseline) if context >= min_context]
+            mean = math.exp(np.mean(np.log(values))) if values else None
+            rows.append((model, subject, baseline, mean, len(values)))
+    return rows
+
+
+def prediction_errors(runs):
+    """{system: (median relative error of the attention prediction, steps)} over complete runs."""
+    errors = {}
+    for run in complete(runs):
+        measured = run.measured.attention_seconds
+        predicted = run.measured.predicted_attention_seconds
+        valid = measured > 0
+        errors.setdefault(run.system, []).extend(np.abs(predicted[valid] - measured[valid]) / measured[valid])
+    return {system: (float(np.median(values)), len(values)) for system, values in sorted(errors.items()) if values}
+
+
+def component_seconds(run):
+    """{component: mean over steps of the sum over layers} of a complete run."""
+    return {name: float(values.sum(axis=1).mean()) for name, values in run.measured.components.items()}
+
+
+def breakdown_context(runs):
+    """Largest context where every system of `runs` completed, else the largest with any complete run."""
+    systems = {run.system for run in runs}
+    done = {(run.context, run.system) for run in complete(runs)}
+    contexts = sorted({context for context, _ in done}, reverse=True)
+    everyone = [c for c in contexts if all((c, system) in done for system in systems)]
+    return (everyone or contexts)[0]
+
+
+def by_model(runs):
+    grouped = {}
+    for run in runs:
+        grouped.setdefault(run.model, []).append(run)
+    return dict(sorted(grouped.items()))
+
+
+def by_setting(runs):
+    grouped = {}
+    for run in runs:
+        grouped.setdefault(run.setting, []).append(run)
+    return dict(sorted(grouped.items()))
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def context_label(tokens):
+    if tokens >= 1 << 20 and tokens % (1 << 20) == 0:
+        return f"{tokens >> 20}M"
+    if tokens >= 1 << 10 and tokens % (1 << 10) == 0:
+        return f"{tokens >> 10}K"
+    return str(tokens)
+
+
+def setting_title(setting):
+    label, batch, vram = setting
+    return f"{label}, batch {batch}, VRAM {vram / 2**30:.3g} GiB"
+
+
+def file_names(models, prefix):
+    """{model: '<prefix>_<sanitised model>.png'}, distinct even when sanitising collides."""
+    names = {}
+    for model in models:
+        stem = f"{prefix}_{re.sub(r'[^A-Za-z0-9._-]+', '_', model) or 'model'}"
+        name, count = f"{stem}.png", 1
+        while name in names.values():
+            count += 1
+            name = f"{stem}-{count}.png"
+        names[model] = name
+    return names
+
+
+def cell(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
+    return lines
+
+
+def status_text(status):
+    return status.replace("_", " ")
+
+
+# ---------------------------------------------------------------- figures
+
+
+def system_colours(runs):
+    systems = sorted({run.system for run in runs})
+    palette = plt.get_cmap("tab10").colors
+    return {system: palette[i % len(palette)] for i, system in enumerate(systems)}
+
+
+def subplot_grid(count, title):
+    columns = min(count, 3)
+    rows = math.ceil(count / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5.6 * columns, 4.4 * rows), squeeze=False)
+    for unused in axes.flat[count:]:
+        unused.set_visible(False)
+    figure.suptitle(title)
+    return figure, list(axes.flat[:count])
+
+
+def save(figure, path):
+    figure.tight_layout()
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(figure)
+
+
+def context_axis(ax, contexts):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(contexts)
+    ax.set_xticklabels([context_label(c) for c in contexts])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlim(min(contexts) / 1.4, max(contexts) * 1.4)
+    ax.set_xlabel("context length (tokens per sequence)")
+
+
+def mark_not_run(ax, runs, colours):
+    """An x (did not fit) or v (failed) near the bottom of `ax` per system and context that did not complete."""
+    along_bottom = blended_transform_factory(ax.transData, ax.transAxes)
+    systems = sorted({run.system for run in runs})
+    labelled = set()
+    for run in runs:
+        if run.measured:
+            continue
+        label = f"{run.system}: {status_text(run.status)}"
+        ax.plot([run.context], [0.05 + 0.06 * systems.index(run.system)], transform=along_bottom,
+                linestyle="none", marker=NOT_RUN_MARKERS[run.status], markersize=9, color=colours[run.system],
+                label=None if label in labelled else label)
+        labelled.add(label)
+
+
+def plot_speedup(model, runs, colours, path):
+    throughput = mean_throughput(runs)
+    settings = by_setting(runs)
+    figure, axes = subplot_grid(len(settings), f"Decode throughput speedup, {model}")
+    for ax, (setting, setting_runs) in zip(axes, settings.items()):
+        for subject, baseline in comparisons(runs):
+            points = [(c, s) for st, c, s in speedups(throughput, subject, baseline) if st == setting]
+            if points:
+                contexts, values = zip(*points)
+                ax.plot(contexts, values, marker="o", color=colours[baseline], label=f"{subject} over {baseline}")
+        mark_not_run(ax, setting_runs, colours)
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1.1))
+        context_axis(ax, sorted({run.context for run in setting_runs}))
+        ax.set_ylabel("speedup (ratio of tokens/s)")
+        ax.set_title(setting_title(setting), fontsize="medium")
+        ax.legend(fontsize="small")
+    save(figure, path)
+
+
+def plot_alpha(model, runs, path):
+    settings = by_setting(runs)
+    figure, axes = subplot_grid(len(settings), f"{SUBJECT} CPU share α of the attention KV bytes, {model}")
+    for ax, (setting, setting_runs) in zip(axes, settings.items()):
+        for context in sorted({run.context for run in setting_runs}):
+            trajectories = [run.measured.alpha.mean(axis=1) for run in setting_runs if run.context == context]
+            steps = min(len(t) for t in trajectories)
+            mean = np.mean([t[:steps] for t in trajectories], axis=0)
+            ax.plot(np.arange(1, steps + 1), mean, marker=".", label=f"context {context_label(context)}")
+        ax.set_ylim(-0.03, 1.03)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("measured decode step")
+        ax.set_ylabel("α, mean over layers (0 = GPU, 1 = CPU)")
+        ax.set_title(setting_title(setting), fontsize="medium")
+        ax.legend(fontsize="small")
+    save(figure, path)
+
+
+def ordered_components(names):
+    return [c for c in COMPONENT_ORDER if c in names] + sorted(set(names) - set(COMPONENT_ORDER))
+
+
+def plot_breakdown(model, runs, path):
+    settings = {s: r for s, r in by_setting(runs).items() if complete(r)}
+    figure, axes = subplot_grid(len(settings), f"Time per decode step by component, {model}")
+    palette = plt.get_cmap("tab10").colors
+    for ax, (setting, setting_runs) in zip(axes, settings.items()):
+        context = breakdown_context(setting_runs)
+        chosen = [run for run in complete(setting_runs) if run.context == context]
+        systems = sorted({run.system for run in chosen})
+        seconds = {s: [component_seconds(run) for run in chosen if run.system == s] for s in systems}
+        names = ordered_components({name for run in chosen for name in run.measured.components})
+        bottom = np.zeros(len(systems))
+        for i, name in enumerate(names):
+            heights = np.array([np.mean([r.get(name, 0.0) for r in seconds[s]]) for s in systems])
+            ax.bar(systems, heights, bottom=bottom, label=name, color=palette[i % len(palette)])
+            bottom += heights
+        ax.set_xlabel("system")
+        ax.set_ylabel("seconds per step (summed over layers)")
+        ax.set_title(f"{setting_title(setting)}, context {context_label(context)}", fontsize="medium")
+        ax.tick_params(axis="x", labelrotation=20)
+        ax.legend(fontsize="small")
+    save(figure, path)
+
+
+def plot_predictions(runs, colours, path):
+    """False when no step has positive predicted and measured times."""
+    figure, ax = plt.subplots(figsize=(6.4, 5.6))
+    everything = []
+    for system in sorted({run.system for run in runs}):
+        chosen = [run.measured for run in runs if run.system == system]
+        predicted = np.concatenate([m.predicted_attention_seconds for m in chosen])
+        measured = np.concatenate([m.attention_seconds for m in chosen])
+        positive = (predicted > 0) & (measured > 0)
+        if positive.any():
+            ax.scatter(predicted[positive], measured[positive], s=12, alpha=0.7, color=colours[system], label=system)
+            everything += [predicted[positive], measured[positive]]
+    if not everything:
+        plt.close(figure)
+        return False
+    values = np.concatenate(everything)
+    line = [values.min() / 1.5, values.max() * 1.5]
+    ax.plot(line, line, color="grey", linestyle="--", linewidth=0.8, label="y = x")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted attention time per step (s)")
+    ax.set_ylabel("measured attention time per step (s)")
+    ax.set_title("Roofline prediction vs measurement of attention")
+    ax.legend(fontsize="small")
+    save(figure, path)
+    return True
+
+
+def roofline_points(runs):
+    """{model label: (mean lane-FMAs per byte, mean CPU attention GB/s)} over complete runs."""
+    grouped = {}
+    for run in runs:
+        grouped.setdefault(run.model_label, []).append(
+            (run.measured.attention_fmas_per_byte, run.measured.cpu_attention_gbps))
+    return {label: tuple(np.mean(values, axis=0)) for label, values in sorted(grouped.items())}
+
+
+def plot_roofline(profile, runs, path):
+    points = {k: (x, y) for k, (x, y) in roofline_points(runs).items() if x > 0 and y > 0}
+    dram, fma = profile.cpu_dram_read_gbps, profile.cpu_fma_glanes
+    ridge = fma / dram
+    xs = [ridge] + [x for x, _ in points.values()]
+    intensity = np.geomspace(min(xs) / 16, max(xs) * 16, 200)
+    figure, ax = plt.subplots(figsize=(10, 5.2))
+    ax.plot(intensity, np.minimum(dram, fma / intensity), color="black",
+            label=f"CPU: min({dram:.4g} GB/s DRAM, {fma:.4g} G lane-FMA/s ÷ I)")
+    if profile.pinned_h2d_gbps > 0:
+        ax.axhline(profile.pinned_h2d_gbps, color="tab:orange", linestyle="--",
+                   label=f"PCIe pinned host→GPU {profile.pinned_h2d_gbps:.4g} GB/s")
+    if profile.has_gpu and profile.hbm_gbps > 0:
+        ax.axhline(profile.hbm_gbps, color="tab:green", linestyle="--", label=f"GPU HBM {profile.hbm_gbps:.4g} GB/s")
+    for label, (x, y) in points.items():
+        ax.plot([x], [y], marker="o", linestyle="none", label=f"{label}: {y:.4g} GB/s measured")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity I (fp32 lane-FMAs per KV byte)")
+    ax.set_ylabel("attainable KV read rate (GB/s)")
+    ax.set_title(f"Attention roofline of machine profile '{profile.name}'")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    save(figure, path)
+
+
+def write_figures(results, output):
+    """Writes every figure that has data; returns [(file name, caption)]."""
+    runs = results.runs
+    colours = system_colours(runs)
+    models = by_model(runs)
+    written = []
+    speedup_names, alpha_names, breakdown_names = (file_names(models, p) for p in ("speedup", "alpha", "breakdown"))
+    for model, model_runs in models.items():
+        throughput = mean_throughput(model_runs)
+        pairs = comparisons(model_runs)
+        if any(speedups(throughput, s, b) for s, b in pairs):
+            plot_speedup(model, model_runs, colours, os.path.join(output, speedup_names[model]))
+            baselines = ", ".join(sorted({b for _, b in pairs}))
+            subjects = ", ".join(sorted({s for s, _ in pairs}))
+            written.append((speedup_names[model], f"{model}: speedup of {subjects} over {baselines} vs context "
+                                                  "length; x and v mark runs that did not fit or failed."))
+        subject_runs = [run for run in complete(model_runs) if run.system == SUBJECT]
+        if subject_runs:
+            plot_alpha(model, subject_runs, os.path.join(output, alpha_names[model]))
+            written.append((alpha_names[model], f"{model}: {SUBJECT}'s CPU share α per step, one line per context."))
+        if complete(model_runs):
+            plot_breakdown(model, model_runs, os.path.join(output, breakdown_names[model]))
+            written.append((breakdown_names[model], f"{model}: time per step by component at the largest context "
+                                                    "most systems completed (devices overlap, so bars may exceed "
+                                                    "the step time)."))
+    if plot_predictions(complete(runs), colours, os.path.join(output, "predicted_vs_measured.png")):
+        written.append(("predicted_vs_measured.png", "Predicted vs measured attention time of every measured step."))
+    plot_roofline(results.profile, complete(runs), os.path.join(output, "roofline.png"))
+    written.append(("roofline.png", f"Roofline of machine profile '{results.profile.name}' with each model's "
+                                    "CPU attention rate."))
+    return written
+
+
+# ---------------------------------------------------------------- report.md
+
+
+def run_rows(runs):
+    rows = []
+    for run in runs:
+        outcome = f"{run.measured.tokens_per_second:.2f}" if run.measured else run.reason
+        rows.append((run.model_label, run.system, run.batch, f"{run.vram_budget_bytes / 2**30:.3g}",
+                     context_label(run.context), run.repetition, status_text(run.status), outcome))
+    return rows
+
+
+def summary_lines(results, min_context):
+    runs = results.runs
+    counts = {status: sum(run.status == status for run in runs) for status in STATUSES}
+    lines = [f"- {len(runs)} runs: {counts['complete']} complete, {counts['does_not_fit']} did not fit, "
+             f"{counts['failed']} failed."]
+    if not complete(runs):
+        lines.append("- No run completed, so there are no speedup, α, breakdown or prediction figures.")
+    if counts["does_not_fit"] or counts["failed"]:
+        lines.append("- Runs that did not fit or failed are listed under [Not run / did not fit](#not-run--did-not-fit) "
+                     "and marked x (did not fit) or v (failed) in the speedup figures.")
+    lines.append(f"- Speedups compare mean tokens/s over repetitions at equal model, batch, VRAM budget and context; "
+                 f"the geometric means use contexts ≥ {context_label(min_context)}.")
+    return lines
+
+
+def geomean_section(runs, min_context):
+    rows = [(model, subject, baseline, "n/a" if mean is None else f"{mean:.2f}", count)
+            for model, subject, baseline, mean, count in geomean_rows(runs, min_context)]
+    if not rows:
+        return ["No system pairs to compare."]
+    return table(("model", "system", "baseline", "geomean speedup (×)", "points"), rows)
+
+
+def prediction_section(runs):
+    errors = prediction_errors(complete(runs))
+    if not errors:
+        return ["No complete run with measured attention time."]
+    rows = [(system, f"{100 * median:.1f}%", steps) for system, (median, steps) in errors.items()]
+    return table(("system", "median relative error", "steps"), rows)
+
+
+def not_run_section(runs):
+    missing = [run for run in runs if not run.measured]
+    if not missing:
+        return ["Every run completed."]
+    return [f"- {cell(run.model_label)}, {run.system}, batch {run.batch}, context {context_label(run.context)}, "
+            f"repetition {run.repetition}: {status_text(run.status)} — {cell(run.reason) or 'no reason given'}"
+            for run in missing]
+
+
+def report_markdown(results, figures, min_context):
+    lines = [f"# WriteScope report: {results.experiment}", "",
+             f"- Experiment: `{results.experiment}`",
+             f"- Git revision: `{results.git_revision}`",
+             f"- Machine profile: `{results.profile.name}`", "",
+             "## Summary", ""]
+    lines += summary_lines(results, min_context)
+    lines += ["", f"## Geometric-mean speedup (contexts ≥ {context_label(min_context)})", ""]
+    lines += geomean_section(results.runs, min_context)
+    lines += ["", "## Attention prediction error", "",
+              "Median of |predicted − measured| / measured attention time per step.", ""]
+    lines += prediction_section(results.runs)
+    lines += ["", "## Figures", ""]
+    lines += [f"- [{name}]({name}): {caption}" for name, caption in figures]
+    lines += ["", "## Runs", ""]
+    lines += table(("model", "system", "batch", "VRAM (GiB)", "context", "repetition", "status",
+                    "tokens/s or reason"), run_rows(results.runs))
+    lines += ["", "## Not run / did not fit", ""]
+    lines += not_run_section(results.runs)
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- command line
+
+
+def non_negative(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def parse_arguments(argv):
+    parser = argparse.ArgumentParser(prog="report", description=__doc__.splitlines()[0])
+    parser.add_argument("results", help="results HDF5 file written by `writescope run`")
+    parser.add_argument("-o", "--output", required=True, help="folder for report.md and the figures")
+    parser.add_argument("--min-context", type=non_negative, default=8192,
+                        help="smallest context in the geometric-mean table (default 8192)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_arguments(argv)
+    try:
+        results = load(args.results)
+    except InputError as error:
+        print(f"report: {args.results}: {error}", file=sys.stderr)
+        return 2
+    try:
+        os.makedirs(args.output, exist_ok=True)
+        figures = write_figures(results, args.output)
+        with open(os.path.join(args.output, "report.md"), "w", encoding="utf-8") as out:
+            out.write(report_markdown(results, figures, args.min_context))
+    except OSError as error:
+        print(f"report: {args.output}: {error.strerror or error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+#include "moe/expert_policy.hpp"
+
+#include <limits>
+#include <stdexcept>
+
+namespace writescope {
+
+ExpertResidency::ExpertResidency(int layers, int experts, int slots)
+    : layers_(layers),
+      experts_(experts),
+      owners_(static_cast<std::size_t>(slots), {-1, -1}),
+      slot_of_(static_cast<std::size_t>(layers) * experts, -1) {}
+
+int ExpertResidency::slot_of(int layer, int expert) const {
+  return slot_of_.at(static_cast<std::size_t>(layer) * experts_ + expert);
+}
+
+int ExpertResidency::free_slot() const {
+  for (std::size_t s = 0; s < owners_.size(); ++s)
+    if (owners_[s].first < 0) return static_cast<int>(s);
+  return -1;
+}
+
+void ExpertResidency::assign(int slot, int layer, int expert) {
+  auto& owner = owners_.at(static_cast<std::size_t>(slot));
+  if (owner.first >= 0) slot_of_[static_cast<std::size_t>(owner.first) * experts_ + owner.second] = -1;
+  const int previous = slot_of(layer, expert);
+  if (previous >= 0) owners_[static_cast<std::size_t>(previous)] = {-1, -1};
+  owner = {layer, expert};
+  slot_of_[static_cast<std::size_t>(layer) * experts_ + expert] = slot;
+}
+
+double ExpertCosts::cpu_seconds(int tokens) const {
+  return expert_bytes / (cpu_gemv_gbps * 1e9) + tokens * flops_per_token / (cpu_gemm_gflops * 1e9);
+}
+
+double ExpertCosts::gpu_seconds(int) const { return has_gpu ? expert_bytes / (hbm_gbps * 1e9) : 0.0; }
+
+double ExpertCosts::transfer_seconds() const {
+  return has_gpu && link_gbps > 0 ? link_latency_s + expert_bytes / (link_gbps * 1e9)
+                                  : std::numeric_limits<double>::infinity();
+}
+
+std::vector<ExpertLoad> ExpertPolicy::after_layer(int, const Routing&, const ExpertResidency&) { return {}; }
+
+ExpertPlan CpuExpertPolicy::plan(int, const Routing& routing, const ExpertResidency&) {
+  return ExpertPlan{{}, routing.active(), {}};
+}
+
+std::vector<ExpertLoad> GpuExpertPolicy::initial(const ExpertResidency& residency) {
+  std::vector<ExpertLoad> loads;
+  for (int layer = 0; layer < residency.layers(); ++layer)
+    for (int e = 0; e < residency.experts(); ++e) loads.push_back({layer, e, layer * residency.experts() + e});
+  return loads;
+}
+
+ExpertPlan GpuExpertPolicy::plan(int, const Routing& routing, const ExpertResidency&) {
+  return ExpertPlan{routing.active(), {}, {}};
+}
+
+std::vector<ExpertLoad> FixedExpertPolicy::initial(const ExpertResidency& residency) {
+  std::vector<ExpertLoad> loads;
+  for (int layer = 0; layer < residency.layers(); ++layer)
+    for (int e = 0; e < residency.experts(); ++e)
+      if (choice_(layer, e) == ExpertPlacement::gpu_resident)
+        loads.push_back({layer, e, layer * residency.experts() + e});
+  return loads;
+}
+
+ExpertPlan FixedExpertPolicy::plan(int layer, const Routing& routing, const ExpertResidency&) {
+  ExpertPlan plan;
+  for (int e : routing.active()) {
+    switch (choice_(layer, e)) {
+      case ExpertPlacement::gpu_resident: plan.gpu.push_back(e); break;
+      case ExpertPlacement::gpu_loaded:
+        plan.gpu.push_back(e);
+        plan.loads.push_back({layer, e, -1});
+        break;
+      case ExpertPlacement::cpu: plan.cpu.push_back(e); break;
+    }
+  }
+  return plan;
+}
+
+}  // namespace writescope

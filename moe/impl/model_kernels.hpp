@@ -1,0 +1,82 @@
+#pragma once
+// Element-wise kernels of the model runtime (model.cpp).
+
+#include <Kokkos_Core.hpp>
+
+#include "framework/bf16.hpp"
+#include "moe/layer_kernels.hpp"
+
+#include <stdexcept>
+
+namespace writescope {
+namespace impl {
+
+/// x(b, c) = embedding(tokens(b), c)
+template <class MemSpace>
+struct EmbedRows {
+  Matrix<MemSpace> x;
+  Kokkos::View<const bf16**, Kokkos::LayoutRight, MemSpace> embedding;
+  Kokkos::View<const int*, MemSpace> tokens;
+  KOKKOS_INLINE_FUNCTION void operator()(int b, int c) const { x(b, c) = to_float(embedding(tokens(b), c)); }
+};
+
+/// packed(b, c) = bf16(x(b, c)): one token's keys or values per row, as the cache stores them.
+template <class MemSpace>
+struct PackBf16 {
+  Kokkos::View<bf16**, Kokkos::LayoutStride, MemSpace> packed;
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> x;
+  KOKKOS_INLINE_FUNCTION void operator()(int r, int c) const { packed(r, c) = from_float<bf16>(x(r, c)); }
+};
+
+/// MLA, absorbed: queries(b, h, l) = sum_d w_kb(h, d, l) q_nope(b, h, d) for the
+/// latent part, and the roped q_pe copied after it.
+///   q: (batch, heads * (nope + rope)), kv_b: (heads * (nope + v), latent),
+///   queries: (batch, heads, latent + rope)
+template <class MemSpace>
+struct AbsorbQueries {
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> queries;
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> q;
+  Kokkos::View<const bf16**, Kokkos::LayoutRight, MemSpace> kv_b;
+  int heads, nope, rope, value_dim, latent;
+  KOKKOS_INLINE_FUNCTION void operator()(int bh, int l) const {
+    const int b = bh / heads, h = bh % heads;
+    const int q0 = h * (nope + rope);
+    if (l < latent) {
+      float sum = 0;
+      for (int d = 0; d < nope; ++d) sum += to_float(kv_b(h * (nope + value_dim) + d, l)) * q(b, q0 + d);
+      queries(b, h, l) = sum;
+    } else {
+      queries(b, h, l) = q(b, q0 + nope + (l - latent));
+    }
+  }
+};
+
+/// MLA, absorbed: values(b, h * v + d) = sum_l w_vb(h, d, l) o_latent(b, h, l).
+template <class MemSpace>
+struct ExpandValues {
+  Matrix<MemSpace> values;
+  Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace> o_latent;
+  Kokkos::View<const bf16**, Kokkos::LayoutRight, MemSpace> kv_b;
+  int heads, nope, value_dim, latent;
+  KOKKOS_INLINE_FUNCTION void operator()(int bh, int d) const {
+    const int b = bh / heads, h = bh % heads;
+    float sum = 0;
+    for (int l = 0; l < latent; ++l) sum += to_float(kv_b(h * (nope + value_dim) + nope + d, l)) * o_latent(b, h, l);
+    values(b, h * value_dim + d) = sum;
+  }
+};
+
+/// The cached MLA row: the normalised latent, then the roped k_pe.
+template <class MemSpace>
+struct PackLatentRow {
+  Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace> packed;  // (batch, latent + rope)
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> latent;
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> compressed;  // (batch, latent + rope), k_pe roped
+  KOKKOS_INLINE_FUNCTION void operator()(int b, int c) const {
+    const int width = static_cast<int>(latent.extent(1));
+    packed(b, c) = from_float<bf16>(c < width ? latent(b, c) : compressed(b, c));
+  }
+};
+
+}  // namespace impl
+}  // namespace writescope

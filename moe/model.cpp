@@ -1,0 +1,668 @@
+#include "moe/model.hpp"
+
+#include <algorithm>
+#include <thread>
+
+#include "attention/prefill.hpp"
+#include "framework/timer.hpp"
+#include "moe/impl/model_kernels.hpp"
+#include "moe/layer_kernels.hpp"
+#include "moe/linear.hpp"
+
+namespace writescope {
+namespace {
+
+using Gpu = GpuExecSpace;
+using GpuMem = GpuMemSpace;
+using Host = HostExecSpace;
+template <class MemSpace>
+using WeightView = Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace>;
+using TokenRows = Kokkos::View<bf16***, Kokkos::LayoutRight, GpuMem>;  // (tokens, heads, dim)
+using Queries = Kokkos::View<float***, Kokkos::LayoutRight, GpuMem>;    // (rows, q_heads, key_dim)
+
+/// One routed expert's weights: gate and up (intermediate, hidden), down (hidden, intermediate).
+template <class MemSpace>
+struct ExpertBuffers {
+  WeightView<MemSpace> gate, up, down;
+  ExpertBuffers() = default;
+  ExpertBuffers(const std::string& label, int hidden, int intermediate)
+      : gate(Kokkos::view_alloc(label + "_gate", Kokkos::WithoutInitializing), std::size_t(intermediate),
+             std::size_t(hidden)),
+        up(Kokkos::view_alloc(label + "_up", Kokkos::WithoutInitializing), std::size_t(intermediate),
+           std::size_t(hidden)),
+        down(Kokkos::view_alloc(label + "_down", Kokkos::WithoutInitializing), std::size_t(hidden),
+             std::size_t(intermediate)) {}
+  template <class Space = MemSpace>
+  ExpertWeights<bf16, Space> weights() const {
+    using Unmanaged = Kokkos::View<const bf16**, Kokkos::LayoutRight, Space>;
+    return ExpertWeights<bf16, Space>{Unmanaged(gate.data(), gate.extent(0), gate.extent(1)),
+                                      Unmanaged(up.data(), up.extent(0), up.extent(1)),
+                                      Unmanaged(down.data(), down.extent(0), down.extent(1))};
+  }
+};
+
+bool is_routed_expert(const std::string& name) { return name.find(".experts.") != std::string::npos; }
+
+std::string layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
+
+/// Names of a routed expert's gate, up and down projections.
+std::array<std::string, 3> expert_tensor_names(const ModelConfig& config, int layer, int expert) {
+  if (config.architecture == Architecture::mixtral) {
+    const std::string p = layer_prefix(layer) + "block_sparse_moe.experts." + std::to_string(expert) + ".";
+    return {p + "w1.weight", p + "w3.weight", p + "w2.weight"};
+  }
+  const std::string p = layer_prefix(layer) + "mlp.experts." + std::to_string(expert) + ".";
+  return {p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"};
+}
+
+std::string gib(std::uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f GiB", static_cast<double>(bytes) / (1u << 30));
+  return text;
+}
+
+/// Grows a rank-3 view to at least (rows, b, c).
+template <class View>
+View scratch3(View& v, const char* label, int rows, int b, int c) {
+  if (v.extent(0) < static_cast<std::size_t>(rows) || v.extent(1) != static_cast<std::size_t>(b) ||
+      v.extent(2) != static_cast<std::size_t>(c))
+    v = View(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), std::size_t(rows), std::size_t(b),
+             std::size_t(c));
+  return Kokkos::subview(v, std::make_pair(0, rows), Kokkos::ALL, Kokkos::ALL);
+}
+
+/// Seconds of `work` on the GPU stream, fenced before and after.
+template <class Work>
+double gpu_seconds(Work&& work) {
+  return time_fenced(Gpu(), [&](const Gpu&) { work(); });
+}
+
+}  // namespace
+
+struct MoeModel::Impl {
+  std::map<std::string, Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMem>> weights;
+  std::map<std::string, Kokkos::View<const float*, GpuMem>> norms;
+  std::vector<Router<Gpu, bf16>> routers;                                // per MoE layer
+  std::vector<std::vector<ExpertWeights<bf16, GpuMem>>> shared;          // per MoE layer
+  std::vector<ExpertWeights<bf16, GpuMem>> dense;                        // DeepSeek's first layers
+  std::vector<std::vector<ExpertBuffers<PinnedMemSpace>>> host_experts;  // [MoE layer][expert]
+  std::vector<ExpertBuffers<GpuMem>> slots;
+  ExpertBuffers<GpuMem> staging;
+  ExpertRunner<Gpu, bf16> gpu_runner;
+  ExpertRunner<Host, bf16> cpu_runner;
+  SwigluScratch<GpuMem> dense_scratch;
+  Kokkos::View<const double*, GpuMem> inverse_frequencies;
+  float rope_scale = 1.0f;
+  std::map<int, std::unique_ptr<SplitDecode<bf16>>> split;  // by batch size
+
+  // Activations, grown on demand and reused by every layer and step.
+  Matrix<GpuMem> x, h, branch, q, k, v, q_a, compressed, latent, mla_values, cpu_result, logits;
+  Matrix<HostMemSpace> x_host, out_host;
+  TokenRows keys, values;
+  Queries queries;
+  Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> host_queries;
+  PartialState<GpuMem> merged, earlier;
+  Kokkos::View<int*, GpuMem> tokens;
+  Kokkos::View<std::int64_t*, GpuMem> positions;
+
+  const Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMem>& weight(const std::string& name) const {
+    return weights.at(name);
+  }
+  SplitDecode<bf16>& split_for(const AttentionShape& shape, const BlockGeometry& geometry, int batch, int chunk) {
+    auto& decode = split[batch];
+    if (!decode) decode = std::make_unique<SplitDecode<bf16>>(shape, geometry, batch, chunk);
+    return *decode;
+  }
+  PartialState<GpuMem>& partial(PartialState<GpuMem>& state, const char* label, int rows, int heads, int dim) {
+    if (state.o.extent(0) != static_cast<std::size_t>(rows) || state.o.extent(1) != static_cast<std::size_t>(heads) ||
+        state.o.extent(2) != static_cast<std::size_t>(dim))
+      state = PartialState<GpuMem>(label, rows, heads, dim);
+    return state;
+  }
+};
+
+std::uint64_t MoeModel::expert_bytes(const ModelConfig& config) {
+  return 3ull * static_cast<std::uint64_t>(config.hidden) * config.expert_intermediate * sizeof(bf16);
+}
+
+VramUse MoeModel::fixed_vram(const ModelConfig& config, const ModelOptions& options) {
+  VramUse use;
+  for (const TensorSpec& spec : weight_specs(config))
+    if (!is_routed_expert(spec.name))
+      use.weights += static_cast<std::uint64_t>(spec.elements()) * (spec.is_norm ? sizeof(float) : sizeof(bf16));
+  // Activations of max_rows tokens (the widest matrices of a layer), attention
+  // buffers of one step, two streaming landing buffers and the staging expert.
+  const AttentionShape shape = config.attention();
+  const BlockGeometry geometry = shape.block_geometry(options.block_tokens);
+  const std::uint64_t rows = static_cast<std::uint64_t>(options.max_rows);
+  const std::uint64_t widest = std::max<std::uint64_t>(
+      {static_cast<std::uint64_t>(config.vocab), static_cast<std::uint64_t>(config.q_heads) * shape.key_dim,
+       static_cast<std::uint64_t>(std::max(config.dense_intermediate, config.expert_intermediate)) *
+           std::max(1, config.shared_experts)});
+  const std::uint64_t activations = rows * (4ull * config.hidden + 4 * widest) * sizeof(float);
+  const std::uint64_t attention = rows * config.q_heads * (shape.key_dim + 3ull * shape.value_dim + 3) * sizeof(float);
+  const std::uint64_t streaming = 2ull * options.stream_chunk_blocks * geometry.block_elements() * sizeof(bf16);
+  use.workspace = activations + attention + streaming + (config.experts > 0 ? expert_bytes(config) : 0);
+  return use;
+}
+
+MoeModel::MoeModel(const ModelConfig& config, const std::vector<std::vector<bf16>>& weights, ModelOptions options)
+    : config_(config),
+      shape_(config.attention()),
+      options_(std::move(options)),
+      residency_(0, 0, 0),
+      impl_(std::make_unique<Impl>()) {
+  config_.validate();
+  if (!options_.kv_policy) throw std::invalid_argument("model: ModelOptions::kv_policy is required");
+  if (!options_.experts) throw std::invalid_argument("model: ModelOptions::experts is required");
+  if (options_.max_rows < 1) throw std::invalid_argument("model: max_rows must be positive");
+  const auto specs = weight_specs(config_);
+  if (specs.size() != weights.size())
+    throw std::invalid_argument("model " + config_.name + ": " + std::to_string(weights.size()) +
+                                " weight tensors for " + std::to_string(specs.size()) + " specs");
+  const int moe_layers = config_.layers - config_.dense_layers;
+  const std::uint64_t per_expert = expert_bytes(config_);
+
+  // The VRAM budget: weights and workspace first, then the policy's expert slots, then KV.
+  vram_ = fixed_vram(config_, options_);
+  const std::uint64_t fixed = vram_.weights + vram_.workspace;
+  if (fixed > options_.vram_budget)
+    throw ModelBudgetError("vram_budget: " + gib(options_.vram_budget) + " cannot hold " + config_.name +
+                           "'s GPU weights (" + gib(vram_.weights) +
+                           ": attention, routers, shared and dense experts, embeddings, LM head) and workspace (" +
+                           gib(vram_.workspace) + "); it needs at least " + gib(fixed));
+  const std::uint64_t left = options_.vram_budget - fixed;
+  const int fit = per_expert > 0 ? static_cast<int>(std::min<std::uint64_t>(left / per_expert, 1u << 30)) : 0;
+  const int slots = config_.experts > 0 ? options_.experts->slots(fit, moe_layers, config_.experts) : 0;
+  vram_.expert_slots = static_cast<std::uint64_t>(slots) * per_expert;
+  if (vram_.expert_slots > left)
+    throw ModelBudgetError("vram_budget: " + gib(options_.vram_budget) + " leaves " + gib(left) +
+                           " after weights and workspace, but the expert policy keeps " + std::to_string(slots) +
+                           " routed experts on the GPU (" + gib(vram_.expert_slots) + "); it needs at least " +
+                           gib(fixed + vram_.expert_slots));
+  vram_.kv = left - vram_.expert_slots;
+
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    if (static_cast<std::int64_t>(weights[i].size()) != specs[i].elements())
+      throw std::invalid_argument("model " + config_.name + ": tensor '" + specs[i].name + "' has the wrong size");
+    index[specs[i].name] = i;
+  }
+  Impl& m = *impl_;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& spec = specs[i];
+    if (is_routed_expert(spec.name)) continue;
+    if (spec.is_norm) {
+      Kokkos::View<float*, Kokkos::HostSpace> host("writescope::moe::norm", weights[i].size());
+      for (std::size_t k = 0; k < weights[i].size(); ++k) host(k) = to_float(weights[i][k]);
+      m.norms[spec.name] = Kokkos::create_mirror_view_and_copy(GpuMem(), host);
+    } else {
+      Kokkos::View<bf16**, Kokkos::LayoutRight, Kokkos::HostSpace> host(
+          Kokkos::view_alloc(std::string("writescope::moe::weight"), Kokkos::WithoutInitializing),
+          static_cast<std::size_t>(spec.shape[0]), static_cast<std::size_t>(spec.shape[1]));
+      std::copy(weights[i].begin(), weights[i].end(), host.data());
+      m.weights[spec.name] = Kokkos::create_mirror_view_and_copy(GpuMem(), host);
+    }
+  }
+  const bool mixtral = config_.architecture == Architecture::mixtral;
+  for (int layer = 0; layer < config_.layers; ++layer) {
+    const std::string p = layer_prefix(layer) + (mixtral ? "block_sparse_moe." : "mlp.");
+    if (layer < config_.dense_layers) {
+      m.dense.push_back({m.weight(p + "gate_proj.weight"), m.weight(p + "up_proj.weight"),
+                         m.weight(p + "down_proj.weight")});
+      continue;
+    }
+    m.routers.emplace_back(m.weight(p + "gate.weight"), config_.experts_per_token,
+                           config_.normalize_topk ? RouterKind::normalized_topk : RouterKind::scaled_topk,
+                           config_.routed_scaling_factor);
+    m.shared.emplace_back();
+    if (config_.shared_experts > 0)
+      m.shared.back().push_back({m.weight(p + "shared_experts.gate_proj.weight"),
+                                 m.weight(p + "shared_experts.up_proj.weight"),
+                                 m.weight(p + "shared_experts.down_proj.weight")});
+    // Every routed expert lives in pinned host memory: the CPU computes on it
+    // in place and the GPU loads from it by DMA.
+    m.host_experts.emplace_back();
+    for (int e = 0; e < config_.experts; ++e) {
+      ExpertBuffers<PinnedMemSpace> expert("writescope::moe::host_expert", config_.hidden,
+                                           config_.expert_intermediate);
+      const auto names = expert_tensor_names(config_, layer, e);
+      const WeightView<PinnedMemSpace>* parts[3] = {&expert.gate, &expert.up, &expert.down};
+      for (int part = 0; part < 3; ++part) {
+        const std::vector<bf16>& values = weights[index.at(names[part])];
+        std::copy(values.begin(), values.end(), parts[part]->data());
+      }
+      m.host_experts.back().push_back(expert);
+    }
+  }
+  for (int s = 0; s < slots; ++s)
+    m.slots.emplace_back("writescope::moe::expert_slot", config_.hidden, config_.expert_intermediate);
+  if (config_.experts > 0)
+    m.staging = ExpertBuffers<GpuMem>("writescope::moe::expert_staging", config_.hidden, config_.expert_intermediate);
+  residency_ = ExpertResidency(moe_layers, config_.experts, slots);
+  expert_counts_.assign(static_cast<std::size_t>(moe_layers), std::vector<int>(config_.experts, 0));
+  for (const ExpertLoad& load : options_.experts->initial(residency_)) {
+    if (load.slot < 0 || load.slot >= slots)
+      throw std::invalid_argument("model: the expert policy's initial load names slot " + std::to_string(load.slot));
+    const auto& from = m.host_experts.at(load.layer).at(load.expert);
+    Kokkos::deep_copy(m.slots[load.slot].gate, from.gate);
+    Kokkos::deep_copy(m.slots[load.slot].up, from.up);
+    Kokkos::deep_copy(m.slots[load.slot].down, from.down);
+    residency_.assign(load.slot, load.layer, load.expert);
+  }
+
+  cache_ = std::make_unique<InplaceKVCache<bf16>>(
+      KVCacheShape{config_.layers, shape_.block_geometry(options_.block_tokens)},
+      KVCacheBudgets{vram_.kv, options_.pinned_kv_budget, options_.host_kv_budget}, BudgetPolicy::strict);
+  kv_policy_ = options_.kv_policy(shape_, *cache_);
+  const RotaryEmbedding rope = RotaryEmbedding::for_model(config_);
+  Kokkos::View<double*, Kokkos::HostSpace> frequencies("writescope::moe::inverse_frequencies",
+                                                       rope.inverse_frequencies.size());
+  std::copy(rope.inverse_frequencies.begin(), rope.inverse_frequencies.end(), frequencies.data());
+  m.inverse_frequencies = Kokkos::create_mirror_view_and_copy(GpuMem(), frequencies);
+  m.rope_scale = static_cast<float>(rope.scale);
+  records_.resize(static_cast<std::size_t>(config_.layers));
+}
+
+MoeModel::~MoeModel() = default;
+
+MoeModel MoeModel::synthetic(const ModelConfig& config, std::uint64_t seed, ModelOptions options) {
+  std::vector<std::vector<bf16>> weights;
+  for (const TensorSpec& spec : weight_specs(config)) weights.push_back(synthetic_tensor<bf16>(spec, seed));
+  return MoeModel(config, weights, std::move(options));
+}
+
+int MoeModel::add_sequence(std::int64_t expected_tokens) {
+  const int sequence = cache_->add_sequence();
+  if (static_cast<std::size_t>(sequence) >= expected_tokens_.size()) expected_tokens_.resize(sequence + 1, 0);
+  expected_tokens_[sequence] = expected_tokens;
+  return sequence;
+}
+
+void MoeModel::free_sequence(int sequence) { cache_->free_sequence(sequence); }
+
+void MoeModel::end_warmup() {
+  Impl& m = *impl_;
+  for (const ExpertLoad& load : options_.experts->end_warmup(residency_)) {
+    const auto& from = m.host_experts.at(load.layer).at(load.expert);
+    Kokkos::deep_copy(m.slots.at(load.slot).gate, from.gate);
+    Kokkos::deep_copy(m.slots.at(load.slot).up, from.up);
+    Kokkos::deep_copy(m.slots.at(load.slot).down, from.down);
+    residency_.assign(load.slot, load.layer, load.expert);
+  }
+}
+
+/// The rows of one forward pass: decode (one token of each of several
+/// sequences) or a prompt chunk (consecutive tokens of one sequence).
+struct Pass {
+  std::vector<int> sequences;           // per row
+  std::vector<std::int64_t> positions;  // per row
+  bool prefill = false;
+  int rows() const { return static_cast<int>(sequences.size()); }
+};
+
+// The model's forward pass over the model's state, kept out of the header so
+// that it stays free of Kokkos views.
+struct ModelForward {
+  MoeModel::Impl& m;
+  const ModelConfig& c;
+  const AttentionShape& shape;
+  const ModelOptions& options;
+  InplaceKVCache<bf16>& cache;
+  KVPolicy& kv_policy;
+  ExpertPolicy& expert_policy;
+  ExpertResidency& residency;
+  std::vector<std::int64_t>& expected_tokens;
+  std::vector<std::vector<int>>& expert_counts;
+  Kokkos::View<const std::int64_t*, GpuMem> positions = {};  // per row of the current pass
+
+  /// Attention of the pass' queries (rows, q_heads, key_dim) over tokens
+  /// ranges[i] of row i's sequence, through the KV policy's split plan, into `out`.
+  void split_attention(int layer, const Pass& pass, const std::vector<TokenRange>& ranges,
+                       const Kokkos::View<const float***, Kokkos::LayoutRight, GpuMem>& queries,
+                       const PartialState<GpuMem>& out, LayerRecord& record) {
+    const int rows = pass.rows();
+    SplitPrediction prediction;
+    const SplitPlan plan = kv_policy.plan(layer, pass.sequences, ranges, prediction);
+    // SplitDecode takes the queries in host memory (the CPU reads them in place).
+    const auto host_queries = scratch3(m.host_queries, "writescope::moe::host_queries", rows, shape.q_heads,
+                                       shape.key_dim);
+    Kokkos::deep_copy(host_queries, queries);
+    const SplitTimings timings =
+        m.split_for(shape, cache.geometry(), rows, options.stream_chunk_blocks).run(cache, host_queries, plan, out);
+    kv_policy.observe(plan, timings);
+    record.attention_gpu += timings.gpu_seconds;
+    record.attention_cpu += timings.cpu_seconds;
+    record.attention += timings.step_seconds;
+    record.predicted_attention += prediction.step_seconds;
+    record.alpha = kv_policy.alpha_of(plan);
+    record.region_bytes[int(Region::gpu_resident)] += kv_policy.segment_bytes(plan.gpu_resident);
+    record.region_bytes[int(Region::gpu_streamed)] += kv_policy.segment_bytes(plan.gpu_streamed);
+    record.region_bytes[int(Region::cpu_resident)] += kv_policy.segment_bytes(plan.cpu_resident);
+    record.region_bytes[int(Region::cpu_streamed)] += kv_policy.segment_bytes(plan.cpu_pinned);
+  }
+
+  /// Writes the pass' keys (rows, kv_heads, key_dim) and values into the cache
+  /// and attends: decode over each sequence's whole cache; a prompt chunk
+  /// through the prefill kernel over its own keys, merged with the sequence's
+  /// earlier tokens read from the cache.
+  void attend_and_append(int layer, const Pass& pass, const TokenRows& keys, const TokenRows& values,
+                         const Queries& queries, const PartialState<GpuMem>& out, LayerRecord& record) {
+    const Gpu gpu;
+    const int rows = pass.rows();
+    using Token = Kokkos::View<const bf16***, Kokkos::LayoutRight, GpuMem>;
+    const BlockGeometry& g = cache.geometry();
+    auto append = [&](int sequence, int first_row, int count, bool decode) {
+      const std::vector<Region> regions = kv_policy.place(
+          layer, sequence, count, std::max(expected_tokens[sequence], cache.length(layer, sequence) + count), decode);
+      const bf16* k = keys.data() + std::int64_t{first_row} * g.kv_heads * g.key_dim;
+      const bf16* v = g.values_in_keys ? k : values.data() + std::int64_t{first_row} * g.kv_heads * g.value_dim;
+      cache.append<Gpu, GpuMem>(gpu, layer, sequence, Token(k, count, g.kv_heads, g.key_dim),
+                                Token(v, count, g.kv_heads, g.value_dim), regions);
+    };
+    if (!pass.prefill) {
+      std::vector<TokenRange> ranges;
+      for (int r = 0; r < rows; ++r) {
+        append(pass.sequences[r], r, 1, true);
+        ranges.push_back(TokenRange{0, cache.length(layer, pass.sequences[r])});
+      }
+      split_attention(layer, pass, ranges, queries, out, record);
+      return;
+    }
+    const int sequence = pass.sequences.front();
+    const std::int64_t earlier = pass.positions.front();
+    record.attention_gpu += gpu_seconds([&] {
+      prefill_attention<Gpu, bf16>(gpu, shape, queries, keys, g.values_in_keys ? keys : values, 0, 0, rows, out);
+    });
+    if (earlier > 0) {
+      const auto& part = m.partial(m.earlier, "writescope::moe::earlier_attention", rows, shape.q_heads,
+                                   shape.value_dim);
+      split_attention(layer, pass, std::vector<TokenRange>(rows, TokenRange{0, earlier}), queries, part, record);
+      merge_into(gpu, out, part);
+    }
+    record.attention += record.attention_gpu;
+    append(sequence, 0, rows, false);
+  }
+
+  void gqa_attention(int layer, const Pass& pass, const Matrix<GpuMem>& h, const Matrix<GpuMem>& out,
+                     LayerRecord& record) {
+    const Gpu gpu;
+    const int rows = pass.rows(), hd = c.head_dim, qh = c.q_heads, kvh = c.kv_heads;
+    const std::string p = layer_prefix(layer) + "self_attn.";
+    const auto q = impl::scratch(m.q, "writescope::moe::q", rows, qh * hd);
+    const auto k = impl::scratch(m.k, "writescope::moe::k", rows, kvh * hd);
+    const auto v = impl::scratch(m.v, "writescope::moe::v", rows, kvh * hd);
+    linear<Gpu, bf16>(gpu, h, m.weight(p + "q_proj.weight"), q);
+    linear<Gpu, bf16>(gpu, h, m.weight(p + "k_proj.weight"), k);
+    linear<Gpu, bf16>(gpu, h, m.weight(p + "v_proj.weight"), v);
+    if (c.qk_norm) {
+      rms_norm(gpu, q, m.norms.at(p + "q_norm.weight"), hd, c.rms_eps);
+      rms_norm(gpu, k, m.norms.at(p + "k_norm.weight"), hd, c.rms_eps);
+    }
+    apply_rope(gpu, q, positions, m.inverse_frequencies, m.rope_scale, 0, hd, hd, false);
+    apply_rope(gpu, k, positions, m.inverse_frequencies, m.rope_scale, 0, hd, hd, false);
+    const TokenRows keys = scratch3(m.keys, "writescope::moe::keys", rows, kvh, hd);
+    const TokenRows values = scratch3(m.values, "writescope::moe::values", rows, kvh, hd);
+    using Flat = Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMem>;
+    Kokkos::parallel_for("writescope::moe::pack_keys", impl::rows_by_columns(gpu, rows, kvh * hd),
+                         impl::PackBf16<GpuMem>{Flat(keys.data(), rows, kvh * hd), k});
+    Kokkos::parallel_for("writescope::moe::pack_values", impl::rows_by_columns(gpu, rows, kvh * hd),
+                         impl::PackBf16<GpuMem>{Flat(values.data(), rows, kvh * hd), v});
+    gpu.fence();
+    const Queries queries(q.data(), rows, qh, hd);
+    const auto& merged = m.partial(m.merged, "writescope::moe::attention", rows, qh, hd);
+    attend_and_append(layer, pass, keys, values, queries, merged, record);
+    linear<Gpu, bf16>(gpu, Kokkos::View<const float**, Kokkos::LayoutRight, GpuMem>(merged.o.data(), rows, qh * hd),
+                      m.weight(p + "o_proj.weight"), out);
+  }
+
+  void mla_attention(int layer, const Pass& pass, const Matrix<GpuMem>& h, const Matrix<GpuMem>& out,
+                     LayerRecord& record) {
+    const Gpu gpu;
+    const int rows = pass.rows();
+    const int heads = c.q_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vdim = c.v_head_dim,
+              latent = c.kv_lora_rank;
+    const std::string p = layer_prefix(layer) + "self_attn.";
+    const auto q = impl::scratch(m.q, "writescope::moe::q", rows, heads * (nope + rope));
+    if (c.q_lora_rank > 0) {
+      const auto q_a = impl::scratch(m.q_a, "writescope::moe::q_a", rows, c.q_lora_rank);
+      linear<Gpu, bf16>(gpu, h, m.weight(p + "q_a_proj.weight"), q_a);
+      rms_norm(gpu, q_a, m.norms.at(p + "q_a_layernorm.weight"), c.q_lora_rank, c.rms_eps);
+      linear<Gpu, bf16>(gpu, q_a, m.weight(p + "q_b_proj.weight"), q);
+    } else {
+      linear<Gpu, bf16>(gpu, h, m.weight(p + "q_proj.weight"), q);
+    }
+    const auto compressed = impl::scratch(m.compressed, "writescope::moe::kv_a", rows, latent + rope);
+    const auto normed = impl::scratch(m.latent, "writescope::moe::latent", rows, latent);
+    linear<Gpu, bf16>(gpu, h, m.weight(p + "kv_a_proj_with_mqa.weight"), compressed);
+    Kokkos::deep_copy(gpu, normed, Kokkos::subview(compressed, Kokkos::ALL, std::make_pair(0, latent)));
+    rms_norm(gpu, normed, m.norms.at(p + "kv_a_layernorm.weight"), latent, c.rms_eps);
+    apply_rope(gpu, q, positions, m.inverse_frequencies, m.rope_scale, nope, nope + rope, rope, true);
+    apply_rope(gpu, compressed, positions, m.inverse_frequencies, m.rope_scale, latent, latent + rope, rope, true);
+    const TokenRows keys = scratch3(m.keys, "writescope::moe::latent_rows", rows, 1, latent + rope);
+    Kokkos::parallel_for("writescope::moe::pack_latent", impl::rows_by_columns(gpu, rows, latent + rope),
+                         impl::PackLatentRow<GpuMem>{Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMem>(
+                                                         keys.data(), rows, latent + rope),
+                                                     normed, compressed});
+    const auto& kv_b = m.weight(p + "kv_b_proj.weight");
+    const Queries queries = scratch3(m.queries, "writescope::moe::mla_queries", rows, heads, latent + rope);
+    Kokkos::parallel_for("writescope::moe::absorb_queries", impl::rows_by_columns(gpu, rows * heads, latent + rope),
+                         impl::AbsorbQueries<GpuMem>{queries, q, kv_b, heads, nope, rope, vdim, latent});
+    gpu.fence();
+    const auto& merged = m.partial(m.merged, "writescope::moe::attention", rows, heads, latent);
+    attend_and_append(layer, pass, keys, keys, queries, merged, record);
+    const auto values = impl::scratch(m.mla_values, "writescope::moe::mla_values", rows, heads * vdim);
+    Kokkos::parallel_for("writescope::moe::expand_values", impl::rows_by_columns(gpu, rows * heads, vdim),
+                         impl::ExpandValues<GpuMem>{values, merged.o, kv_b, heads, nope, vdim, latent});
+    linear<Gpu, bf16>(gpu, values, m.weight(p + "o_proj.weight"), out);
+  }
+
+  void load(const ExpertLoad& load, const ExpertBuffers<GpuMem>& into) {
+    const Gpu gpu;
+    const auto& from = m.host_experts.at(load.layer).at(load.expert);
+    Kokkos::deep_copy(gpu, into.gate, from.gate);
+    Kokkos::deep_copy(gpu, into.up, from.up);
+    Kokkos::deep_copy(gpu, into.down, from.down);
+    gpu.fence();
+  }
+
+  /// Loads into slots (not staging); returns their seconds.
+  double load_into_slots(const std::vector<ExpertLoad>& loads) {
+    return gpu_seconds([&] {
+      for (const ExpertLoad& l : loads) {
+        if (l.slot < 0) continue;
+        load(l, m.slots.at(l.slot));
+        residency.assign(l.slot, l.layer, l.expert);
+      }
+    });
+  }
+
+  void feed_forward(int layer, const Matrix<GpuMem>& h, const Matrix<GpuMem>& out, LayerRecord& record) {
+    const Gpu gpu;
+    const Host host;
+    const int rows = static_cast<int>(h.extent(0)), hidden = c.hidden;
+    if (layer < c.dense_layers) {
+      record.experts_gpu += gpu_seconds([&] { swiglu_expert<Gpu, bf16>(gpu, m.dense[layer], h, out, m.dense_scratch); });
+      return;
+    }
+    const int moe_layer = layer - c.dense_layers;
+    const Routing routing = m.routers[moe_layer](gpu, h);
+    expert_counts[moe_layer] = routing.counts();
+    const ExpertPlan plan = expert_policy.plan(moe_layer, routing, residency);
+
+    double gpu_compute = 0, gpu_transfers = 0, cpu_compute = 0, cpu_transfers = 0;
+    auto gpu_work = [&] {
+      gpu_transfers += load_into_slots(plan.loads);
+      gpu_compute += gpu_seconds([&] { Kokkos::deep_copy(gpu, out, 0.0f); });
+      for (int e : plan.gpu) {
+        const int slot = residency.slot_of(moe_layer, e);
+        const ExpertBuffers<GpuMem>* weights = slot >= 0 ? &m.slots[slot] : nullptr;
+        if (!weights) {
+          const bool staged = std::any_of(plan.loads.begin(), plan.loads.end(), [&](const ExpertLoad& l) {
+            return l.slot < 0 && l.layer == moe_layer && l.expert == e;
+          });
+          if (!staged)
+            throw std::logic_error("expert policy: expert " + std::to_string(e) + " of MoE layer " +
+                                   std::to_string(moe_layer) + " is planned on the GPU but neither resident nor loaded");
+          gpu_transfers += gpu_seconds([&] { load(ExpertLoad{moe_layer, e, -1}, m.staging); });
+          weights = &m.staging;
+        }
+        gpu_compute += gpu_seconds([&] {
+          m.gpu_runner.add(gpu, weights->weights(), h, routing.rows[e], routing.weights[e], out);
+        });
+      }
+      gpu_compute += gpu_seconds([&] {
+        for (const auto& expert : m.shared[moe_layer]) m.gpu_runner.add_all(gpu, expert, h, out);
+      });
+    };
+    auto cpu_work = [&] {
+      if (plan.cpu.empty()) return;
+      const auto x_host = impl::scratch(m.x_host, "writescope::moe::host_activations", rows, hidden);
+      const auto out_host = impl::scratch(m.out_host, "writescope::moe::host_expert_out", rows, hidden);
+      cpu_transfers += time_fenced(host, [&](const Host&) { Kokkos::deep_copy(x_host, h); });
+      cpu_compute += time_fenced(host, [&](const Host& space) {
+        Kokkos::deep_copy(space, out_host, 0.0f);
+        for (int e : plan.cpu)
+          m.cpu_runner.add(space, m.host_experts[moe_layer][e].weights<HostMemSpace>(), x_host, routing.rows[e],
+                           routing.weights[e], out_host);
+      });
+    };
+    if constexpr (has_gpu) {
+      // The GPU's experts are driven from their own host thread so that the
+      // OpenMP threads compute the CPU's experts at the same time.
+      std::thread gpu_driver(gpu_work);
+      cpu_work();
+      gpu_driver.join();
+    } else {
+      gpu_work();
+      cpu_work();
+    }
+    if (!plan.cpu.empty()) {
+      const auto result = impl::scratch(m.cpu_result, "writescope::moe::cpu_expert_result", rows, hidden);
+      cpu_transfers += gpu_seconds([&] { Kokkos::deep_copy(gpu, result, Kokkos::subview(m.out_host, std::make_pair(0, rows), Kokkos::ALL)); });
+      gpu_compute += gpu_seconds([&] {
+        Kokkos::parallel_for("writescope::moe::add_cpu_experts", impl::rows_by_columns(gpu, rows, hidden),
+                             impl::AddRows<GpuMem>{out, result});
+      });
+    }
+    const double prefetch = load_into_slots(expert_policy.after_layer(moe_layer, routing, residency));
+    record.experts_gpu += gpu_compute;
+    record.experts_cpu += cpu_compute;
+    record.transfers += gpu_transfers + cpu_transfers + prefetch;
+  }
+
+  /// Runs `tokens` (one per row) through every layer; returns the logits of
+  /// rows [first_logit_row, rows), each (vocab).
+  std::vector<std::vector<float>> run(const Pass& pass, const std::vector<int>& tokens, int first_logit_row,
+                                      std::vector<LayerRecord>& records) {
+    const Gpu gpu;
+    const int rows = pass.rows(), hidden = c.hidden;
+    for (int token : tokens)
+      if (token < 0 || token >= c.vocab)
+        throw std::invalid_argument("model: token " + std::to_string(token) + " outside the vocabulary of " +
+                                    std::to_string(c.vocab));
+    using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+    if (m.tokens.extent(0) < static_cast<std::size_t>(rows)) {
+      m.tokens = Kokkos::View<int*, GpuMem>("writescope::moe::tokens", rows);
+      m.positions = Kokkos::View<std::int64_t*, GpuMem>("writescope::moe::positions", rows);
+    }
+    const auto token_view = Kokkos::subview(m.tokens, std::make_pair(0, rows));
+    Kokkos::deep_copy(token_view, Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(tokens.data(), rows));
+    const auto position_view = Kokkos::subview(m.positions, std::make_pair(0, rows));
+    Kokkos::deep_copy(position_view,
+                      Kokkos::View<const std::int64_t*, Kokkos::HostSpace, Unmanaged>(pass.positions.data(), rows));
+    positions = position_view;
+    const auto x = impl::scratch(m.x, "writescope::moe::x", rows, hidden);
+    const auto h = impl::scratch(m.h, "writescope::moe::h", rows, hidden);
+    const auto branch = impl::scratch(m.branch, "writescope::moe::branch", rows, hidden);
+    Kokkos::parallel_for("writescope::moe::embed", impl::rows_by_columns(gpu, rows, hidden),
+                         impl::EmbedRows<GpuMem>{x, m.weight("model.embed_tokens.weight"), token_view});
+    for (int layer = 0; layer < c.layers; ++layer) {
+      LayerRecord& record = records[layer];
+      record = LayerRecord{};
+      const std::string p = layer_prefix(layer);
+      const double wall = gpu_seconds([&] {
+        Kokkos::deep_copy(gpu, h, x);
+        rms_norm(gpu, h, m.norms.at(p + "input_layernorm.weight"), hidden, c.rms_eps);
+        if (c.mla())
+          mla_attention(layer, pass, h, branch, record);
+        else
+          gqa_attention(layer, pass, h, branch, record);
+        Kokkos::parallel_for("writescope::moe::residual", impl::rows_by_columns(gpu, rows, hidden),
+                             impl::AddRows<GpuMem>{x, branch});
+        Kokkos::deep_copy(gpu, h, x);
+        rms_norm(gpu, h, m.norms.at(p + "post_attention_layernorm.weight"), hidden, c.rms_eps);
+        feed_forward(layer, h, branch, record);
+        Kokkos::parallel_for("writescope::moe::residual", impl::rows_by_columns(gpu, rows, hidden),
+                             impl::AddRows<GpuMem>{x, branch});
+      });
+      record.other = std::max(0.0, wall - record.attention - record.experts_gpu - record.experts_cpu - record.transfers);
+    }
+    const int out_rows = rows - first_logit_row;
+    const auto last = Kokkos::subview(x, std::make_pair(first_logit_row, rows), Kokkos::ALL);
+    const auto normed = impl::scratch(m.h, "writescope::moe::h", out_rows, hidden);
+    Kokkos::deep_copy(gpu, normed, last);
+    rms_norm(gpu, normed, m.norms.at("model.norm.weight"), hidden, c.rms_eps);
+    const auto logits = impl::scratch(m.logits, "writescope::moe::logits", out_rows, c.vocab);
+    linear<Gpu, bf16>(gpu, normed, m.weight(c.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"),
+                      logits);
+    const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), logits);
+    std::vector<std::vector<float>> out(static_cast<std::size_t>(out_rows));
+    for (int r = 0; r < out_rows; ++r) out[r].assign(&host(r, 0), &host(r, 0) + c.vocab);
+    return out;
+  }
+};
+
+ModelForward MoeModel::forward() {
+  return ModelForward{*impl_, config_, shape_, options_, *cache_, *kv_policy_, *options_.experts,
+                      residency_, expected_tokens_, expert_counts_};
+}
+
+std::vector<std::vector<float>> MoeModel::step(const std::vector<int>& sequences, const std::vector<int>& tokens) {
+  if (sequences.size() != tokens.size() || sequences.empty())
+    throw std::invalid_argument("model: step needs one token per sequence");
+  if (static_cast<int>(sequences.size()) > options_.max_rows)
+    throw std::invalid_argument("model: a step of " + std::to_string(sequences.size()) +
+                                " sequences exceeds max_rows = " + std::to_string(options_.max_rows));
+  Pass pass{sequences, {}, false};
+  for (std::size_t i = 0; i < sequences.size(); ++i) {
+    if (std::count(sequences.begin(), sequences.end(), sequences[i]) > 1)
+      throw std::invalid_argument("model: sequence " + std::to_string(sequences[i]) + " appears twice in one step");
+    pass.positions.push_back(cache_->length(0, sequences[i]));
+  }
+  return forward().run(pass, tokens, 0, records_);
+}
+
+std::vector<float> MoeModel::prefill(int sequence, const std::vector<int>& prompt) {
+  if (prompt.empty()) throw std::invalid_argument("model: prefill needs at least one prompt token");
+  if (cache_->length(0, sequence) != 0)
+    throw std::invalid_argument("model: prefill starts an empty sequence; sequence " + std::to_string(sequence) +
+                                " already holds " + std::to_string(cache_->length(0, sequence)) + " tokens");
+  std::vector<float> logits;
+  std::vector<LayerRecord> chunk_records(records_.size());
+  for (auto& r : records_) r = LayerRecord{};
+  for (std::size_t begin = 0; begin < prompt.size(); begin += static_cast<std::size_t>(options_.max_rows)) {
+    const std::size_t end = std::min(prompt.size(), begin + static_cast<std::size_t>(options_.max_rows));
+    Pass pass{std::vector<int>(end - begin, sequence), {}, true};
+    for (std::size_t t = begin; t < end; ++t) pass.positions.push_back(static_cast<std::int64_t>(t));
+    const std::vector<int> tokens(prompt.begin() + begin, prompt.begin() + end);
+    logits = forward().run(pass, tokens, static_cast<int>(end - begin) - 1, chunk_records).front();
+    for (std::size_t l = 0; l < records_.size(); ++l) {
+      LayerRecord& total = records_[l];
+      const LayerRecord& part = chunk_records[l];
+      total.attention_gpu += part.attention_gpu;
+      total.attention_cpu += part.attention_cpu;
+      total.experts_gpu += part.experts_gpu;
+      total.experts_cpu += part.experts_cpu;
+      total.transfers += part.transfers;
+      total.other += part.other;
+      total.attention += part.attention;
+      total.predicted_attention += part.predicted_attention;
+      total.alpha = part.alpha;
+      for (int r = 0; r < 4; ++r) total.region_bytes[r] += part.region_bytes[r];
+    }
+  }
+  return logits;
+}
+
+}  // namespace writescope
