@@ -20,12 +20,6 @@ StepBytes KVPolicy::bytes_of(const SplitPlan& plan) const {
                    segment_bytes(plan.gpu_streamed) + segment_bytes(plan.cpu_pinned)};
 }
 
-double KVPolicy::alpha_of(const SplitPlan& plan) const {
-  const StepBytes bytes = bytes_of(plan);
-  const double cpu = bytes.cpu_resident + segment_bytes(plan.cpu_pinned);
-  return bytes.total() > 0 ? cpu / bytes.total() : 0;
-}
-
 SplitPlan KVPolicy::affine_plan(int layer, const std::vector<int>& sequences, const std::vector<TokenRange>& ranges,
                                 SplitPrediction& prediction) const {
   SplitPlan plan;

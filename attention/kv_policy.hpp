@@ -43,8 +43,6 @@ class KVPolicy {
 
   /// KV bytes the plan has each device read.
   StepBytes bytes_of(const SplitPlan& plan) const;
-  /// CPU share of the plan's KV bytes.
-  double alpha_of(const SplitPlan& plan) const;
   /// KV bytes of the segments' tokens.
   double segment_bytes(const std::vector<BlockSegment>& segments) const;
 

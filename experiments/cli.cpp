@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "experiments/calibration.hpp"
+#include "experiments/harness.hpp"
 #include "moe/model.hpp"
 #include "framework/config.hpp"
 #include "framework/log.hpp"
@@ -45,6 +46,9 @@ constexpr const char* usage_text =
     "  make-checkpoint --model NAME --output DIR [--seed S] [--dtype bf16|f16|f32]\n"
     "                              write a synthetic Hugging Face checkpoint (config.json +\n"
     "                              model.safetensors) of a preset, e.g. a tiny test model\n"
+    "  run CONFIG.yaml [--output FILE.h5] [--profile FILE|NAME]\n"
+    "                              run an experiment (experiments/configs/*.yaml) into an\n"
+    "                              HDF5 results file; runs already in the file are skipped\n"
     "  help                        this text\n"
     "\n"
     "Kokkos options (--kokkos-threads=N, --kokkos-device=N, ...) may be given anywhere.\n";
@@ -79,22 +83,6 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
   out << "\nKokkos configuration\n" << machine.kokkos_configuration;
 }
 
-void print_yaml(std::ostream& out, const MachineDescription& machine) {
-  YAML::Emitter yaml;
-  yaml << YAML::BeginMap;
-  for (const auto& [name, value] : machine.fields()) {
-    yaml << YAML::Key << name << YAML::Value;
-    if (const auto* text = std::get_if<std::string>(&value)) {
-      if (text->find('\n') != std::string::npos) yaml << YAML::Literal;
-      yaml << *text;
-    } else {
-      yaml << std::get<std::int64_t>(value);
-    }
-  }
-  yaml << YAML::EndMap;
-  out << yaml.c_str() << "\n";
-}
-
 int info_command(const std::vector<std::string>& args, std::ostream& out) {
   std::string format = "text";
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -109,7 +97,7 @@ int info_command(const std::vector<std::string>& args, std::ostream& out) {
   if (format != "text" && format != "yaml")
     throw UsageError("info: --format must be text or yaml, got '" + format + "'");
   const MachineDescription machine = MachineDescription::detect();
-  if (format == "yaml") print_yaml(out, machine);
+  if (format == "yaml") out << machine.to_yaml() << "\n";
   else print_text(out, machine);
   return 0;
 }
@@ -306,6 +294,22 @@ int make_checkpoint_command(const std::vector<std::string>& args) {
   return 0;
 }
 
+int run_command(const std::vector<std::string>& args, std::ostream& out) {
+  if (args.empty() || args.front().rfind("--", 0) == 0) throw UsageError("run: the experiment config is required");
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  auto options = parse_options("run", rest, {"--output", "--profile"});
+  ExperimentConfig config = ExperimentConfig::load(args.front());
+  if (options.count("--output")) config.output = options["--output"];
+  if (options.count("--profile")) config.profile = options["--profile"];
+  const MachineProfile profile = find_profile(config.profile);
+  const auto runs = expand_runs(config);
+  log_info("run: ", config.name, ": ", runs.size(), " runs into ", config.output, " (profile ", profile.name, ")");
+  const ExperimentSummary summary = run_experiment(config, profile, std::cerr, isatty(STDERR_FILENO) != 0);
+  out << config.output << ": " << summary.complete << " complete, " << summary.did_not_fit << " did not fit, "
+      << summary.failed << " failed, " << summary.skipped << " already in the file\n";
+  return summary.failed > 0 ? 1 : 0;
+}
+
 }  // namespace
 
 int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
@@ -319,6 +323,7 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     if (command == "calibrate") return calibrate_command(rest, out);
     if (command == "generate") return generate_command(rest, out);
     if (command == "make-checkpoint") return make_checkpoint_command(rest);
+    if (command == "run") return run_command(rest, out);
     // Internal: one CPU attention measurement at this process' thread count.
     if (command == "calibrate-attention") return calibrate_attention_command(rest, out);
     if (command == "help" || command == "--help" || command == "-h") {

@@ -4,6 +4,8 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <yaml-cpp/yaml.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -125,6 +127,22 @@ std::vector<std::pair<std::string, MachineDescription::Value>> MachineDescriptio
 void MachineDescription::store(ResultsGroup& group) const {
   for (const auto& [name, value] : fields())
     std::visit([&, &name = name](const auto& v) { group.set_attribute(name, v); }, value);
+}
+
+std::string MachineDescription::to_yaml() const {
+  YAML::Emitter yaml;
+  yaml << YAML::BeginMap;
+  for (const auto& [name, value] : fields()) {
+    yaml << YAML::Key << name << YAML::Value;
+    if (const auto* text = std::get_if<std::string>(&value)) {
+      if (text->find('\n') != std::string::npos) yaml << YAML::Literal;
+      yaml << *text;
+    } else {
+      yaml << std::get<std::int64_t>(value);
+    }
+  }
+  yaml << YAML::EndMap;
+  return yaml.c_str();
 }
 
 }  // namespace writescope

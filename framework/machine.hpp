@@ -40,6 +40,8 @@ struct MachineDescription {
   std::vector<std::pair<std::string, Value>> fields() const;
   /// Stores every field as an attribute of `group`.
   void store(ResultsGroup& group) const;
+  /// The fields as a YAML mapping.
+  std::string to_yaml() const;
 };
 
 /// The revision this binary was built from (see cmake/GitRevision.cmake).

@@ -124,6 +124,10 @@ ResultsGroup ResultsGroup::create_group(const std::string& name) {
   });
 }
 
+void ResultsGroup::remove(const std::string& name) {
+  guarded(where(name), [&] { group_.unlink(name); });
+}
+
 ResultsGroup ResultsGroup::open_group(const std::string& name) {
   return guarded(where(name), [&] {
     return ResultsGroup(group_.openGroup(name), path_ == "/" ? "/" + name : path_ + "/" + name, file_);

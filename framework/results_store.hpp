@@ -32,6 +32,8 @@ class ResultsGroup {
   /// Opens an existing subgroup.
   ResultsGroup open_group(const std::string& name);
   bool has(const std::string& name) const;
+  /// Removes a subgroup or dataset.
+  void remove(const std::string& name);
 
   template <class T>
   void write(const std::string& name, const std::vector<T>& values, const std::vector<std::size_t>& shape = {});

@@ -96,7 +96,7 @@ struct MoeModel::Impl {
   std::map<int, std::unique_ptr<SplitDecode<bf16>>> split;  // by batch size
 
   // Activations, grown on demand and reused by every layer and step.
-  Matrix<GpuMem> x, h, branch, q, k, v, q_a, compressed, latent, mla_values, cpu_result, logits;
+  Matrix<GpuMem> x, h, branch, h_ffn, branch_ffn, q, k, v, q_a, compressed, latent, mla_values, cpu_result, logits;
   Matrix<HostMemSpace> x_host, out_host;
   TokenRows keys, values;
   Queries queries;
@@ -298,8 +298,33 @@ struct Pass {
   std::vector<int> sequences;           // per row
   std::vector<std::int64_t> positions;  // per row
   bool prefill = false;
+  int first_row = 0;                    // of the step's activations (micro-batches)
+  Kokkos::View<const std::int64_t*, GpuMem> device_positions = {};
   int rows() const { return static_cast<int>(sequences.size()); }
+  /// Rows [begin, end) of this pass.
+  Pass slice(int begin, int end) const {
+    Pass part{std::vector<int>(sequences.begin() + begin, sequences.begin() + end),
+              std::vector<std::int64_t>(positions.begin() + begin, positions.begin() + end), prefill,
+              first_row + begin, Kokkos::subview(device_positions, std::make_pair(begin, end))};
+    return part;
+  }
 };
+
+/// Adds `part` (a micro-batch or prompt chunk) to `total`.
+void accumulate(LayerRecord& total, const LayerRecord& part) {
+  total.attention_gpu += part.attention_gpu;
+  total.attention_cpu += part.attention_cpu;
+  total.experts_gpu += part.experts_gpu;
+  total.experts_cpu += part.experts_cpu;
+  total.transfers += part.transfers;
+  total.other += part.other;
+  total.attention += part.attention;
+  total.predicted_attention += part.predicted_attention;
+  for (int r = 0; r < 4; ++r) total.region_bytes[r] += part.region_bytes[r];
+  const double bytes = total.region_bytes[0] + total.region_bytes[1] + total.region_bytes[2] + total.region_bytes[3];
+  const double cpu = total.region_bytes[int(Region::cpu_resident)] + total.region_bytes[int(Region::cpu_streamed)];
+  total.alpha = bytes > 0 ? cpu / bytes : 0;
+}
 
 // The model's forward pass over the model's state, kept out of the header so
 // that it stays free of Kokkos views.
@@ -314,7 +339,7 @@ struct ModelForward {
   ExpertResidency& residency;
   std::vector<std::int64_t>& expected_tokens;
   std::vector<std::vector<int>>& expert_counts;
-  Kokkos::View<const std::int64_t*, GpuMem> positions = {};  // per row of the current pass
+  bool pipelined = false;  // micro-batches whose stages run concurrently
 
   /// Attention of the pass' queries (rows, q_heads, key_dim) over tokens
   /// ranges[i] of row i's sequence, through the KV policy's split plan, into `out`.
@@ -335,7 +360,6 @@ struct ModelForward {
     record.attention_cpu += timings.cpu_seconds;
     record.attention += timings.step_seconds;
     record.predicted_attention += prediction.step_seconds;
-    record.alpha = kv_policy.alpha_of(plan);
     record.region_bytes[int(Region::gpu_resident)] += kv_policy.segment_bytes(plan.gpu_resident);
     record.region_bytes[int(Region::gpu_streamed)] += kv_policy.segment_bytes(plan.gpu_streamed);
     record.region_bytes[int(Region::cpu_resident)] += kv_policy.segment_bytes(plan.cpu_resident);
@@ -399,8 +423,8 @@ struct ModelForward {
       rms_norm(gpu, q, m.norms.at(p + "q_norm.weight"), hd, c.rms_eps);
       rms_norm(gpu, k, m.norms.at(p + "k_norm.weight"), hd, c.rms_eps);
     }
-    apply_rope(gpu, q, positions, m.inverse_frequencies, m.rope_scale, 0, hd, hd, false);
-    apply_rope(gpu, k, positions, m.inverse_frequencies, m.rope_scale, 0, hd, hd, false);
+    apply_rope(gpu, q, pass.device_positions, m.inverse_frequencies, m.rope_scale, 0, hd, hd, false);
+    apply_rope(gpu, k, pass.device_positions, m.inverse_frequencies, m.rope_scale, 0, hd, hd, false);
     const TokenRows keys = scratch3(m.keys, "writescope::moe::keys", rows, kvh, hd);
     const TokenRows values = scratch3(m.values, "writescope::moe::values", rows, kvh, hd);
     using Flat = Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMem>;
@@ -437,8 +461,8 @@ struct ModelForward {
     linear<Gpu, bf16>(gpu, h, m.weight(p + "kv_a_proj_with_mqa.weight"), compressed);
     Kokkos::deep_copy(gpu, normed, Kokkos::subview(compressed, Kokkos::ALL, std::make_pair(0, latent)));
     rms_norm(gpu, normed, m.norms.at(p + "kv_a_layernorm.weight"), latent, c.rms_eps);
-    apply_rope(gpu, q, positions, m.inverse_frequencies, m.rope_scale, nope, nope + rope, rope, true);
-    apply_rope(gpu, compressed, positions, m.inverse_frequencies, m.rope_scale, latent, latent + rope, rope, true);
+    apply_rope(gpu, q, pass.device_positions, m.inverse_frequencies, m.rope_scale, nope, nope + rope, rope, true);
+    apply_rope(gpu, compressed, pass.device_positions, m.inverse_frequencies, m.rope_scale, latent, latent + rope, rope, true);
     const TokenRows keys = scratch3(m.keys, "writescope::moe::latent_rows", rows, 1, latent + rope);
     Kokkos::parallel_for("writescope::moe::pack_latent", impl::rows_by_columns(gpu, rows, latent + rope),
                          impl::PackLatentRow<GpuMem>{Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMem>(
@@ -489,6 +513,9 @@ struct ModelForward {
     const Routing routing = m.routers[moe_layer](gpu, h);
     expert_counts[moe_layer] = routing.counts();
     const ExpertPlan plan = expert_policy.plan(moe_layer, routing, residency);
+    if (pipelined && !plan.cpu.empty())
+      throw std::invalid_argument("model: micro-batches overlap CPU attention with the GPU's experts; the expert "
+                                  "policy must not give experts to the CPU");
 
     double gpu_compute = 0, gpu_transfers = 0, cpu_compute = 0, cpu_transfers = 0;
     auto gpu_work = [&] {
@@ -551,10 +578,61 @@ struct ModelForward {
     record.transfers += gpu_transfers + cpu_transfers + prefetch;
   }
 
-  /// Runs `tokens` (one per row) through every layer; returns the logits of
-  /// rows [first_logit_row, rows), each (vocab).
-  std::vector<std::vector<float>> run(const Pass& pass, const std::vector<int>& tokens, int first_logit_row,
-                                      std::vector<LayerRecord>& records) {
+  /// RMSNorm, attention and residual of the pass' rows of x.
+  void attention_stage(int layer, const Pass& pass, const Matrix<GpuMem>& x_all, LayerRecord& record) {
+    const Gpu gpu;
+    const int rows = pass.rows();
+    const auto x = Kokkos::subview(x_all, std::make_pair(pass.first_row, pass.first_row + rows), Kokkos::ALL);
+    const auto h = impl::scratch(m.h, "writescope::moe::h", rows, c.hidden);
+    const auto branch = impl::scratch(m.branch, "writescope::moe::branch", rows, c.hidden);
+    Kokkos::deep_copy(gpu, h, x);
+    rms_norm(gpu, h, m.norms.at(layer_prefix(layer) + "input_layernorm.weight"), c.hidden, c.rms_eps);
+    if (c.mla())
+      mla_attention(layer, pass, h, branch, record);
+    else
+      gqa_attention(layer, pass, h, branch, record);
+    Kokkos::parallel_for("writescope::moe::residual", impl::rows_by_columns(gpu, rows, c.hidden),
+                         impl::AddRows<GpuMem>{x, branch});
+  }
+
+  /// RMSNorm, feed-forward and residual of the pass' rows of x.
+  void feed_forward_stage(int layer, const Pass& pass, const Matrix<GpuMem>& x_all, LayerRecord& record) {
+    const Gpu gpu;
+    const int rows = pass.rows();
+    const auto x = Kokkos::subview(x_all, std::make_pair(pass.first_row, pass.first_row + rows), Kokkos::ALL);
+    const auto h = impl::scratch(m.h_ffn, "writescope::moe::h_ffn", rows, c.hidden);
+    const auto branch = impl::scratch(m.branch_ffn, "writescope::moe::branch_ffn", rows, c.hidden);
+    Kokkos::deep_copy(gpu, h, x);
+    rms_norm(gpu, h, m.norms.at(layer_prefix(layer) + "post_attention_layernorm.weight"), c.hidden, c.rms_eps);
+    feed_forward(layer, h, branch, record);
+    Kokkos::parallel_for("writescope::moe::residual", impl::rows_by_columns(gpu, rows, c.hidden),
+                         impl::AddRows<GpuMem>{x, branch});
+    gpu.fence();
+  }
+
+  /// One layer over `parts` (micro-batches): the feed-forward of part j runs
+  /// while part j + 1's attention runs (CGOPipe's two stages; concurrent in
+  /// CUDA builds, where the CPU attends while the GPU computes experts).
+  void layer_pipeline(int layer, const std::vector<Pass>& parts, const Matrix<GpuMem>& x, LayerRecord& record) {
+    std::vector<LayerRecord> attention(parts.size()), ffn(parts.size());
+    attention_stage(layer, parts[0], x, attention[0]);
+    for (std::size_t j = 0; j < parts.size(); ++j) {
+      if (has_gpu && j + 1 < parts.size()) {
+        std::thread gpu_driver([&] { feed_forward_stage(layer, parts[j], x, ffn[j]); });
+        attention_stage(layer, parts[j + 1], x, attention[j + 1]);
+        gpu_driver.join();
+      } else {
+        feed_forward_stage(layer, parts[j], x, ffn[j]);
+        if (j + 1 < parts.size()) attention_stage(layer, parts[j + 1], x, attention[j + 1]);
+      }
+    }
+    for (std::size_t j = 0; j < parts.size(); ++j) accumulate(record, attention[j]), accumulate(record, ffn[j]);
+  }
+
+  /// Runs `tokens` (one per row) through every layer in `micro_batches`
+  /// groups of rows; returns the logits of rows [first_logit_row, rows), each (vocab).
+  std::vector<std::vector<float>> run(Pass pass, const std::vector<int>& tokens, int first_logit_row,
+                                      int micro_batches, std::vector<LayerRecord>& records) {
     const Gpu gpu;
     const int rows = pass.rows(), hidden = c.hidden;
     for (int token : tokens)
@@ -571,31 +649,19 @@ struct ModelForward {
     const auto position_view = Kokkos::subview(m.positions, std::make_pair(0, rows));
     Kokkos::deep_copy(position_view,
                       Kokkos::View<const std::int64_t*, Kokkos::HostSpace, Unmanaged>(pass.positions.data(), rows));
-    positions = position_view;
+    pass.device_positions = position_view;
+    std::vector<Pass> parts;
+    const int groups = std::max(1, std::min(micro_batches, rows));
+    for (int g = 0; g < groups; ++g) parts.push_back(pass.slice(rows * g / groups, rows * (g + 1) / groups));
+    pipelined = has_gpu && groups > 1;
+
     const auto x = impl::scratch(m.x, "writescope::moe::x", rows, hidden);
-    const auto h = impl::scratch(m.h, "writescope::moe::h", rows, hidden);
-    const auto branch = impl::scratch(m.branch, "writescope::moe::branch", rows, hidden);
     Kokkos::parallel_for("writescope::moe::embed", impl::rows_by_columns(gpu, rows, hidden),
                          impl::EmbedRows<GpuMem>{x, m.weight("model.embed_tokens.weight"), token_view});
     for (int layer = 0; layer < c.layers; ++layer) {
       LayerRecord& record = records[layer];
       record = LayerRecord{};
-      const std::string p = layer_prefix(layer);
-      const double wall = gpu_seconds([&] {
-        Kokkos::deep_copy(gpu, h, x);
-        rms_norm(gpu, h, m.norms.at(p + "input_layernorm.weight"), hidden, c.rms_eps);
-        if (c.mla())
-          mla_attention(layer, pass, h, branch, record);
-        else
-          gqa_attention(layer, pass, h, branch, record);
-        Kokkos::parallel_for("writescope::moe::residual", impl::rows_by_columns(gpu, rows, hidden),
-                             impl::AddRows<GpuMem>{x, branch});
-        Kokkos::deep_copy(gpu, h, x);
-        rms_norm(gpu, h, m.norms.at(p + "post_attention_layernorm.weight"), hidden, c.rms_eps);
-        feed_forward(layer, h, branch, record);
-        Kokkos::parallel_for("writescope::moe::residual", impl::rows_by_columns(gpu, rows, hidden),
-                             impl::AddRows<GpuMem>{x, branch});
-      });
+      const double wall = gpu_seconds([&] { layer_pipeline(layer, parts, x, record); });
       record.other = std::max(0.0, wall - record.attention - record.experts_gpu - record.experts_cpu - record.transfers);
     }
     const int out_rows = rows - first_logit_row;
@@ -611,7 +677,45 @@ struct ModelForward {
     for (int r = 0; r < out_rows; ++r) out[r].assign(&host(r, 0), &host(r, 0) + c.vocab);
     return out;
   }
+
+  /// Appends `tokens` tokens of synthetic keys and values to every layer of
+  /// `sequence`, through the KV policy's prefill placement.
+  void fill(int sequence, std::int64_t tokens, std::uint64_t seed) {
+    const Gpu gpu;
+    const BlockGeometry& g = cache.geometry();
+    const std::int64_t chunk = std::min<std::int64_t>(tokens, 4096);
+    const TokenRows keys("writescope::moe::synthetic_keys", chunk, g.kv_heads, g.key_dim);
+    const TokenRows values("writescope::moe::synthetic_values", chunk, g.kv_heads, g.value_dim);
+    for (int layer = 0; layer < c.layers; ++layer) {
+      for (std::int64_t begin = 0; begin < tokens; begin += chunk) {
+        const int count = static_cast<int>(std::min(chunk, tokens - begin));
+        const std::uint64_t stream = (seed * 1315423911ull + layer) * 2654435761ull + sequence;
+        Kokkos::parallel_for("writescope::moe::synthetic_kv", impl::rows_by_columns(gpu, count, g.kv_heads * g.key_dim),
+                             impl::SyntheticRows{Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMem>(
+                                                     keys.data(), count, g.kv_heads * g.key_dim),
+                                                 stream, begin});
+        if (!g.values_in_keys)
+          Kokkos::parallel_for("writescope::moe::synthetic_kv",
+                               impl::rows_by_columns(gpu, count, g.kv_heads * g.value_dim),
+                               impl::SyntheticRows{Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMem>(
+                                                       values.data(), count, g.kv_heads * g.value_dim),
+                                                   ~stream, begin});
+        gpu.fence();
+        const std::vector<Region> regions = kv_policy.place(
+            layer, sequence, count, std::max(expected_tokens[sequence], cache.length(layer, sequence) + count), false);
+        using Token = Kokkos::View<const bf16***, Kokkos::LayoutRight, GpuMem>;
+        cache.append<Gpu, GpuMem>(gpu, layer, sequence, Token(keys.data(), count, g.kv_heads, g.key_dim),
+                                  Token(g.values_in_keys ? keys.data() : values.data(), count, g.kv_heads, g.value_dim),
+                                  regions);
+      }
+    }
+  }
 };
+
+void MoeModel::fill_context(int sequence, std::int64_t tokens, std::uint64_t seed) {
+  if (tokens < 1) return;
+  forward().fill(sequence, tokens, seed);
+}
 
 ModelForward MoeModel::forward() {
   return ModelForward{*impl_, config_, shape_, options_, *cache_, *kv_policy_, *options_.experts,
@@ -624,13 +728,14 @@ std::vector<std::vector<float>> MoeModel::step(const std::vector<int>& sequences
   if (static_cast<int>(sequences.size()) > options_.max_rows)
     throw std::invalid_argument("model: a step of " + std::to_string(sequences.size()) +
                                 " sequences exceeds max_rows = " + std::to_string(options_.max_rows));
-  Pass pass{sequences, {}, false};
+  Pass pass;
+  pass.sequences = sequences;
   for (std::size_t i = 0; i < sequences.size(); ++i) {
     if (std::count(sequences.begin(), sequences.end(), sequences[i]) > 1)
       throw std::invalid_argument("model: sequence " + std::to_string(sequences[i]) + " appears twice in one step");
     pass.positions.push_back(cache_->length(0, sequences[i]));
   }
-  return forward().run(pass, tokens, 0, records_);
+  return forward().run(pass, tokens, 0, options_.micro_batches, records_);
 }
 
 std::vector<float> MoeModel::prefill(int sequence, const std::vector<int>& prompt) {
@@ -643,24 +748,13 @@ std::vector<float> MoeModel::prefill(int sequence, const std::vector<int>& promp
   for (auto& r : records_) r = LayerRecord{};
   for (std::size_t begin = 0; begin < prompt.size(); begin += static_cast<std::size_t>(options_.max_rows)) {
     const std::size_t end = std::min(prompt.size(), begin + static_cast<std::size_t>(options_.max_rows));
-    Pass pass{std::vector<int>(end - begin, sequence), {}, true};
+    Pass pass;
+    pass.sequences.assign(end - begin, sequence);
+    pass.prefill = true;
     for (std::size_t t = begin; t < end; ++t) pass.positions.push_back(static_cast<std::int64_t>(t));
     const std::vector<int> tokens(prompt.begin() + begin, prompt.begin() + end);
-    logits = forward().run(pass, tokens, static_cast<int>(end - begin) - 1, chunk_records).front();
-    for (std::size_t l = 0; l < records_.size(); ++l) {
-      LayerRecord& total = records_[l];
-      const LayerRecord& part = chunk_records[l];
-      total.attention_gpu += part.attention_gpu;
-      total.attention_cpu += part.attention_cpu;
-      total.experts_gpu += part.experts_gpu;
-      total.experts_cpu += part.experts_cpu;
-      total.transfers += part.transfers;
-      total.other += part.other;
-      total.attention += part.attention;
-      total.predicted_attention += part.predicted_attention;
-      total.alpha = part.alpha;
-      for (int r = 0; r < 4; ++r) total.region_bytes[r] += part.region_bytes[r];
-    }
+    logits = forward().run(pass, tokens, static_cast<int>(end - begin) - 1, 1, chunk_records).front();
+    for (std::size_t l = 0; l < records_.size(); ++l) accumulate(records_[l], chunk_records[l]);
   }
   return logits;
 }

@@ -59,6 +59,7 @@ struct ModelOptions {
   int block_tokens = 16;
   int max_rows = 64;                // most tokens one forward pass carries (batch or prompt chunk)
   int stream_chunk_blocks = 8;      // KV blocks per streaming chunk
+  int micro_batches = 1;            // a decode step's sequences run in this many pipelined groups
   KVPolicyFactory kv_policy;        // required
   std::shared_ptr<ExpertPolicy> experts = std::make_shared<CpuExpertPolicy>();
 };
@@ -70,7 +71,10 @@ struct LayerRecord {
   double attention = 0;            // wall time of the attention step
   double predicted_attention = 0;  // the roofline model's prediction for the KV policy's plan
   double alpha = 0;                // CPU share of the KV bytes read
-  double region_bytes[4] = {0, 0, 0, 0};  // read from each Region
+  /// KV bytes read, indexed by Region: VRAM by the GPU, pinned streamed to the
+  /// GPU, host by the CPU, pinned read in place by the CPU (the band's blocks
+  /// count where they were read, whichever region they were written to).
+  double region_bytes[4] = {0, 0, 0, 0};
 };
 
 /// Where the VRAM budget went.
@@ -110,6 +114,11 @@ class MoeModel {
   /// Runs `prompt` of an empty `sequence` through the prefill path, in chunks
   /// of at most max_rows tokens; returns the logits of its last token (vocab).
   std::vector<float> prefill(int sequence, const std::vector<int>& prompt);
+  /// Appends `tokens` tokens of synthetic keys and values (seeded; uniform in
+  /// [-1, 1)) to every layer of `sequence`, placed by the KV policy as a
+  /// prefill would place them: a long context for decode measurements, whose
+  /// step times do not depend on the values.
+  void fill_context(int sequence, std::int64_t tokens, std::uint64_t seed);
   /// One decode token for each of `sequences`; returns their logits (batch, vocab).
   std::vector<std::vector<float>> step(const std::vector<int>& sequences, const std::vector<int>& tokens);
 

@@ -4,6 +4,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "framework/bf16.hpp"
+#include "framework/spaces.hpp"
 #include "moe/layer_kernels.hpp"
 
 #include <stdexcept>
@@ -75,6 +76,21 @@ struct PackLatentRow {
   KOKKOS_INLINE_FUNCTION void operator()(int b, int c) const {
     const int width = static_cast<int>(latent.extent(1));
     packed(b, c) = from_float<bf16>(c < width ? latent(b, c) : compressed(b, c));
+  }
+};
+
+/// rows(t, c) = a hash of (stream, first_token + t, c) mapped to [-1, 1).
+struct SyntheticRows {
+  Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMemSpace> rows;
+  std::uint64_t stream;
+  std::int64_t first_token;
+  KOKKOS_INLINE_FUNCTION void operator()(int t, int c) const {
+    std::uint64_t z = stream ^ (static_cast<std::uint64_t>(first_token + t) * 0x9E3779B97F4A7C15ull) ^
+                      (static_cast<std::uint64_t>(c) * 0xBF58476D1CE4E5B9ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    rows(t, c) = from_float<bf16>(static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
   }
 };
 

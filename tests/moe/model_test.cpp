@@ -147,7 +147,7 @@ TEST(MoeModel, RecordsTheBytesEachRegionServed) {
     EXPECT_GT(record.attention, 0);
     EXPECT_GT(record.predicted_attention, 0);
     EXPECT_GT(record.experts_cpu, 0);
-    // CpuResident and CpuStreamed blocks are read by the CPU.
+    // CpuResident and CpuStreamed blocks are read by the CPU (the affine plan).
     const double cpu_bytes = record.region_bytes[int(Region::cpu_resident)] + record.region_bytes[int(Region::cpu_streamed)];
     EXPECT_NEAR(record.alpha, cpu_bytes / total, 1e-12);
   }

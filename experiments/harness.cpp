@@ -1,0 +1,541 @@
+#include "experiments/harness.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <ostream>
+#include <random>
+#include <sstream>
+
+#include "framework/log.hpp"
+#include "framework/machine.hpp"
+#include "framework/results_store.hpp"
+#include "framework/runtime.hpp"
+#include "layouts/inplace_kv_cache.hpp"
+
+namespace writescope {
+namespace {
+
+std::string format_bytes(std::uint64_t bytes) {
+  std::ostringstream out;
+  if (bytes % (1ull << 30) == 0)
+    out << bytes / (1ull << 30) << "GiB";
+  else if (bytes % (1ull << 20) == 0)
+    out << bytes / (1ull << 20) << "MiB";
+  else
+    out << bytes << "B";
+  return out.str();
+}
+
+std::string format_tokens(std::int64_t tokens) {
+  return tokens % 1024 == 0 ? std::to_string(tokens / 1024) + "K" : std::to_string(tokens);
+}
+
+std::string format_duration(double seconds) {
+  const long s = std::lround(seconds);
+  std::ostringstream out;
+  if (s >= 3600) out << s / 3600 << "h";
+  if (s >= 60) out << (s / 60) % 60 << "m";
+  out << s % 60 << "s";
+  return out.str();
+}
+
+ModelSpec parse_model(const ConfigNode& node) {
+  node.allow_only({"preset", "layers", "hidden_scale"});
+  ModelSpec spec;
+  spec.preset = node.get<std::string>("preset");
+  try {
+    spec.config = model_preset(spec.preset);
+  } catch (const std::invalid_argument& e) {
+    node.fail("preset", e.what());
+  }
+  if (node.has("layers")) {
+    const int layers = node.get<int>("layers");
+    if (layers < 1) node.fail("layers", "must be at least 1, got " + std::to_string(layers));
+    spec.overrides.layers = layers;
+  }
+  spec.overrides.hidden_scale = node.get_or<double>("hidden_scale", 1.0);
+  if (!(spec.overrides.hidden_scale > 0 && spec.overrides.hidden_scale <= 1))
+    node.fail("hidden_scale", "must be in (0, 1]");
+  try {
+    spec.config = apply_overrides(spec.config, spec.overrides);
+  } catch (const std::invalid_argument& e) {
+    node.fail(e.what());
+  }
+  std::ostringstream label;
+  label << spec.preset;
+  if (spec.overrides.layers || spec.overrides.hidden_scale != 1.0) {
+    label << " (" << spec.config.layers << " layers";
+    if (spec.overrides.hidden_scale != 1.0) label << ", hidden " << spec.config.hidden;
+    label << ")";
+  }
+  spec.label = label.str();
+  return spec;
+}
+
+template <class T>
+std::vector<T> positive_list(const ConfigNode& root, const std::string& key) {
+  const std::vector<T> values = root.get_list<T>(key);
+  for (T v : values)
+    if (v <= 0) root.fail(key, "every entry must be positive, got " + std::to_string(v));
+  return values;
+}
+
+}  // namespace
+
+ExperimentConfig ExperimentConfig::load(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw ConfigError(path, "", "cannot read the file");
+  std::ostringstream text;
+  text << file.rdbuf();
+  ExperimentConfig config = from_config(ConfigNode::parse(text.str(), path));
+  config.text = text.str();
+  return config;
+}
+
+ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
+  root.allow_only({"name", "output", "profile", "models", "systems", "batch_sizes", "contexts", "max_total_tokens",
+                   "budgets", "steps", "repetitions", "seed", "block_tokens", "context_fill", "options"});
+  ExperimentConfig c;
+  c.name = root.get<std::string>("name");
+  c.output = root.get<std::string>("output");
+  c.profile = root.get<std::string>("profile");
+  for (const ConfigNode& model : root.elements("models")) c.models.push_back(parse_model(model));
+  c.systems = root.get_list<std::string>("systems");
+  for (const std::string& system : c.systems) {
+    const auto& known = system_names();
+    if (std::find(known.begin(), known.end(), system) == known.end()) {
+      std::string names;
+      for (const std::string& n : known) names += (names.empty() ? "" : ", ") + n;
+      root.fail("systems", "unknown system '" + system + "' (known: " + names + ")");
+    }
+    if (std::count(c.systems.begin(), c.systems.end(), system) > 1)
+      root.fail("systems", "'" + system + "' is listed twice");
+  }
+  c.batch_sizes = positive_list<int>(root, "batch_sizes");
+  c.contexts = positive_list<std::int64_t>(root, "contexts");
+  c.max_total_tokens = root.get_or<std::int64_t>("max_total_tokens", 0);
+  if (c.max_total_tokens < 0) root.fail("max_total_tokens", "must not be negative");
+  const ConfigNode budgets = root.child("budgets");
+  budgets.allow_only({"vram", "pinned", "host"});
+  if (budgets.yaml()["vram"].IsSequence()) {
+    for (const ConfigNode& v : budgets.elements("vram")) {
+      const auto bytes = parse_byte_size(v.as<std::string>());
+      if (!bytes || *bytes == 0) budgets.fail("vram", "entries must be byte sizes such as 32GiB");
+      c.vram_budgets.push_back(*bytes);
+    }
+  } else {
+    c.vram_budgets.push_back(budgets.get_bytes("vram"));
+  }
+  c.pinned_budget = budgets.get_bytes("pinned");
+  c.host_budget = budgets.get_bytes("host");
+  if (const auto steps = root.optional_child("steps")) {
+    steps->allow_only({"warmup", "measured"});
+    c.warmup_steps = steps->get_or<int>("warmup", c.warmup_steps);
+    c.measured_steps = steps->get_or<int>("measured", c.measured_steps);
+    if (c.warmup_steps < 0) steps->fail("warmup", "must not be negative");
+    if (c.measured_steps < 1) steps->fail("measured", "must be at least 1");
+  }
+  c.repetitions = root.get_or<int>("repetitions", 1);
+  if (c.repetitions < 1) root.fail("repetitions", "must be at least 1");
+  c.seed = root.get_or<std::uint64_t>("seed", 1);
+  c.block_tokens = root.get_or<int>("block_tokens", 64);
+  if (c.block_tokens < 1 || c.block_tokens > 4096) root.fail("block_tokens", "must be in [1, 4096]");
+  c.context_fill = root.has("context_fill") ? root.get_choice("context_fill", {"synthetic", "prefill"}) : "synthetic";
+  if (const auto options = root.optional_child("options")) {
+    options->allow_only({"expert_vram_share", "score_decay", "prefetch_experts", "writescope_experts"});
+    SystemOptions& o = c.system_options;
+    o.expert_vram_share = options->get_or<double>("expert_vram_share", o.expert_vram_share);
+    if (!(o.expert_vram_share >= 0 && o.expert_vram_share <= 1)) options->fail("expert_vram_share", "must be in [0, 1]");
+    o.score_decay = options->get_or<double>("score_decay", o.score_decay);
+    if (!(o.score_decay >= 0 && o.score_decay < 1)) options->fail("score_decay", "must be in [0, 1)");
+    o.prefetch_experts = options->get_or<int>("prefetch_experts", 0);
+    if (o.prefetch_experts < 0) options->fail("prefetch_experts", "must not be negative");
+    if (options->has("writescope_experts")) {
+      const std::string choice =
+          options->get_choice("writescope_experts", {"auto", "fiddler", "ktransformers", "hybrimoe"});
+      c.auto_writescope_experts = choice == "auto";
+      if (!c.auto_writescope_experts) o.writescope_experts = choice;
+    }
+  }
+  return c;
+}
+
+std::string RunSpec::id() const {
+  std::ostringstream out;
+  out << model->label << " | " << system << " | batch " << batch << " | context " << context << " | vram "
+      << format_bytes(vram_budget) << " | rep " << repetition;
+  std::string id = out.str();
+  // HDF5 names: no '/' or '.'.
+  std::replace(id.begin(), id.end(), '/', '_');
+  std::replace(id.begin(), id.end(), '.', '_');
+  return id;
+}
+
+std::vector<RunSpec> expand_runs(const ExperimentConfig& config) {
+  std::vector<std::string> order;
+  for (const std::string& s : config.systems)
+    if (s != "writescope") order.push_back(s);
+  if (std::count(config.systems.begin(), config.systems.end(), "writescope")) order.push_back("writescope");
+  std::vector<RunSpec> runs;
+  for (const ModelSpec& model : config.models)
+    for (std::uint64_t vram : config.vram_budgets)
+      for (int batch : config.batch_sizes)
+        for (std::int64_t context : config.contexts) {
+          if (config.max_total_tokens > 0 && batch * context > config.max_total_tokens) continue;
+          for (int rep = 0; rep < config.repetitions; ++rep)
+            for (const std::string& system : order) runs.push_back(RunSpec{&model, system, batch, context, vram, rep});
+        }
+  return runs;
+}
+
+MachineProfile find_profile(const std::string& name_or_path) {
+  if (std::filesystem::is_regular_file(name_or_path)) return MachineProfile::load(name_or_path);
+  for (const std::string& folder : {std::string("experiments/profiles"), std::string(WRITESCOPE_PROFILES_DIR)}) {
+    const std::string path = folder + "/" + name_or_path + ".yaml";
+    if (std::filesystem::is_regular_file(path)) return MachineProfile::load(path);
+  }
+  throw std::invalid_argument("profile '" + name_or_path + "' is neither a file nor a profile in " +
+                              std::string(WRITESCOPE_PROFILES_DIR) +
+                              " (`writescope calibrate --output FILE` measures one)");
+}
+
+namespace {
+
+/// Why a run did not complete.
+struct RunFailure {
+  std::string status;  // "does_not_fit" or "failed"
+  std::string reason;
+};
+
+/// The measurements of one completed run.
+struct RunResult {
+  std::vector<double> step_seconds, predicted_attention, attention;
+  std::vector<double> alpha;                            // (steps, layers)
+  std::map<std::string, std::vector<double>> components;  // each (steps, layers)
+  std::vector<double> region_bytes[4];                  // each (steps)
+  std::string expert_policy;
+  int micro_batches = 1;
+  VramUse vram;
+  double attention_fmas_per_byte = 0, cpu_attention_gbps = 0;
+};
+
+constexpr const char* component_names[] = {"attention_gpu", "attention_cpu", "experts_gpu",
+                                           "experts_cpu",   "transfers",     "other"};
+
+std::uint64_t kv_bytes(const ModelConfig& config, int block_tokens, int batch, std::int64_t tokens) {
+  const BlockGeometry g = config.attention().block_geometry(block_tokens);
+  const std::int64_t blocks = (tokens + block_tokens - 1) / block_tokens;
+  return static_cast<std::uint64_t>(config.layers) * batch * blocks * g.block_elements() * sizeof(bf16);
+}
+
+/// The tokens/s of completed runs in the file with the same setting as `run`, per system.
+std::map<std::string, double> baseline_rates(const std::string& path, const RunSpec& run) {
+  std::map<std::string, double> rates;
+  if (!std::filesystem::exists(path)) return rates;
+  const ResultsReader reader(path);
+  if (!reader.exists("/runs")) return rates;
+  for (const std::string& name : reader.list("/runs")) {
+    const std::string g = "/runs/" + name;
+    if (reader.string_attribute(g, "status") != "complete") continue;
+    if (reader.string_attribute(g, "model_label") != run.model->label ||
+        reader.int_attribute(g, "batch") != run.batch || reader.int_attribute(g, "context") != run.context ||
+        static_cast<std::uint64_t>(reader.int_attribute(g, "vram_budget_bytes")) != run.vram_budget)
+      continue;
+    rates[reader.string_attribute(g, "system")] = std::max(rates[reader.string_attribute(g, "system")],
+                                                           reader.double_attribute(g, "tokens_per_second"));
+  }
+  return rates;
+}
+
+class Progress {
+ public:
+  Progress(std::ostream& out, bool tty, std::size_t runs) : out_(out), tty_(tty), runs_(runs) {}
+
+  void start_run(std::size_t index, const RunSpec& run) {
+    index_ = index;
+    label_ = run.model->preset + " " + run.system + " b" + std::to_string(run.batch) + " " +
+             format_tokens(run.context) + (run.repetition ? " r" + std::to_string(run.repetition) : "");
+    if (!tty_) out_ << "run " << index + 1 << "/" << runs_ << ": " << label_ << eta() << std::endl;
+    draw("");
+  }
+  void step(const std::string& phase) { draw(phase); }
+  void finish_run(double seconds, const std::string& outcome) {
+    elapsed_ += seconds;
+    ++measured_;
+    if (tty_) out_ << "\r\033[K";
+    out_ << "run " << index_ + 1 << "/" << runs_ << ": " << label_ << ": " << outcome << std::endl;
+  }
+  void skip() { ++skipped_; }
+
+ private:
+  std::string eta() const {
+    if (measured_ == 0) return "";
+    const double per_run = elapsed_ / measured_;
+    return " (ETA " + format_duration(per_run * static_cast<double>(runs_ - index_)) + ")";
+  }
+  void draw(const std::string& phase) {
+    if (!tty_) return;
+    constexpr int width = 24;
+    const int filled = static_cast<int>(width * index_ / std::max<std::size_t>(1, runs_));
+    out_ << "\r\033[K[" << std::string(filled, '#') << std::string(width - filled, '-') << "] " << index_ + 1 << "/"
+         << runs_ << " " << label_ << (phase.empty() ? "" : " " + phase) << eta() << std::flush;
+  }
+
+  std::ostream& out_;
+  bool tty_;
+  std::size_t runs_, index_ = 0, measured_ = 0, skipped_ = 0;
+  double elapsed_ = 0;
+  std::string label_;
+};
+
+RunResult measure(const ExperimentConfig& config, const RunSpec& run, const MachineProfile& profile,
+                  const std::string& writescope_experts, Progress& progress) {
+  const ModelConfig& model_config = run.model->config;
+  SystemContext context{model_config, profile, run.batch, run.context, config.system_options};
+  context.options.writescope_experts = writescope_experts;
+  const System system = make_system(run.system, context);
+  const std::int64_t final_tokens = run.context + config.warmup_steps + config.measured_steps;
+
+  ModelOptions options;
+  options.vram_budget = run.vram_budget;
+  options.pinned_kv_budget = config.pinned_budget;
+  options.host_kv_budget = config.host_budget;
+  options.block_tokens = config.block_tokens;
+  options.max_rows = std::max(run.batch, config.context_fill == "prefill" ? 256 : 1);
+  options.kv_policy = system.kv_policy;
+  options.experts = system.experts;
+  options.micro_batches = system.micro_batches;
+  if (run.system == "gpu-only") {
+    const VramUse fixed = MoeModel::fixed_vram(model_config, options);
+    const std::uint64_t experts = static_cast<std::uint64_t>(model_config.layers - model_config.dense_layers) *
+                                  model_config.experts * MoeModel::expert_bytes(model_config);
+    const std::uint64_t kv = kv_bytes(model_config, config.block_tokens, run.batch, final_tokens);
+    const std::uint64_t needed = fixed.weights + fixed.workspace + experts + kv;
+    if (needed > run.vram_budget)
+      throw ModelBudgetError("needs " + format_bytes(needed) + " of VRAM (weights " + format_bytes(fixed.weights) +
+                             ", routed experts " + format_bytes(experts) + ", KV " + format_bytes(kv) +
+                             ", workspace " + format_bytes(fixed.workspace) + ") but the budget is " +
+                             format_bytes(run.vram_budget));
+  }
+  progress.step("building");
+  const std::uint64_t seed = config.seed + 7919ull * static_cast<std::uint64_t>(run.repetition);
+  MoeModel model = MoeModel::synthetic(model_config, seed, options);
+  std::vector<int> sequences;
+  std::mt19937_64 random(seed);
+  std::vector<int> tokens;
+  for (int b = 0; b < run.batch; ++b) {
+    progress.step("context " + std::to_string(b + 1) + "/" + std::to_string(run.batch));
+    const int sequence = model.add_sequence(final_tokens);
+    sequences.push_back(sequence);
+    if (config.context_fill == "prefill") {
+      std::vector<int> prompt(static_cast<std::size_t>(run.context));
+      for (int& t : prompt) t = static_cast<int>(random() % static_cast<std::uint64_t>(model_config.vocab));
+      const auto logits = model.prefill(sequence, prompt);
+      tokens.push_back(static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    } else {
+      model.fill_context(sequence, run.context, seed + static_cast<std::uint64_t>(b));
+      tokens.push_back(static_cast<int>(random() % static_cast<std::uint64_t>(model_config.vocab)));
+    }
+  }
+  RunResult result;
+  result.expert_policy = system.expert_policy;
+  result.micro_batches = system.micro_batches;
+  result.vram = model.vram_use();
+  result.attention_fmas_per_byte = model.attention_shape().fmas_per_byte(sizeof(bf16));
+  result.cpu_attention_gbps = ModelRates::from_profile(profile, model.attention_shape().name, profile.cpu_threads)
+                                  .cpu_attention_gbps;
+  const int steps = config.warmup_steps + config.measured_steps;
+  for (int step = 0; step < steps; ++step) {
+    const bool measured = step >= config.warmup_steps;
+    if (step == config.warmup_steps) model.end_warmup();
+    progress.step((measured ? "step " + std::to_string(step - config.warmup_steps + 1) + "/" +
+                                  std::to_string(config.measured_steps)
+                            : "warm-up"));
+    const auto begin = std::chrono::steady_clock::now();
+    const auto logits = model.step(sequences, tokens);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    for (std::size_t b = 0; b < logits.size(); ++b)
+      tokens[b] = static_cast<int>(std::max_element(logits[b].begin(), logits[b].end()) - logits[b].begin());
+    if (!measured) continue;
+    result.step_seconds.push_back(seconds);
+    double predicted = 0, attention = 0, bytes[4] = {0, 0, 0, 0};
+    for (const LayerRecord& r : model.last_records()) {
+      predicted += r.predicted_attention;
+      attention += r.attention;
+      result.alpha.push_back(r.alpha);
+      const double values[] = {r.attention_gpu, r.attention_cpu, r.experts_gpu, r.experts_cpu, r.transfers, r.other};
+      for (int k = 0; k < 6; ++k) result.components[component_names[k]].push_back(values[k]);
+      for (int region = 0; region < 4; ++region) bytes[region] += r.region_bytes[region];
+    }
+    result.predicted_attention.push_back(predicted);
+    result.attention.push_back(attention);
+    for (int region = 0; region < 4; ++region) result.region_bytes[region].push_back(bytes[region]);
+  }
+  return result;
+}
+
+void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec& run,
+               const std::optional<RunResult>& result, const RunFailure& failure) {
+  ResultsGroup g = runs.create_group(run.id());
+  const ModelConfig& m = run.model->config;
+  g.set_attribute("model", run.model->preset);
+  g.set_attribute("model_label", run.model->label);
+  g.set_attribute("system", run.system);
+  g.set_attribute("batch", static_cast<std::int64_t>(run.batch));
+  g.set_attribute("context", run.context);
+  g.set_attribute("vram_budget_bytes", static_cast<std::int64_t>(run.vram_budget));
+  g.set_attribute("pinned_budget_bytes", static_cast<std::int64_t>(config.pinned_budget));
+  g.set_attribute("host_budget_bytes", static_cast<std::int64_t>(config.host_budget));
+  g.set_attribute("repetition", static_cast<std::int64_t>(run.repetition));
+  g.set_attribute("seed", static_cast<std::int64_t>(config.seed));
+  g.set_attribute("status", result ? std::string("complete") : failure.status);
+  g.set_attribute("reason", result ? std::string() : failure.reason);
+  YAML::Emitter yaml;
+  yaml << YAML::BeginMap << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "preset"
+       << YAML::Value << run.model->preset << YAML::Key << "layers" << YAML::Value << m.layers << YAML::Key
+       << "hidden_scale" << YAML::Value << run.model->overrides.hidden_scale << YAML::EndMap << YAML::Key << "system"
+       << YAML::Value << run.system << YAML::Key << "batch" << YAML::Value << run.batch << YAML::Key << "context"
+       << YAML::Value << run.context << YAML::Key << "budgets" << YAML::Value << YAML::BeginMap << YAML::Key << "vram"
+       << YAML::Value << format_bytes(run.vram_budget) << YAML::Key << "pinned" << YAML::Value
+       << format_bytes(config.pinned_budget) << YAML::Key << "host" << YAML::Value << format_bytes(config.host_budget)
+       << YAML::EndMap << YAML::Key << "steps" << YAML::Value << YAML::BeginMap << YAML::Key << "warmup"
+       << YAML::Value << config.warmup_steps << YAML::Key << "measured" << YAML::Value << config.measured_steps
+       << YAML::EndMap << YAML::Key << "seed" << YAML::Value << config.seed << YAML::Key << "repetition"
+       << YAML::Value << run.repetition << YAML::Key << "block_tokens" << YAML::Value << config.block_tokens
+       << YAML::Key << "context_fill" << YAML::Value << config.context_fill << YAML::Key << "options" << YAML::Value
+       << YAML::BeginMap << YAML::Key << "expert_vram_share" << YAML::Value
+       << config.system_options.expert_vram_share << YAML::Key << "score_decay" << YAML::Value
+       << config.system_options.score_decay << YAML::Key << "prefetch_experts" << YAML::Value
+       << config.system_options.prefetch_experts << YAML::Key << "expert_policy" << YAML::Value
+       << (result ? result->expert_policy : std::string("")) << YAML::EndMap << YAML::EndMap;
+  g.set_attribute("config", std::string(yaml.c_str()));
+  if (!result) return;
+  const RunResult& r = *result;
+  const std::size_t steps = r.step_seconds.size(), layers = static_cast<std::size_t>(m.layers);
+  double total = 0;
+  for (double s : r.step_seconds) total += s;
+  g.set_attribute("tokens_per_second", static_cast<double>(run.batch * steps) / total);
+  g.set_attribute("mean_step_seconds", total / static_cast<double>(steps));
+  g.set_attribute("layers", static_cast<std::int64_t>(m.layers));
+  g.set_attribute("attention_fmas_per_byte", r.attention_fmas_per_byte);
+  g.set_attribute("cpu_attention_gbps", r.cpu_attention_gbps);
+  g.set_attribute("expert_policy", r.expert_policy);
+  g.set_attribute("micro_batches", static_cast<std::int64_t>(r.micro_batches));
+  g.set_attribute("vram_weights_bytes", static_cast<std::int64_t>(r.vram.weights));
+  g.set_attribute("vram_workspace_bytes", static_cast<std::int64_t>(r.vram.workspace));
+  g.set_attribute("vram_expert_slot_bytes", static_cast<std::int64_t>(r.vram.expert_slots));
+  g.set_attribute("vram_kv_bytes", static_cast<std::int64_t>(r.vram.kv));
+  g.write("step_seconds", r.step_seconds);
+  g.write("predicted_attention_seconds", r.predicted_attention);
+  g.write("attention_seconds", r.attention);
+  g.write("alpha", r.alpha, {steps, layers});
+  ResultsGroup components = g.create_group("components");
+  for (const auto& [name, values] : r.components) components.write(name, values, {steps, layers});
+  ResultsGroup regions = g.create_group("region_bytes");
+  for (Region region : {Region::gpu_resident, Region::gpu_streamed, Region::cpu_resident, Region::cpu_streamed})
+    regions.write(region_name(region), r.region_bytes[static_cast<int>(region)]);
+}
+
+void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& config, const MachineProfile& p) {
+  root.set_attribute("format", "writescope-results-1");
+  root.set_attribute("experiment", config.name);
+  root.set_attribute("config", config.text);
+  root.set_attribute("git_revision", git_revision());
+  root.set_attribute("kokkos_configuration", kokkos_configuration());
+  root.set_attribute("machine", MachineDescription::detect().to_yaml());
+  ResultsGroup profile = root.has("profile") ? root.open_group("profile") : root.create_group("profile");
+  profile.set_attribute("name", p.name);
+  profile.set_attribute("yaml", p.to_yaml());
+  profile.set_attribute("has_gpu", static_cast<std::int64_t>(p.has_gpu));
+  profile.set_attribute("hbm_gbps", p.hbm_gbps);
+  profile.set_attribute("pinned_h2d_gbps", p.pinned_h2d_gbps);
+  profile.set_attribute("pageable_h2d_gbps", p.pageable_h2d_gbps);
+  profile.set_attribute("cpu_dram_read_gbps", p.cpu_dram_read_gbps);
+  profile.set_attribute("cpu_fma_glanes", p.cpu_fma_glanes);
+  profile.set_attribute("cpu_gemv_gbps", p.cpu_gemv_gbps);
+  profile.set_attribute("cpu_threads", static_cast<std::int64_t>(p.cpu_threads));
+  if (!root.has("runs")) root.create_group("runs");
+}
+
+}  // namespace
+
+ExperimentSummary run_experiment(const ExperimentConfig& config, const MachineProfile& profile,
+                                 std::ostream& progress_out, bool tty) {
+  if (!has_gpu && profile.has_gpu)
+    log_info("run: profile '", profile.name, "' describes a GPU machine but this build has no GPU; ",
+             "the systems plan for that machine and run on the host");
+  if (const auto parent = std::filesystem::path(config.output).parent_path(); !parent.empty())
+    std::filesystem::create_directories(parent);
+  ResultsStore store(config.output);
+  {
+    auto txn = store.begin();
+    write_experiment_attributes(txn.root(), config, profile);
+    txn.commit();
+  }
+  const std::vector<RunSpec> runs = expand_runs(config);
+  Progress progress(progress_out, tty, runs.size());
+  ExperimentSummary summary;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const RunSpec& run = runs[i];
+    const std::string id = run.id();
+    if (store.contains("runs/" + id)) {
+      const ResultsReader reader(config.output);
+      if (reader.string_attribute("/runs/" + id, "status") != "failed") {
+        ++summary.skipped;
+        progress.skip();
+        continue;
+      }
+    }
+    progress.start_run(i, run);
+    std::string writescope_experts = config.system_options.writescope_experts;
+    if (run.system == "writescope" && config.auto_writescope_experts) {
+      double best = 0;
+      for (const auto& [system, rate] : baseline_rates(config.output, run)) {
+        const auto& candidates = expert_policy_names();
+        if (std::find(candidates.begin(), candidates.end(), system) != candidates.end() && rate > best)
+          best = rate, writescope_experts = system;
+      }
+    }
+    const auto started = std::chrono::steady_clock::now();
+    std::optional<RunResult> result;
+    RunFailure failure;
+    try {
+      result = measure(config, run, profile, writescope_experts, progress);
+    } catch (const ModelBudgetError& e) {
+      failure = {"does_not_fit", e.what()};
+    } catch (const KVCacheError& e) {
+      failure = {"does_not_fit", e.what()};
+    } catch (const std::exception& e) {
+      failure = {"failed", e.what()};
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    auto txn = store.begin();
+    ResultsGroup runs_group = txn.root().open_group("runs");
+    if (runs_group.has(id)) runs_group.remove(id);
+    write_run(runs_group, config, run, result, failure);
+    txn.commit();
+    std::ostringstream outcome;
+    if (result) {
+      double total = 0;
+      for (double s : result->step_seconds) total += s;
+      outcome << std::fixed << std::setprecision(2) << run.batch * result->step_seconds.size() / total
+              << " tokens/s";
+      ++summary.complete;
+    } else {
+      outcome << (failure.status == "does_not_fit" ? "does not fit: " : "failed: ") << failure.reason;
+      ++(failure.status == "does_not_fit" ? summary.did_not_fit : summary.failed);
+    }
+    progress.finish_run(seconds, outcome.str());
+  }
+  return summary;
+}
+
+}  // namespace writescope

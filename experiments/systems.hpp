@@ -1,0 +1,65 @@
+#pragma once
+// The systems compared (DESIGN.md §6). Each is a KV placement and attention
+// policy plus an expert policy on the same model runtime, kernels and KV
+// layouts, so a speedup measures the policy, not the code. One file per system
+// in systems/ says what the original does and what the reproduction keeps.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/roofline.hpp"
+#include "moe/model.hpp"
+
+namespace writescope {
+
+/// Tunables of the reproduced policies (recorded with every run).
+struct SystemOptions {
+  double expert_vram_share = 0.5;  // Fiddler / HybriMoE: share of the free VRAM given to expert slots
+  double score_decay = 0.8;        // HybriMoE: weight of the past in the decayed expert scores
+  int prefetch_experts = 0;        // HybriMoE: next-layer experts prefetched per layer; 0: experts_per_token
+  std::string writescope_experts = "ktransformers";  // WriteScope's expert policy (a baseline's name)
+};
+
+/// What a system is built for.
+struct SystemContext {
+  ModelConfig model;
+  MachineProfile profile;
+  int batch = 1;
+  std::int64_t context = 0;  // tokens per sequence
+  SystemOptions options;
+};
+
+struct System {
+  std::string name;
+  std::string expert_policy;       // the baseline whose expert policy it runs
+  KVPolicyFactory kv_policy;
+  std::shared_ptr<ExpertPolicy> experts;
+  int micro_batches = 1;           // sequences of a step run in this many groups (MoE-Lightning)
+};
+
+/// "writescope", "fiddler", "ktransformers", "moe-lightning", "hybrimoe", "gpu-only".
+const std::vector<std::string>& system_names();
+/// Baselines whose expert policy WriteScope may run ("fiddler", "ktransformers", "hybrimoe").
+const std::vector<std::string>& expert_policy_names();
+/// The named system; std::invalid_argument lists the names otherwise.
+System make_system(const std::string& name, const SystemContext& context);
+
+/// The roofline model of `context`'s machine and model shape.
+RooflineModel roofline_of(const SystemContext& context);
+/// Expert costs from the machine profile.
+ExpertCosts expert_costs_of(const SystemContext& context);
+
+// One per system (systems/*.cpp).
+System make_writescope(const SystemContext& context);
+System make_fiddler(const SystemContext& context);
+System make_ktransformers(const SystemContext& context);
+System make_moe_lightning(const SystemContext& context);
+System make_hybrimoe(const SystemContext& context);
+System make_gpu_only(const SystemContext& context);
+/// The expert policy of a baseline, for WriteScope to share.
+std::shared_ptr<ExpertPolicy> fiddler_experts(const SystemContext& context);
+std::shared_ptr<ExpertPolicy> hybrimoe_experts(const SystemContext& context);
+
+}  // namespace writescope

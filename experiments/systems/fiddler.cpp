@@ -1,0 +1,85 @@
+// Fiddler-style.
+//
+// The original (Fiddler, ICLR '25): the most popular experts, from a profile
+// of routing on sample data, stay in GPU memory up to its capacity; for every
+// other activated expert, per layer, a latency model compares computing it on
+// the CPU with copying its weights to the GPU and computing there, and picks
+// the cheaper. KV and attention stay on the GPU.
+// Kept: popularity from the run's warm-up steps, resident experts up to a
+// share of the free VRAM, the per-expert CPU-or-transfer decision from the
+// machine profile's rates; KV in VRAM up to the budget, the rest in one pinned
+// region the GPU streams every step.
+// Simplified: the transferred weights are not kept (one staging buffer).
+#include <algorithm>
+#include <numeric>
+
+#include "experiments/systems.hpp"
+
+namespace writescope {
+namespace {
+
+class FiddlerExperts final : public ExpertPolicy {
+ public:
+  FiddlerExperts(ExpertCosts costs, double vram_share) : costs_(costs), vram_share_(vram_share) {}
+
+  int slots(int fit, int layers, int experts) const override {
+    return std::min(layers * experts, static_cast<int>(fit * vram_share_));
+  }
+
+  ExpertPlan plan(int layer, const Routing& routing, const ExpertResidency& residency) override {
+    if (popularity_.empty()) popularity_.assign(static_cast<std::size_t>(residency.layers()) * residency.experts(), 0);
+    ExpertPlan plan;
+    for (int e : routing.active()) {
+      const int tokens = static_cast<int>(routing.rows[e].size());
+      if (warming_up_) popularity_[static_cast<std::size_t>(layer) * residency.experts() + e] += tokens;
+      if (residency.slot_of(layer, e) >= 0) {
+        plan.gpu.push_back(e);
+      } else if (costs_.cpu_seconds(tokens) <= costs_.transfer_seconds() + costs_.gpu_seconds(tokens)) {
+        plan.cpu.push_back(e);
+      } else {
+        plan.gpu.push_back(e);
+        plan.loads.push_back({layer, e, -1});
+      }
+    }
+    return plan;
+  }
+
+  /// The most popular experts of the warm-up take the slots.
+  std::vector<ExpertLoad> end_warmup(const ExpertResidency& residency) override {
+    warming_up_ = false;
+    popularity_.resize(static_cast<std::size_t>(residency.layers()) * residency.experts(), 0);
+    std::vector<int> order(popularity_.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return popularity_[a] > popularity_[b]; });
+    std::vector<ExpertLoad> loads;
+    for (int slot = 0; slot < residency.slots() && slot < static_cast<int>(order.size()); ++slot)
+      loads.push_back({order[slot] / residency.experts(), order[slot] % residency.experts(), slot});
+    return loads;
+  }
+
+ private:
+  ExpertCosts costs_;
+  double vram_share_;
+  bool warming_up_ = true;
+  std::vector<long> popularity_;  // tokens routed to (layer, expert) during warm-up
+};
+
+}  // namespace
+
+std::shared_ptr<ExpertPolicy> fiddler_experts(const SystemContext& context) {
+  return std::make_shared<FiddlerExperts>(expert_costs_of(context), context.options.expert_vram_share);
+}
+
+System make_fiddler(const SystemContext& context) {
+  const RooflineModel roofline = roofline_of(context);
+  System system;
+  system.name = "fiddler";
+  system.expert_policy = "fiddler";
+  system.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
+    return std::make_unique<FirstFitKVPolicy>(roofline, shape, cache, Region::gpu_streamed);
+  };
+  system.experts = fiddler_experts(context);
+  return system;
+}
+
+}  // namespace writescope

@@ -1,0 +1,139 @@
+// HybriMoE-style.
+//
+// The original (HybriMoE, DAC '25): attention on the GPU; per layer, the
+// activated experts are split between CPU and GPU by a greedy simulation
+// (the GPU takes experts from the most-loaded end, the CPU from the least-
+// loaded end, each time whichever device has less accumulated time), a
+// score-aware expert cache keeps experts with high exponentially decayed
+// routing scores on the GPU, and the next layer's likely experts are
+// prefetched while the current layer runs.
+// Kept: the greedy split with costs from the machine profile (a non-resident
+// expert on the GPU pays its transfer), the decayed-score cache over a share
+// of the free VRAM (a loaded expert replaces the lowest-scored resident when
+// it scores higher), prefetch of the next layer's highest-scored experts; KV
+// in VRAM up to the budget, the rest in one pinned region streamed every step.
+// Simplified: prefetches are issued after a layer and complete before the
+// next one starts (no copy/compute overlap on separate streams).
+#include <algorithm>
+#include <limits>
+
+#include "experiments/systems.hpp"
+
+namespace writescope {
+namespace {
+
+class HybriMoeExperts final : public ExpertPolicy {
+ public:
+  HybriMoeExperts(ExpertCosts costs, double vram_share, double decay, int prefetch)
+      : costs_(costs), vram_share_(vram_share), decay_(decay), prefetch_(prefetch) {}
+
+  int slots(int fit, int layers, int experts) const override {
+    return std::min(layers * experts, static_cast<int>(fit * vram_share_));
+  }
+
+  ExpertPlan plan(int layer, const Routing& routing, const ExpertResidency& residency) override {
+    update_scores(layer, routing, residency);
+    std::vector<int> active = routing.active();
+    std::stable_sort(active.begin(), active.end(),
+                     [&](int a, int b) { return routing.rows[a].size() > routing.rows[b].size(); });
+    ExpertPlan plan;
+    double gpu_time = 0, cpu_time = 0;
+    std::size_t most = 0, least = active.size();
+    while (most < least) {
+      if (gpu_time <= cpu_time) {
+        const int e = active[most++];
+        const int tokens = static_cast<int>(routing.rows[e].size());
+        const bool resident = residency.slot_of(layer, e) >= 0;
+        gpu_time += costs_.gpu_seconds(tokens) + (resident ? 0.0 : costs_.transfer_seconds());
+        plan.gpu.push_back(e);
+      } else {
+        const int e = active[--least];
+        cpu_time += costs_.cpu_seconds(static_cast<int>(routing.rows[e].size()));
+        plan.cpu.push_back(e);
+      }
+    }
+    ExpertResidency cache = residency;
+    for (int e : plan.gpu)
+      if (cache.slot_of(layer, e) < 0) plan.loads.push_back({layer, e, cache_slot(layer, e, plan.gpu, cache)});
+    return plan;
+  }
+
+  /// Prefetch: the next layer's highest-scored experts that are not cached.
+  std::vector<ExpertLoad> after_layer(int layer, const Routing&, const ExpertResidency& residency) override {
+    const int next = layer + 1;
+    if (next >= residency.layers() || residency.slots() == 0) return {};
+    std::vector<int> order(static_cast<std::size_t>(residency.experts()));
+    for (int e = 0; e < residency.experts(); ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return score(next, a) > score(next, b); });
+    order.resize(std::min<std::size_t>(order.size(), static_cast<std::size_t>(prefetch_)));
+    ExpertResidency cache = residency;
+    std::vector<ExpertLoad> loads;
+    for (int e : order) {
+      if (score(next, e) <= 0 || cache.slot_of(next, e) >= 0) continue;
+      const int slot = cache_slot(next, e, order, cache);
+      if (slot >= 0) loads.push_back({next, e, slot});
+    }
+    return loads;
+  }
+
+ private:
+  double& score(int layer, int expert) { return scores_[static_cast<std::size_t>(layer) * experts_ + expert]; }
+
+  void update_scores(int layer, const Routing& routing, const ExpertResidency& residency) {
+    if (scores_.empty()) {
+      experts_ = residency.experts();
+      scores_.assign(static_cast<std::size_t>(residency.layers()) * experts_, 0.0);
+    }
+    for (int e = 0; e < experts_; ++e) {
+      double weight = 0;
+      for (float w : routing.weights[e]) weight += w;
+      score(layer, e) = decay_ * score(layer, e) + (1 - decay_) * weight;
+    }
+  }
+
+  /// A slot for (layer, expert) in `cache`: a free one, else the lowest-scored
+  /// resident scoring below it and not in `keep` of the same layer; -1 (a
+  /// staging buffer) otherwise. Updates `cache`.
+  int cache_slot(int layer, int expert, const std::vector<int>& keep, ExpertResidency& cache) {
+    int slot = cache.free_slot();
+    if (slot < 0) {
+      double lowest = score(layer, expert);
+      for (int s = 0; s < cache.slots(); ++s) {
+        const auto [l, e] = cache.owner(s);
+        if (l == layer && std::find(keep.begin(), keep.end(), e) != keep.end()) continue;
+        if (score(l, e) < lowest) lowest = score(l, e), slot = s;
+      }
+    }
+    if (slot >= 0) cache.assign(slot, layer, expert);
+    return slot;
+  }
+
+  ExpertCosts costs_;
+  double vram_share_, decay_;
+  int prefetch_;
+  int experts_ = 0;
+  std::vector<double> scores_;  // (layer, expert): decayed sum of routing weights
+};
+
+}  // namespace
+
+std::shared_ptr<ExpertPolicy> hybrimoe_experts(const SystemContext& context) {
+  const int prefetch =
+      context.options.prefetch_experts > 0 ? context.options.prefetch_experts : context.model.experts_per_token;
+  return std::make_shared<HybriMoeExperts>(expert_costs_of(context), context.options.expert_vram_share,
+                                           context.options.score_decay, prefetch);
+}
+
+System make_hybrimoe(const SystemContext& context) {
+  const RooflineModel roofline = roofline_of(context);
+  System system;
+  system.name = "hybrimoe";
+  system.expert_policy = "hybrimoe";
+  system.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
+    return std::make_unique<FirstFitKVPolicy>(roofline, shape, cache, Region::gpu_streamed);
+  };
+  system.experts = hybrimoe_experts(context);
+  return system;
+}
+
+}  // namespace writescope

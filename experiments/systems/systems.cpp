@@ -1,0 +1,50 @@
+#include <stdexcept>
+
+#include "experiments/systems.hpp"
+
+namespace writescope {
+
+const std::vector<std::string>& system_names() {
+  static const std::vector<std::string> names{"writescope", "fiddler",  "ktransformers",
+                                              "moe-lightning", "hybrimoe", "gpu-only"};
+  return names;
+}
+
+const std::vector<std::string>& expert_policy_names() {
+  static const std::vector<std::string> names{"fiddler", "ktransformers", "hybrimoe"};
+  return names;
+}
+
+System make_system(const std::string& name, const SystemContext& context) {
+  if (name == "writescope") return make_writescope(context);
+  if (name == "fiddler") return make_fiddler(context);
+  if (name == "ktransformers") return make_ktransformers(context);
+  if (name == "moe-lightning") return make_moe_lightning(context);
+  if (name == "hybrimoe") return make_hybrimoe(context);
+  if (name == "gpu-only") return make_gpu_only(context);
+  std::string known;
+  for (const std::string& n : system_names()) known += (known.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown system '" + name + "' (known: " + known + ")");
+}
+
+RooflineModel roofline_of(const SystemContext& context) {
+  return RooflineModel(
+      ModelRates::from_profile(context.profile, context.model.attention().name, context.profile.cpu_threads));
+}
+
+ExpertCosts expert_costs_of(const SystemContext& context) {
+  const ModelConfig& c = context.model;
+  const MachineProfile& p = context.profile;
+  ExpertCosts costs;
+  costs.expert_bytes = static_cast<double>(MoeModel::expert_bytes(c));
+  costs.flops_per_token = 6.0 * c.hidden * c.expert_intermediate;
+  costs.cpu_gemv_gbps = p.cpu_gemv_gbps;
+  costs.cpu_gemm_gflops = p.cpu_gemm_gflops;
+  costs.hbm_gbps = p.hbm_gbps;
+  costs.link_gbps = p.pinned_h2d_gbps;
+  costs.link_latency_s = p.link_latency_s;
+  costs.has_gpu = p.has_gpu;
+  return costs;
+}
+
+}  // namespace writescope
