@@ -440,8 +440,8 @@ void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec
   ResultsGroup components = g.create_group("components");
   for (const auto& [name, values] : r.components) components.write(name, values, {steps, layers});
   ResultsGroup regions = g.create_group("region_bytes");
-  for (Region region : {Region::gpu_resident, Region::gpu_streamed, Region::cpu_resident, Region::cpu_streamed})
-    regions.write(region_name(region), r.region_bytes[static_cast<int>(region)]);
+  const char* region_names[] = {"gpu_resident", "gpu_streamed", "cpu_resident", "cpu_streamed"};  // Region order
+  for (int region = 0; region < 4; ++region) regions.write(region_names[region], r.region_bytes[region]);
 }
 
 void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& config, const MachineProfile& p) {
