@@ -240,7 +240,7 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   log_info("generate: ", config.name, " (", config.layers, " layers, hidden ", config.hidden, ", ",
            from_checkpoint ? "checkpoint weights" : "synthetic weights", ")");
   MoeModel model = from_checkpoint
-                       ? MoeModel(config, load_weights<bf16>(SafetensorsCheckpoint(model_name), config), model_options)
+                       ? MoeModel::from_checkpoint(SafetensorsCheckpoint(model_name), config, model_options)
                        : MoeModel::synthetic(config, seed, model_options);
   const int sequence = model.add_sequence(static_cast<std::int64_t>(prompt.size()) + new_tokens);
   std::vector<float> all_logits;

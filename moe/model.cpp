@@ -41,6 +41,15 @@ struct ExpertBuffers {
   }
 };
 
+/// into = from, on `space`; returns when the copy is done.
+template <class ExecSpace, class Into, class From>
+void copy_expert(const ExecSpace& space, const Into& into, const From& from) {
+  Kokkos::deep_copy(space, into.gate, from.gate);
+  Kokkos::deep_copy(space, into.up, from.up);
+  Kokkos::deep_copy(space, into.down, from.down);
+  space.fence();
+}
+
 bool is_routed_expert(const std::string& name) { return name.find(".experts.") != std::string::npos; }
 
 std::string layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
@@ -146,7 +155,7 @@ VramUse MoeModel::fixed_vram(const ModelConfig& config, const ModelOptions& opti
   return use;
 }
 
-MoeModel::MoeModel(const ModelConfig& config, const std::vector<std::vector<bf16>>& weights, ModelOptions options)
+MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelOptions options)
     : config_(config),
       shape_(config.attention()),
       options_(std::move(options)),
@@ -156,10 +165,6 @@ MoeModel::MoeModel(const ModelConfig& config, const std::vector<std::vector<bf16
   if (!options_.kv_policy) throw std::invalid_argument("model: ModelOptions::kv_policy is required");
   if (!options_.experts) throw std::invalid_argument("model: ModelOptions::experts is required");
   if (options_.max_rows < 1) throw std::invalid_argument("model: max_rows must be positive");
-  const auto specs = weight_specs(config_);
-  if (specs.size() != weights.size())
-    throw std::invalid_argument("model " + config_.name + ": " + std::to_string(weights.size()) +
-                                " weight tensors for " + std::to_string(specs.size()) + " specs");
   const int moe_layers = config_.layers - config_.dense_layers;
   const std::uint64_t per_expert = expert_bytes(config_);
 
@@ -182,26 +187,42 @@ MoeModel::MoeModel(const ModelConfig& config, const std::vector<std::vector<bf16
                            gib(fixed + vram_.expert_slots));
   vram_.kv = left - vram_.expert_slots;
 
-  std::map<std::string, std::size_t> index;
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    if (static_cast<std::int64_t>(weights[i].size()) != specs[i].elements())
-      throw std::invalid_argument("model " + config_.name + ": tensor '" + specs[i].name + "' has the wrong size");
-    index[specs[i].name] = i;
-  }
+  // Every routed expert lives in pinned host memory: the CPU computes on it
+  // in place and the GPU loads from it by DMA. Tensors arrive one at a time,
+  // so a full-size model never exists twice in host memory.
   Impl& m = *impl_;
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    const TensorSpec& spec = specs[i];
-    if (is_routed_expert(spec.name)) continue;
-    if (spec.is_norm) {
-      Kokkos::View<float*, Kokkos::HostSpace> host("writescope::moe::norm", weights[i].size());
-      for (std::size_t k = 0; k < weights[i].size(); ++k) host(k) = to_float(weights[i][k]);
+  std::map<std::string, WeightView<PinnedMemSpace>> expert_parts;
+  for (int layer = config_.dense_layers; layer < config_.layers; ++layer) {
+    m.host_experts.emplace_back();
+    for (int e = 0; e < config_.experts; ++e) {
+      m.host_experts.back().emplace_back("writescope::moe::host_expert", config_.hidden, config_.expert_intermediate);
+      const auto& expert = m.host_experts.back().back();
+      const auto names = expert_tensor_names(config_, layer, e);
+      expert_parts[names[0]] = expert.gate;
+      expert_parts[names[1]] = expert.up;
+      expert_parts[names[2]] = expert.down;
+    }
+  }
+  for (const TensorSpec& spec : weight_specs(config_)) {
+    const std::vector<bf16> values = source(spec);
+    if (static_cast<std::int64_t>(values.size()) != spec.elements())
+      throw std::invalid_argument("model " + config_.name + ": tensor '" + spec.name + "' has " +
+                                  std::to_string(values.size()) + " values, expected " +
+                                  std::to_string(spec.elements()));
+    if (const auto part = expert_parts.find(spec.name); part != expert_parts.end()) {
+      std::copy(values.begin(), values.end(), part->second.data());
+    } else if (spec.is_norm) {
+      Kokkos::View<float*, Kokkos::HostSpace> host("writescope::moe::norm", values.size());
+      for (std::size_t k = 0; k < values.size(); ++k) host(k) = to_float(values[k]);
       m.norms[spec.name] = Kokkos::create_mirror_view_and_copy(GpuMem(), host);
     } else {
-      Kokkos::View<bf16**, Kokkos::LayoutRight, Kokkos::HostSpace> host(
-          Kokkos::view_alloc(std::string("writescope::moe::weight"), Kokkos::WithoutInitializing),
-          static_cast<std::size_t>(spec.shape[0]), static_cast<std::size_t>(spec.shape[1]));
-      std::copy(weights[i].begin(), weights[i].end(), host.data());
-      m.weights[spec.name] = Kokkos::create_mirror_view_and_copy(GpuMem(), host);
+      const Kokkos::View<const bf16**, Kokkos::LayoutRight, Kokkos::HostSpace,
+                         Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+          host(values.data(), static_cast<std::size_t>(spec.shape[0]), static_cast<std::size_t>(spec.shape[1]));
+      WeightView<GpuMem> weight(Kokkos::view_alloc(std::string("writescope::moe::weight"), Kokkos::WithoutInitializing),
+                                host.extent(0), host.extent(1));
+      Kokkos::deep_copy(weight, host);
+      m.weights[spec.name] = weight;
     }
   }
   const bool mixtral = config_.architecture == Architecture::mixtral;
@@ -220,20 +241,6 @@ MoeModel::MoeModel(const ModelConfig& config, const std::vector<std::vector<bf16
       m.shared.back().push_back({m.weight(p + "shared_experts.gate_proj.weight"),
                                  m.weight(p + "shared_experts.up_proj.weight"),
                                  m.weight(p + "shared_experts.down_proj.weight")});
-    // Every routed expert lives in pinned host memory: the CPU computes on it
-    // in place and the GPU loads from it by DMA.
-    m.host_experts.emplace_back();
-    for (int e = 0; e < config_.experts; ++e) {
-      ExpertBuffers<PinnedMemSpace> expert("writescope::moe::host_expert", config_.hidden,
-                                           config_.expert_intermediate);
-      const auto names = expert_tensor_names(config_, layer, e);
-      const WeightView<PinnedMemSpace>* parts[3] = {&expert.gate, &expert.up, &expert.down};
-      for (int part = 0; part < 3; ++part) {
-        const std::vector<bf16>& values = weights[index.at(names[part])];
-        std::copy(values.begin(), values.end(), parts[part]->data());
-      }
-      m.host_experts.back().push_back(expert);
-    }
   }
   for (int s = 0; s < slots; ++s)
     m.slots.emplace_back("writescope::moe::expert_slot", config_.hidden, config_.expert_intermediate);
@@ -244,10 +251,7 @@ MoeModel::MoeModel(const ModelConfig& config, const std::vector<std::vector<bf16
   for (const ExpertLoad& load : options_.experts->initial(residency_)) {
     if (load.slot < 0 || load.slot >= slots)
       throw std::invalid_argument("model: the expert policy's initial load names slot " + std::to_string(load.slot));
-    const auto& from = m.host_experts.at(load.layer).at(load.expert);
-    Kokkos::deep_copy(m.slots[load.slot].gate, from.gate);
-    Kokkos::deep_copy(m.slots[load.slot].up, from.up);
-    Kokkos::deep_copy(m.slots[load.slot].down, from.down);
+    copy_expert(Gpu(), m.slots[load.slot], m.host_experts.at(load.layer).at(load.expert));
     residency_.assign(load.slot, load.layer, load.expert);
   }
 
@@ -267,9 +271,14 @@ MoeModel::MoeModel(const ModelConfig& config, const std::vector<std::vector<bf16
 MoeModel::~MoeModel() = default;
 
 MoeModel MoeModel::synthetic(const ModelConfig& config, std::uint64_t seed, ModelOptions options) {
-  std::vector<std::vector<bf16>> weights;
-  for (const TensorSpec& spec : weight_specs(config)) weights.push_back(synthetic_tensor<bf16>(spec, seed));
-  return MoeModel(config, weights, std::move(options));
+  return MoeModel(config, [seed](const TensorSpec& spec) { return synthetic_tensor<bf16>(spec, seed); },
+                  std::move(options));
+}
+
+MoeModel MoeModel::from_checkpoint(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config,
+                                   ModelOptions options) {
+  return MoeModel(config, [&](const TensorSpec& spec) { return checkpoint.read<bf16>(spec.name, spec.shape); },
+                  std::move(options));
 }
 
 int MoeModel::add_sequence(std::int64_t expected_tokens) {
@@ -284,10 +293,7 @@ void MoeModel::free_sequence(int sequence) { cache_->free_sequence(sequence); }
 void MoeModel::end_warmup() {
   Impl& m = *impl_;
   for (const ExpertLoad& load : options_.experts->end_warmup(residency_)) {
-    const auto& from = m.host_experts.at(load.layer).at(load.expert);
-    Kokkos::deep_copy(m.slots.at(load.slot).gate, from.gate);
-    Kokkos::deep_copy(m.slots.at(load.slot).up, from.up);
-    Kokkos::deep_copy(m.slots.at(load.slot).down, from.down);
+    copy_expert(Gpu(), m.slots.at(load.slot), m.host_experts.at(load.layer).at(load.expert));
     residency_.assign(load.slot, load.layer, load.expert);
   }
 }
@@ -482,12 +488,7 @@ struct ModelForward {
   }
 
   void load(const ExpertLoad& load, const ExpertBuffers<GpuMem>& into) {
-    const Gpu gpu;
-    const auto& from = m.host_experts.at(load.layer).at(load.expert);
-    Kokkos::deep_copy(gpu, into.gate, from.gate);
-    Kokkos::deep_copy(gpu, into.up, from.up);
-    Kokkos::deep_copy(gpu, into.down, from.down);
-    gpu.fence();
+    copy_expert(Gpu(), into, m.host_experts.at(load.layer).at(load.expert));
   }
 
   /// Loads into slots (not staging); returns their seconds.

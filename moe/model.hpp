@@ -37,6 +37,7 @@
 #include "moe/expert_policy.hpp"
 #include "moe/experts.hpp"
 #include "moe/reference_model.hpp"
+#include "moe/safetensors.hpp"
 #include "moe/weights.hpp"
 
 namespace writescope {
@@ -88,9 +89,15 @@ class MoeModel {
  public:
   struct Impl;
 
-  /// `weights` in weight_specs(config) order (bf16 values).
-  MoeModel(const ModelConfig& config, const std::vector<std::vector<bf16>>& weights, ModelOptions options);
+  /// Gives the values of one weight tensor; called once per tensor of weight_specs(config), in that order.
+  using TensorSource = std::function<std::vector<bf16>(const TensorSpec& spec)>;
+
+  MoeModel(const ModelConfig& config, const TensorSource& source, ModelOptions options);
+  /// Deterministic synthetic weights (synthetic_tensor).
   static MoeModel synthetic(const ModelConfig& config, std::uint64_t seed, ModelOptions options);
+  /// Weights read from a Hugging Face checkpoint; CheckpointError names a missing or mis-shaped tensor.
+  static MoeModel from_checkpoint(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config,
+                                  ModelOptions options);
   MoeModel(MoeModel&&) = default;
   ~MoeModel();
 

@@ -1,5 +1,7 @@
 #include "moe/weights.hpp"
 
+#include <Kokkos_Core.hpp>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +16,18 @@ std::uint64_t splitmix64(std::uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
+
+/// out[i] = uniform in [-amplitude, amplitude) from a hash of base + i.
+template <class Scalar>
+struct SyntheticValues {
+  Scalar* out;
+  std::uint64_t base;
+  double amplitude;
+  void operator()(std::size_t i) const {
+    const double unit = static_cast<double>(splitmix64(base + i) >> 11) * 0x1.0p-53;  // [0, 1)
+    out[i] = from_float<Scalar>(static_cast<float>((2.0 * unit - 1.0) * amplitude));
+  }
+};
 
 std::uint64_t name_hash(const std::string& name) {
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a
@@ -108,11 +122,11 @@ std::vector<Scalar> synthetic_tensor(const TensorSpec& spec, std::uint64_t seed)
   }
   // Uniform with standard deviation 1/sqrt(in_features): sqrt(3) / sqrt(in) amplitude.
   const double amplitude = std::sqrt(3.0 / static_cast<double>(spec.shape.back()));
-  const std::uint64_t base = name_hash(spec.name) ^ splitmix64(seed);
-  for (std::size_t i = 0; i < n; ++i) {
-    const double unit = static_cast<double>(splitmix64(base + i) >> 11) * 0x1.0p-53;  // [0, 1)
-    out[i] = from_float<Scalar>(static_cast<float>((2.0 * unit - 1.0) * amplitude));
-  }
+  // Element i depends on i only, so the host threads split the tensor (full-size models have 10^10 values).
+  Kokkos::parallel_for("writescope::moe::synthetic_tensor",
+                       Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, n),
+                       SyntheticValues<Scalar>{out.data(), name_hash(spec.name) ^ splitmix64(seed), amplitude});
+  Kokkos::DefaultHostExecutionSpace().fence();
   return out;
 }
 
