@@ -623,6 +623,10 @@ def report_markdown(results, figures, min_context):
              f"- Git revision: `{results.git_revision}`",
              f"- Machine profile: `{results.profile.name}`", "",
              "## Summary", ""]
+    if not results.profile.has_gpu:
+        lines += ["- **The machine profile has no GPU**: the runs came from a host-only build, where the "
+                  "systems' GPU work ran on the host too. The figures check the pipeline; speedups between "
+                  "CPU-GPU policies need a GPU machine."]
     lines += summary_lines(results, min_context)
     lines += ["", f"## Geometric-mean speedup (contexts ≥ {context_label(min_context)})", ""]
     lines += geomean_section(results.runs, min_context)

@@ -23,14 +23,21 @@
 namespace writescope {
 namespace {
 
+/// "32GiB", "256MiB", or with one decimal ("322.8MiB") when not a whole number.
 std::string format_bytes(std::uint64_t bytes) {
   std::ostringstream out;
-  if (bytes % (1ull << 30) == 0)
-    out << bytes / (1ull << 30) << "GiB";
-  else if (bytes % (1ull << 20) == 0)
-    out << bytes / (1ull << 20) << "MiB";
+  const auto unit = [&](std::uint64_t size, const char* name) {
+    if (bytes % size == 0)
+      out << bytes / size << name;
+    else
+      out << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / static_cast<double>(size) << name;
+  };
+  if (bytes >= (1ull << 30))
+    unit(1ull << 30, "GiB");
+  else if (bytes >= (1ull << 20))
+    unit(1ull << 20, "MiB");
   else
-    out << bytes << "B";
+    unit(1ull << 10, "KiB");
   return out.str();
 }
 

@@ -1,6 +1,8 @@
 #include "moe/model.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cstdio>
 #include <thread>
 
 #include "attention/prefill.hpp"

@@ -4,8 +4,10 @@
 # space (Cuda included), the machine profile (writescope calibrate) and the
 # benchmarks (bandwidth bounds, decode attention, split steps). Everything it
 # writes goes to $OUT (default: gpu-results/): info.txt, tests.xml, tests.log,
-# profile.yaml, benchmarks.json. WRITESCOPE_BENCHMARK_FILTER narrows the
-# benchmarks (a Google Benchmark regex).
+# profile.yaml, benchmarks.json, then the experiment slice
+# experiments/configs/h200-slice.yaml (full-size Qwen3-30B-A3B at 32K) as
+# h200-slice.h5 with its report. WRITESCOPE_BENCHMARK_FILTER narrows the
+# benchmarks (a Google Benchmark regex); WRITESCOPE_SKIP_SLICE=1 skips the slice.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${OUT:-$repo/gpu-results}
@@ -24,4 +26,10 @@ tail -3 "$out/tests.log"
 "$bundle/bin/writescope_benchmarks" --benchmark_out="$out/benchmarks.json" --benchmark_out_format=json \
   --benchmark_min_time=0.2 ${WRITESCOPE_BENCHMARK_FILTER:+--benchmark_filter=$WRITESCOPE_BENCHMARK_FILTER} \
   2>&1 | grep -E 'manual_time|^Benchmark' || status=1
+if [ -z "${WRITESCOPE_SKIP_SLICE:-}" ]; then
+  "$bundle/bin/writescope" run "$repo/experiments/configs/h200-slice.yaml" --profile "$out/profile.yaml" \
+    --output "$out/h200-slice.h5" 2>"$out/h200-slice.log" || status=1
+  tail -20 "$out/h200-slice.log"
+  /usr/bin/python3 "$repo/analysis/report.py" "$out/h200-slice.h5" -o "$out/h200-slice-report" || status=1
+fi
 exit $status
