@@ -1,7 +1,6 @@
 #include "attention/split.hpp"
 
-#include <thread>
-
+#include "framework/concurrent.hpp"
 #include "framework/timer.hpp"
 
 namespace writescope {
@@ -63,9 +62,8 @@ SplitTimings SplitDecode<Scalar>::run(const InplaceKVCache<Scalar>& cache, const
   if constexpr (has_gpu) {
     // The GPU share is a chain of copies, kernels and fences: drive it from its
     // own host thread so the OpenMP threads stay free for the CPU share.
-    std::thread gpu_driver([&] { timings.gpu_seconds = run_gpu_share(cache, plan, out); });
-    timings.cpu_seconds = run_cpu_share(cache, queries, plan);
-    gpu_driver.join();
+    run_concurrently([&] { timings.gpu_seconds = run_gpu_share(cache, plan, out); },
+                     [&] { timings.cpu_seconds = run_cpu_share(cache, queries, plan); });
   } else {
     timings.gpu_seconds = run_gpu_share(cache, plan, out);
     timings.cpu_seconds = run_cpu_share(cache, queries, plan);

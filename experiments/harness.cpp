@@ -13,6 +13,7 @@
 #include <ostream>
 #include <random>
 #include <sstream>
+#include <utility>
 
 #include "framework/log.hpp"
 #include "framework/machine.hpp"
@@ -39,6 +40,13 @@ std::string format_bytes(std::uint64_t bytes) {
   else
     unit(1ull << 10, "KiB");
   return out.str();
+}
+
+/// "32GiB", "256MiB", or the exact byte count: run ids must not round.
+std::string exact_size(std::uint64_t bytes) {
+  for (const auto& [size, name] : {std::pair{1ull << 30, "GiB"}, std::pair{1ull << 20, "MiB"}, std::pair{1ull << 10, "KiB"}})
+    if (bytes >= size && bytes % size == 0) return std::to_string(bytes / size) + name;
+  return std::to_string(bytes) + "B";
 }
 
 std::string format_tokens(std::int64_t tokens) {
@@ -156,6 +164,10 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
   c.block_tokens = root.get_or<int>("block_tokens", 64);
   if (c.block_tokens < 1 || c.block_tokens > 4096) root.fail("block_tokens", "must be in [1, 4096]");
   c.context_fill = root.has("context_fill") ? root.get_choice("context_fill", {"synthetic", "prefill"}) : "synthetic";
+  constexpr std::int64_t longest_prefill = 16384;
+  if (c.context_fill == "prefill" && *std::max_element(c.contexts.begin(), c.contexts.end()) > longest_prefill)
+    root.fail("context_fill", "prefill reads a prompt's earlier chunks once per query row, too slow beyond " +
+                                  std::to_string(longest_prefill) + " tokens; use synthetic for longer contexts");
   if (const auto options = root.optional_child("options")) {
     options->allow_only({"expert_vram_share", "score_decay", "prefetch_experts", "writescope_experts"});
     SystemOptions& o = c.system_options;
@@ -178,7 +190,7 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
 std::string RunSpec::id() const {
   std::ostringstream out;
   out << model->label << " | " << system << " | batch " << batch << " | context " << context << " | vram "
-      << format_bytes(vram_budget) << " | rep " << repetition;
+      << exact_size(vram_budget) << " | rep " << repetition;
   std::string id = out.str();
   // HDF5 names: no '/' or '.'.
   std::replace(id.begin(), id.end(), '/', '_');
@@ -197,8 +209,9 @@ std::vector<RunSpec> expand_runs(const ExperimentConfig& config) {
       for (int batch : config.batch_sizes)
         for (std::int64_t context : config.contexts) {
           if (config.max_total_tokens > 0 && batch * context > config.max_total_tokens) continue;
-          for (int rep = 0; rep < config.repetitions; ++rep)
-            for (const std::string& system : order) runs.push_back(RunSpec{&model, system, batch, context, vram, rep});
+          for (const std::string& system : order)
+            for (int rep = 0; rep < config.repetitions; ++rep)
+              runs.push_back(RunSpec{&model, system, batch, context, vram, rep});
         }
   return runs;
 }
@@ -243,9 +256,11 @@ std::uint64_t kv_bytes(const ModelConfig& config, int block_tokens, int batch, s
   return static_cast<std::uint64_t>(config.layers) * batch * blocks * g.block_elements() * sizeof(bf16);
 }
 
-/// The tokens/s of completed runs in the file with the same setting as `run`, per system.
+/// Mean tokens/s over the repetitions of completed runs in the file with the
+/// same setting as `run`, per system.
 std::map<std::string, double> baseline_rates(const std::string& path, const RunSpec& run) {
   std::map<std::string, double> rates;
+  std::map<std::string, std::pair<double, int>> sums;
   if (!std::filesystem::exists(path)) return rates;
   const ResultsReader reader(path);
   if (!reader.exists("/runs")) return rates;
@@ -256,9 +271,11 @@ std::map<std::string, double> baseline_rates(const std::string& path, const RunS
         reader.int_attribute(g, "batch") != run.batch || reader.int_attribute(g, "context") != run.context ||
         static_cast<std::uint64_t>(reader.int_attribute(g, "vram_budget_bytes")) != run.vram_budget)
       continue;
-    rates[reader.string_attribute(g, "system")] = std::max(rates[reader.string_attribute(g, "system")],
-                                                           reader.double_attribute(g, "tokens_per_second"));
+    auto& [sum, count] = sums[reader.string_attribute(g, "system")];
+    sum += reader.double_attribute(g, "tokens_per_second");
+    ++count;
   }
+  for (const auto& [system, total] : sums) rates[system] = total.first / total.second;
   return rates;
 }
 
@@ -280,7 +297,6 @@ class Progress {
     if (tty_) out_ << "\r\033[K";
     out_ << "run " << index_ + 1 << "/" << runs_ << ": " << label_ << ": " << outcome << std::endl;
   }
-  void skip() { ++skipped_; }
 
  private:
   std::string eta() const {
@@ -298,7 +314,7 @@ class Progress {
 
   std::ostream& out_;
   bool tty_;
-  std::size_t runs_, index_ = 0, measured_ = 0, skipped_ = 0;
+  std::size_t runs_, index_ = 0, measured_ = 0;
   double elapsed_ = 0;
   std::string label_;
 };
@@ -315,6 +331,10 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
   options.vram_budget = run.vram_budget;
   options.pinned_kv_budget = config.pinned_budget;
   options.host_kv_budget = config.host_budget;
+  if (system.spill_region == Region::gpu_streamed)
+    options.pinned_kv_budget += std::exchange(options.host_kv_budget, 0);
+  else if (system.spill_region == Region::cpu_resident)
+    options.host_kv_budget += std::exchange(options.pinned_kv_budget, 0);
   options.block_tokens = config.block_tokens;
   options.max_rows = std::max(run.batch, config.context_fill == "prefill" ? 256 : 1);
   options.kv_policy = system.kv_policy;
@@ -389,7 +409,30 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
   return result;
 }
 
-void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec& run,
+/// Everything that defines `run` (the resume key compares it), as YAML.
+std::string run_yaml(const ExperimentConfig& config, const RunSpec& run) {
+  const ModelConfig& m = run.model->config;
+  YAML::Emitter yaml;
+  yaml << YAML::BeginMap << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "preset"
+       << YAML::Value << run.model->preset << YAML::Key << "layers" << YAML::Value << m.layers << YAML::Key
+       << "hidden_scale" << YAML::Value << run.model->overrides.hidden_scale << YAML::EndMap << YAML::Key << "system"
+       << YAML::Value << run.system << YAML::Key << "batch" << YAML::Value << run.batch << YAML::Key << "context"
+       << YAML::Value << run.context << YAML::Key << "budgets" << YAML::Value << YAML::BeginMap << YAML::Key << "vram"
+       << YAML::Value << exact_size(run.vram_budget) << YAML::Key << "pinned" << YAML::Value
+       << exact_size(config.pinned_budget) << YAML::Key << "host" << YAML::Value << exact_size(config.host_budget)
+       << YAML::EndMap << YAML::Key << "steps" << YAML::Value << YAML::BeginMap << YAML::Key << "warmup"
+       << YAML::Value << config.warmup_steps << YAML::Key << "measured" << YAML::Value << config.measured_steps
+       << YAML::EndMap << YAML::Key << "seed" << YAML::Value << config.seed << YAML::Key << "repetition"
+       << YAML::Value << run.repetition << YAML::Key << "block_tokens" << YAML::Value << config.block_tokens
+       << YAML::Key << "context_fill" << YAML::Value << config.context_fill << YAML::Key << "options" << YAML::Value
+       << YAML::BeginMap << YAML::Key << "expert_vram_share" << YAML::Value
+       << config.system_options.expert_vram_share << YAML::Key << "score_decay" << YAML::Value
+       << config.system_options.score_decay << YAML::Key << "prefetch_experts" << YAML::Value
+       << config.system_options.prefetch_experts << YAML::EndMap << YAML::EndMap;
+  return yaml.c_str();
+}
+
+void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec& run, const std::string& profile_name,
                const std::optional<RunResult>& result, const RunFailure& failure) {
   ResultsGroup g = runs.create_group(run.id());
   const ModelConfig& m = run.model->config;
@@ -405,25 +448,9 @@ void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec
   g.set_attribute("seed", static_cast<std::int64_t>(config.seed));
   g.set_attribute("status", result ? std::string("complete") : failure.status);
   g.set_attribute("reason", result ? std::string() : failure.reason);
-  YAML::Emitter yaml;
-  yaml << YAML::BeginMap << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "preset"
-       << YAML::Value << run.model->preset << YAML::Key << "layers" << YAML::Value << m.layers << YAML::Key
-       << "hidden_scale" << YAML::Value << run.model->overrides.hidden_scale << YAML::EndMap << YAML::Key << "system"
-       << YAML::Value << run.system << YAML::Key << "batch" << YAML::Value << run.batch << YAML::Key << "context"
-       << YAML::Value << run.context << YAML::Key << "budgets" << YAML::Value << YAML::BeginMap << YAML::Key << "vram"
-       << YAML::Value << format_bytes(run.vram_budget) << YAML::Key << "pinned" << YAML::Value
-       << format_bytes(config.pinned_budget) << YAML::Key << "host" << YAML::Value << format_bytes(config.host_budget)
-       << YAML::EndMap << YAML::Key << "steps" << YAML::Value << YAML::BeginMap << YAML::Key << "warmup"
-       << YAML::Value << config.warmup_steps << YAML::Key << "measured" << YAML::Value << config.measured_steps
-       << YAML::EndMap << YAML::Key << "seed" << YAML::Value << config.seed << YAML::Key << "repetition"
-       << YAML::Value << run.repetition << YAML::Key << "block_tokens" << YAML::Value << config.block_tokens
-       << YAML::Key << "context_fill" << YAML::Value << config.context_fill << YAML::Key << "options" << YAML::Value
-       << YAML::BeginMap << YAML::Key << "expert_vram_share" << YAML::Value
-       << config.system_options.expert_vram_share << YAML::Key << "score_decay" << YAML::Value
-       << config.system_options.score_decay << YAML::Key << "prefetch_experts" << YAML::Value
-       << config.system_options.prefetch_experts << YAML::Key << "expert_policy" << YAML::Value
-       << (result ? result->expert_policy : std::string("")) << YAML::EndMap << YAML::EndMap;
-  g.set_attribute("config", std::string(yaml.c_str()));
+  g.set_attribute("config", run_yaml(config, run));
+  g.set_attribute("git_revision", git_revision());
+  g.set_attribute("profile", profile_name);
   if (!result) return;
   const RunResult& r = *result;
   const std::size_t steps = r.step_seconds.size(), layers = static_cast<std::size_t>(m.layers);
@@ -493,11 +520,14 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const RunSpec& run = runs[i];
     const std::string id = run.id();
+    // Resume: a run already in the file with the same definition is kept,
+    // unless it failed; a changed definition is measured again.
     if (store.contains("runs/" + id)) {
       const ResultsReader reader(config.output);
-      if (reader.string_attribute("/runs/" + id, "status") != "failed") {
+      const std::string g = "/runs/" + id;
+      if (reader.string_attribute(g, "status") != "failed" &&
+          reader.string_attribute(g, "config") == run_yaml(config, run)) {
         ++summary.skipped;
-        progress.skip();
         continue;
       }
     }
@@ -518,7 +548,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
       result = measure(config, run, profile, writescope_experts, progress);
     } catch (const ModelBudgetError& e) {
       failure = {"does_not_fit", e.what()};
-    } catch (const KVCacheError& e) {
+    } catch (const KVBudgetError& e) {
       failure = {"does_not_fit", e.what()};
     } catch (const std::exception& e) {
       failure = {"failed", e.what()};
@@ -527,7 +557,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     auto txn = store.begin();
     ResultsGroup runs_group = txn.root().open_group("runs");
     if (runs_group.has(id)) runs_group.remove(id);
-    write_run(runs_group, config, run, result, failure);
+    write_run(runs_group, config, run, profile.name, result, failure);
     txn.commit();
     std::ostringstream outcome;
     if (result) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,10 @@ struct System {
   KVPolicyFactory kv_policy;
   std::shared_ptr<ExpertPolicy> experts;
   int micro_batches = 1;           // sequences of a step run in this many groups (MoE-Lightning)
+  /// The one region spilled KV goes to, if the system has one: the harness
+  /// gives its pool both spill budgets (pinned + host), so that every system
+  /// may spill as many bytes and only placement differs.
+  std::optional<Region> spill_region;
 };
 
 /// "writescope", "fiddler", "ktransformers", "moe-lightning", "hybrimoe", "gpu-only".

@@ -157,7 +157,7 @@ typename InplaceKVCache<Scalar>::Block InplaceKVCache<Scalar>::allocate_block(Re
     region = fallback_of(region);
   }
   const PoolId pool = pool_of(requested);
-  throw KVCacheError(std::string("KV cache: no room for a ") + region_name(requested) + " block of layer " +
+  throw KVBudgetError(std::string("KV cache: no room for a ") + region_name(requested) + " block of layer " +
                      std::to_string(layer) + ", sequence " + std::to_string(sequence) + ": the " +
                      pool_description[pool] + " budget holds " + std::to_string(capacity_blocks(requested)) +
                      " blocks of " + std::to_string(block_bytes()) + " bytes and all are in use" +

@@ -30,6 +30,12 @@ class KVCacheError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A block's pool (and, with fall_back, every pool on its chain) is full.
+class KVBudgetError : public KVCacheError {
+ public:
+  using KVCacheError::KVCacheError;
+};
+
 struct KVCacheShape {
   int layers = 1;
   BlockGeometry block;  // tokens per block, heads, key/value dims

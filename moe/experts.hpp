@@ -1,8 +1,9 @@
 #pragma once
-// The feed-forward half of an MoE layer (DESIGN.md §5): the router picks the
-// top-k experts of every token, each SwiGLU expert runs on the tokens routed
-// to it (gathered into one contiguous batch, so its weights stream once), and
-// the weighted results, plus the shared experts' for DeepSeek, are added up.
+// The pieces of an MoE layer's feed-forward (DESIGN.md §5): the router picks
+// the top-k experts of every token; each SwiGLU expert runs on the tokens
+// routed to it (gathered into one contiguous batch, so its weights stream
+// once) and adds its weighted result; the model runs the experts on the
+// devices the expert policy chooses.
 
 #include <Kokkos_Core.hpp>
 
@@ -87,32 +88,6 @@ class ExpertRunner {
   Kokkos::View<int*, MemSpace> rows_;
   Kokkos::View<float*, MemSpace> weights_;
   SwigluScratch<MemSpace> swiglu_;
-};
-
-/// The MoE feed-forward of one layer on one execution space.
-template <class ExecSpace, class Scalar>
-class MoeFeedForward {
- public:
-  using MemSpace = typename ExecSpace::memory_space;
-  using Weights = ExpertWeights<Scalar, MemSpace>;
-
-  /// `router`: (experts, hidden); `shared` may be empty (no shared experts).
-  MoeFeedForward(Kokkos::View<const Scalar**, Kokkos::LayoutRight, MemSpace> router, std::vector<Weights> experts,
-                 std::vector<Weights> shared, int experts_per_token, RouterKind kind, double scaling_factor);
-
-  /// out = sum over the top-k experts of weight * expert(x), plus every shared expert(x).
-  ///   x: (rows, hidden), out: (rows, hidden)
-  void operator()(const ExecSpace& space,
-                  const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x, const Matrix<MemSpace>& out);
-
-  /// Tokens each expert received in the last call (for placement statistics).
-  const std::vector<int>& last_counts() const noexcept { return counts_; }
-
- private:
-  Router<ExecSpace, Scalar> router_;
-  std::vector<Weights> experts_, shared_;
-  std::vector<int> counts_;
-  ExpertRunner<ExecSpace, Scalar> runner_;
 };
 
 }  // namespace writescope

@@ -3,9 +3,10 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
-#include <thread>
 
 #include "attention/prefill.hpp"
+#include "framework/concurrent.hpp"
+#include "framework/streams.hpp"
 #include "framework/timer.hpp"
 #include "moe/impl/model_kernels.hpp"
 #include "moe/layer_kernels.hpp"
@@ -82,15 +83,16 @@ View scratch3(View& v, const char* label, int rows, int b, int c) {
   return Kokkos::subview(v, std::make_pair(0, rows), Kokkos::ALL, Kokkos::ALL);
 }
 
-/// Seconds of `work` on the GPU stream, fenced before and after.
+/// Seconds of `work` on the GPU instance `gpu`, fenced before and after.
 template <class Work>
-double gpu_seconds(Work&& work) {
-  return time_fenced(Gpu(), [&](const Gpu&) { work(); });
+double gpu_seconds(const Gpu& gpu, Work&& work) {
+  return time_fenced(gpu, [&](const Gpu&) { work(); });
 }
 
 }  // namespace
 
 struct MoeModel::Impl {
+  GpuStreams streams{2};  // attention, feed-forward
   std::map<std::string, Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMem>> weights;
   std::map<std::string, Kokkos::View<const float*, GpuMem>> norms;
   std::vector<Router<Gpu, bf16>> routers;                                // per MoE layer
@@ -108,7 +110,7 @@ struct MoeModel::Impl {
 
   // Activations, grown on demand and reused by every layer and step.
   Matrix<GpuMem> x, h, branch, h_ffn, branch_ffn, q, k, v, q_a, compressed, latent, mla_values, cpu_result, logits;
-  Matrix<HostMemSpace> x_host, out_host;
+  Kokkos::View<float**, Kokkos::LayoutRight, PinnedMemSpace> x_pinned, out_pinned;
   TokenRows keys, values;
   Queries queries;
   Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> host_queries;
@@ -187,7 +189,16 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
                            " after weights and workspace, but the expert policy keeps " + std::to_string(slots) +
                            " routed experts on the GPU (" + gib(vram_.expert_slots) + "); it needs at least " +
                            gib(fixed + vram_.expert_slots));
-  vram_.kv = left - vram_.expert_slots;
+  // The GPU's decode keeps one partial state per VRAM block of a layer in a
+  // step: reserve it next to the blocks so the pool never outgrows the budget.
+  const std::uint64_t kv_left = left - vram_.expert_slots;
+  const std::uint64_t block_bytes =
+      static_cast<std::uint64_t>(shape_.block_geometry(options_.block_tokens).block_elements()) * sizeof(bf16);
+  const std::uint64_t state_bytes = static_cast<std::uint64_t>(shape_.q_heads) * (shape_.value_dim + 1) * sizeof(float);
+  const std::uint64_t layers = static_cast<std::uint64_t>(config_.layers);
+  const std::uint64_t blocks_per_layer = kv_left / (layers * block_bytes + state_bytes);
+  vram_.kv = blocks_per_layer * layers * block_bytes;
+  vram_.workspace += blocks_per_layer * state_bytes;
 
   // Every routed expert lives in pinned host memory: the CPU computes on it
   // in place and the GPU loads from it by DMA. Tensors arrive one at a time,
@@ -300,6 +311,8 @@ void MoeModel::end_warmup() {
   }
 }
 
+namespace {
+
 /// The rows of one forward pass: decode (one token of each of several
 /// sequences) or a prompt chunk (consecutive tokens of one sequence).
 struct Pass {
@@ -334,6 +347,8 @@ void accumulate(LayerRecord& total, const LayerRecord& part) {
   total.alpha = bytes > 0 ? cpu / bytes : 0;
 }
 
+}  // namespace
+
 // The model's forward pass over the model's state, kept out of the header so
 // that it stays free of Kokkos views.
 struct ModelForward {
@@ -347,6 +362,10 @@ struct ModelForward {
   ExpertResidency& residency;
   std::vector<std::int64_t>& expected_tokens;
   std::vector<std::vector<int>>& expert_counts;
+  // Attention and feed-forward work go to their own GPU streams, so that the
+  // stages of two micro-batches overlap and fences wait for one stage only.
+  const Gpu& attention_gpu;
+  const Gpu& ffn_gpu;
   bool pipelined = false;  // micro-batches whose stages run concurrently
 
   /// Attention of the pass' queries (rows, q_heads, key_dim) over tokens
@@ -360,7 +379,8 @@ struct ModelForward {
     // SplitDecode takes the queries in host memory (the CPU reads them in place).
     const auto host_queries = scratch3(m.host_queries, "writescope::moe::host_queries", rows, shape.q_heads,
                                        shape.key_dim);
-    Kokkos::deep_copy(host_queries, queries);
+    Kokkos::deep_copy(attention_gpu, host_queries, queries);
+    attention_gpu.fence();
     const SplitTimings timings =
         m.split_for(shape, cache.geometry(), rows, options.stream_chunk_blocks).run(cache, host_queries, plan, out);
     kv_policy.observe(plan, timings);
@@ -380,7 +400,7 @@ struct ModelForward {
   /// earlier tokens read from the cache.
   void attend_and_append(int layer, const Pass& pass, const TokenRows& keys, const TokenRows& values,
                          const Queries& queries, const PartialState<GpuMem>& out, LayerRecord& record) {
-    const Gpu gpu;
+    const Gpu& gpu = attention_gpu;
     const int rows = pass.rows();
     using Token = Kokkos::View<const bf16***, Kokkos::LayoutRight, GpuMem>;
     const BlockGeometry& g = cache.geometry();
@@ -403,22 +423,27 @@ struct ModelForward {
     }
     const int sequence = pass.sequences.front();
     const std::int64_t earlier = pass.positions.front();
-    record.attention_gpu += gpu_seconds([&] {
+    const double chunk_seconds = gpu_seconds(gpu, [&] {
       prefill_attention<Gpu, bf16>(gpu, shape, queries, keys, g.values_in_keys ? keys : values, 0, 0, rows, out);
     });
+    record.attention_gpu += chunk_seconds;
+    record.attention += chunk_seconds;
     if (earlier > 0) {
+      // Each query row reads the earlier tokens through the decode path:
+      // O(rows x earlier) KV reads, fine for prompts; long decode contexts
+      // come from fill_context instead.
       const auto& part = m.partial(m.earlier, "writescope::moe::earlier_attention", rows, shape.q_heads,
                                    shape.value_dim);
       split_attention(layer, pass, std::vector<TokenRange>(rows, TokenRange{0, earlier}), queries, part, record);
-      merge_into(gpu, out, part);
+      record.attention += gpu_seconds(gpu, [&] { merge_into(gpu, out, part); });
     }
-    record.attention += record.attention_gpu;
     append(sequence, 0, rows, false);
   }
 
+  /// GQA attention of the pass' normalised rows h (rows, hidden) into out (rows, hidden).
   void gqa_attention(int layer, const Pass& pass, const Matrix<GpuMem>& h, const Matrix<GpuMem>& out,
                      LayerRecord& record) {
-    const Gpu gpu;
+    const Gpu& gpu = attention_gpu;
     const int rows = pass.rows(), hd = c.head_dim, qh = c.q_heads, kvh = c.kv_heads;
     const std::string p = layer_prefix(layer) + "self_attn.";
     const auto q = impl::scratch(m.q, "writescope::moe::q", rows, qh * hd);
@@ -448,9 +473,10 @@ struct ModelForward {
                       m.weight(p + "o_proj.weight"), out);
   }
 
+  /// MLA attention (absorbed) of the pass' normalised rows h (rows, hidden) into out (rows, hidden).
   void mla_attention(int layer, const Pass& pass, const Matrix<GpuMem>& h, const Matrix<GpuMem>& out,
                      LayerRecord& record) {
-    const Gpu gpu;
+    const Gpu& gpu = attention_gpu;
     const int rows = pass.rows();
     const int heads = c.q_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vdim = c.v_head_dim,
               latent = c.kv_lora_rank;
@@ -490,12 +516,12 @@ struct ModelForward {
   }
 
   void load(const ExpertLoad& load, const ExpertBuffers<GpuMem>& into) {
-    copy_expert(Gpu(), into, m.host_experts.at(load.layer).at(load.expert));
+    copy_expert(ffn_gpu, into, m.host_experts.at(load.layer).at(load.expert));
   }
 
   /// Loads into slots (not staging); returns their seconds.
   double load_into_slots(const std::vector<ExpertLoad>& loads) {
-    return gpu_seconds([&] {
+    return gpu_seconds(ffn_gpu, [&] {
       for (const ExpertLoad& l : loads) {
         if (l.slot < 0) continue;
         load(l, m.slots.at(l.slot));
@@ -504,26 +530,37 @@ struct ModelForward {
     });
   }
 
+  /// The feed-forward of normalised rows h (rows, hidden) into out (rows, hidden):
+  /// router, then the expert policy's GPU experts and the shared experts on the
+  /// GPU while its CPU experts run on the host (from a copy of h in pinned memory).
   void feed_forward(int layer, const Matrix<GpuMem>& h, const Matrix<GpuMem>& out, LayerRecord& record) {
-    const Gpu gpu;
-    const Host host;
+    const Gpu& gpu = ffn_gpu;
     const int rows = static_cast<int>(h.extent(0)), hidden = c.hidden;
     if (layer < c.dense_layers) {
-      record.experts_gpu += gpu_seconds([&] { swiglu_expert<Gpu, bf16>(gpu, m.dense[layer], h, out, m.dense_scratch); });
+      record.experts_gpu += gpu_seconds(gpu, [&] { swiglu_expert<Gpu, bf16>(gpu, m.dense[layer], h, out, m.dense_scratch); });
       return;
     }
     const int moe_layer = layer - c.dense_layers;
     const Routing routing = m.routers[moe_layer](gpu, h);
-    expert_counts[moe_layer] = routing.counts();
+    const std::vector<int> counts = routing.counts();
+    for (std::size_t e = 0; e < counts.size(); ++e) expert_counts[moe_layer][e] += counts[e];
     const ExpertPlan plan = expert_policy.plan(moe_layer, routing, residency);
     if (pipelined && !plan.cpu.empty())
       throw std::invalid_argument("model: micro-batches overlap CPU attention with the GPU's experts; the expert "
                                   "policy must not give experts to the CPU");
 
     double gpu_compute = 0, gpu_transfers = 0, cpu_compute = 0, cpu_transfers = 0;
+    Matrix<HostMemSpace> x_host, out_host;  // views of pinned buffers: DMA-able, ordinary memory to the CPU
+    if (!plan.cpu.empty()) {
+      const auto x_pinned = impl::scratch(m.x_pinned, "writescope::moe::expert_inputs", rows, hidden);
+      const auto out_pinned = impl::scratch(m.out_pinned, "writescope::moe::cpu_expert_outputs", rows, hidden);
+      cpu_transfers += gpu_seconds(gpu, [&] { Kokkos::deep_copy(gpu, x_pinned, h); });
+      x_host = Matrix<HostMemSpace>(x_pinned.data(), rows, hidden);
+      out_host = Matrix<HostMemSpace>(out_pinned.data(), rows, hidden);
+    }
     auto gpu_work = [&] {
       gpu_transfers += load_into_slots(plan.loads);
-      gpu_compute += gpu_seconds([&] { Kokkos::deep_copy(gpu, out, 0.0f); });
+      gpu_compute += gpu_seconds(gpu, [&] { Kokkos::deep_copy(gpu, out, 0.0f); });
       for (int e : plan.gpu) {
         const int slot = residency.slot_of(moe_layer, e);
         const ExpertBuffers<GpuMem>* weights = slot >= 0 ? &m.slots[slot] : nullptr;
@@ -534,43 +571,39 @@ struct ModelForward {
           if (!staged)
             throw std::logic_error("expert policy: expert " + std::to_string(e) + " of MoE layer " +
                                    std::to_string(moe_layer) + " is planned on the GPU but neither resident nor loaded");
-          gpu_transfers += gpu_seconds([&] { load(ExpertLoad{moe_layer, e, -1}, m.staging); });
+          gpu_transfers += gpu_seconds(gpu, [&] { load(ExpertLoad{moe_layer, e, -1}, m.staging); });
           weights = &m.staging;
         }
-        gpu_compute += gpu_seconds([&] {
+        gpu_compute += gpu_seconds(gpu, [&] {
           m.gpu_runner.add(gpu, weights->weights(), h, routing.rows[e], routing.weights[e], out);
         });
       }
-      gpu_compute += gpu_seconds([&] {
+      gpu_compute += gpu_seconds(gpu, [&] {
         for (const auto& expert : m.shared[moe_layer]) m.gpu_runner.add_all(gpu, expert, h, out);
       });
     };
     auto cpu_work = [&] {
-      if (plan.cpu.empty()) return;
-      const auto x_host = impl::scratch(m.x_host, "writescope::moe::host_activations", rows, hidden);
-      const auto out_host = impl::scratch(m.out_host, "writescope::moe::host_expert_out", rows, hidden);
-      cpu_transfers += time_fenced(host, [&](const Host&) { Kokkos::deep_copy(x_host, h); });
-      cpu_compute += time_fenced(host, [&](const Host& space) {
+      cpu_compute += time_fenced(Host(), [&](const Host& space) {
         Kokkos::deep_copy(space, out_host, 0.0f);
         for (int e : plan.cpu)
           m.cpu_runner.add(space, m.host_experts[moe_layer][e].weights<HostMemSpace>(), x_host, routing.rows[e],
                            routing.weights[e], out_host);
       });
     };
-    if constexpr (has_gpu) {
+    if (plan.cpu.empty()) {
+      gpu_work();
+    } else if constexpr (has_gpu) {
       // The GPU's experts are driven from their own host thread so that the
       // OpenMP threads compute the CPU's experts at the same time.
-      std::thread gpu_driver(gpu_work);
-      cpu_work();
-      gpu_driver.join();
+      run_concurrently(gpu_work, cpu_work);
     } else {
       gpu_work();
       cpu_work();
     }
     if (!plan.cpu.empty()) {
       const auto result = impl::scratch(m.cpu_result, "writescope::moe::cpu_expert_result", rows, hidden);
-      cpu_transfers += gpu_seconds([&] { Kokkos::deep_copy(gpu, result, Kokkos::subview(m.out_host, std::make_pair(0, rows), Kokkos::ALL)); });
-      gpu_compute += gpu_seconds([&] {
+      cpu_transfers += gpu_seconds(gpu, [&] { Kokkos::deep_copy(gpu, result, out_host); });
+      gpu_compute += gpu_seconds(gpu, [&] {
         Kokkos::parallel_for("writescope::moe::add_cpu_experts", impl::rows_by_columns(gpu, rows, hidden),
                              impl::AddRows<GpuMem>{out, result});
       });
@@ -581,9 +614,9 @@ struct ModelForward {
     record.transfers += gpu_transfers + cpu_transfers + prefetch;
   }
 
-  /// RMSNorm, attention and residual of the pass' rows of x.
+  /// RMSNorm, attention and residual of the pass' rows of x (rows, hidden).
   void attention_stage(int layer, const Pass& pass, const Matrix<GpuMem>& x_all, LayerRecord& record) {
-    const Gpu gpu;
+    const Gpu& gpu = attention_gpu;
     const int rows = pass.rows();
     const auto x = Kokkos::subview(x_all, std::make_pair(pass.first_row, pass.first_row + rows), Kokkos::ALL);
     const auto h = impl::scratch(m.h, "writescope::moe::h", rows, c.hidden);
@@ -596,11 +629,12 @@ struct ModelForward {
       gqa_attention(layer, pass, h, branch, record);
     Kokkos::parallel_for("writescope::moe::residual", impl::rows_by_columns(gpu, rows, c.hidden),
                          impl::AddRows<GpuMem>{x, branch});
+    gpu.fence();
   }
 
-  /// RMSNorm, feed-forward and residual of the pass' rows of x.
+  /// RMSNorm, feed-forward and residual of the pass' rows of x (rows, hidden).
   void feed_forward_stage(int layer, const Pass& pass, const Matrix<GpuMem>& x_all, LayerRecord& record) {
-    const Gpu gpu;
+    const Gpu& gpu = ffn_gpu;
     const int rows = pass.rows();
     const auto x = Kokkos::subview(x_all, std::make_pair(pass.first_row, pass.first_row + rows), Kokkos::ALL);
     const auto h = impl::scratch(m.h_ffn, "writescope::moe::h_ffn", rows, c.hidden);
@@ -621,9 +655,8 @@ struct ModelForward {
     attention_stage(layer, parts[0], x, attention[0]);
     for (std::size_t j = 0; j < parts.size(); ++j) {
       if (has_gpu && j + 1 < parts.size()) {
-        std::thread gpu_driver([&] { feed_forward_stage(layer, parts[j], x, ffn[j]); });
-        attention_stage(layer, parts[j + 1], x, attention[j + 1]);
-        gpu_driver.join();
+        run_concurrently([&] { feed_forward_stage(layer, parts[j], x, ffn[j]); },
+                         [&] { attention_stage(layer, parts[j + 1], x, attention[j + 1]); });
       } else {
         feed_forward_stage(layer, parts[j], x, ffn[j]);
         if (j + 1 < parts.size()) attention_stage(layer, parts[j + 1], x, attention[j + 1]);
@@ -636,7 +669,7 @@ struct ModelForward {
   /// groups of rows; returns the logits of rows [first_logit_row, rows), each (vocab).
   std::vector<std::vector<float>> run(Pass pass, const std::vector<int>& tokens, int first_logit_row,
                                       int micro_batches, std::vector<LayerRecord>& records) {
-    const Gpu gpu;
+    const Gpu& gpu = attention_gpu;
     const int rows = pass.rows(), hidden = c.hidden;
     for (int token : tokens)
       if (token < 0 || token >= c.vocab)
@@ -657,14 +690,16 @@ struct ModelForward {
     const int groups = std::max(1, std::min(micro_batches, rows));
     for (int g = 0; g < groups; ++g) parts.push_back(pass.slice(rows * g / groups, rows * (g + 1) / groups));
     pipelined = has_gpu && groups > 1;
+    for (auto& layer_counts : expert_counts) std::fill(layer_counts.begin(), layer_counts.end(), 0);
 
     const auto x = impl::scratch(m.x, "writescope::moe::x", rows, hidden);
     Kokkos::parallel_for("writescope::moe::embed", impl::rows_by_columns(gpu, rows, hidden),
                          impl::EmbedRows<GpuMem>{x, m.weight("model.embed_tokens.weight"), token_view});
+    gpu.fence();
     for (int layer = 0; layer < c.layers; ++layer) {
       LayerRecord& record = records[layer];
       record = LayerRecord{};
-      const double wall = gpu_seconds([&] { layer_pipeline(layer, parts, x, record); });
+      const double wall = gpu_seconds(gpu, [&] { layer_pipeline(layer, parts, x, record); });
       record.other = std::max(0.0, wall - record.attention - record.experts_gpu - record.experts_cpu - record.transfers);
     }
     const int out_rows = rows - first_logit_row;
@@ -721,8 +756,9 @@ void MoeModel::fill_context(int sequence, std::int64_t tokens, std::uint64_t see
 }
 
 ModelForward MoeModel::forward() {
-  return ModelForward{*impl_, config_, shape_, options_, *cache_, *kv_policy_, *options_.experts,
-                      residency_, expected_tokens_, expert_counts_};
+  return ModelForward{*impl_,     config_,          shape_,         options_,          *cache_,
+                      *kv_policy_, *options_.experts, residency_,     expected_tokens_,  expert_counts_,
+                      impl_->streams[0], impl_->streams[1]};
 }
 
 std::vector<std::vector<float>> MoeModel::step(const std::vector<int>& sequences, const std::vector<int>& tokens) {
@@ -759,6 +795,8 @@ std::vector<float> MoeModel::prefill(int sequence, const std::vector<int>& promp
     logits = forward().run(pass, tokens, static_cast<int>(end - begin) - 1, 1, chunk_records).front();
     for (std::size_t l = 0; l < records_.size(); ++l) accumulate(records_[l], chunk_records[l]);
   }
+  // The chunks' attention buffers are sized for chunk rows, not decode batches: free them.
+  impl_->split.clear();
   return logits;
 }
 

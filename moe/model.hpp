@@ -10,8 +10,9 @@
 // the routed experts the policy gives it, at the same time as the GPU's
 // experts in a CUDA build. Attention of a decode step runs through
 // SplitDecode over the InplaceKVCache on the blocks the KV policy assigns to
-// each device; a prompt runs through the prefill kernel before its KV is
-// written to the regions the KV policy chooses. bf16 weights, fp32
+// each device; a prompt chunk runs through the prefill kernel (merged with
+// the earlier chunks read back from the cache) before its KV is written to
+// the regions the KV policy chooses. bf16 weights, fp32
 // activations.
 //
 // VRAM budget = GPU weights + workspace + expert slots + the KV cache's VRAM
@@ -78,7 +79,7 @@ struct LayerRecord {
   double region_bytes[4] = {0, 0, 0, 0};
 };
 
-/// Where the VRAM budget went.
+/// Where the VRAM budget went (workspace includes the decode states reserved per VRAM KV block).
 struct VramUse {
   std::uint64_t weights = 0, workspace = 0, expert_slots = 0, kv = 0;
 };
@@ -110,9 +111,6 @@ class MoeModel {
   const AttentionShape& attention_shape() const noexcept { return shape_; }
   const InplaceKVCache<bf16>& cache() const noexcept { return *cache_; }
   const VramUse& vram_use() const noexcept { return vram_; }
-  const ExpertResidency& residency() const noexcept { return residency_; }
-  KVPolicy& kv_policy() noexcept { return *kv_policy_; }
-  ExpertPolicy& expert_policy() noexcept { return *options_.experts; }
 
   /// A new, empty sequence expected to reach `expected_tokens` (KV placement plans for it).
   int add_sequence(std::int64_t expected_tokens = 0);
@@ -120,6 +118,10 @@ class MoeModel {
 
   /// Runs `prompt` of an empty `sequence` through the prefill path, in chunks
   /// of at most max_rows tokens; returns the logits of its last token (vocab).
+  /// A chunk attends to its own tokens through the prefill kernel and to the
+  /// earlier chunks through the decode path, once per query row, so prompts
+  /// of many chunks cost O(rows x tokens) KV reads per chunk; long contexts
+  /// for decode measurements come from fill_context.
   std::vector<float> prefill(int sequence, const std::vector<int>& prompt);
   /// Appends `tokens` tokens of synthetic keys and values (seeded; uniform in
   /// [-1, 1)) to every layer of `sequence`, placed by the KV policy as a

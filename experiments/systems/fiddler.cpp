@@ -5,10 +5,11 @@
 // other activated expert, per layer, a latency model compares computing it on
 // the CPU with copying its weights to the GPU and computing there, and picks
 // the cheaper. KV and attention stay on the GPU.
-// Kept: popularity from the run's warm-up steps, resident experts up to a
-// share of the free VRAM, the per-expert CPU-or-transfer decision from the
-// machine profile's rates; KV in VRAM up to the budget, the rest in one pinned
-// region the GPU streams every step.
+// Kept: popularity from the run's warm-up steps (experts the warm-up routed
+// to, most popular first), resident experts up to a share of the free VRAM,
+// the per-expert CPU-or-transfer decision from the machine profile's rates;
+// KV in VRAM up to the budget, the rest in one pinned region the GPU streams
+// every step.
 // Simplified: the transferred weights are not kept (one staging buffer).
 #include <algorithm>
 #include <numeric>
@@ -44,7 +45,8 @@ class FiddlerExperts final : public ExpertPolicy {
     return plan;
   }
 
-  /// The most popular experts of the warm-up take the slots.
+  /// The most popular experts of the warm-up take the slots; experts the
+  /// warm-up never routed to stay on the host (placing them would be arbitrary).
   std::vector<ExpertLoad> end_warmup(const ExpertResidency& residency) override {
     warming_up_ = false;
     popularity_.resize(static_cast<std::size_t>(residency.layers()) * residency.experts(), 0);
@@ -52,8 +54,10 @@ class FiddlerExperts final : public ExpertPolicy {
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return popularity_[a] > popularity_[b]; });
     std::vector<ExpertLoad> loads;
-    for (int slot = 0; slot < residency.slots() && slot < static_cast<int>(order.size()); ++slot)
+    for (int slot = 0; slot < residency.slots() && slot < static_cast<int>(order.size()); ++slot) {
+      if (popularity_[order[slot]] == 0) break;
       loads.push_back({order[slot] / residency.experts(), order[slot] % residency.experts(), slot});
+    }
     return loads;
   }
 
@@ -75,6 +79,7 @@ System make_fiddler(const SystemContext& context) {
   System system;
   system.name = "fiddler";
   system.expert_policy = "fiddler";
+  system.spill_region = Region::gpu_streamed;
   system.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
     return std::make_unique<FirstFitKVPolicy>(roofline, shape, cache, Region::gpu_streamed);
   };

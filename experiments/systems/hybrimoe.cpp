@@ -129,6 +129,7 @@ System make_hybrimoe(const SystemContext& context) {
   System system;
   system.name = "hybrimoe";
   system.expert_policy = "hybrimoe";
+  system.spill_region = Region::gpu_streamed;
   system.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
     return std::make_unique<FirstFitKVPolicy>(roofline, shape, cache, Region::gpu_streamed);
   };

@@ -18,6 +18,7 @@ System make_ktransformers(const SystemContext& context) {
   System system;
   system.name = "ktransformers";
   system.expert_policy = "ktransformers";
+  system.spill_region = Region::gpu_streamed;
   system.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
     return std::make_unique<FirstFitKVPolicy>(roofline, shape, cache, Region::gpu_streamed);
   };

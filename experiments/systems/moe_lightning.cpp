@@ -46,8 +46,11 @@ class PagedExperts final : public ExpertPolicy {
 
   /// Pages the next layer's experts (the first layer's after the last) into the other half.
   std::vector<ExpertLoad> after_layer(int layer, const Routing&, const ExpertResidency& residency) override {
-    if (residency.slots() == 0) return {};
     const int next = (layer + 1) % residency.layers();
+    // With an odd number of layers the first and the last share a half: the
+    // first layer's experts are then paged when it runs, not over the last's
+    // while other micro-batches still need them.
+    if (residency.slots() == 0 || half(next) == half(layer)) return {};
     std::vector<ExpertLoad> loads;
     for (int e = 0; e < residency.experts(); ++e)
       if (residency.slot_of(next, e) < 0) loads.push_back({next, e, half(next) + e});
@@ -72,9 +75,10 @@ int micro_batches(const SystemContext& context) {
   const double kv_bytes = static_cast<double>(context.batch) * context.context *
                           (shape.kv_heads * (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim))) * 2.0;
   const double cpu_attention = kv_bytes / (ModelRates::from_profile(p, shape.name, p.cpu_threads).cpu_attention_gbps * 1e9);
+  // Every expert of a layer is paged; the activated ones are computed.
   const double active = c.experts * (1 - std::pow(1 - static_cast<double>(c.experts_per_token) / c.experts, context.batch));
   const double expert_bytes = static_cast<double>(MoeModel::expert_bytes(c));
-  const double gpu_work = active * expert_bytes / (p.hbm_gbps * 1e9) + active * expert_bytes / (p.pinned_h2d_gbps * 1e9);
+  const double gpu_work = active * expert_bytes / (p.hbm_gbps * 1e9) + c.experts * expert_bytes / (p.pinned_h2d_gbps * 1e9);
   int best = 1;
   double best_time = cpu_attention + gpu_work;
   for (int n = 2; n <= std::min(context.batch, 16); n *= 2) {
@@ -92,6 +96,7 @@ System make_moe_lightning(const SystemContext& context) {
   System system;
   system.name = "moe-lightning";
   system.expert_policy = "moe-lightning";
+  system.spill_region = Region::cpu_resident;
   system.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
     return std::make_unique<FirstFitKVPolicy>(roofline, shape, cache, Region::cpu_resident, false);
   };

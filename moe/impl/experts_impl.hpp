@@ -106,8 +106,12 @@ Routing Router<ExecSpace, Scalar>::operator()(const ExecSpace& space,
   const auto chosen = impl::scratch(chosen_, "writescope::moe::chosen", rows, k);
   const auto weights = impl::scratch(route_weights_, "writescope::moe::route_weights", rows, k);
   route(space, kind_, scaling_factor_, logits, chosen, weights);
-  const auto chosen_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), chosen);
-  const auto weights_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), weights);
+  // Copies on `space` only: a plain deep_copy would fence every stream of the device.
+  const auto chosen_host = Kokkos::create_mirror_view(Kokkos::HostSpace(), chosen);
+  const auto weights_host = Kokkos::create_mirror_view(Kokkos::HostSpace(), weights);
+  Kokkos::deep_copy(space, chosen_host, chosen);
+  Kokkos::deep_copy(space, weights_host, weights);
+  space.fence();
   Routing routing;
   routing.rows.resize(static_cast<std::size_t>(experts()));
   routing.weights.resize(static_cast<std::size_t>(experts()));
@@ -158,30 +162,6 @@ void ExpertRunner<ExecSpace, Scalar>::add_all(const ExecSpace& space, const Expe
   swiglu_expert<ExecSpace, Scalar>(space, expert, x, ys, swiglu_);
   Kokkos::parallel_for("writescope::moe::add_shared", impl::rows_by_columns(space, rows, hidden),
                        impl::AddRows<MemSpace>{out, ys});
-}
-
-template <class ExecSpace, class Scalar>
-MoeFeedForward<ExecSpace, Scalar>::MoeFeedForward(Kokkos::View<const Scalar**, Kokkos::LayoutRight, MemSpace> router,
-                                                  std::vector<Weights> experts, std::vector<Weights> shared,
-                                                  int experts_per_token, RouterKind kind, double scaling_factor)
-    : router_(router, experts_per_token, kind, scaling_factor),
-      experts_(std::move(experts)),
-      shared_(std::move(shared)),
-      counts_(experts_.size(), 0) {
-  if (router_.experts() != static_cast<int>(experts_.size()))
-    throw std::invalid_argument("MoE: the router has " + std::to_string(router_.experts()) + " rows for " +
-                                std::to_string(experts_.size()) + " experts");
-}
-
-template <class ExecSpace, class Scalar>
-void MoeFeedForward<ExecSpace, Scalar>::operator()(const ExecSpace& space,
-                                                   const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x,
-                                                   const Matrix<MemSpace>& out) {
-  const Routing routing = router_(space, x);
-  counts_ = routing.counts();
-  Kokkos::deep_copy(space, out, 0.0f);
-  for (int e : routing.active()) runner_.add(space, experts_[e], x, routing.rows[e], routing.weights[e], out);
-  for (const Weights& expert : shared_) runner_.add_all(space, expert, x, out);
 }
 
 }  // namespace writescope

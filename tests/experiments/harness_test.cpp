@@ -129,6 +129,15 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
   EXPECT_EQ(second.skipped, static_cast<int>(runs.size()));
   EXPECT_EQ(second.complete + second.did_not_fit + second.failed, 0);
   EXPECT_EQ(again.str(), "");
+
+  // A changed definition (here the block size) is measured again, replacing the old groups.
+  ExperimentConfig changed = experiment;
+  changed.block_tokens = 16;
+  std::ostringstream third_progress;
+  const ExperimentSummary third = run_experiment(changed, test::tiny_profile(), third_progress, false);
+  EXPECT_EQ(third.skipped, 0);
+  EXPECT_EQ(third.complete + third.did_not_fit, static_cast<int>(runs.size()));
+  EXPECT_EQ(ResultsReader(output_).list("/runs").size(), runs.size());
 }
 
 TEST_F(HarnessTest, FailedRunsAreRecordedAndTheExperimentGoesOn) {

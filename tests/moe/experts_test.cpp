@@ -39,12 +39,29 @@ std::vector<double> reference_expert(const std::vector<float>& gate, const std::
   return y;
 }
 
-template <class C>
-class MoeFeedForwardTest : public ::testing::Test {};
-using Cases = test::SpacesTimesScalars<EnabledExecSpaces, float, bf16>::type;
-TYPED_TEST_SUITE(MoeFeedForwardTest, Cases, test::SpaceAndScalarName);
+/// The model's feed-forward on one space: route, then every activated expert
+/// and the shared ones; returns the tokens each expert received.
+template <class ExecSpace, class Scalar, class Weights>
+std::vector<int> feed_forward(Router<ExecSpace, Scalar>& router, const std::vector<Weights>& routed,
+                              const std::vector<Weights>& shared,
+                              const Kokkos::View<const float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& x,
+                              const Matrix<typename ExecSpace::memory_space>& out) {
+  const ExecSpace space;
+  ExpertRunner<ExecSpace, Scalar> runner;
+  const Routing routing = router(space, x);
+  Kokkos::deep_copy(space, out, 0.0f);
+  for (int e : routing.active()) runner.add(space, routed[e], x, routing.rows[e], routing.weights[e], out);
+  for (const Weights& expert : shared) runner.add_all(space, expert, x, out);
+  space.fence();
+  return routing.counts();
+}
 
-TYPED_TEST(MoeFeedForwardTest, RoutesGathersAndAddsLikeAPlainLoop) {
+template <class C>
+class RouterAndExpertsTest : public ::testing::Test {};
+using Cases = test::SpacesTimesScalars<EnabledExecSpaces, float, bf16>::type;
+TYPED_TEST_SUITE(RouterAndExpertsTest, Cases, test::SpaceAndScalarName);
+
+TYPED_TEST(RouterAndExpertsTest, RouteGatherAndAddLikeAPlainLoop) {
   using ExecSpace = typename TypeParam::Exec;
   using Scalar = typename TypeParam::Storage;
   using Mem = typename ExecSpace::memory_space;
@@ -66,11 +83,10 @@ TYPED_TEST(MoeFeedForwardTest, RoutesGathersAndAddsLikeAPlainLoop) {
 
   for (RouterKind kind : {RouterKind::normalized_topk, RouterKind::scaled_topk}) {
     const bool with_shared = kind == RouterKind::scaled_topk;  // DeepSeek style
-    MoeFeedForward<ExecSpace, Scalar> ffn(router.view, routed, with_shared ? std::vector<Weights>{shared}
-                                                                           : std::vector<Weights>{},
-                                          top_k, kind, 1.25);
+    Router<ExecSpace, Scalar> route_tokens(router.view, top_k, kind, 1.25);
     Matrix<Mem> out("writescope::test::out", rows, hidden);
-    ffn(ExecSpace(), x, out);
+    const std::vector<int> routed_counts =
+        feed_forward(route_tokens, routed, with_shared ? std::vector<Weights>{shared} : std::vector<Weights>{}, x, out);
     const auto result = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
     std::vector<int> counts(experts, 0);
     for (int r = 0; r < rows; ++r) {
@@ -99,9 +115,9 @@ TYPED_TEST(MoeFeedForwardTest, RoutesGathersAndAddsLikeAPlainLoop) {
       }
       for (int c = 0; c < hidden; ++c) ASSERT_NEAR(result(r, c), expected[c], 1e-4) << "row " << r << " column " << c;
     }
-    EXPECT_EQ(ffn.last_counts(), counts);
+    EXPECT_EQ(routed_counts, counts);
   }
-  EXPECT_THROW((MoeFeedForward<ExecSpace, Scalar>(router.view, routed, {}, experts + 1, RouterKind::scaled_topk, 1.0)),
+  EXPECT_THROW((Router<ExecSpace, Scalar>(router.view, experts + 1, RouterKind::scaled_topk, 1.0)),
                std::invalid_argument);
 }
 

@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 namespace writescope {
 namespace {
@@ -179,13 +182,44 @@ TEST(MoeModel, BudgetsTooSmallAreClearErrors) {
   } catch (const ModelBudgetError& e) {
     EXPECT_NE(std::string(e.what()).find("routed experts on the GPU"), std::string::npos) << e.what();
   }
-  // What the slots leave is the KV cache's VRAM pool.
+  // What the slots leave is the KV cache's VRAM pool and the decode states of its blocks.
   options = options_with(every_region, std::make_shared<CpuExpertPolicy>());
   options.vram_budget = fixed.weights + fixed.workspace + 3 * mib;
   const MoeModel model = MoeModel::synthetic(config, 1, options);
-  EXPECT_EQ(model.vram_use().kv, 3 * mib);
+  const VramUse& use = model.vram_use();
+  EXPECT_LE(use.weights + use.workspace + use.expert_slots + use.kv, options.vram_budget);
+  // Whole blocks per layer, each with the decode state the GPU keeps for it.
+  const AttentionShape shape = config.attention();
+  const std::uint64_t block_bytes = model.cache().block_bytes();
+  const std::uint64_t state_bytes = static_cast<std::uint64_t>(shape.q_heads) * (shape.value_dim + 1) * sizeof(float);
+  const std::uint64_t per_layer = config.layers * block_bytes + state_bytes;
+  EXPECT_EQ(use.kv, 3 * mib / per_layer * config.layers * block_bytes);
   EXPECT_EQ(model.cache().capacity_blocks(Region::gpu_resident),
-            static_cast<std::int64_t>(3 * mib / model.cache().block_bytes()));
+            static_cast<std::int64_t>(use.kv / model.cache().block_bytes()));
+}
+
+TEST(MoeModel, LoadsACheckpointAndNamesWhatIsMissing) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / ("writescope_model_checkpoint_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const ModelConfig config = model_preset("tiny-deepseek-v2");
+  write_synthetic_checkpoint(dir.string(), config, 6, TensorDType::bf16);
+  const SafetensorsCheckpoint checkpoint(dir.string());
+  MoeModel loaded = MoeModel::from_checkpoint(checkpoint, config, options_with(every_region, mixed_experts()));
+  MoeModel synthetic = MoeModel::synthetic(config, 6, options_with(every_region, mixed_experts()));
+  const int a = loaded.add_sequence(), b = synthetic.add_sequence();
+  expect_logits_near(loaded.prefill(a, {3, 1, 4, 1, 5}), synthetic.prefill(b, {3, 1, 4, 1, 5}), 0, "prefill");
+  // A config with one more layer than the checkpoint holds.
+  ModelConfig deeper = config;
+  deeper.layers += 1;
+  try {
+    MoeModel::from_checkpoint(checkpoint, deeper, options_with(every_region, mixed_experts()));
+    FAIL() << "no error";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers." + std::to_string(config.layers)), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
