@@ -51,6 +51,13 @@ const std::vector<std::string>& expert_policy_names();
 /// The named system; std::invalid_argument lists the names otherwise.
 System make_system(const std::string& name, const SystemContext& context);
 
+/// A system whose KV fills its layers' VRAM share first (unless `use_vram`
+/// is false) and then spills to `spill` (Region::gpu_resident: nowhere), read
+/// by each block's affine device; its expert policy and name are `experts`
+/// and `name` (also the expert policy's name).
+System first_fit_system(const std::string& name, const SystemContext& context, Region spill, bool use_vram,
+                        std::shared_ptr<ExpertPolicy> experts);
+
 /// The roofline model of `context`'s machine and model shape.
 RooflineModel roofline_of(const SystemContext& context);
 /// Expert costs from the machine profile.

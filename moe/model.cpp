@@ -614,37 +614,36 @@ struct ModelForward {
     record.transfers += gpu_transfers + cpu_transfers + prefetch;
   }
 
-  /// RMSNorm, attention and residual of the pass' rows of x (rows, hidden).
-  void attention_stage(int layer, const Pass& pass, const Matrix<GpuMem>& x_all, LayerRecord& record) {
-    const Gpu& gpu = attention_gpu;
+  /// x += block(rms_norm(x)) over the pass' rows of x_all (rows, hidden), on
+  /// `gpu` with the stage's own buffers; block(h, branch) writes branch.
+  template <class Block>
+  void residual_stage(const Gpu& gpu, const Pass& pass, const Matrix<GpuMem>& x_all, const std::string& norm,
+                      Matrix<GpuMem>& h_buffer, Matrix<GpuMem>& branch_buffer, Block&& block) {
     const int rows = pass.rows();
     const auto x = Kokkos::subview(x_all, std::make_pair(pass.first_row, pass.first_row + rows), Kokkos::ALL);
-    const auto h = impl::scratch(m.h, "writescope::moe::h", rows, c.hidden);
-    const auto branch = impl::scratch(m.branch, "writescope::moe::branch", rows, c.hidden);
+    const auto h = impl::scratch(h_buffer, "writescope::moe::normed", rows, c.hidden);
+    const auto branch = impl::scratch(branch_buffer, "writescope::moe::branch", rows, c.hidden);
     Kokkos::deep_copy(gpu, h, x);
-    rms_norm(gpu, h, m.norms.at(layer_prefix(layer) + "input_layernorm.weight"), c.hidden, c.rms_eps);
-    if (c.mla())
-      mla_attention(layer, pass, h, branch, record);
-    else
-      gqa_attention(layer, pass, h, branch, record);
+    rms_norm(gpu, h, m.norms.at(norm), c.hidden, c.rms_eps);
+    block(h, branch);
     Kokkos::parallel_for("writescope::moe::residual", impl::rows_by_columns(gpu, rows, c.hidden),
                          impl::AddRows<GpuMem>{x, branch});
     gpu.fence();
   }
 
-  /// RMSNorm, feed-forward and residual of the pass' rows of x (rows, hidden).
-  void feed_forward_stage(int layer, const Pass& pass, const Matrix<GpuMem>& x_all, LayerRecord& record) {
-    const Gpu& gpu = ffn_gpu;
-    const int rows = pass.rows();
-    const auto x = Kokkos::subview(x_all, std::make_pair(pass.first_row, pass.first_row + rows), Kokkos::ALL);
-    const auto h = impl::scratch(m.h_ffn, "writescope::moe::h_ffn", rows, c.hidden);
-    const auto branch = impl::scratch(m.branch_ffn, "writescope::moe::branch_ffn", rows, c.hidden);
-    Kokkos::deep_copy(gpu, h, x);
-    rms_norm(gpu, h, m.norms.at(layer_prefix(layer) + "post_attention_layernorm.weight"), c.hidden, c.rms_eps);
-    feed_forward(layer, h, branch, record);
-    Kokkos::parallel_for("writescope::moe::residual", impl::rows_by_columns(gpu, rows, c.hidden),
-                         impl::AddRows<GpuMem>{x, branch});
-    gpu.fence();
+  void attention_stage(int layer, const Pass& pass, const Matrix<GpuMem>& x, LayerRecord& record) {
+    residual_stage(attention_gpu, pass, x, layer_prefix(layer) + "input_layernorm.weight", m.h, m.branch,
+                   [&](const Matrix<GpuMem>& h, const Matrix<GpuMem>& branch) {
+                     if (c.mla())
+                       mla_attention(layer, pass, h, branch, record);
+                     else
+                       gqa_attention(layer, pass, h, branch, record);
+                   });
+  }
+
+  void feed_forward_stage(int layer, const Pass& pass, const Matrix<GpuMem>& x, LayerRecord& record) {
+    residual_stage(ffn_gpu, pass, x, layer_prefix(layer) + "post_attention_layernorm.weight", m.h_ffn, m.branch_ffn,
+                   [&](const Matrix<GpuMem>& h, const Matrix<GpuMem>& branch) { feed_forward(layer, h, branch, record); });
   }
 
   /// One layer over `parts` (micro-batches): the feed-forward of part j runs

@@ -75,16 +75,7 @@ std::shared_ptr<ExpertPolicy> fiddler_experts(const SystemContext& context) {
 }
 
 System make_fiddler(const SystemContext& context) {
-  const RooflineModel roofline = roofline_of(context);
-  System system;
-  system.name = "fiddler";
-  system.expert_policy = "fiddler";
-  system.spill_region = Region::gpu_streamed;
-  system.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
-    return std::make_unique<FirstFitKVPolicy>(roofline, shape, cache, Region::gpu_streamed);
-  };
-  system.experts = fiddler_experts(context);
-  return system;
+  return first_fit_system("fiddler", context, Region::gpu_streamed, true, fiddler_experts(context));
 }
 
 }  // namespace writescope

@@ -11,15 +11,7 @@
 namespace writescope {
 
 System make_gpu_only(const SystemContext& context) {
-  const RooflineModel roofline = roofline_of(context);
-  System system;
-  system.name = "gpu-only";
-  system.expert_policy = "gpu-only";
-  system.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
-    return std::make_unique<FirstFitKVPolicy>(roofline, shape, cache, Region::gpu_resident);
-  };
-  system.experts = std::make_shared<GpuExpertPolicy>();
-  return system;
+  return first_fit_system("gpu-only", context, Region::gpu_resident, true, std::make_shared<GpuExpertPolicy>());
 }
 
 }  // namespace writescope

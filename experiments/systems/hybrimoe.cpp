@@ -15,7 +15,6 @@
 // Simplified: prefetches are issued after a layer and complete before the
 // next one starts (no copy/compute overlap on separate streams).
 #include <algorithm>
-#include <limits>
 
 #include "experiments/systems.hpp"
 
@@ -125,16 +124,7 @@ std::shared_ptr<ExpertPolicy> hybrimoe_experts(const SystemContext& context) {
 }
 
 System make_hybrimoe(const SystemContext& context) {
-  const RooflineModel roofline = roofline_of(context);
-  System system;
-  system.name = "hybrimoe";
-  system.expert_policy = "hybrimoe";
-  system.spill_region = Region::gpu_streamed;
-  system.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
-    return std::make_unique<FirstFitKVPolicy>(roofline, shape, cache, Region::gpu_streamed);
-  };
-  system.experts = hybrimoe_experts(context);
-  return system;
+  return first_fit_system("hybrimoe", context, Region::gpu_streamed, true, hybrimoe_experts(context));
 }
 
 }  // namespace writescope

@@ -14,16 +14,7 @@
 namespace writescope {
 
 System make_ktransformers(const SystemContext& context) {
-  const RooflineModel roofline = roofline_of(context);
-  System system;
-  system.name = "ktransformers";
-  system.expert_policy = "ktransformers";
-  system.spill_region = Region::gpu_streamed;
-  system.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
-    return std::make_unique<FirstFitKVPolicy>(roofline, shape, cache, Region::gpu_streamed);
-  };
-  system.experts = std::make_shared<CpuExpertPolicy>();
-  return system;
+  return first_fit_system("ktransformers", context, Region::gpu_streamed, true, std::make_shared<CpuExpertPolicy>());
 }
 
 }  // namespace writescope

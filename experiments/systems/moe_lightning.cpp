@@ -92,15 +92,8 @@ int micro_batches(const SystemContext& context) {
 }  // namespace
 
 System make_moe_lightning(const SystemContext& context) {
-  const RooflineModel roofline = roofline_of(context);
-  System system;
-  system.name = "moe-lightning";
-  system.expert_policy = "moe-lightning";
-  system.spill_region = Region::cpu_resident;
-  system.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
-    return std::make_unique<FirstFitKVPolicy>(roofline, shape, cache, Region::cpu_resident, false);
-  };
-  system.experts = std::make_shared<PagedExperts>(context.model.experts);
+  System system = first_fit_system("moe-lightning", context, Region::cpu_resident, false,
+                                   std::make_shared<PagedExperts>(context.model.experts));
   system.micro_batches = micro_batches(context);
   return system;
 }

@@ -27,6 +27,20 @@ System make_system(const std::string& name, const SystemContext& context) {
   throw std::invalid_argument("unknown system '" + name + "' (known: " + known + ")");
 }
 
+System first_fit_system(const std::string& name, const SystemContext& context, Region spill, bool use_vram,
+                        std::shared_ptr<ExpertPolicy> experts) {
+  const RooflineModel roofline = roofline_of(context);
+  System system;
+  system.name = name;
+  system.expert_policy = name;
+  if (spill != Region::gpu_resident) system.spill_region = spill;
+  system.kv_policy = [roofline, spill, use_vram](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
+    return std::make_unique<FirstFitKVPolicy>(roofline, shape, cache, spill, use_vram);
+  };
+  system.experts = std::move(experts);
+  return system;
+}
+
 RooflineModel roofline_of(const SystemContext& context) {
   return RooflineModel(
       ModelRates::from_profile(context.profile, context.model.attention().name, context.profile.cpu_threads));

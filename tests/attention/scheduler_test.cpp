@@ -5,7 +5,6 @@
 
 #include <algorithm>
 
-#include "attention/step_log.hpp"
 #include "kv_test_data.hpp"
 #include "synthetic_rates.hpp"
 
@@ -130,39 +129,6 @@ TEST_F(SchedulerTest, FeedbackFollowsACpuSlowdownAndItsEnd) {
     }
     scheduler.observe(plan, measured);
   }
-}
-
-}  // namespace
-}  // namespace writescope
-
-namespace writescope {
-namespace {
-
-TEST(StepLog, WritesEveryStepToTheResultsStore) {
-  StepLog log;
-  for (int step = 0; step < 3; ++step) {
-    SplitPrediction predicted{1e9 * step, 0.1 * step, 0.01 + step, 0.02 + step, 0.03 + step};
-    SplitTimings measured{0.011 + step, 0.021 + step, 0.031 + step, 0};
-    log.record(predicted, measured, StepBytes{1e9, 2e9, 4e9 + step}, 1e9 * step);
-  }
-  const std::string path = ::testing::TempDir() + "writescope_steps_" + std::to_string(::getpid()) + ".h5";
-  {
-    ResultsStore store(path);
-    auto txn = store.begin();
-    auto group = txn.root().create_group("steps");
-    log.write(group);
-    txn.commit();
-  }
-  ResultsReader reader(path);
-  EXPECT_EQ(reader.read<double>("/steps/alpha"), (std::vector<double>{0.0, 0.1, 0.2}));
-  EXPECT_EQ(reader.read<double>("/steps/measured_cpu_seconds"), (std::vector<double>{0.021, 1.021, 2.021}));
-  EXPECT_EQ(reader.shape("/steps/bytes"), (std::vector<std::size_t>{3, 4}));
-  const auto bytes = reader.read<double>("/steps/bytes");
-  EXPECT_EQ(bytes[4 * 2 + 1], 4e9 + 2 - 2e9);  // step 2: band bytes streamed by the GPU
-  EXPECT_EQ(bytes[4 * 2 + 3], 2e9);            // and read by the CPU
-  EXPECT_EQ(reader.string_attribute("/steps", "bytes_columns"), StepLog::byte_columns);
-  std::remove(path.c_str());
-  std::remove((path + ".lock").c_str());
 }
 
 }  // namespace

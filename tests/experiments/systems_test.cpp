@@ -5,21 +5,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model_reference.hpp"
 #include "test_profile.hpp"
 
 namespace writescope {
 namespace {
 
-ReferenceModel reference_for(const ModelConfig& config, std::uint64_t seed) {
-  std::vector<std::vector<float>> weights;
-  for (const TensorSpec& spec : weight_specs(config)) {
-    weights.emplace_back();
-    for (bf16 v : synthetic_tensor<bf16>(spec, seed)) weights.back().push_back(to_float(v));
-  }
-  ReferenceModel model(config, std::move(weights));
-  model.round_kv_cache_to_bf16(true);
-  return model;
-}
+using test::expect_logits_near;
+using test::reference_for;
 
 constexpr std::uint64_t mib = 1 << 20;
 
@@ -43,14 +36,6 @@ ModelOptions options_for(const ModelConfig& config, const System& system, int ex
   return options;
 }
 
-void expect_logits_near(const std::vector<float>& actual, const std::vector<float>& expected,
-                        const std::string& where) {
-  ASSERT_EQ(actual.size(), expected.size()) << where;
-  double scale = 0;
-  for (float e : expected) scale = std::max(scale, static_cast<double>(std::abs(e)));
-  for (std::size_t v = 0; v < expected.size(); ++v)
-    ASSERT_NEAR(actual[v], expected[v], 1e-4 * (1 + scale)) << where << " vocab " << v;
-}
 
 class SystemsTest : public ::testing::TestWithParam<std::string> {};
 
@@ -81,14 +66,14 @@ TEST_P(SystemsTest, MatchesTheReferenceWithinItsBudgets) {
     std::vector<int> sequences, tokens;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       sequences.push_back(model.add_sequence(12));
-      expect_logits_near(model.prefill(sequences[i], prompts[i]), references[i].forward(prompts[i]), "prefill");
+      expect_logits_near(model.prefill(sequences[i], prompts[i]), references[i].forward(prompts[i]), 1e-4, "prefill");
       tokens.push_back(1 + static_cast<int>(i));
     }
     for (int step = 0; step < 6; ++step) {
       if (step == 2) model.end_warmup();
       const auto logits = model.step(sequences, tokens);
       for (std::size_t i = 0; i < sequences.size(); ++i) {
-        expect_logits_near(logits[i], references[i].forward({tokens[i]}), "step " + std::to_string(step));
+        expect_logits_near(logits[i], references[i].forward({tokens[i]}), 1e-4, "step " + std::to_string(step));
         tokens[i] = static_cast<int>(std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin());
       }
     }

@@ -1,30 +1,22 @@
 #include "moe/model.hpp"
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 
+#include "model_reference.hpp"
+
 namespace writescope {
 namespace {
 
+using test::expect_logits_near;
+using test::reference_for;
+
 // The model runs on the machine's two devices (GpuExecSpace and
 // HostExecSpace); its kernels are tested on every space in their own tests.
-
-/// The reference model on the same bf16 weights, with a bf16 KV cache.
-ReferenceModel reference_for(const ModelConfig& config, std::uint64_t seed) {
-  std::vector<std::vector<float>> weights;
-  for (const TensorSpec& spec : weight_specs(config)) {
-    weights.emplace_back();
-    for (bf16 v : synthetic_tensor<bf16>(spec, seed)) weights.back().push_back(to_float(v));
-  }
-  ReferenceModel model(config, std::move(weights));
-  model.round_kv_cache_to_bf16(true);
-  return model;
-}
 
 RooflineModel test_roofline() {
   ModelRates rates;
@@ -64,14 +56,6 @@ std::shared_ptr<ExpertPolicy> mixed_experts() {
       [](int layer, int expert) { return static_cast<ExpertPlacement>((layer + expert) % 3); });
 }
 
-void expect_logits_near(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance,
-                        const std::string& where) {
-  ASSERT_EQ(actual.size(), expected.size()) << where;
-  double scale = 0;
-  for (float e : expected) scale = std::max(scale, static_cast<double>(std::abs(e)));
-  for (std::size_t v = 0; v < expected.size(); ++v)
-    ASSERT_NEAR(actual[v], expected[v], tolerance * (1 + scale)) << where << " vocab " << v;
-}
 
 const char* const tiny_models[] = {"tiny-qwen3-moe", "tiny-mixtral", "tiny-deepseek-v2"};
 
