@@ -1,7 +1,5 @@
 #include "experiments/cli.hpp"
 
-#include <yaml-cpp/yaml.h>
-
 #include <unistd.h>
 
 #include <algorithm>

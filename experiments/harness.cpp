@@ -250,12 +250,6 @@ struct RunResult {
 constexpr const char* component_names[] = {"attention_gpu", "attention_cpu", "experts_gpu",
                                            "experts_cpu",   "transfers",     "other"};
 
-std::uint64_t kv_bytes(const ModelConfig& config, int block_tokens, int batch, std::int64_t tokens) {
-  const BlockGeometry g = config.attention().block_geometry(block_tokens);
-  const std::int64_t blocks = (tokens + block_tokens - 1) / block_tokens;
-  return static_cast<std::uint64_t>(config.layers) * batch * blocks * g.block_elements() * sizeof(bf16);
-}
-
 /// Mean tokens/s over the repetitions of completed runs in the file with the
 /// same setting as `run`, per system.
 std::map<std::string, double> baseline_rates(const std::string& path, const RunSpec& run) {
@@ -344,7 +338,9 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
     const VramUse fixed = MoeModel::fixed_vram(model_config, options);
     const std::uint64_t experts = static_cast<std::uint64_t>(model_config.layers - model_config.dense_layers) *
                                   model_config.experts * MoeModel::expert_bytes(model_config);
-    const std::uint64_t kv = kv_bytes(model_config, config.block_tokens, run.batch, final_tokens);
+    const std::uint64_t blocks_per_sequence = static_cast<std::uint64_t>((final_tokens + config.block_tokens - 1) /
+                                                                         config.block_tokens);
+    const std::uint64_t kv = MoeModel::kv_vram(model_config, options, blocks_per_sequence * run.batch);
     const std::uint64_t needed = fixed.weights + fixed.workspace + experts + kv;
     if (needed > run.vram_budget)
       throw ModelBudgetError("needs " + format_bytes(needed) + " of VRAM (weights " + format_bytes(fixed.weights) +

@@ -33,7 +33,6 @@ struct SystemContext {
 };
 
 struct System {
-  std::string name;
   std::string expert_policy;       // the baseline whose expert policy it runs
   KVPolicyFactory kv_policy;
   std::shared_ptr<ExpertPolicy> experts;

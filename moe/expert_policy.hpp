@@ -79,6 +79,8 @@ class ExpertPolicy {
   virtual std::vector<ExpertLoad> after_layer(int layer, const Routing& routing, const ExpertResidency& residency);
   /// Called once when warm-up steps end (policies that profile popularity place experts now).
   virtual std::vector<ExpertLoad> end_warmup(const ExpertResidency&) { return {}; }
+  /// Whether plans may give experts to the CPU.
+  virtual bool computes_on_cpu() const { return true; }
 };
 
 /// Every routed expert on the CPU (KTransformers; WriteScope's default).
@@ -94,6 +96,7 @@ class GpuExpertPolicy final : public ExpertPolicy {
   int slots(int, int layers, int experts) const override { return layers * experts; }
   std::vector<ExpertLoad> initial(const ExpertResidency& residency) override;
   ExpertPlan plan(int layer, const Routing& routing, const ExpertResidency& residency) override;
+  bool computes_on_cpu() const override { return false; }
 };
 
 /// Where each expert runs, fixed by a function (tests).

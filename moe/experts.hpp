@@ -66,6 +66,8 @@ class Router {
   double scaling_factor_;
   Matrix<MemSpace> logits_, route_weights_;
   Kokkos::View<int**, Kokkos::LayoutRight, MemSpace> chosen_;
+  Kokkos::View<int**, Kokkos::LayoutRight, Kokkos::HostSpace> chosen_host_;
+  Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> weights_host_;
 };
 
 /// Runs SwiGLU experts on gathered rows and adds their weighted outputs; owns
@@ -74,17 +76,22 @@ template <class ExecSpace, class Scalar>
 class ExpertRunner {
  public:
   using MemSpace = typename ExecSpace::memory_space;
-  /// out(rows[i], :) += weights[i] * expert(x(rows[i], :)).
+  /// Copies every expert's routed rows and weights to MemSpace in one go, on
+  /// `space` (asynchronous: fence `space` before the next upload).
+  void upload(const ExecSpace& space, const Routing& routing);
+  /// out(r, :) += w * expert(x(r, :)) for the rows r (weights w) the last
+  /// upload routed to `expert_index`.
   ///   x: (rows, hidden), out: (rows, hidden)
-  void add(const ExecSpace& space, const ExpertWeights<Scalar, MemSpace>& expert,
-           const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x, const std::vector<int>& rows,
-           const std::vector<float>& weights, const Matrix<MemSpace>& out);
+  void add(const ExecSpace& space, const ExpertWeights<Scalar, MemSpace>& expert, int expert_index,
+           const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x, const Matrix<MemSpace>& out);
   /// out += expert(x) for every row (shared experts).
   void add_all(const ExecSpace& space, const ExpertWeights<Scalar, MemSpace>& expert,
                const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x, const Matrix<MemSpace>& out);
 
  private:
   Matrix<MemSpace> gathered_, expert_out_;
+  std::vector<int> offsets_, host_rows_;  // expert e's rows are [offsets_[e], offsets_[e + 1])
+  std::vector<float> host_weights_;
   Kokkos::View<int*, MemSpace> rows_;
   Kokkos::View<float*, MemSpace> weights_;
   SwigluScratch<MemSpace> swiglu_;

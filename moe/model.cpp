@@ -138,6 +138,17 @@ std::uint64_t MoeModel::expert_bytes(const ModelConfig& config) {
   return 3ull * static_cast<std::uint64_t>(config.hidden) * config.expert_intermediate * sizeof(bf16);
 }
 
+std::uint64_t MoeModel::kv_vram(const ModelConfig& config, const ModelOptions& options,
+                                std::uint64_t blocks_per_layer) {
+  // The GPU's decode keeps one partial state per VRAM block of a layer in a
+  // step: it is reserved next to the blocks so the pool never outgrows the budget.
+  const AttentionShape shape = config.attention();
+  const std::uint64_t block_bytes =
+      static_cast<std::uint64_t>(shape.block_geometry(options.block_tokens).block_elements()) * sizeof(bf16);
+  const std::uint64_t state_bytes = static_cast<std::uint64_t>(shape.q_heads) * (shape.value_dim + 1) * sizeof(float);
+  return blocks_per_layer * (static_cast<std::uint64_t>(config.layers) * block_bytes + state_bytes);
+}
+
 VramUse MoeModel::fixed_vram(const ModelConfig& config, const ModelOptions& options) {
   VramUse use;
   for (const TensorSpec& spec : weight_specs(config))
@@ -169,6 +180,9 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
   if (!options_.kv_policy) throw std::invalid_argument("model: ModelOptions::kv_policy is required");
   if (!options_.experts) throw std::invalid_argument("model: ModelOptions::experts is required");
   if (options_.max_rows < 1) throw std::invalid_argument("model: max_rows must be positive");
+  if (options_.micro_batches > 1 && options_.experts->computes_on_cpu())
+    throw std::invalid_argument("model: micro-batches overlap the CPU's attention with the GPU's experts, so the "
+                                "expert policy must keep every expert on the GPU");
   const int moe_layers = config_.layers - config_.dense_layers;
   const std::uint64_t per_expert = expert_bytes(config_);
 
@@ -189,16 +203,11 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
                            " after weights and workspace, but the expert policy keeps " + std::to_string(slots) +
                            " routed experts on the GPU (" + gib(vram_.expert_slots) + "); it needs at least " +
                            gib(fixed + vram_.expert_slots));
-  // The GPU's decode keeps one partial state per VRAM block of a layer in a
-  // step: reserve it next to the blocks so the pool never outgrows the budget.
-  const std::uint64_t kv_left = left - vram_.expert_slots;
+  const std::uint64_t blocks_per_layer = (left - vram_.expert_slots) / kv_vram(config_, options_, 1);
   const std::uint64_t block_bytes =
       static_cast<std::uint64_t>(shape_.block_geometry(options_.block_tokens).block_elements()) * sizeof(bf16);
-  const std::uint64_t state_bytes = static_cast<std::uint64_t>(shape_.q_heads) * (shape_.value_dim + 1) * sizeof(float);
-  const std::uint64_t layers = static_cast<std::uint64_t>(config_.layers);
-  const std::uint64_t blocks_per_layer = kv_left / (layers * block_bytes + state_bytes);
-  vram_.kv = blocks_per_layer * layers * block_bytes;
-  vram_.workspace += blocks_per_layer * state_bytes;
+  vram_.kv = blocks_per_layer * static_cast<std::uint64_t>(config_.layers) * block_bytes;
+  vram_.workspace += kv_vram(config_, options_, blocks_per_layer) - vram_.kv;
 
   // Every routed expert lives in pinned host memory: the CPU computes on it
   // in place and the GPU loads from it by DMA. Tensors arrive one at a time,
@@ -260,7 +269,6 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
   if (config_.experts > 0)
     m.staging = ExpertBuffers<GpuMem>("writescope::moe::expert_staging", config_.hidden, config_.expert_intermediate);
   residency_ = ExpertResidency(moe_layers, config_.experts, slots);
-  expert_counts_.assign(static_cast<std::size_t>(moe_layers), std::vector<int>(config_.experts, 0));
   for (const ExpertLoad& load : options_.experts->initial(residency_)) {
     if (load.slot < 0 || load.slot >= slots)
       throw std::invalid_argument("model: the expert policy's initial load names slot " + std::to_string(load.slot));
@@ -301,7 +309,6 @@ int MoeModel::add_sequence(std::int64_t expected_tokens) {
   return sequence;
 }
 
-void MoeModel::free_sequence(int sequence) { cache_->free_sequence(sequence); }
 
 void MoeModel::end_warmup() {
   Impl& m = *impl_;
@@ -340,6 +347,7 @@ void accumulate(LayerRecord& total, const LayerRecord& part) {
   total.transfers += part.transfers;
   total.other += part.other;
   total.attention += part.attention;
+  total.feed_forward += part.feed_forward;
   total.predicted_attention += part.predicted_attention;
   for (int r = 0; r < 4; ++r) total.region_bytes[r] += part.region_bytes[r];
   const double bytes = total.region_bytes[0] + total.region_bytes[1] + total.region_bytes[2] + total.region_bytes[3];
@@ -361,12 +369,10 @@ struct ModelForward {
   ExpertPolicy& expert_policy;
   ExpertResidency& residency;
   std::vector<std::int64_t>& expected_tokens;
-  std::vector<std::vector<int>>& expert_counts;
   // Attention and feed-forward work go to their own GPU streams, so that the
   // stages of two micro-batches overlap and fences wait for one stage only.
   const Gpu& attention_gpu;
   const Gpu& ffn_gpu;
-  bool pipelined = false;  // micro-batches whose stages run concurrently
 
   /// Attention of the pass' queries (rows, q_heads, key_dim) over tokens
   /// ranges[i] of row i's sequence, through the KV policy's split plan, into `out`.
@@ -542,12 +548,7 @@ struct ModelForward {
     }
     const int moe_layer = layer - c.dense_layers;
     const Routing routing = m.routers[moe_layer](gpu, h);
-    const std::vector<int> counts = routing.counts();
-    for (std::size_t e = 0; e < counts.size(); ++e) expert_counts[moe_layer][e] += counts[e];
     const ExpertPlan plan = expert_policy.plan(moe_layer, routing, residency);
-    if (pipelined && !plan.cpu.empty())
-      throw std::invalid_argument("model: micro-batches overlap CPU attention with the GPU's experts; the expert "
-                                  "policy must not give experts to the CPU");
 
     double gpu_compute = 0, gpu_transfers = 0, cpu_compute = 0, cpu_transfers = 0;
     Matrix<HostMemSpace> x_host, out_host;  // views of pinned buffers: DMA-able, ordinary memory to the CPU
@@ -560,34 +561,37 @@ struct ModelForward {
     }
     auto gpu_work = [&] {
       gpu_transfers += load_into_slots(plan.loads);
-      gpu_compute += gpu_seconds(gpu, [&] { Kokkos::deep_copy(gpu, out, 0.0f); });
-      for (int e : plan.gpu) {
-        const int slot = residency.slot_of(moe_layer, e);
-        const ExpertBuffers<GpuMem>* weights = slot >= 0 ? &m.slots[slot] : nullptr;
-        if (!weights) {
-          const bool staged = std::any_of(plan.loads.begin(), plan.loads.end(), [&](const ExpertLoad& l) {
-            return l.slot < 0 && l.layer == moe_layer && l.expert == e;
-          });
-          if (!staged)
-            throw std::logic_error("expert policy: expert " + std::to_string(e) + " of MoE layer " +
-                                   std::to_string(moe_layer) + " is planned on the GPU but neither resident nor loaded");
-          gpu_transfers += gpu_seconds(gpu, [&] { load(ExpertLoad{moe_layer, e, -1}, m.staging); });
-          weights = &m.staging;
+      double staged = 0;  // experts loaded into the staging buffer as they are needed
+      const double phase = gpu_seconds(gpu, [&] {
+        Kokkos::deep_copy(gpu, out, 0.0f);
+        m.gpu_runner.upload(gpu, routing);
+        for (int e : plan.gpu) {
+          const int slot = residency.slot_of(moe_layer, e);
+          const ExpertBuffers<GpuMem>* weights = slot >= 0 ? &m.slots[slot] : nullptr;
+          if (!weights) {
+            const bool listed = std::any_of(plan.loads.begin(), plan.loads.end(), [&](const ExpertLoad& l) {
+              return l.slot < 0 && l.layer == moe_layer && l.expert == e;
+            });
+            if (!listed)
+              throw std::logic_error("expert policy: expert " + std::to_string(e) + " of MoE layer " +
+                                     std::to_string(moe_layer) +
+                                     " is planned on the GPU but neither resident nor loaded");
+            staged += gpu_seconds(gpu, [&] { load(ExpertLoad{moe_layer, e, -1}, m.staging); });
+            weights = &m.staging;
+          }
+          m.gpu_runner.add(gpu, weights->weights(), e, h, out);
         }
-        gpu_compute += gpu_seconds(gpu, [&] {
-          m.gpu_runner.add(gpu, weights->weights(), h, routing.rows[e], routing.weights[e], out);
-        });
-      }
-      gpu_compute += gpu_seconds(gpu, [&] {
         for (const auto& expert : m.shared[moe_layer]) m.gpu_runner.add_all(gpu, expert, h, out);
       });
+      gpu_transfers += staged;
+      gpu_compute += phase - staged;
     };
     auto cpu_work = [&] {
       cpu_compute += time_fenced(Host(), [&](const Host& space) {
         Kokkos::deep_copy(space, out_host, 0.0f);
+        m.cpu_runner.upload(space, routing);
         for (int e : plan.cpu)
-          m.cpu_runner.add(space, m.host_experts[moe_layer][e].weights<HostMemSpace>(), x_host, routing.rows[e],
-                           routing.weights[e], out_host);
+          m.cpu_runner.add(space, m.host_experts[moe_layer][e].weights<HostMemSpace>(), e, x_host, out_host);
       });
     };
     if (plan.cpu.empty()) {
@@ -643,7 +647,9 @@ struct ModelForward {
 
   void feed_forward_stage(int layer, const Pass& pass, const Matrix<GpuMem>& x, LayerRecord& record) {
     residual_stage(ffn_gpu, pass, x, layer_prefix(layer) + "post_attention_layernorm.weight", m.h_ffn, m.branch_ffn,
-                   [&](const Matrix<GpuMem>& h, const Matrix<GpuMem>& branch) { feed_forward(layer, h, branch, record); });
+                   [&](const Matrix<GpuMem>& h, const Matrix<GpuMem>& branch) {
+                     record.feed_forward += gpu_seconds(ffn_gpu, [&] { feed_forward(layer, h, branch, record); });
+                   });
   }
 
   /// One layer over `parts` (micro-batches): the feed-forward of part j runs
@@ -688,8 +694,6 @@ struct ModelForward {
     std::vector<Pass> parts;
     const int groups = std::max(1, std::min(micro_batches, rows));
     for (int g = 0; g < groups; ++g) parts.push_back(pass.slice(rows * g / groups, rows * (g + 1) / groups));
-    pipelined = has_gpu && groups > 1;
-    for (auto& layer_counts : expert_counts) std::fill(layer_counts.begin(), layer_counts.end(), 0);
 
     const auto x = impl::scratch(m.x, "writescope::moe::x", rows, hidden);
     Kokkos::parallel_for("writescope::moe::embed", impl::rows_by_columns(gpu, rows, hidden),
@@ -699,7 +703,7 @@ struct ModelForward {
       LayerRecord& record = records[layer];
       record = LayerRecord{};
       const double wall = gpu_seconds(gpu, [&] { layer_pipeline(layer, parts, x, record); });
-      record.other = std::max(0.0, wall - record.attention - record.experts_gpu - record.experts_cpu - record.transfers);
+      record.other = std::max(0.0, wall - record.attention - record.feed_forward);
     }
     const int out_rows = rows - first_logit_row;
     const auto last = Kokkos::subview(x, std::make_pair(first_logit_row, rows), Kokkos::ALL);
@@ -755,9 +759,8 @@ void MoeModel::fill_context(int sequence, std::int64_t tokens, std::uint64_t see
 }
 
 ModelForward MoeModel::forward() {
-  return ModelForward{*impl_,     config_,          shape_,         options_,          *cache_,
-                      *kv_policy_, *options_.experts, residency_,     expected_tokens_,  expert_counts_,
-                      impl_->streams[0], impl_->streams[1]};
+  return ModelForward{*impl_,     config_,         shape_,           options_,         *cache_, *kv_policy_,
+                      *options_.experts, residency_, expected_tokens_, impl_->streams[0], impl_->streams[1]};
 }
 
 std::vector<std::vector<float>> MoeModel::step(const std::vector<int>& sequences, const std::vector<int>& tokens) {

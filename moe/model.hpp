@@ -25,7 +25,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -61,16 +60,20 @@ struct ModelOptions {
   int block_tokens = 16;
   int max_rows = 64;                // most tokens one forward pass carries (batch or prompt chunk)
   int stream_chunk_blocks = 8;      // KV blocks per streaming chunk
-  int micro_batches = 1;            // a decode step's sequences run in this many pipelined groups
+  int micro_batches = 1;            // a decode step's sequences run in this many pipelined groups;
+                                    // above 1 the expert policy must keep every expert on the GPU
   KVPolicyFactory kv_policy;        // required
   std::shared_ptr<ExpertPolicy> experts = std::make_shared<CpuExpertPolicy>();
 };
 
 /// Seconds and bytes of one layer of one forward pass. Devices overlap, so the
-/// components may add up to more than the layer's wall time.
+/// components may add up to more than the layer's wall time; `other` is the
+/// wall time outside attention steps and feed-forwards (norms, projections,
+/// residuals), zero where overlapping micro-batches leave none.
 struct LayerRecord {
   double attention_gpu = 0, attention_cpu = 0, experts_gpu = 0, experts_cpu = 0, transfers = 0, other = 0;
   double attention = 0;            // wall time of the attention step
+  double feed_forward = 0;         // wall time of the feed-forward (router, experts, transfers)
   double predicted_attention = 0;  // the roofline model's prediction for the KV policy's plan
   double alpha = 0;                // CPU share of the KV bytes read
   /// KV bytes read, indexed by Region: VRAM by the GPU, pinned streamed to the
@@ -104,6 +107,8 @@ class MoeModel {
 
   /// Bytes of VRAM the model needs besides expert slots and KV (weights + workspace).
   static VramUse fixed_vram(const ModelConfig& config, const ModelOptions& options);
+  /// Bytes of VRAM that `blocks_per_layer` KV blocks in every layer take, with their decode states.
+  static std::uint64_t kv_vram(const ModelConfig& config, const ModelOptions& options, std::uint64_t blocks_per_layer);
   /// Bytes of one routed expert's weights.
   static std::uint64_t expert_bytes(const ModelConfig& config);
 
@@ -114,7 +119,6 @@ class MoeModel {
 
   /// A new, empty sequence expected to reach `expected_tokens` (KV placement plans for it).
   int add_sequence(std::int64_t expected_tokens = 0);
-  void free_sequence(int sequence);
 
   /// Runs `prompt` of an empty `sequence` through the prefill path, in chunks
   /// of at most max_rows tokens; returns the logits of its last token (vocab).
@@ -133,8 +137,6 @@ class MoeModel {
 
   /// Per layer, the last forward pass's record.
   const std::vector<LayerRecord>& last_records() const noexcept { return records_; }
-  /// Tokens each routed expert of each MoE layer received in the last forward pass.
-  const std::vector<std::vector<int>>& last_expert_counts() const noexcept { return expert_counts_; }
   /// Tells the expert policy that warm-up is over (it may move experts now).
   void end_warmup();
 
@@ -149,7 +151,6 @@ class MoeModel {
   std::unique_ptr<KVPolicy> kv_policy_;
   ExpertResidency residency_;
   std::vector<LayerRecord> records_;
-  std::vector<std::vector<int>> expert_counts_;
   std::vector<std::int64_t> expected_tokens_;
   std::unique_ptr<Impl> impl_;
 };

@@ -44,6 +44,8 @@ class PagedExperts final : public ExpertPolicy {
     return plan;
   }
 
+  bool computes_on_cpu() const override { return false; }
+
   /// Pages the next layer's experts (the first layer's after the last) into the other half.
   std::vector<ExpertLoad> after_layer(int layer, const Routing&, const ExpertResidency& residency) override {
     const int next = (layer + 1) % residency.layers();

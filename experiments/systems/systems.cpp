@@ -31,7 +31,6 @@ System first_fit_system(const std::string& name, const SystemContext& context, R
                         std::shared_ptr<ExpertPolicy> experts) {
   const RooflineModel roofline = roofline_of(context);
   System system;
-  system.name = name;
   system.expert_policy = name;
   if (spill != Region::gpu_resident) system.spill_region = spill;
   system.kv_policy = [roofline, spill, use_vram](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {

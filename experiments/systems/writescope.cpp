@@ -16,7 +16,6 @@ namespace writescope {
 System make_writescope(const SystemContext& context) {
   const RooflineModel roofline = roofline_of(context);
   System system;
-  system.name = "writescope";
   system.expert_policy = context.options.writescope_experts;
   system.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
     return std::make_unique<WriteScopeKVPolicy>(roofline, shape, cache);

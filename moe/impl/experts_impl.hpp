@@ -107,8 +107,8 @@ Routing Router<ExecSpace, Scalar>::operator()(const ExecSpace& space,
   const auto weights = impl::scratch(route_weights_, "writescope::moe::route_weights", rows, k);
   route(space, kind_, scaling_factor_, logits, chosen, weights);
   // Copies on `space` only: a plain deep_copy would fence every stream of the device.
-  const auto chosen_host = Kokkos::create_mirror_view(Kokkos::HostSpace(), chosen);
-  const auto weights_host = Kokkos::create_mirror_view(Kokkos::HostSpace(), weights);
+  const auto chosen_host = impl::scratch(chosen_host_, "writescope::moe::chosen_on_host", rows, k);
+  const auto weights_host = impl::scratch(weights_host_, "writescope::moe::route_weights_on_host", rows, k);
   Kokkos::deep_copy(space, chosen_host, chosen);
   Kokkos::deep_copy(space, weights_host, weights);
   space.fence();
@@ -124,33 +124,46 @@ Routing Router<ExecSpace, Scalar>::operator()(const ExecSpace& space,
 }
 
 template <class ExecSpace, class Scalar>
-void ExpertRunner<ExecSpace, Scalar>::add(const ExecSpace& space, const ExpertWeights<Scalar, MemSpace>& expert,
-                                          const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x,
-                                          const std::vector<int>& rows, const std::vector<float>& weights,
-                                          const Matrix<MemSpace>& out) {
-  const int n = static_cast<int>(rows.size()), hidden = static_cast<int>(x.extent(1));
-  if (n == 0) return;
-  if (rows_.extent(0) < rows.size()) {
-    rows_ = Kokkos::View<int*, MemSpace>(Kokkos::view_alloc(std::string("writescope::moe::expert_rows"),
-                                                            Kokkos::WithoutInitializing), rows.size());
-    weights_ = Kokkos::View<float*, MemSpace>(Kokkos::view_alloc(std::string("writescope::moe::expert_weights"),
-                                                                 Kokkos::WithoutInitializing), rows.size());
+void ExpertRunner<ExecSpace, Scalar>::upload(const ExecSpace& space, const Routing& routing) {
+  offsets_.assign(1, 0);
+  host_rows_.clear();
+  host_weights_.clear();
+  for (std::size_t e = 0; e < routing.rows.size(); ++e) {
+    host_rows_.insert(host_rows_.end(), routing.rows[e].begin(), routing.rows[e].end());
+    host_weights_.insert(host_weights_.end(), routing.weights[e].begin(), routing.weights[e].end());
+    offsets_.push_back(static_cast<int>(host_rows_.size()));
+  }
+  const std::size_t n = host_rows_.size();
+  if (rows_.extent(0) < n) {
+    rows_ = Kokkos::View<int*, MemSpace>(
+        Kokkos::view_alloc(std::string("writescope::moe::expert_rows"), Kokkos::WithoutInitializing), n);
+    weights_ = Kokkos::View<float*, MemSpace>(
+        Kokkos::view_alloc(std::string("writescope::moe::expert_weights"), Kokkos::WithoutInitializing), n);
   }
   using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
-  const auto rows_view = Kokkos::subview(rows_, std::make_pair(0, n));
-  const auto weights_view = Kokkos::subview(weights_, std::make_pair(0, n));
-  Kokkos::deep_copy(space, rows_view, Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(rows.data(), rows.size()));
-  Kokkos::deep_copy(space, weights_view,
-                    Kokkos::View<const float*, Kokkos::HostSpace, Unmanaged>(weights.data(), weights.size()));
+  Kokkos::deep_copy(space, Kokkos::subview(rows_, std::make_pair(std::size_t{0}, n)),
+                    Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(host_rows_.data(), n));
+  Kokkos::deep_copy(space, Kokkos::subview(weights_, std::make_pair(std::size_t{0}, n)),
+                    Kokkos::View<const float*, Kokkos::HostSpace, Unmanaged>(host_weights_.data(), n));
+}
+
+template <class ExecSpace, class Scalar>
+void ExpertRunner<ExecSpace, Scalar>::add(const ExecSpace& space, const ExpertWeights<Scalar, MemSpace>& expert,
+                                          int expert_index,
+                                          const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x,
+                                          const Matrix<MemSpace>& out) {
+  const int begin = offsets_.at(static_cast<std::size_t>(expert_index)), end = offsets_.at(expert_index + 1);
+  const int n = end - begin, hidden = static_cast<int>(x.extent(1));
+  if (n == 0) return;
+  const auto rows = Kokkos::subview(rows_, std::make_pair(begin, end));
+  const auto weights = Kokkos::subview(weights_, std::make_pair(begin, end));
   const auto xs = impl::scratch(gathered_, "writescope::moe::gathered", n, hidden);
   const auto ys = impl::scratch(expert_out_, "writescope::moe::expert_out", n, hidden);
   Kokkos::parallel_for("writescope::moe::gather", impl::rows_by_columns(space, n, hidden),
-                       impl::GatherRows<MemSpace>{xs, x, rows_view});
+                       impl::GatherRows<MemSpace>{xs, x, rows});
   swiglu_expert<ExecSpace, Scalar>(space, expert, xs, ys, swiglu_);
   Kokkos::parallel_for("writescope::moe::scatter_add", impl::rows_by_columns(space, n, hidden),
-                       impl::ScatterAddRows<MemSpace>{out, ys, rows_view, weights_view});
-  // The host vectors behind the copies may go out of scope after return.
-  space.fence();
+                       impl::ScatterAddRows<MemSpace>{out, ys, rows, weights});
 }
 
 template <class ExecSpace, class Scalar>

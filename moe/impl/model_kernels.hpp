@@ -7,8 +7,6 @@
 #include "framework/spaces.hpp"
 #include "moe/layer_kernels.hpp"
 
-#include <stdexcept>
-
 namespace writescope {
 namespace impl {
 

@@ -50,7 +50,8 @@ std::vector<int> feed_forward(Router<ExecSpace, Scalar>& router, const std::vect
   ExpertRunner<ExecSpace, Scalar> runner;
   const Routing routing = router(space, x);
   Kokkos::deep_copy(space, out, 0.0f);
-  for (int e : routing.active()) runner.add(space, routed[e], x, routing.rows[e], routing.weights[e], out);
+  runner.upload(space, routing);
+  for (int e : routing.active()) runner.add(space, routed[e], e, x, out);
   for (const Weights& expert : shared) runner.add_all(space, expert, x, out);
   space.fence();
   return routing.counts();

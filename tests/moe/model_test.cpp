@@ -134,14 +134,10 @@ TEST(MoeModel, RecordsTheBytesEachRegionServed) {
     EXPECT_GT(record.attention, 0);
     EXPECT_GT(record.predicted_attention, 0);
     EXPECT_GT(record.experts_cpu, 0);
+    EXPECT_GT(record.feed_forward, 0);
     // CpuResident and CpuStreamed blocks are read by the CPU (the affine plan).
     const double cpu_bytes = record.region_bytes[int(Region::cpu_resident)] + record.region_bytes[int(Region::cpu_streamed)];
     EXPECT_NEAR(record.alpha, cpu_bytes / total, 1e-12);
-  }
-  for (const auto& counts : model.last_expert_counts()) {
-    int routed = 0;
-    for (int c : counts) routed += c;
-    EXPECT_EQ(routed, 2 * config.experts_per_token);
   }
 }
 
