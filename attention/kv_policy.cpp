@@ -9,15 +9,12 @@ KVPolicy::KVPolicy(std::optional<RooflineModel> model, const AttentionShape& sha
 
 void KVPolicy::observe(const SplitPlan&, const SplitTimings&) {}
 
-double KVPolicy::segment_bytes(const std::vector<BlockSegment>& segments) const {
-  double tokens = 0;
-  for (const BlockSegment& s : segments) tokens += s.token_count;
-  return tokens * static_cast<double>(cache_.block_bytes()) / cache_.geometry().block_tokens;
+double KVPolicy::bytes_per_token() const {
+  return static_cast<double>(cache_.block_bytes()) / cache_.geometry().block_tokens;
 }
 
-StepBytes KVPolicy::bytes_of(const SplitPlan& plan) const {
-  return StepBytes{segment_bytes(plan.gpu_resident), segment_bytes(plan.cpu_resident),
-                   segment_bytes(plan.gpu_streamed) + segment_bytes(plan.cpu_pinned)};
+double KVPolicy::segment_bytes(const std::vector<BlockSegment>& segments) const {
+  return writescope::segment_bytes(segments, bytes_per_token());
 }
 
 SplitPlan KVPolicy::affine_plan(int layer, const std::vector<int>& sequences, const std::vector<TokenRange>& ranges,
@@ -27,14 +24,15 @@ SplitPlan KVPolicy::affine_plan(int layer, const std::vector<int>& sequences, co
   plan.gpu_streamed = cache_.segments(layer, Region::gpu_streamed, sequences, ranges);
   plan.cpu_resident = cache_.segments(layer, Region::cpu_resident, sequences, ranges);
   plan.cpu_pinned = cache_.segments(layer, Region::cpu_streamed, sequences, ranges);
-  prediction = model_ ? model_->predict(bytes_of(plan), segment_bytes(plan.cpu_pinned), fmas_per_byte_, 0)
+  prediction = model_ ? model_->predict(plan_bytes(plan, bytes_per_token()), segment_bytes(plan.cpu_pinned),
+                                        fmas_per_byte_, 0)
                       : SplitPrediction{};
   return plan;
 }
 
 WriteScopeKVPolicy::WriteScopeKVPolicy(const RooflineModel& model, const AttentionShape& shape,
                                        const InplaceKVCache<bf16>& cache, SchedulerOptions options)
-    : KVPolicy(model, shape, cache), scheduler_(model, shape, cache, options) {}
+    : KVPolicy(std::nullopt, shape, cache), scheduler_(model, shape, cache, options) {}
 
 std::vector<Region> WriteScopeKVPolicy::place(int layer, int sequence, std::int64_t tokens,
                                               std::int64_t expected_tokens, bool decode) {

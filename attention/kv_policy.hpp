@@ -41,10 +41,9 @@ class KVPolicy {
   /// A step's measured times (feedback; ignored by static policies).
   virtual void observe(const SplitPlan& plan, const SplitTimings& timings);
 
-  /// KV bytes the plan has each device read.
-  StepBytes bytes_of(const SplitPlan& plan) const;
   /// KV bytes of the segments' tokens.
   double segment_bytes(const std::vector<BlockSegment>& segments) const;
+  double bytes_per_token() const;
 
  protected:
   KVPolicy(std::optional<RooflineModel> model, const AttentionShape& shape, const InplaceKVCache<bf16>& cache);

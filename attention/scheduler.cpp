@@ -89,15 +89,12 @@ std::vector<Region> WriteScopeScheduler<Scalar>::place(int layer, int sequence, 
 
 template <class Scalar>
 double WriteScopeScheduler<Scalar>::segment_bytes(const std::vector<BlockSegment>& segments) const {
-  double tokens = 0;
-  for (const BlockSegment& s : segments) tokens += s.token_count;
-  return tokens * bytes_per_token_;
+  return writescope::segment_bytes(segments, bytes_per_token_);
 }
 
 template <class Scalar>
 StepBytes WriteScopeScheduler<Scalar>::bytes_of(const SplitPlan& plan) const {
-  return StepBytes{segment_bytes(plan.gpu_resident), segment_bytes(plan.cpu_resident),
-                   segment_bytes(plan.gpu_streamed) + segment_bytes(plan.cpu_pinned)};
+  return plan_bytes(plan, bytes_per_token_);
 }
 
 template <class Scalar>

@@ -5,6 +5,17 @@
 
 namespace writescope {
 
+double segment_bytes(const std::vector<BlockSegment>& segments, double bytes_per_token) {
+  double tokens = 0;
+  for (const BlockSegment& s : segments) tokens += s.token_count;
+  return tokens * bytes_per_token;
+}
+
+StepBytes plan_bytes(const SplitPlan& plan, double bytes_per_token) {
+  return StepBytes{segment_bytes(plan.gpu_resident, bytes_per_token), segment_bytes(plan.cpu_resident, bytes_per_token),
+                   segment_bytes(plan.gpu_streamed, bytes_per_token) + segment_bytes(plan.cpu_pinned, bytes_per_token)};
+}
+
 template <class Scalar>
 SplitDecode<Scalar>::SplitDecode(const AttentionShape& shape, const BlockGeometry& geometry, int batch,
                                  int chunk_blocks)

@@ -14,6 +14,7 @@
 
 #include "attention/decode.hpp"
 #include "attention/streaming.hpp"
+#include "framework/roofline.hpp"
 #include "framework/streams.hpp"
 #include "layouts/inplace_kv_cache.hpp"
 
@@ -26,6 +27,11 @@ struct SplitPlan {
   std::vector<BlockSegment> cpu_resident;  // host pool, read in place by the CPU
   std::vector<BlockSegment> cpu_pinned;    // pinned pool, read in place by the CPU (the movable band)
 };
+
+/// KV bytes of the segments' tokens at `bytes_per_token`.
+double segment_bytes(const std::vector<BlockSegment>& segments, double bytes_per_token);
+/// The plan's KV bytes by where they live: VRAM, host memory, the pinned band.
+StepBytes plan_bytes(const SplitPlan& plan, double bytes_per_token);
 
 struct SplitTimings {
   double gpu_seconds = 0;   // GPU share: resident + streamed, until its last kernel finished

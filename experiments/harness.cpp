@@ -178,12 +178,21 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
     o.prefetch_experts = options->get_or<int>("prefetch_experts", 0);
     if (o.prefetch_experts < 0) options->fail("prefetch_experts", "must not be negative");
     if (options->has("writescope_experts")) {
-      const std::string choice =
-          options->get_choice("writescope_experts", {"auto", "fiddler", "ktransformers", "hybrimoe"});
+      const std::string choice = options->get<std::string>("writescope_experts");
+      const auto& known = expert_policy_names();
       c.auto_writescope_experts = choice == "auto";
+      if (!c.auto_writescope_experts && std::find(known.begin(), known.end(), choice) == known.end()) {
+        std::string names = "auto";
+        for (const std::string& n : known) names += ", " + n;
+        options->fail("writescope_experts", "must be one of " + names + ", got '" + choice + "'");
+      }
       if (!c.auto_writescope_experts) o.writescope_experts = choice;
     }
   }
+  const bool runs_fiddler = std::count(c.systems.begin(), c.systems.end(), "fiddler") > 0 ||
+                            (!c.auto_writescope_experts && c.system_options.writescope_experts == "fiddler");
+  if (runs_fiddler && c.warmup_steps < 1)
+    root.fail("steps", "Fiddler places its experts by the warm-up's routing: warmup must be at least 1");
   return c;
 }
 
@@ -373,8 +382,7 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
   result.micro_batches = system.micro_batches;
   result.vram = model.vram_use();
   result.attention_fmas_per_byte = model.attention_shape().fmas_per_byte(sizeof(bf16));
-  result.cpu_attention_gbps = ModelRates::from_profile(profile, model.attention_shape().name, profile.cpu_threads)
-                                  .cpu_attention_gbps;
+  result.cpu_attention_gbps = roofline_of(context).rates().cpu_attention_gbps;
   const int steps = config.warmup_steps + config.measured_steps;
   for (int step = 0; step < steps; ++step) {
     const bool measured = step >= config.warmup_steps;
@@ -505,6 +513,17 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
   if (const auto parent = std::filesystem::path(config.output).parent_path(); !parent.empty())
     std::filesystem::create_directories(parent);
   ResultsStore store(config.output);
+  // Resuming mixes runs of one file only when they come from the same
+  // experiment and machine profile.
+  if (store.contains("runs") && !ResultsReader(config.output).list("/runs").empty()) {
+    const ResultsReader reader(config.output);
+    const bool same_config = reader.string_attribute("/", "config") == config.text;
+    const bool same_profile = reader.string_attribute("/profile", "yaml") == profile.to_yaml();
+    if (!same_config || !same_profile)
+      throw std::invalid_argument(config.output + " holds runs of " +
+                                  (same_config ? "another machine profile" : "another experiment config") +
+                                  "; write to another --output, or remove the file to start over");
+  }
   {
     auto txn = store.begin();
     write_experiment_attributes(txn.root(), config, profile);

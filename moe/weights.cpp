@@ -7,15 +7,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "framework/hash.hpp"
+
 namespace writescope {
 namespace {
-
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 /// out[i] = uniform in [-amplitude, amplitude) from a hash of base + i.
 template <class Scalar>

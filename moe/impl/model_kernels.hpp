@@ -4,6 +4,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "framework/bf16.hpp"
+#include "framework/hash.hpp"
 #include "framework/spaces.hpp"
 #include "moe/layer_kernels.hpp"
 
@@ -83,11 +84,8 @@ struct SyntheticRows {
   std::uint64_t stream;
   std::int64_t first_token;
   KOKKOS_INLINE_FUNCTION void operator()(int t, int c) const {
-    std::uint64_t z = stream ^ (static_cast<std::uint64_t>(first_token + t) * 0x9E3779B97F4A7C15ull) ^
-                      (static_cast<std::uint64_t>(c) * 0xBF58476D1CE4E5B9ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    const std::uint64_t element = static_cast<std::uint64_t>(first_token + t) * rows.extent(1) + c;
+    const std::uint64_t z = splitmix64(stream ^ splitmix64(element));
     rows(t, c) = from_float<bf16>(static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
   }
 };

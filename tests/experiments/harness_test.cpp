@@ -69,6 +69,11 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
       << error_of(bad_model + "systems: [gpu-only]\n");
   EXPECT_NE(error_of(base + "systems: [gpu-only]\nsteps: {measured: 0}\n").find("measured"), std::string::npos);
   EXPECT_NE(error_of(base + "systems: [gpu-only]\ncontext_fill: random\n").find("context_fill"), std::string::npos);
+  EXPECT_NE(error_of(base + "systems: [fiddler]\nsteps: {warmup: 0}\n").find("warmup must be at least 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(base + "systems: [writescope]\noptions: {writescope_experts: vllm}\n")
+                .find("must be one of auto, fiddler, ktransformers, hybrimoe, got 'vllm'"),
+            std::string::npos);
 }
 
 TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
@@ -138,6 +143,16 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
   EXPECT_EQ(third.skipped, 0);
   EXPECT_EQ(third.complete + third.did_not_fit, static_cast<int>(runs.size()));
   EXPECT_EQ(ResultsReader(output_).list("/runs").size(), runs.size());
+
+  // Another machine profile does not mix into the file.
+  MachineProfile other = test::tiny_profile();
+  other.cpu_gemv_gbps *= 2;
+  try {
+    run_experiment(changed, other, third_progress, false);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("holds runs of another machine profile"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(HarnessTest, FailedRunsAreRecordedAndTheExperimentGoesOn) {
