@@ -62,6 +62,7 @@ class Measurements:
     attention_seconds: np.ndarray
     alpha: np.ndarray
     components: dict
+    achieved_cpu_gbps: float  # KV bytes the CPU read / its attention seconds; nan without CPU attention
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,7 @@ def read_measurements(group):
     tokens_per_second = attribute(group, "tokens_per_second", float)
     if not tokens_per_second > 0:
         raise InputError(group.name, "attribute 'tokens_per_second' must be positive")
+    components_read = {name: dataset(components, name, (steps, layers)) for name in components}
     return Measurements(
         tokens_per_second=tokens_per_second,
         attention_fmas_per_byte=attribute(group, "attention_fmas_per_byte", float),
@@ -183,8 +185,20 @@ def read_measurements(group):
         predicted_attention_seconds=dataset(group, "predicted_attention_seconds", (steps,)),
         attention_seconds=dataset(group, "attention_seconds", (steps,)),
         alpha=dataset(group, "alpha", (steps, layers)),
-        components={name: dataset(components, name, (steps, layers)) for name in components},
+        components=components_read,
+        achieved_cpu_gbps=achieved_cpu_rate(group, steps, components_read),
     )
+
+
+def achieved_cpu_rate(group, steps, components):
+    """GB/s of KV the CPU's attention read, from region_bytes and the attention_cpu component."""
+    if "region_bytes" not in group or "attention_cpu" not in components:
+        return float("nan")
+    regions = member(group, "region_bytes", h5py.Group)
+    cpu_bytes = sum(dataset(regions, name, (steps,)).sum() for name in ("cpu_resident", "cpu_streamed")
+                    if name in regions)
+    seconds = components["attention_cpu"].sum()
+    return float(cpu_bytes / seconds / 1e9) if cpu_bytes > 0 and seconds > 0 else float("nan")
 
 
 def read_run(group):
@@ -498,20 +512,24 @@ def plot_predictions(runs, colours, path):
     return True
 
 
-def roofline_points(runs):
-    """{model label: (mean lane-FMAs per byte, mean CPU attention GB/s)} over complete runs."""
+def roofline_points(runs, rate):
+    """{model label: (mean lane-FMAs per byte, mean of rate(measurements))} over complete runs where it is known."""
     grouped = {}
     for run in runs:
-        grouped.setdefault(run.model_label, []).append(
-            (run.measured.attention_fmas_per_byte, run.measured.cpu_attention_gbps))
+        value = rate(run.measured)
+        if np.isfinite(value):
+            grouped.setdefault(run.model_label, []).append((run.measured.attention_fmas_per_byte, value))
     return {label: tuple(np.mean(values, axis=0)) for label, values in sorted(grouped.items())}
 
 
 def plot_roofline(profile, runs, path):
-    points = {k: (x, y) for k, (x, y) in roofline_points(runs).items() if x > 0 and y > 0}
+    points = {k: (x, y) for k, (x, y) in roofline_points(runs, lambda m: m.cpu_attention_gbps).items()
+              if x > 0 and y > 0}
+    achieved = {k: (x, y) for k, (x, y) in roofline_points(runs, lambda m: m.achieved_cpu_gbps).items()
+                if x > 0 and y > 0}
     dram, fma = profile.cpu_dram_read_gbps, profile.cpu_fma_glanes
     ridge = fma / dram
-    xs = [ridge] + [x for x, _ in points.values()]
+    xs = [ridge] + [x for x, _ in points.values()] + [x for x, _ in achieved.values()]
     intensity = np.geomspace(min(xs) / 16, max(xs) * 16, 200)
     figure, ax = plt.subplots(figsize=(10, 5.2))
     ax.plot(intensity, np.minimum(dram, fma / intensity), color="black",
@@ -521,8 +539,12 @@ def plot_roofline(profile, runs, path):
                    label=f"PCIe pinned host→GPU {profile.pinned_h2d_gbps:.4g} GB/s")
     if profile.has_gpu and profile.hbm_gbps > 0:
         ax.axhline(profile.hbm_gbps, color="tab:green", linestyle="--", label=f"GPU HBM {profile.hbm_gbps:.4g} GB/s")
-    for label, (x, y) in points.items():
-        ax.plot([x], [y], marker="o", linestyle="none", label=f"{label}: {y:.4g} GB/s measured")
+    for index, (label, (x, y)) in enumerate(points.items()):
+        ax.plot([x], [y], marker="o", linestyle="none", color=f"C{index}",
+                label=f"{label}: {y:.4g} GB/s in the profile (calibrated)")
+        if label in achieved:
+            ax.plot([achieved[label][0]], [achieved[label][1]], marker="x", markersize=9, linestyle="none",
+                    color=f"C{index}", label=f"{label}: {achieved[label][1]:.4g} GB/s reached in the runs")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity I (fp32 lane-FMAs per KV byte)")

@@ -30,6 +30,8 @@ if [ -z "${WRITESCOPE_SKIP_SLICE:-}" ]; then
   "$bundle/bin/writescope" run "$repo/experiments/configs/h200-slice.yaml" --profile "$out/profile.yaml" \
     --output "$out/h200-slice.h5" 2>"$out/h200-slice.log" || status=1
   tail -20 "$out/h200-slice.log"
-  /usr/bin/python3 "$repo/analysis/report.py" "$out/h200-slice.h5" -o "$out/h200-slice-report" || status=1
+  # The report needs h5py and matplotlib there; the results file comes back either way.
+  /usr/bin/python3 "$repo/analysis/report.py" "$out/h200-slice.h5" -o "$out/h200-slice-report" ||
+    echo "gpu_check: no report (analysis/report.py failed); h200-slice.h5 is in \$OUT" >&2
 fi
 exit $status
