@@ -91,10 +91,21 @@ double gpu_seconds(const Gpu& gpu, Work&& work) {
 
 }  // namespace
 
+using Weight = Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMem>;  // (out, in)
+using Norm = Kokkos::View<const float*, GpuMem>;                           // (width)
+
+/// One layer's attention weights and norms, looked up once (empty where the
+/// architecture has none).
+struct LayerWeights {
+  Weight q, k, v, o, q_a, q_b, kv_a, kv_b;
+  Norm input_norm, post_attention_norm, q_norm, k_norm, q_a_norm, kv_a_norm;
+};
+
 struct MoeModel::Impl {
   GpuStreams streams{2};  // attention, feed-forward
-  std::map<std::string, Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMem>> weights;
-  std::map<std::string, Kokkos::View<const float*, GpuMem>> norms;
+  std::map<std::string, Weight> weights;
+  std::map<std::string, Norm> norms;
+  std::vector<LayerWeights> layers;
   std::vector<Router<Gpu, bf16>> routers;                                // per MoE layer
   std::vector<std::vector<ExpertWeights<bf16, GpuMem>>> shared;          // per MoE layer
   std::vector<ExpertWeights<bf16, GpuMem>> dense;                        // DeepSeek's first layers
@@ -118,8 +129,15 @@ struct MoeModel::Impl {
   Kokkos::View<int*, GpuMem> tokens;
   Kokkos::View<std::int64_t*, GpuMem> positions;
 
-  const Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMem>& weight(const std::string& name) const {
-    return weights.at(name);
+  const Weight& weight(const std::string& name) const { return weights.at(name); }
+  /// The named weight, or an empty view when the model has none.
+  Weight optional_weight(const std::string& name) const {
+    const auto found = weights.find(name);
+    return found == weights.end() ? Weight() : found->second;
+  }
+  Norm optional_norm(const std::string& name) const {
+    const auto found = norms.find(name);
+    return found == norms.end() ? Norm() : found->second;
   }
   SplitDecode<bf16>& split_for(const AttentionShape& shape, const BlockGeometry& geometry, int batch, int chunk) {
     auto& decode = split[batch];
@@ -249,6 +267,17 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
   }
   const bool mixtral = config_.architecture == Architecture::mixtral;
   for (int layer = 0; layer < config_.layers; ++layer) {
+    const std::string a = layer_prefix(layer) + "self_attn.";
+    m.layers.push_back(LayerWeights{m.optional_weight(a + "q_proj.weight"), m.optional_weight(a + "k_proj.weight"),
+                                    m.optional_weight(a + "v_proj.weight"), m.weight(a + "o_proj.weight"),
+                                    m.optional_weight(a + "q_a_proj.weight"), m.optional_weight(a + "q_b_proj.weight"),
+                                    m.optional_weight(a + "kv_a_proj_with_mqa.weight"),
+                                    m.optional_weight(a + "kv_b_proj.weight"),
+                                    m.norms.at(layer_prefix(layer) + "input_layernorm.weight"),
+                                    m.norms.at(layer_prefix(layer) + "post_attention_layernorm.weight"),
+                                    m.optional_norm(a + "q_norm.weight"), m.optional_norm(a + "k_norm.weight"),
+                                    m.optional_norm(a + "q_a_layernorm.weight"),
+                                    m.optional_norm(a + "kv_a_layernorm.weight")});
     const std::string p = layer_prefix(layer) + (mixtral ? "block_sparse_moe." : "mlp.");
     if (layer < config_.dense_layers) {
       m.dense.push_back({m.weight(p + "gate_proj.weight"), m.weight(p + "up_proj.weight"),
@@ -451,16 +480,16 @@ struct ModelForward {
                      LayerRecord& record) {
     const Gpu& gpu = attention_gpu;
     const int rows = pass.rows(), hd = c.head_dim, qh = c.q_heads, kvh = c.kv_heads;
-    const std::string p = layer_prefix(layer) + "self_attn.";
     const auto q = impl::scratch(m.q, "writescope::moe::q", rows, qh * hd);
     const auto k = impl::scratch(m.k, "writescope::moe::k", rows, kvh * hd);
     const auto v = impl::scratch(m.v, "writescope::moe::v", rows, kvh * hd);
-    linear<Gpu, bf16>(gpu, h, m.weight(p + "q_proj.weight"), q);
-    linear<Gpu, bf16>(gpu, h, m.weight(p + "k_proj.weight"), k);
-    linear<Gpu, bf16>(gpu, h, m.weight(p + "v_proj.weight"), v);
+    const LayerWeights& w = m.layers[layer];
+    linear<Gpu, bf16>(gpu, h, w.q, q);
+    linear<Gpu, bf16>(gpu, h, w.k, k);
+    linear<Gpu, bf16>(gpu, h, w.v, v);
     if (c.qk_norm) {
-      rms_norm(gpu, q, m.norms.at(p + "q_norm.weight"), hd, c.rms_eps);
-      rms_norm(gpu, k, m.norms.at(p + "k_norm.weight"), hd, c.rms_eps);
+      rms_norm(gpu, q, w.q_norm, hd, c.rms_eps);
+      rms_norm(gpu, k, w.k_norm, hd, c.rms_eps);
     }
     apply_rope(gpu, q, pass.device_positions, m.inverse_frequencies, m.rope_scale, 0, hd, hd, false);
     apply_rope(gpu, k, pass.device_positions, m.inverse_frequencies, m.rope_scale, 0, hd, hd, false);
@@ -476,7 +505,7 @@ struct ModelForward {
     const auto& merged = m.partial(m.merged, "writescope::moe::attention", rows, qh, hd);
     attend_and_append(layer, pass, keys, values, queries, merged, record);
     linear<Gpu, bf16>(gpu, Kokkos::View<const float**, Kokkos::LayoutRight, GpuMem>(merged.o.data(), rows, qh * hd),
-                      m.weight(p + "o_proj.weight"), out);
+                      w.o, out);
   }
 
   /// MLA attention (absorbed) of the pass' normalised rows h (rows, hidden) into out (rows, hidden).
@@ -486,21 +515,21 @@ struct ModelForward {
     const int rows = pass.rows();
     const int heads = c.q_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vdim = c.v_head_dim,
               latent = c.kv_lora_rank;
-    const std::string p = layer_prefix(layer) + "self_attn.";
+    const LayerWeights& w = m.layers[layer];
     const auto q = impl::scratch(m.q, "writescope::moe::q", rows, heads * (nope + rope));
     if (c.q_lora_rank > 0) {
       const auto q_a = impl::scratch(m.q_a, "writescope::moe::q_a", rows, c.q_lora_rank);
-      linear<Gpu, bf16>(gpu, h, m.weight(p + "q_a_proj.weight"), q_a);
-      rms_norm(gpu, q_a, m.norms.at(p + "q_a_layernorm.weight"), c.q_lora_rank, c.rms_eps);
-      linear<Gpu, bf16>(gpu, q_a, m.weight(p + "q_b_proj.weight"), q);
+      linear<Gpu, bf16>(gpu, h, w.q_a, q_a);
+      rms_norm(gpu, q_a, w.q_a_norm, c.q_lora_rank, c.rms_eps);
+      linear<Gpu, bf16>(gpu, q_a, w.q_b, q);
     } else {
-      linear<Gpu, bf16>(gpu, h, m.weight(p + "q_proj.weight"), q);
+      linear<Gpu, bf16>(gpu, h, w.q, q);
     }
     const auto compressed = impl::scratch(m.compressed, "writescope::moe::kv_a", rows, latent + rope);
     const auto normed = impl::scratch(m.latent, "writescope::moe::latent", rows, latent);
-    linear<Gpu, bf16>(gpu, h, m.weight(p + "kv_a_proj_with_mqa.weight"), compressed);
+    linear<Gpu, bf16>(gpu, h, w.kv_a, compressed);
     Kokkos::deep_copy(gpu, normed, Kokkos::subview(compressed, Kokkos::ALL, std::make_pair(0, latent)));
-    rms_norm(gpu, normed, m.norms.at(p + "kv_a_layernorm.weight"), latent, c.rms_eps);
+    rms_norm(gpu, normed, w.kv_a_norm, latent, c.rms_eps);
     apply_rope(gpu, q, pass.device_positions, m.inverse_frequencies, m.rope_scale, nope, nope + rope, rope, true);
     apply_rope(gpu, compressed, pass.device_positions, m.inverse_frequencies, m.rope_scale, latent, latent + rope, rope, true);
     const TokenRows keys = scratch3(m.keys, "writescope::moe::latent_rows", rows, 1, latent + rope);
@@ -508,7 +537,7 @@ struct ModelForward {
                          impl::PackLatentRow<GpuMem>{Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMem>(
                                                          keys.data(), rows, latent + rope),
                                                      normed, compressed});
-    const auto& kv_b = m.weight(p + "kv_b_proj.weight");
+    const auto& kv_b = w.kv_b;
     const Queries queries = scratch3(m.queries, "writescope::moe::mla_queries", rows, heads, latent + rope);
     Kokkos::parallel_for("writescope::moe::absorb_queries", impl::rows_by_columns(gpu, rows * heads, latent + rope),
                          impl::AbsorbQueries<GpuMem>{queries, q, kv_b, heads, nope, rope, vdim, latent});
@@ -518,7 +547,7 @@ struct ModelForward {
     const auto values = impl::scratch(m.mla_values, "writescope::moe::mla_values", rows, heads * vdim);
     Kokkos::parallel_for("writescope::moe::expand_values", impl::rows_by_columns(gpu, rows * heads, vdim),
                          impl::ExpandValues<GpuMem>{values, merged.o, kv_b, heads, nope, vdim, latent});
-    linear<Gpu, bf16>(gpu, values, m.weight(p + "o_proj.weight"), out);
+    linear<Gpu, bf16>(gpu, values, w.o, out);
   }
 
   void load(const ExpertLoad& load, const ExpertBuffers<GpuMem>& into) {
@@ -621,14 +650,14 @@ struct ModelForward {
   /// x += block(rms_norm(x)) over the pass' rows of x_all (rows, hidden), on
   /// `gpu` with the stage's own buffers; block(h, branch) writes branch.
   template <class Block>
-  void residual_stage(const Gpu& gpu, const Pass& pass, const Matrix<GpuMem>& x_all, const std::string& norm,
+  void residual_stage(const Gpu& gpu, const Pass& pass, const Matrix<GpuMem>& x_all, const Norm& norm,
                       Matrix<GpuMem>& h_buffer, Matrix<GpuMem>& branch_buffer, Block&& block) {
     const int rows = pass.rows();
     const auto x = Kokkos::subview(x_all, std::make_pair(pass.first_row, pass.first_row + rows), Kokkos::ALL);
     const auto h = impl::scratch(h_buffer, "writescope::moe::normed", rows, c.hidden);
     const auto branch = impl::scratch(branch_buffer, "writescope::moe::branch", rows, c.hidden);
     Kokkos::deep_copy(gpu, h, x);
-    rms_norm(gpu, h, m.norms.at(norm), c.hidden, c.rms_eps);
+    rms_norm(gpu, h, norm, c.hidden, c.rms_eps);
     block(h, branch);
     Kokkos::parallel_for("writescope::moe::residual", impl::rows_by_columns(gpu, rows, c.hidden),
                          impl::AddRows<GpuMem>{x, branch});
@@ -636,7 +665,7 @@ struct ModelForward {
   }
 
   void attention_stage(int layer, const Pass& pass, const Matrix<GpuMem>& x, LayerRecord& record) {
-    residual_stage(attention_gpu, pass, x, layer_prefix(layer) + "input_layernorm.weight", m.h, m.branch,
+    residual_stage(attention_gpu, pass, x, m.layers[layer].input_norm, m.h, m.branch,
                    [&](const Matrix<GpuMem>& h, const Matrix<GpuMem>& branch) {
                      if (c.mla())
                        mla_attention(layer, pass, h, branch, record);
@@ -646,7 +675,7 @@ struct ModelForward {
   }
 
   void feed_forward_stage(int layer, const Pass& pass, const Matrix<GpuMem>& x, LayerRecord& record) {
-    residual_stage(ffn_gpu, pass, x, layer_prefix(layer) + "post_attention_layernorm.weight", m.h_ffn, m.branch_ffn,
+    residual_stage(ffn_gpu, pass, x, m.layers[layer].post_attention_norm, m.h_ffn, m.branch_ffn,
                    [&](const Matrix<GpuMem>& h, const Matrix<GpuMem>& branch) {
                      record.feed_forward += gpu_seconds(ffn_gpu, [&] { feed_forward(layer, h, branch, record); });
                    });
