@@ -23,27 +23,6 @@ using WeightView = Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace>;
 using TokenRows = Kokkos::View<bf16***, Kokkos::LayoutRight, GpuMem>;  // (tokens, heads, dim)
 using Queries = Kokkos::View<float***, Kokkos::LayoutRight, GpuMem>;    // (rows, q_heads, key_dim)
 
-/// One routed expert's weights: gate and up (intermediate, hidden), down (hidden, intermediate).
-template <class MemSpace>
-struct ExpertBuffers {
-  WeightView<MemSpace> gate, up, down;
-  ExpertBuffers() = default;
-  ExpertBuffers(const std::string& label, int hidden, int intermediate)
-      : gate(Kokkos::view_alloc(label + "_gate", Kokkos::WithoutInitializing), std::size_t(intermediate),
-             std::size_t(hidden)),
-        up(Kokkos::view_alloc(label + "_up", Kokkos::WithoutInitializing), std::size_t(intermediate),
-           std::size_t(hidden)),
-        down(Kokkos::view_alloc(label + "_down", Kokkos::WithoutInitializing), std::size_t(hidden),
-             std::size_t(intermediate)) {}
-  template <class Space = MemSpace>
-  ExpertWeights<bf16, Space> weights() const {
-    using Unmanaged = Kokkos::View<const bf16**, Kokkos::LayoutRight, Space>;
-    return ExpertWeights<bf16, Space>{Unmanaged(gate.data(), gate.extent(0), gate.extent(1)),
-                                      Unmanaged(up.data(), up.extent(0), up.extent(1)),
-                                      Unmanaged(down.data(), down.extent(0), down.extent(1))};
-  }
-};
-
 /// into = from, on `space`; returns when the copy is done.
 template <class ExecSpace, class Into, class From>
 void copy_expert(const ExecSpace& space, const Into& into, const From& from) {
@@ -91,6 +70,36 @@ double gpu_seconds(const Gpu& gpu, Work&& work) {
 
 }  // namespace
 
+namespace impl {
+
+/// One routed expert's weights: gate and up (intermediate, hidden), down (hidden, intermediate).
+template <class MemSpace>
+struct ExpertBuffers {
+  WeightView<MemSpace> gate, up, down;
+  ExpertBuffers() = default;
+  ExpertBuffers(const std::string& label, int hidden, int intermediate)
+      : gate(Kokkos::view_alloc(label + "_gate", Kokkos::WithoutInitializing), std::size_t(intermediate),
+             std::size_t(hidden)),
+        up(Kokkos::view_alloc(label + "_up", Kokkos::WithoutInitializing), std::size_t(intermediate),
+           std::size_t(hidden)),
+        down(Kokkos::view_alloc(label + "_down", Kokkos::WithoutInitializing), std::size_t(hidden),
+             std::size_t(intermediate)) {}
+  template <class Space = MemSpace>
+  ExpertWeights<bf16, Space> weights() const {
+    using Unmanaged = Kokkos::View<const bf16**, Kokkos::LayoutRight, Space>;
+    return ExpertWeights<bf16, Space>{Unmanaged(gate.data(), gate.extent(0), gate.extent(1)),
+                                      Unmanaged(up.data(), up.extent(0), up.extent(1)),
+                                      Unmanaged(down.data(), down.extent(0), down.extent(1))};
+  }
+};
+
+}  // namespace impl
+
+/// Every routed expert of a model in pinned host memory, [MoE layer][expert].
+struct HostExpertStore {
+  std::vector<std::vector<impl::ExpertBuffers<PinnedMemSpace>>> layers;
+};
+
 using Weight = Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMem>;  // (out, in)
 using Norm = Kokkos::View<const float*, GpuMem>;                           // (width)
 
@@ -109,9 +118,8 @@ struct MoeModel::Impl {
   std::vector<Router<Gpu, bf16>> routers;                                // per MoE layer
   std::vector<std::vector<ExpertWeights<bf16, GpuMem>>> shared;          // per MoE layer
   std::vector<ExpertWeights<bf16, GpuMem>> dense;                        // DeepSeek's first layers
-  std::vector<std::vector<ExpertBuffers<PinnedMemSpace>>> host_experts;  // [MoE layer][expert]
-  std::vector<ExpertBuffers<GpuMem>> slots;
-  ExpertBuffers<GpuMem> staging;
+  std::vector<impl::ExpertBuffers<GpuMem>> slots;
+  impl::ExpertBuffers<GpuMem> staging;
   ExpertRunner<Gpu, bf16> gpu_runner;
   ExpertRunner<Host, bf16> cpu_runner;
   SwigluScratch<GpuMem> dense_scratch;
@@ -229,14 +237,28 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
 
   // Every routed expert lives in pinned host memory: the CPU computes on it
   // in place and the GPU loads from it by DMA. Tensors arrive one at a time,
-  // so a full-size model never exists twice in host memory.
+  // so a full-size model never exists twice in host memory; a store shared
+  // with an earlier model of the same weights is not filled again.
   Impl& m = *impl_;
+  const bool shared_store = options_.host_experts != nullptr;
+  if (shared_store) {
+    if (options_.host_experts->layers.size() != static_cast<std::size_t>(moe_layers) ||
+        (moe_layers > 0 && (options_.host_experts->layers.front().size() != static_cast<std::size_t>(config_.experts) ||
+                            (config_.experts > 0 && options_.host_experts->layers.front().front().gate.extent(1) !=
+                                                        static_cast<std::size_t>(config_.hidden)))))
+      throw std::invalid_argument("model " + config_.name + ": the shared expert store holds another model's experts");
+    host_experts_ = options_.host_experts;
+  } else {
+    host_experts_ = std::make_shared<HostExpertStore>();
+  }
   std::map<std::string, WeightView<PinnedMemSpace>> expert_parts;
   for (int layer = config_.dense_layers; layer < config_.layers; ++layer) {
-    m.host_experts.emplace_back();
+    if (!shared_store) host_experts_->layers.emplace_back();
     for (int e = 0; e < config_.experts; ++e) {
-      m.host_experts.back().emplace_back("writescope::moe::host_expert", config_.hidden, config_.expert_intermediate);
-      const auto& expert = m.host_experts.back().back();
+      if (!shared_store)
+        host_experts_->layers.back().emplace_back("writescope::moe::host_expert", config_.hidden,
+                                                  config_.expert_intermediate);
+      const auto& expert = host_experts_->layers[layer - config_.dense_layers][e];
       const auto names = expert_tensor_names(config_, layer, e);
       expert_parts[names[0]] = expert.gate;
       expert_parts[names[1]] = expert.up;
@@ -244,6 +266,8 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
     }
   }
   for (const TensorSpec& spec : weight_specs(config_)) {
+    const bool routed = expert_parts.count(spec.name) != 0;
+    if (routed && shared_store) continue;
     const std::vector<bf16> values = source(spec);
     if (static_cast<std::int64_t>(values.size()) != spec.elements())
       throw std::invalid_argument("model " + config_.name + ": tensor '" + spec.name + "' has " +
@@ -296,12 +320,12 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
   for (int s = 0; s < slots; ++s)
     m.slots.emplace_back("writescope::moe::expert_slot", config_.hidden, config_.expert_intermediate);
   if (config_.experts > 0)
-    m.staging = ExpertBuffers<GpuMem>("writescope::moe::expert_staging", config_.hidden, config_.expert_intermediate);
+    m.staging = impl::ExpertBuffers<GpuMem>("writescope::moe::expert_staging", config_.hidden, config_.expert_intermediate);
   residency_ = ExpertResidency(moe_layers, config_.experts, slots);
   for (const ExpertLoad& load : options_.experts->initial(residency_)) {
     if (load.slot < 0 || load.slot >= slots)
       throw std::invalid_argument("model: the expert policy's initial load names slot " + std::to_string(load.slot));
-    copy_expert(Gpu(), m.slots[load.slot], m.host_experts.at(load.layer).at(load.expert));
+    copy_expert(Gpu(), m.slots[load.slot], host_experts_->layers.at(load.layer).at(load.expert));
     residency_.assign(load.slot, load.layer, load.expert);
   }
 
@@ -342,7 +366,7 @@ int MoeModel::add_sequence(std::int64_t expected_tokens) {
 void MoeModel::end_warmup() {
   Impl& m = *impl_;
   for (const ExpertLoad& load : options_.experts->end_warmup(residency_)) {
-    copy_expert(Gpu(), m.slots.at(load.slot), m.host_experts.at(load.layer).at(load.expert));
+    copy_expert(Gpu(), m.slots.at(load.slot), host_experts_->layers.at(load.layer).at(load.expert));
     residency_.assign(load.slot, load.layer, load.expert);
   }
 }
@@ -398,6 +422,7 @@ struct ModelForward {
   ExpertPolicy& expert_policy;
   ExpertResidency& residency;
   std::vector<std::int64_t>& expected_tokens;
+  const HostExpertStore& host_experts;
   // Attention and feed-forward work go to their own GPU streams, so that the
   // stages of two micro-batches overlap and fences wait for one stage only.
   const Gpu& attention_gpu;
@@ -550,8 +575,8 @@ struct ModelForward {
     linear<Gpu, bf16>(gpu, values, w.o, out);
   }
 
-  void load(const ExpertLoad& load, const ExpertBuffers<GpuMem>& into) {
-    copy_expert(ffn_gpu, into, m.host_experts.at(load.layer).at(load.expert));
+  void load(const ExpertLoad& load, const impl::ExpertBuffers<GpuMem>& into) {
+    copy_expert(ffn_gpu, into, host_experts.layers.at(load.layer).at(load.expert));
   }
 
   /// Loads into slots (not staging); returns their seconds.
@@ -596,7 +621,7 @@ struct ModelForward {
         m.gpu_runner.upload(gpu, routing);
         for (int e : plan.gpu) {
           const int slot = residency.slot_of(moe_layer, e);
-          const ExpertBuffers<GpuMem>* weights = slot >= 0 ? &m.slots[slot] : nullptr;
+          const impl::ExpertBuffers<GpuMem>* weights = slot >= 0 ? &m.slots[slot] : nullptr;
           if (!weights) {
             const bool listed = std::any_of(plan.loads.begin(), plan.loads.end(), [&](const ExpertLoad& l) {
               return l.slot < 0 && l.layer == moe_layer && l.expert == e;
@@ -620,7 +645,7 @@ struct ModelForward {
         Kokkos::deep_copy(space, out_host, 0.0f);
         m.cpu_runner.upload(space, routing);
         for (int e : plan.cpu)
-          m.cpu_runner.add(space, m.host_experts[moe_layer][e].weights<HostMemSpace>(), e, x_host, out_host);
+          m.cpu_runner.add(space, host_experts.layers[moe_layer][e].weights<HostMemSpace>(), e, x_host, out_host);
       });
     };
     if (plan.cpu.empty()) {
@@ -789,7 +814,8 @@ void MoeModel::fill_context(int sequence, std::int64_t tokens, std::uint64_t see
 
 ModelForward MoeModel::forward() {
   return ModelForward{*impl_,     config_,         shape_,           options_,         *cache_, *kv_policy_,
-                      *options_.experts, residency_, expected_tokens_, impl_->streams[0], impl_->streams[1]};
+                      *options_.experts, residency_, expected_tokens_, *host_experts_, impl_->streams[0],
+                      impl_->streams[1]};
 }
 
 std::vector<std::vector<float>> MoeModel::step(const std::vector<int>& sequences, const std::vector<int>& tokens) {

@@ -49,6 +49,10 @@ class ModelBudgetError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Every routed expert of a model in pinned host memory; models of the same
+/// config and weights can share one (MoeModel::host_experts()).
+struct HostExpertStore;
+
 /// Makes the KV policy once the model's cache exists.
 using KVPolicyFactory =
     std::function<std::unique_ptr<KVPolicy>(const AttentionShape& shape, const InplaceKVCache<bf16>& cache)>;
@@ -64,6 +68,9 @@ struct ModelOptions {
                                     // above 1 the expert policy must keep every expert on the GPU
   KVPolicyFactory kv_policy;        // required
   std::shared_ptr<ExpertPolicy> experts = std::make_shared<CpuExpertPolicy>();
+  /// Routed experts already in pinned memory from a model of the same config
+  /// and weights: shared, and not read from the tensor source again.
+  std::shared_ptr<HostExpertStore> host_experts;
 };
 
 /// Seconds and bytes of one layer of one forward pass. Devices overlap, so the
@@ -116,6 +123,8 @@ class MoeModel {
   const AttentionShape& attention_shape() const noexcept { return shape_; }
   const InplaceKVCache<bf16>& cache() const noexcept { return *cache_; }
   const VramUse& vram_use() const noexcept { return vram_; }
+  /// The routed experts in pinned memory, for another model of the same weights.
+  const std::shared_ptr<HostExpertStore>& host_experts() const noexcept { return host_experts_; }
 
   /// A new, empty sequence expected to reach `expected_tokens` (KV placement plans for it).
   int add_sequence(std::int64_t expected_tokens = 0);
@@ -149,6 +158,7 @@ class MoeModel {
   VramUse vram_;
   std::unique_ptr<InplaceKVCache<bf16>> cache_;
   std::unique_ptr<KVPolicy> kv_policy_;
+  std::shared_ptr<HostExpertStore> host_experts_;
   ExpertResidency residency_;
   std::vector<LayerRecord> records_;
   std::vector<std::int64_t> expected_tokens_;

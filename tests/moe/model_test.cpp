@@ -178,6 +178,28 @@ TEST(MoeModel, BudgetsTooSmallAreClearErrors) {
             static_cast<std::int64_t>(use.kv / model.cache().block_bytes()));
 }
 
+TEST(MoeModel, SharesItsRoutedExpertsWithAModelOfTheSameWeights) {
+  const ModelConfig config = model_preset("tiny-mixtral");
+  MoeModel first = MoeModel::synthetic(config, 8, options_with(every_region, mixed_experts()));
+  ModelOptions options = options_with(every_region, mixed_experts());
+  options.host_experts = first.host_experts();
+  int routed_tensors_read = 0;
+  MoeModel second(config,
+                  [&](const TensorSpec& spec) {
+                    routed_tensors_read += spec.name.find(".experts.") != std::string::npos;
+                    return synthetic_tensor<bf16>(spec, 8);
+                  },
+                  options);
+  EXPECT_EQ(routed_tensors_read, 0);
+  EXPECT_EQ(second.host_experts(), first.host_experts());
+  const int a = first.add_sequence(), b = second.add_sequence();
+  expect_logits_near(second.prefill(b, {3, 1, 4, 1, 5}), first.prefill(a, {3, 1, 4, 1, 5}), 0, "prefill");
+  // Another model's experts do not fit.
+  ModelOptions wrong = options_with(every_region, mixed_experts());
+  wrong.host_experts = first.host_experts();
+  EXPECT_THROW(MoeModel::synthetic(model_preset("tiny-qwen3-moe"), 8, wrong), std::invalid_argument);
+}
+
 TEST(MoeModel, LoadsACheckpointAndNamesWhatIsMissing) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(::testing::TempDir()) / ("writescope_model_checkpoint_" + std::to_string(::getpid()));
