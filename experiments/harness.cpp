@@ -24,24 +24,6 @@
 namespace writescope {
 namespace {
 
-/// "32GiB", "256MiB", or with one decimal ("322.8MiB") when not a whole number.
-std::string format_bytes(std::uint64_t bytes) {
-  std::ostringstream out;
-  const auto unit = [&](std::uint64_t size, const char* name) {
-    if (bytes % size == 0)
-      out << bytes / size << name;
-    else
-      out << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / static_cast<double>(size) << name;
-  };
-  if (bytes >= (1ull << 30))
-    unit(1ull << 30, "GiB");
-  else if (bytes >= (1ull << 20))
-    unit(1ull << 20, "MiB");
-  else
-    unit(1ull << 10, "KiB");
-  return out.str();
-}
-
 /// "32GiB", "256MiB", or the exact byte count: run ids must not round.
 std::string exact_size(std::uint64_t bytes) {
   for (const auto& [size, name] : {std::pair{1ull << 30, "GiB"}, std::pair{1ull << 20, "MiB"}, std::pair{1ull << 10, "KiB"}})
@@ -358,10 +340,10 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
     const std::uint64_t kv = MoeModel::kv_vram(model_config, options, blocks_per_sequence * run.batch);
     const std::uint64_t needed = fixed.weights + fixed.workspace + experts + kv;
     if (needed > run.vram_budget)
-      throw ModelBudgetError("needs " + format_bytes(needed) + " of VRAM (weights " + format_bytes(fixed.weights) +
-                             ", routed experts " + format_bytes(experts) + ", KV " + format_bytes(kv) +
-                             ", workspace " + format_bytes(fixed.workspace) + ") but the budget is " +
-                             format_bytes(run.vram_budget));
+      throw ModelBudgetError("needs " + format_byte_size(needed) + " of VRAM (weights " + format_byte_size(fixed.weights) +
+                             ", routed experts " + format_byte_size(experts) + ", KV " + format_byte_size(kv) +
+                             ", workspace " + format_byte_size(fixed.workspace) + ") but the budget is " +
+                             format_byte_size(run.vram_budget));
   }
   progress.step("building");
   // Every run of a model has the same weights (step times do not depend on

@@ -4,8 +4,10 @@
 #include <cctype>
 #include <cmath>
 #include <fstream>
+#include <iomanip>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 namespace writescope {
 namespace {
@@ -57,6 +59,18 @@ ConfigError::ConfigError(std::string source, std::string field, std::string reas
       source_(std::move(source)),
       field_(std::move(field)),
       reason_(std::move(reason)) {}
+
+std::string format_byte_size(std::uint64_t bytes) {
+  std::ostringstream out;
+  const auto [size, name] = bytes >= (1ull << 30)   ? std::pair{1ull << 30, "GiB"}
+                            : bytes >= (1ull << 20) ? std::pair{1ull << 20, "MiB"}
+                                                    : std::pair{1ull << 10, "KiB"};
+  if (bytes % size == 0)
+    out << bytes / size << name;
+  else
+    out << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / static_cast<double>(size) << name;
+  return out.str();
+}
 
 std::optional<std::uint64_t> parse_byte_size(std::string_view text) {
   std::string s(text);

@@ -34,6 +34,9 @@ class ConfigError : public std::runtime_error {
 /// suffixes are powers of 1024, decimal ones powers of 1000). Returns nothing
 /// for malformed, negative or overflowing text.
 std::optional<std::uint64_t> parse_byte_size(std::string_view text);
+/// Bytes for messages: "32GiB", "256MiB", or one decimal ("322.8MiB") when
+/// not a whole number of the unit; parse_byte_size reads it back.
+std::string format_byte_size(std::uint64_t bytes);
 
 class ConfigNode {
  public:

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdio>
 
 #include "attention/prefill.hpp"
 #include "framework/concurrent.hpp"
+#include "framework/config.hpp"
 #include "framework/streams.hpp"
 #include "framework/timer.hpp"
 #include "moe/impl/model_kernels.hpp"
@@ -44,12 +44,6 @@ std::array<std::string, 3> expert_tensor_names(const ModelConfig& config, int la
   }
   const std::string p = layer_prefix(layer) + "mlp.experts." + std::to_string(expert) + ".";
   return {p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"};
-}
-
-std::string gib(std::uint64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.3f GiB", static_cast<double>(bytes) / (1u << 30));
-  return text;
 }
 
 /// Grows a rank-3 view to at least (rows, b, c).
@@ -216,19 +210,19 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
   vram_ = fixed_vram(config_, options_);
   const std::uint64_t fixed = vram_.weights + vram_.workspace;
   if (fixed > options_.vram_budget)
-    throw ModelBudgetError("vram_budget: " + gib(options_.vram_budget) + " cannot hold " + config_.name +
-                           "'s GPU weights (" + gib(vram_.weights) +
+    throw ModelBudgetError("vram_budget: " + format_byte_size(options_.vram_budget) + " cannot hold " + config_.name +
+                           "'s GPU weights (" + format_byte_size(vram_.weights) +
                            ": attention, routers, shared and dense experts, embeddings, LM head) and workspace (" +
-                           gib(vram_.workspace) + "); it needs at least " + gib(fixed));
+                           format_byte_size(vram_.workspace) + "); it needs at least " + format_byte_size(fixed));
   const std::uint64_t left = options_.vram_budget - fixed;
   const int fit = per_expert > 0 ? static_cast<int>(std::min<std::uint64_t>(left / per_expert, 1u << 30)) : 0;
   const int slots = config_.experts > 0 ? options_.experts->slots(fit, moe_layers, config_.experts) : 0;
   vram_.expert_slots = static_cast<std::uint64_t>(slots) * per_expert;
   if (vram_.expert_slots > left)
-    throw ModelBudgetError("vram_budget: " + gib(options_.vram_budget) + " leaves " + gib(left) +
+    throw ModelBudgetError("vram_budget: " + format_byte_size(options_.vram_budget) + " leaves " + format_byte_size(left) +
                            " after weights and workspace, but the expert policy keeps " + std::to_string(slots) +
-                           " routed experts on the GPU (" + gib(vram_.expert_slots) + "); it needs at least " +
-                           gib(fixed + vram_.expert_slots));
+                           " routed experts on the GPU (" + format_byte_size(vram_.expert_slots) + "); it needs at least " +
+                           format_byte_size(fixed + vram_.expert_slots));
   const std::uint64_t blocks_per_layer = (left - vram_.expert_slots) / kv_vram(config_, options_, 1);
   const std::uint64_t block_bytes =
       static_cast<std::uint64_t>(shape_.block_geometry(options_.block_tokens).block_elements()) * sizeof(bf16);

@@ -143,6 +143,15 @@ TEST(ByteSize, ParsesBinaryAndDecimalSuffixes) {
   EXPECT_EQ(parse_byte_size("2T"), 2ull << 40);
 }
 
+TEST(ByteSize, FormatsWhatItParses) {
+  EXPECT_EQ(format_byte_size(32ull << 30), "32GiB");
+  EXPECT_EQ(format_byte_size(256ull << 20), "256MiB");
+  EXPECT_EQ(format_byte_size(64ull << 10), "64KiB");
+  EXPECT_EQ(format_byte_size(338475776), "322.8MiB");
+  for (std::uint64_t bytes : {32ull << 30, 256ull << 20, 3ull << 19})
+    EXPECT_EQ(parse_byte_size(format_byte_size(bytes)), bytes) << bytes;
+}
+
 TEST(ByteSize, RejectsMalformedValues) {
   for (const char* bad : {"", "-1", "+5", "GiB", "12 parsecs", "0.5", "1e30", "nan", "inf GB"})
     EXPECT_FALSE(parse_byte_size(bad).has_value()) << bad;
