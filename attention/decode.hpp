@@ -12,9 +12,10 @@
 //
 // The structure is one Kokkos source for every execution space. Only the
 // innermost block product is specialised: host spaces use the vectorised
-// product of impl/host_block_attention.hpp, other spaces (and host spaces when
-// asked for BlockProduct::portable) a team kernel with vector lanes over the
-// head dimension.
+// product of impl/host_block_attention.hpp on the instruction path that
+// active_cpu_path() allows (framework/cpu_path.hpp), other spaces (and host
+// spaces when asked for BlockProduct::portable) a team kernel with vector lanes
+// over the head dimension.
 
 #include <Kokkos_Core.hpp>
 
@@ -39,6 +40,7 @@ struct DecodeWorkspace {
   Kokkos::View<int*, MemSpace> batch_offsets;                  // (batch + 1)
   Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> segment_o;  // (segments, q_heads, value_dim)
   Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> segment_lse;  // (segments, q_heads)
+  Kokkos::View<std::uint32_t*, MemSpace> query_pairs;  // host AVX-512 BF16 path: (batch, kv_heads, group * key_dim / 2)
 };
 
 /// Attends queries(b, :, :) over the segments with batch_index b, for every b.

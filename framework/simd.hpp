@@ -1,7 +1,9 @@
 #pragma once
 // AVX2 building blocks of the host kernels (attention block products, linear
 // layers), compiled where the build targets AVX2 + FMA (the project's host
-// baseline) and never in device code. WRITESCOPE_HOST_AVX2 says they exist.
+// baseline) and never in device code. WRITESCOPE_HOST_AVX2 says they exist;
+// WRITESCOPE_HOST_AVX512_BF16 says the AVX-512 BF16 kernels are compiled too
+// (whether the CPU runs them is decided at run time: framework/cpu_path.hpp).
 
 #include <type_traits>
 
@@ -11,6 +13,11 @@
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__CUDA_ARCH__)
 #include <immintrin.h>
 #define WRITESCOPE_HOST_AVX2 1
+// The AVX-512 BF16 kernels are compiled (with a target pragma, so that the rest
+// of the binary keeps the AVX2 baseline) by GCC >= 10 outside nvcc.
+#if !defined(__CUDACC__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
+#define WRITESCOPE_HOST_AVX512_BF16 1
+#endif
 #endif
 
 // Full unrolling of the register-tile loops (GCC keeps un-unrolled arrays of

@@ -18,6 +18,10 @@
 //    values (kv_heads, tokens, value_dim). Written once, with the transpose
 //    done at write time. Blocks whose size is not a multiple of 16 use one
 //    tile of block_tokens.
+//    MLA's latent (values_in_keys) is not transposed: with one KV head, its
+//    head-major order is token rows, which serve both of its products (QK^T
+//    with the query heads in SIMD lanes, PV with value dims in lanes); a
+//    transposed latent would need a second, token-contiguous copy for PV.
 
 #include <Kokkos_Core.hpp>
 
@@ -57,8 +61,13 @@ struct BlockGeometry {
   /// Tokens per key tile in head-major blocks.
   KOKKOS_INLINE_FUNCTION int key_tile_tokens() const { return block_tokens % 16 == 0 ? 16 : block_tokens; }
 
+  /// Whether keys of a block in `order` are transposed into token tiles.
+  KOKKOS_INLINE_FUNCTION bool tiled_keys(BlockOrder order) const {
+    return order == BlockOrder::head_major && !values_in_keys;
+  }
+
   KOKKOS_INLINE_FUNCTION std::int64_t key_offset(BlockOrder order, int token, int head, int d) const {
-    if (order == BlockOrder::token_major) return (std::int64_t{token} * kv_heads + head) * key_dim + d;
+    if (!tiled_keys(order)) return (std::int64_t{token} * kv_heads + head) * key_dim + d;
     const int tile = key_tile_tokens();
     return ((std::int64_t{head} * (block_tokens / tile) + token / tile) * key_dim + d) * tile + token % tile;
   }
@@ -71,7 +80,7 @@ struct BlockGeometry {
   /// Distance between the same (head, d) of consecutive tokens (within one key
   /// tile for head-major keys).
   KOKKOS_INLINE_FUNCTION std::int64_t key_token_stride(BlockOrder order) const {
-    return order == BlockOrder::token_major ? std::int64_t{kv_heads} * key_dim : 1;
+    return tiled_keys(order) ? 1 : std::int64_t{kv_heads} * key_dim;
   }
   KOKKOS_INLINE_FUNCTION std::int64_t value_token_stride(BlockOrder order) const {
     if (values_in_keys) return key_token_stride(order);
@@ -79,7 +88,7 @@ struct BlockGeometry {
   }
   /// Distance between dims d and d + 1 of one token in a head-major key tile.
   KOKKOS_INLINE_FUNCTION std::int64_t key_dim_stride(BlockOrder order) const {
-    return order == BlockOrder::token_major ? 1 : key_tile_tokens();
+    return tiled_keys(order) ? key_tile_tokens() : 1;
   }
 };
 

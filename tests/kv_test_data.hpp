@@ -4,11 +4,14 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <random>
 #include <vector>
 
 #include "framework/bf16.hpp"
+#include "framework/cpu_path.hpp"
 
 namespace writescope::test {
 
@@ -36,6 +39,24 @@ Kokkos::View<const Scalar***, Kokkos::LayoutRight, MemSpace> token_view(const st
   Kokkos::View<Scalar***, Kokkos::LayoutRight, MemSpace> device("writescope::test::tokens", count, heads, dim);
   Kokkos::deep_copy(device, host);
   return device;
+}
+
+/// Whether host decode products of Scalar KV run on bf16 pairs at the active
+/// CPU path (AVX-512 BF16): queries and softmax weights are then rounded to
+/// bf16 (relative 2^-9) before their products.
+template <class Scalar>
+bool host_bf16_products() {
+  return std::is_same_v<Scalar, bf16> && active_cpu_path() == CpuPath::avx512_bf16;
+}
+
+/// Decode-attention tolerances against the double reference for unit-normal
+/// values (|v| up to about 4). With bf16 products a weight's rounding moves an
+/// output by up to 2^-9 of the largest |value| (8e-3), typically a few times
+/// less, and a query's rounding moves a score (and so lse) by up to 2^-9 of
+/// sum |q_d k_d| x scale. A wrong product is off by far more (1e-1 and up).
+inline double attention_o_tolerance(bool bf16_products) { return bf16_products ? 6e-3 : 3e-4; }
+inline double attention_lse_tolerance(bool bf16_products, double lse) {
+  return (bf16_products ? 2e-3 : 2e-4) * (1 + std::abs(lse));
 }
 
 }  // namespace writescope::test

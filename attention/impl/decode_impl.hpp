@@ -29,9 +29,43 @@ struct DecodeSegmentsData {
 };
 
 /// Host work item (segment, KV head): the vectorised block product.
+/// Host work item (batch entry, KV head): the group's queries as the bf16
+/// pairs the AVX-512 BF16 product reads, once per call instead of per segment.
+template <class ExecSpace, class Scalar, class PoolSpace>
+struct PrepareQueryPairsKernel {
+  DecodeSegmentsData<ExecSpace, Scalar, PoolSpace> data;
+  Kokkos::View<std::uint32_t*, typename ExecSpace::memory_space> query_pairs;  // (batch, kv_heads, group * key_dim / 2)
+
+  void operator()(int work) const {
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+    const int kv_heads = data.geometry.kv_heads;
+    const int b = work / kv_heads, kv_head = work % kv_heads;
+    prepare_query_pairs_avx512_bf16(data.geometry, data.order, data.group, &data.queries(b, kv_head * data.group, 0),
+                                    &query_pairs(static_cast<std::size_t>(work) * data.group * data.geometry.key_dim / 2));
+#else
+    (void)work;
+#endif
+  }
+};
+
 template <class ExecSpace, class Scalar, class PoolSpace>
 struct DecodeSegmentsHostKernel {
   DecodeSegmentsData<ExecSpace, Scalar, PoolSpace> data;
+  CpuPath path;                          // host_product_path, once per launch
+  const std::uint32_t* query_pairs;      // PrepareQueryPairsKernel's output (avx512_bf16 only)
+
+  int work_items;
+
+  /// Work item `work`'s segment for one KV head.
+  HostSegment<Scalar> input(int work) const {
+    const BlockGeometry& geometry = data.geometry;
+    const int kv_head = work % geometry.kv_heads;
+    const BlockSegment segment = data.segments(work / geometry.kv_heads);
+    return HostSegment<Scalar>{&data.pool(segment.slot, 0), geometry,          data.order,
+                               kv_head,                     segment.token_begin, segment.token_count,
+                               &data.queries(segment.batch_index, kv_head * data.group, 0), data.group,
+                               data.scale};
+  }
 
   void operator()(int work) const {
     const BlockGeometry& geometry = data.geometry;
@@ -46,10 +80,14 @@ struct DecodeSegmentsHostKernel {
       large_scores.resize(static_cast<std::size_t>(data.group) * segment.token_count);
       scratch = large_scores.data();
     }
-    const HostSegment<Scalar> input{&data.pool(segment.slot, 0), geometry,        data.order, kv_head,
-                                    segment.token_begin,         segment.token_count,
-                                    &data.queries(segment.batch_index, q0, 0), data.group, data.scale};
-    host_segment_attention(input, scratch, &data.segment_o(s, q0, 0), &data.segment_lse(s, q0));
+    const std::uint32_t* pairs =
+        query_pairs ? query_pairs + (static_cast<std::size_t>(segment.batch_index) * geometry.kv_heads + kv_head) *
+                                        data.group * geometry.key_dim / 2
+                    : nullptr;
+    // Static schedules give each thread consecutive work items.
+    const HostSegment<Scalar> following = input(std::min(work + 1, work_items - 1));
+    host_segment_attention(input(work), scratch, &data.segment_o(s, q0, 0), &data.segment_lse(s, q0), path, pairs,
+                           work + 1 < work_items ? &following : nullptr);
   }
 };
 
@@ -243,12 +281,25 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
   };
   if (work_items > 0) {
     if constexpr (is_host_exec_space<ExecSpace>) {
-      if (product == BlockProduct::automatic)
+      if (product == BlockProduct::automatic) {
+        const CpuPath path = impl::host_product_path(active_cpu_path(), geometry, order, shape.group(),
+                                                     std::is_same_v<Scalar, bf16>);
+        const std::uint32_t* query_pairs = nullptr;
+        if (path == CpuPath::avx512_bf16) {
+          const int items = batch * geometry.kv_heads;
+          impl::grow(workspace.query_pairs, "writescope::attention::query_pairs",
+                     static_cast<std::size_t>(items) * shape.q_heads / geometry.kv_heads * shape.key_dim / 2);
+          Kokkos::parallel_for("writescope::attention::prepare_query_pairs",
+                               Kokkos::RangePolicy<ExecSpace>(space, 0, items),
+                               impl::PrepareQueryPairsKernel<ExecSpace, Scalar, PoolSpace>{data, workspace.query_pairs});
+          query_pairs = workspace.query_pairs.data();
+        }
         Kokkos::parallel_for("writescope::attention::decode_segments_host",
                              Kokkos::RangePolicy<ExecSpace>(space, 0, work_items),
-                             impl::DecodeSegmentsHostKernel<ExecSpace, Scalar, PoolSpace>{data});
-      else
+                             impl::DecodeSegmentsHostKernel<ExecSpace, Scalar, PoolSpace>{data, path, query_pairs, work_items});
+      } else {
         launch_team_kernel();
+      }
     } else {
       launch_team_kernel();
     }

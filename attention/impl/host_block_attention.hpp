@@ -6,13 +6,18 @@
 // every KV element is converted from bf16 once and reused from a register for
 // all query heads of the group; scores, exponentials and the PV product run in
 // 8-wide AVX2 vectors with the accumulators of a tile of query heads held in
-// registers across a tile of tokens. Without AVX2/FMA (or for dims that are not
-// multiples of 8) a plain scalar loop computes the same thing.
+// registers across a tile of tokens. Where the CPU has AVX-512 BF16 the
+// products run as `vdpbf16ps` on bf16 pairs instead (twice the AVX2 FMA rate per
+// core, no widening of KV; host_block_attention_avx512bf16.cpp). Without
+// AVX2/FMA (or for dims that are not multiples of 8) a plain scalar loop
+// computes the same thing. The path is chosen at run time (framework/cpu_path.hpp).
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "framework/bf16.hpp"
+#include "framework/cpu_path.hpp"
 #include "framework/math.hpp"
 #include "framework/simd.hpp"
 #include "layouts/kv_format.hpp"
@@ -266,40 +271,6 @@ void values_rows(const HostSegment<Scalar>& s, const float* p, float* o) {
   }
 }
 
-/// Same for values stored with tokens contiguous (the MLA latent in a
-/// head-major block): `Heads` heads x 2 value dims per tile, summed over tokens.
-template <int Heads, class Scalar>
-void values_columns(const HostSegment<Scalar>& s, int q0, const float* p, float* o) {
-  const BlockGeometry& g = s.geometry;
-  const int n = s.token_count;
-  const std::int64_t row = g.key_dim_stride(BlockOrder::head_major);
-  auto value = [&](int t, int d) { return s.block + g.value_offset(BlockOrder::head_major, t, s.kv_head, d); };
-  for (int d = 0; d < g.value_dim; d += 2) {
-    __m256 acc[Heads][2];
-    for (int h = 0; h < Heads; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
-    float tail[Heads][2] = {};
-    for_each_key_run(
-        s,
-        [&](int t, int vectors) {
-          const Scalar* v = value(t, d);
-          for (int r = 0; r < vectors; ++r) {
-            const __m256 v0 = load8(v + 8 * r), v1 = load8(v + row + 8 * r);
-            for (int h = 0; h < Heads; ++h) {
-              const __m256 w = _mm256_loadu_ps(p + (q0 + h) * n + t - s.token_begin + 8 * r);
-              acc[h][0] = _mm256_fmadd_ps(w, v0, acc[h][0]);
-              acc[h][1] = _mm256_fmadd_ps(w, v1, acc[h][1]);
-            }
-          }
-        },
-        [&](int t) {
-          for (int h = 0; h < Heads; ++h)
-            for (int c = 0; c < 2; ++c) tail[h][c] += p[(q0 + h) * n + t - s.token_begin] * to_float(*value(t, d + c));
-        });
-    for (int h = 0; h < Heads; ++h)
-      for (int c = 0; c < 2; ++c) o[(q0 + h) * g.value_dim + d + c] = horizontal_sum(acc[h][c]) + tail[h][c];
-  }
-}
-
 /// Calls body.template operator()<Heads>(q0) for tiles of `Tile` heads, then
 /// single heads for the remainder (groups are multiples of the tile in every
 /// supported model).
@@ -355,33 +326,62 @@ struct TokenMajorScores {
   }
 };
 
-template <class Scalar>
-struct ColumnValues {
-  const HostSegment<Scalar>& s;
-  const float* p;
-  float* o;
-  template <int Heads>
-  void operator()(int q0) const { values_columns<Heads>(s, q0, p, o); }
-};
-
 #endif  // WRITESCOPE_HOST_AVX2
+
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+/// The AVX-512 BF16 path (host_block_attention_avx512bf16.cpp): whether it
+/// takes blocks of this geometry and order with `group` query heads per KV head;
+/// the group's queries (group, key_dim) as bf16 pairs in the order its
+/// products read them (group * key_dim / 2 words, prepared once per batch
+/// entry and KV head, not per segment); the product itself (same contract as
+/// host_segment_attention).
+bool avx512_bf16_takes(const BlockGeometry& g, BlockOrder order, int group);
+void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, int group, const float* queries,
+                                     std::uint32_t* query_pairs);
+void host_segment_attention_avx512_bf16(const HostSegment<bf16>& s, const std::uint32_t* query_pairs,
+                                        const HostSegment<bf16>* following, float* o, float* lse);
+#endif
+
+/// The instruction path host_segment_attention takes for these blocks.
+inline CpuPath host_product_path(CpuPath active, const BlockGeometry& g, BlockOrder order, int group, bool bf16_kv) {
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+  if (active >= CpuPath::avx512_bf16 && bf16_kv && avx512_bf16_takes(g, order, group)) return CpuPath::avx512_bf16;
+#else
+  (void)order, (void)group, (void)bf16_kv;
+#endif
+#ifdef WRITESCOPE_HOST_AVX2
+  if (active >= CpuPath::avx2 && g.key_dim % 8 == 0 && g.value_dim % 16 == 0) return CpuPath::avx2;
+#endif
+  (void)g, (void)active;
+  return CpuPath::scalar;
+}
 
 /// One segment, one KV head, the whole group: o (group, value_dim) normalised,
 /// lse (group) natural log. scores: scratch of group * token_count floats.
+/// `path` comes from host_product_path. avx512_bf16 only: query_pairs from
+/// prepare_query_pairs_avx512_bf16; `following`, the segment this thread
+/// likely attends next (or null), whose first keys and values it prefetches.
 template <class Scalar>
-void host_segment_attention(const HostSegment<Scalar>& s, float* scores, float* o, float* lse) {
+void host_segment_attention(const HostSegment<Scalar>& s, float* scores, float* o, float* lse, CpuPath path,
+                            const std::uint32_t* query_pairs = nullptr, const HostSegment<Scalar>* following = nullptr) {
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+  if constexpr (std::is_same_v<Scalar, bf16>) {
+    if (path == CpuPath::avx512_bf16) {
+      host_segment_attention_avx512_bf16(s, query_pairs, following, o, lse);
+      return;
+    }
+  }
+#endif
+  (void)query_pairs, (void)following;
 #ifdef WRITESCOPE_HOST_AVX2
-  const BlockGeometry& g = s.geometry;
-  if (g.key_dim % 8 == 0 && g.value_dim % 16 == 0 && s.token_count > 0) {
-    if (s.order == BlockOrder::head_major) scores_head_major<4>(s, scores);
+  if (path >= CpuPath::avx2 && s.token_count > 0) {
+    const BlockGeometry& g = s.geometry;
+    if (g.tiled_keys(s.order)) scores_head_major<4>(s, scores);
     else for_each_head_tile<2>(s.group, TokenMajorScores<Scalar>{s, scores});
     float maxima[max_group], sums[max_group];
     exponentiate(scores, s.group, s.token_count, maxima, sums);
     std::fill(o, o + s.group * g.value_dim, 0.0f);
-    if (s.order == BlockOrder::head_major && g.values_in_keys)
-      for_each_head_tile<4>(s.group, ColumnValues<Scalar>{s, scores, o});
-    else
-      values_rows<4>(s, scores, o);
+    values_rows<4>(s, scores, o);
     for (int q = 0; q < s.group; ++q) {
       const float inverse = 1.0f / sums[q];
       for (int d = 0; d < g.value_dim; ++d) o[q * g.value_dim + d] *= inverse;
@@ -390,6 +390,7 @@ void host_segment_attention(const HostSegment<Scalar>& s, float* scores, float* 
     return;
   }
 #endif
+  (void)path;
   host_segment_attention_scalar(s, scores, o, lse);
 }
 

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 #include <limits>
 
 #include "attention/reference.hpp"
+#include "framework/cpu_path.hpp"
 #include "exec_spaces.hpp"
 #include "kv_test_data.hpp"
 #include "layouts/inplace_kv_cache.hpp"
@@ -96,22 +98,29 @@ class DecodeAttentionTest : public ::testing::Test {
   }
 
   /// Compares a merged state with the reference over ranges[b] of each sequence.
-  void expect_reference(const State& state, const std::vector<TokenRange>& ranges) {
+  /// `bf16_products`: host products ran on bf16 pairs (test::host_bf16_products);
+  /// the reference then takes the bf16-rounded queries.
+  void expect_reference(const State& state, const std::vector<TokenRange>& ranges, bool bf16_products = false) {
     auto o = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), state.o);
     auto lse = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), state.lse);
+    const double o_tolerance = test::attention_o_tolerance(bf16_products);
+    std::vector<float> queries = host_queries_;
+    if (bf16_products)
+      for (float& q : queries) q = round_to<bf16>(q);
     for (std::size_t b = 0; b < sequences_.size(); ++b) {
       std::vector<double> ref_o, ref_lse;
-      reference_decode(shape_, host_queries_.data() + b * shape_.q_heads * shape_.key_dim,
+      reference_decode(shape_, queries.data() + b * shape_.q_heads * shape_.key_dim,
                        ReferenceKV{keys_[b].data(), values_[b].data(), cache_->length(0, sequences_[b])},
                        ranges[b].begin, ranges[b].end, ref_o, ref_lse);
       for (int h = 0; h < shape_.q_heads; ++h) {
         if (std::isinf(ref_lse[h])) {
           ASSERT_TRUE(std::isinf(lse(b, h)) && lse(b, h) < 0) << "batch " << b << " head " << h;
         } else {
-          ASSERT_NEAR(lse(b, h), ref_lse[h], 2e-4 * (1 + std::abs(ref_lse[h]))) << "batch " << b << " head " << h;
+          ASSERT_NEAR(lse(b, h), ref_lse[h], test::attention_lse_tolerance(bf16_products, ref_lse[h]))
+              << "batch " << b << " head " << h;
         }
         for (int d = 0; d < shape_.value_dim; ++d)
-          ASSERT_NEAR(o(b, h, d), ref_o[h * shape_.value_dim + d], 3e-4)
+          ASSERT_NEAR(o(b, h, d), ref_o[h * shape_.value_dim + d], o_tolerance)
               << "batch " << b << " head " << h << " d " << d;
       }
     }
@@ -151,9 +160,30 @@ TYPED_TEST(DecodeAttentionTest, MatchesReferenceForEveryModelShape) {
                  " key_dim " + std::to_string(shape.key_dim));
     // Lengths that are not multiples of the block size, and a one-token sequence.
     this->build(shape, {1, 150, 333});
-    for (BlockProduct product : {BlockProduct::automatic, BlockProduct::portable}) {
-      SCOPED_TRACE(product == BlockProduct::automatic ? "automatic" : "portable");
-      this->expect_reference(this->attend_all_regions(this->full_ranges(), product), this->full_ranges());
+    this->expect_reference(this->attend_all_regions(this->full_ranges(), BlockProduct::portable), this->full_ranges());
+  }
+}
+
+// The host product on every instruction path this machine runs (the others are
+// named as skipped), with segments that start and end inside key tiles.
+TYPED_TEST(DecodeAttentionTest, HostProductMatchesReferenceOnEveryCpuPath) {
+  using Storage = typename TestFixture::Scalar;
+  for (CpuPath path : {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_bf16}) {
+    if (!cpu_path_supported(path)) {
+      std::cout << "[ SKIPPED  ] CPU path " << cpu_path_name(path) << ": not supported by this CPU or build\n";
+      continue;
+    }
+    ScopedCpuPath pinned(path);
+    SCOPED_TRACE(std::string("CPU path ") + cpu_path_name(path));
+    const bool bf16_products = path == CpuPath::avx512_bf16 && std::is_same_v<Storage, bf16>;
+    for (const AttentionShape& shape :
+         {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()}) {
+      SCOPED_TRACE(shape.name);
+      this->build(shape, {1, 150, 333});
+      this->expect_reference(this->attend_all_regions(this->full_ranges(), BlockProduct::automatic),
+                             this->full_ranges(), bf16_products);
+      std::vector<TokenRange> inner{{0, 1}, {7, 141}, {21, 300}};
+      this->expect_reference(this->attend_all_regions(inner, BlockProduct::automatic), inner, bf16_products);
     }
   }
 }
@@ -171,7 +201,7 @@ TYPED_TEST(DecodeAttentionTest, SplitAtAnyPointAndMergeEqualsMonolithic) {
     auto merged = this->attend_all_regions(head, BlockProduct::automatic);
     merge_into(typename TestFixture::ExecSpace(), merged, this->attend_all_regions(tail, BlockProduct::portable));
     typename TestFixture::ExecSpace().fence();
-    this->expect_reference(merged, this->full_ranges());
+    this->expect_reference(merged, this->full_ranges(), test::host_bf16_products<typename TestFixture::Scalar>());
   }
 }
 
@@ -180,7 +210,7 @@ TYPED_TEST(DecodeAttentionTest, EmptyRangesGiveMinusInfinityAndMergeAsNoOps) {
   std::vector<TokenRange> ranges = this->full_ranges();
   ranges[2] = TokenRange{20, 20};  // empty on purpose
   const auto state = this->attend_all_regions(ranges, BlockProduct::automatic);
-  this->expect_reference(state, ranges);
+  this->expect_reference(state, ranges, test::host_bf16_products<typename TestFixture::Scalar>());
   auto lse = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), state.lse);
   EXPECT_EQ(lse(1, 0), -std::numeric_limits<float>::infinity());
   EXPECT_EQ(lse(2, 5), -std::numeric_limits<float>::infinity());

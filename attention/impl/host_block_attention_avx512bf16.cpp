@@ -1,0 +1,451 @@
+// The AVX-512 BF16 block product of CPU decode attention (see
+// host_block_attention.hpp for the contract).
+//
+// Why it looks like this: `vdpbf16ps` multiplies 32 bf16 pairs and adds them
+// into 16 fp32 lanes, twice the multiply-adds of an fp32 FMA and with no
+// widening of the KV bytes, so the products below read KV as it is stored:
+//  - QK^T, keys in 16-token tiles (GQA CpuResident): one 64-byte line holds dims
+//    d and d+1 of 16 tokens; one word permute makes them 16 (d, d+1) pairs, and
+//    each query head adds its broadcast (q_d, q_d+1) pair: lanes are tokens.
+//  - QK^T, keys in token rows (token-major blocks, MLA's latent): lanes are
+//    (head, phase) with 16 / group phases; a head's phases see consecutive key
+//    pairs of one token (a 4-, 8- or 16-byte broadcast) and are summed at the end.
+//  - PV, values in token rows (every layout): rows t and t+1 interleaved by one
+//    unpack give (v_t, v_t+1) pairs per dim; each head adds its broadcast
+//    (p_t, p_t+1) pair. Accumulators stay in registers across all token pairs
+//    of a pass.
+// Queries and softmax weights are rounded to bf16 for the products (tensor-core
+// attention does the same); scores, softmax and sums stay fp32. Tokens go in
+// passes of 64, block-aligned, with an online softmax between passes, so that
+// a pass's keys, values, scores and weights stay in L1/L2.
+//
+// The code sits in a target region so that only these functions use AVX-512;
+// the rest of the binary keeps the AVX2 baseline, and the dispatcher calls
+// them only where the CPU runs them (framework/cpu_path.hpp).
+
+#include "attention/impl/host_block_attention.hpp"
+
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
+
+namespace writescope::impl {
+namespace {
+
+constexpr int pass_tokens = 64;
+constexpr int tile_tokens = 16;
+constexpr int max_key_dim = 1024;
+constexpr int max_value_dim = 1024;
+
+/// exp(x) for 16 floats (Cephes range reduction and polynomial, as exp8);
+/// exactly 0 below -87, so masked-out scores contribute nothing.
+inline __m512 exp16(__m512 x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(exponent));
+}
+
+inline std::uint32_t bf16_pair(float first, float second) {
+  return std::uint32_t{from_float<bf16>(first).bits} | (std::uint32_t{from_float<bf16>(second).bits} << 16);
+}
+
+inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
+}
+
+/// `Phases` consecutive bf16 pairs at p, repeated over the 16 lanes.
+template <int Phases>
+inline __m512i broadcast_pairs(const bf16* p) {
+  if constexpr (Phases == 1) {
+    std::uint32_t word;
+    std::memcpy(&word, p, sizeof word);
+    return _mm512_set1_epi32(static_cast<int>(word));
+  } else if constexpr (Phases == 2) {
+    long long words;
+    std::memcpy(&words, p, sizeof words);
+    return _mm512_set1_epi64(words);
+  } else {
+    static_assert(Phases == 4, "groups of 4, 8 or 16 query heads");
+    return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+}
+
+/// Requests the cache lines of a set of equally spaced rows (the next pass's
+/// keys or values) a few at a time, spread over the current pass's products,
+/// so that memory streams while the products run.
+class RowPrefetcher {
+ public:
+  RowPrefetcher() = default;
+  RowPrefetcher(const void* first_row, std::int64_t stride_bytes, std::int64_t row_bytes, int rows)
+      : base_(static_cast<const char*>(first_row)),
+        stride_(stride_bytes),
+        row_lines_(static_cast<int>((row_bytes + 63) / 64)),
+        rows_(rows) {}
+  void step(int lines) {
+    for (; lines > 0 && row_ < rows_; --lines) {
+      _mm_prefetch(base_ + row_ * stride_ + 64 * line_, _MM_HINT_T0);
+      if (++line_ == row_lines_) line_ = 0, ++row_;
+    }
+  }
+  void finish() { step(row_lines_ * rows_); }
+  int lines() const { return row_lines_ * rows_; }
+
+ private:
+  const char* base_ = nullptr;
+  std::int64_t stride_ = 0;
+  int row_lines_ = 0;
+  int rows_ = 0;
+  int row_ = 0;
+  int line_ = 0;
+};
+
+/// Per-call state: the running softmax and the unnormalised output. scores:
+/// (group, pass_tokens) fp32; weights: (group, pass_tokens / 2) bf16 pairs
+/// (p_t, p_t+1), t counted from the pass start; query_pairs: see prepare_query_pairs.
+struct Work {
+  const std::uint32_t* query_pairs;
+  alignas(64) float scores[max_group * pass_tokens];
+  alignas(64) std::uint32_t weights[max_group * pass_tokens / 2];
+  float maxima[max_group];
+  float sums[max_group];
+};
+
+/// Word i of a permuted 64-byte line is element (i % 2) * 16 + i / 2: the line
+/// holds dims d and d + 1 of 16 tokens, the permuted line 16 (d, d + 1) pairs.
+alignas(64) constexpr std::int16_t pair_dims[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                   8,  24, 9,  25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+/// `Tiles` consecutive 16-token key tiles from `keys`: Tiles x Group
+/// independent accumulators (at least 12 cover vdpbf16ps' latency x 2 ports).
+template <int Group, int Tiles>
+inline void scores_tiles(const bf16* keys, std::int64_t tile_elements, int pairs, const std::uint32_t* query_pairs,
+                         __m512 (&acc)[Tiles][Group], RowPrefetcher& ahead) {
+  const __m512i order = _mm512_load_si512(pair_dims);
+  RowPrefetcher prefetch = ahead;  // a local copy stays in registers
+  WRITESCOPE_UNROLL(4)
+  for (int k = 0; k < Tiles; ++k)
+    WRITESCOPE_UNROLL(16)
+    for (int h = 0; h < Group; ++h) acc[k][h] = _mm512_setzero_ps();
+  for (int j = 0; j < pairs; ++j) {
+    prefetch.step(Tiles);
+    __m512i q[Group];
+    WRITESCOPE_UNROLL(16)
+    for (int h = 0; h < Group; ++h) q[h] = _mm512_set1_epi32(static_cast<int>(query_pairs[h * pairs + j]));
+    WRITESCOPE_UNROLL(4)
+    for (int k = 0; k < Tiles; ++k) {
+      const __m512i line =
+          _mm512_permutexvar_epi16(order, _mm512_loadu_si512(keys + k * tile_elements + 2 * j * tile_tokens));
+      WRITESCOPE_UNROLL(16)
+      for (int h = 0; h < Group; ++h) acc[k][h] = dot(acc[k][h], line, q[h]);
+    }
+  }
+  ahead = prefetch;
+}
+
+/// Scores of tokens [first, first + count) of the block (one pass), keys in
+/// 16-token tiles: scores(h, t - first).
+template <int Group>
+void scores_tiled(const HostSegment<bf16>& s, int first, int count, Work& w, RowPrefetcher& ahead) {
+  constexpr int tiles_at_once = 16 / Group;
+  const BlockGeometry& g = s.geometry;
+  const int pairs = g.key_dim / 2;
+  const std::int64_t tile_elements = std::int64_t{tile_tokens} * g.key_dim;
+  const __m512 scale = _mm512_set1_ps(s.scale);
+  auto store = [&](int tile, const __m512(&acc)[Group]) {
+    // Lane i is token tile + i; keep those inside the pass.
+    const int begin = std::max(first, tile), end = std::min(first + count, tile + tile_tokens);
+    const __mmask16 inside = static_cast<__mmask16>(((1u << (end - begin)) - 1u) << (begin - tile));
+    WRITESCOPE_UNROLL(16)
+    for (int h = 0; h < Group; ++h)
+      _mm512_mask_storeu_ps(w.scores + h * pass_tokens + (tile - first), inside, _mm512_mul_ps(acc[h], scale));
+  };
+  const int last = first + count;
+  int tile = first - first % tile_tokens;
+  for (; tile + tiles_at_once * tile_tokens <= ((last + tile_tokens - 1) / tile_tokens) * tile_tokens;
+       tile += tiles_at_once * tile_tokens) {
+    __m512 acc[tiles_at_once][Group];
+    scores_tiles<Group, tiles_at_once>(s.block + g.key_offset(BlockOrder::head_major, tile, s.kv_head, 0),
+                                       tile_elements, pairs, w.query_pairs, acc, ahead);
+    WRITESCOPE_UNROLL(4)
+    for (int k = 0; k < tiles_at_once; ++k) store(tile + k * tile_tokens, acc[k]);
+  }
+  for (; tile < last; tile += tile_tokens) {
+    __m512 acc[1][Group];
+    scores_tiles<Group, 1>(s.block + g.key_offset(BlockOrder::head_major, tile, s.kv_head, 0), tile_elements, pairs,
+                           w.query_pairs, acc, ahead);
+    store(tile, acc[0]);
+  }
+}
+
+/// `Tokens` tokens from `keys` (row stride `stride`), lanes (head, phase).
+template <int Phases, int Tokens>
+inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, const std::uint32_t* query_pairs,
+                             float scale, int column, Work& w, RowPrefetcher& ahead) {
+  constexpr int group = 16 / Phases;
+  RowPrefetcher prefetch = ahead;  // a local copy stays in registers
+  __m512 acc[Tokens];
+  WRITESCOPE_UNROLL(16)
+  for (int t = 0; t < Tokens; ++t) acc[t] = _mm512_setzero_ps();
+  for (int c = 0; c < chunks; ++c) {
+    prefetch.step(1);
+    const __m512i q = _mm512_load_si512(query_pairs + 16 * c);
+    WRITESCOPE_UNROLL(16)
+    for (int t = 0; t < Tokens; ++t) acc[t] = dot(acc[t], q, broadcast_pairs<Phases>(keys + t * stride + 2 * Phases * c));
+  }
+  // Every access to acc[] in an unrolled loop, or GCC keeps the array in memory.
+  ahead = prefetch;
+  alignas(64) float lanes[Tokens][16];
+  WRITESCOPE_UNROLL(16)
+  for (int t = 0; t < Tokens; ++t) _mm512_store_ps(lanes[t], acc[t]);
+  for (int t = 0; t < Tokens; ++t)
+    for (int h = 0; h < group; ++h) {
+      float sum = 0;
+      for (int f = 0; f < Phases; ++f) sum += lanes[t][h * Phases + f];
+      w.scores[h * pass_tokens + column + t] = sum * scale;
+    }
+}
+
+/// Scores of tokens [first, first + count), keys in token rows. query_pairs
+/// are arranged per chunk: lane h * Phases + f holds pair (chunk * Phases + f) of head h.
+template <int Phases>
+void scores_rows(const HostSegment<bf16>& s, int first, int count, Work& w, RowPrefetcher& ahead) {
+  const BlockGeometry& g = s.geometry;
+  const std::int64_t stride = g.key_token_stride(s.order);
+  const bf16* keys = s.block + g.key_offset(s.order, first, s.kv_head, 0);
+  const int chunks = g.key_dim / (2 * Phases);
+  int t = 0;
+  // 16 tokens: 16 independent accumulators (12 cover vdpbf16ps' latency x 2 ports).
+  for (; t + 16 <= count; t += 16)
+    scores_rows_tile<Phases, 16>(keys + t * stride, stride, chunks, w.query_pairs, s.scale, t, w, ahead);
+  for (; t < count; ++t)
+    scores_rows_tile<Phases, 1>(keys + t * stride, stride, chunks, w.query_pairs, s.scale, t, w, ahead);
+}
+
+/// Softmax numerators of one pass with the online update: rescales the
+/// running output when a head's maximum grows; writes (p_t, p_t+1) bf16 pairs.
+void exponentiate(int group, int count, int value_dim, float* o, Work& w) {
+  const __mmask16 all = 0xffff;
+  for (int h = 0; h < group; ++h) {
+    float* row = w.scores + h * pass_tokens;
+    __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int i = 0; i < count; i += 16) {
+      const __mmask16 inside = count - i >= 16 ? all : static_cast<__mmask16>((1u << (count - i)) - 1u);
+      vmax = _mm512_mask_max_ps(vmax, inside, vmax, _mm512_loadu_ps(row + i));
+    }
+    const float pass_max = _mm512_reduce_max_ps(vmax);
+    const float maximum = std::max(w.maxima[h], pass_max);
+    if (maximum > w.maxima[h] && w.sums[h] > 0) {
+      const float rescale = std::exp(w.maxima[h] - maximum);
+      w.sums[h] *= rescale;
+      for (int d = 0; d < value_dim; ++d) o[h * value_dim + d] *= rescale;
+    }
+    w.maxima[h] = maximum;
+    const __m512 m = _mm512_set1_ps(maximum);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int i = 0; i < count; i += 32) {
+      const __mmask16 low = count - i >= 16 ? all : static_cast<__mmask16>((1u << std::max(0, count - i)) - 1u);
+      const __mmask16 high =
+          count - i >= 32 ? all : static_cast<__mmask16>((1u << std::max(0, count - i - 16)) - 1u);
+      const __m512 a = _mm512_maskz_mov_ps(low, exp16(_mm512_sub_ps(_mm512_loadu_ps(row + i), m)));
+      const __m512 b = _mm512_maskz_mov_ps(high, exp16(_mm512_sub_ps(_mm512_loadu_ps(row + i + 16), m)));
+      vsum = _mm512_add_ps(vsum, _mm512_add_ps(a, b));
+      _mm512_storeu_si512(w.weights + h * (pass_tokens / 2) + i / 2,
+                          reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+    }
+    w.sums[h] += _mm512_reduce_add_ps(vsum);
+  }
+}
+
+/// o(h, :) += sum over token pairs of (p_t, p_t+1) . (v_t, v_t+1), values in
+/// token rows: `Heads` heads x `Chunks` x 32 dims of accumulators in registers.
+template <int Heads, int Chunks>
+inline void values_tile(const bf16* values, std::int64_t stride, int count, const std::uint32_t* weights,
+                        float* o, int value_dim, RowPrefetcher& ahead, int prefetch_per_pair) {
+  __m512 acc[Heads][2 * Chunks];
+  WRITESCOPE_UNROLL(16)
+  for (int h = 0; h < Heads; ++h)
+    WRITESCOPE_UNROLL(4)
+    for (int a = 0; a < 2 * Chunks; ++a) acc[h][a] = _mm512_setzero_ps();
+  RowPrefetcher prefetch = ahead;  // a local copy stays in registers
+  auto pair = [&](const bf16* first, const bf16* second, int k) {
+    prefetch.step(prefetch_per_pair);
+    WRITESCOPE_UNROLL(4)
+    for (int c = 0; c < Chunks; ++c) {
+      const __m512i a = _mm512_loadu_si512(first + 32 * c);
+      const __m512i b = second ? _mm512_loadu_si512(second + 32 * c) : _mm512_setzero_si512();
+      const __m512i low = _mm512_unpacklo_epi16(a, b), high = _mm512_unpackhi_epi16(a, b);
+      WRITESCOPE_UNROLL(16)
+      for (int h = 0; h < Heads; ++h) {
+        const __m512i p = _mm512_set1_epi32(static_cast<int>(weights[h * (pass_tokens / 2) + k]));
+        acc[h][2 * c] = dot(acc[h][2 * c], low, p);
+        acc[h][2 * c + 1] = dot(acc[h][2 * c + 1], high, p);
+      }
+    }
+  };
+  int k = 0;
+  for (; 2 * k + 1 < count; ++k) pair(values + 2 * k * stride, values + (2 * k + 1) * stride, k);
+  if (2 * k < count) pair(values + 2 * k * stride, nullptr, k);
+  ahead = prefetch;
+  // Lane j of `low` in 128-bit lane L is dim 8L + j, of `high` dim 8L + 4 + j.
+  alignas(64) static constexpr std::int32_t first_half[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
+  alignas(64) static constexpr std::int32_t second_half[16] = {8,  9,  10, 11, 24, 25, 26, 27,
+                                                               12, 13, 14, 15, 28, 29, 30, 31};
+  const __m512i first_order = _mm512_load_si512(first_half), second_order = _mm512_load_si512(second_half);
+  WRITESCOPE_UNROLL(16)
+  for (int h = 0; h < Heads; ++h)
+    WRITESCOPE_UNROLL(2)
+    for (int c = 0; c < Chunks; ++c) {
+      float* out = o + h * value_dim + 32 * c;
+      const __m512 low = acc[h][2 * c], high = acc[h][2 * c + 1];
+      _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), _mm512_permutex2var_ps(low, first_order, high)));
+      _mm512_storeu_ps(out + 16,
+                       _mm512_add_ps(_mm512_loadu_ps(out + 16), _mm512_permutex2var_ps(low, second_order, high)));
+    }
+}
+
+template <int Heads, int Chunks>
+void values_rows(const HostSegment<bf16>& s, int first, int count, const Work& w, float* o, RowPrefetcher& ahead) {
+  const BlockGeometry& g = s.geometry;
+  const std::int64_t stride = g.value_token_stride(s.order);
+  const bf16* values = s.block + g.value_offset(s.order, first, s.kv_head, 0);
+  const int tiles = (s.group / Heads) * (g.value_dim / (32 * Chunks));
+  const int per_pair = (ahead.lines() + tiles * (count + 1) / 2 - 1) / (tiles * ((count + 1) / 2));
+  for (int h = 0; h < s.group; h += Heads)
+    for (int d = 0; d < g.value_dim; d += 32 * Chunks)
+      values_tile<Heads, Chunks>(values + d, stride, count, w.weights + h * (pass_tokens / 2), o + h * g.value_dim + d,
+                                 g.value_dim, ahead, per_pair);
+}
+
+/// The rows of tokens [first, first + count) of the block: keys (tiles or rows) or values.
+RowPrefetcher key_rows(const HostSegment<bf16>& s, int first, int count) {
+  const BlockGeometry& g = s.geometry;
+  if (count <= 0) return {};
+  const bf16* start = s.block + g.key_offset(s.order, first, s.kv_head, 0);
+  if (g.tiled_keys(s.order)) {
+    const int tiles = (first + count - 1) / tile_tokens - first / tile_tokens + 1;
+    const bf16* tile = s.block + g.key_offset(s.order, first - first % tile_tokens, s.kv_head, 0);
+    return RowPrefetcher(tile, 0, static_cast<std::int64_t>(tiles) * tile_tokens * g.key_dim * sizeof(bf16), 1);
+  }
+  return RowPrefetcher(start, g.key_token_stride(s.order) * sizeof(bf16), g.key_dim * sizeof(bf16), count);
+}
+RowPrefetcher value_rows(const HostSegment<bf16>& s, int first, int count) {
+  const BlockGeometry& g = s.geometry;
+  if (count <= 0 || g.values_in_keys) return {};
+  return RowPrefetcher(s.block + g.value_offset(s.order, first, s.kv_head, 0),
+                       g.value_token_stride(s.order) * sizeof(bf16), g.value_dim * sizeof(bf16), count);
+}
+
+template <int Group>
+void attend(const HostSegment<bf16>& s, const std::uint32_t* query_pairs, const HostSegment<bf16>* following, float* o,
+            float* lse) {
+  const BlockGeometry& g = s.geometry;
+  constexpr int phases = 16 / Group;
+  const bool tiled = g.tiled_keys(s.order);
+  Work w;
+  w.query_pairs = query_pairs;
+  for (int h = 0; h < Group; ++h) {
+    w.maxima[h] = -std::numeric_limits<float>::infinity();
+    w.sums[h] = 0;
+  }
+  std::fill(o, o + Group * g.value_dim, 0.0f);
+  const int end = s.token_begin + s.token_count;
+  for (int first = s.token_begin; first < end;) {
+    const int next = std::min(end, (first / pass_tokens + 1) * pass_tokens);
+    const int count = next - first;
+    // What the next pass reads: of this segment, or the first pass of the
+    // segment this thread attends next.
+    const HostSegment<bf16>& ahead = next < end || following == nullptr ? s : *following;
+    const int ahead_first = next < end ? next : ahead.token_begin;
+    const int ahead_count =
+        std::min(ahead.token_begin + ahead.token_count, (ahead_first / pass_tokens + 1) * pass_tokens) - ahead_first;
+    RowPrefetcher next_keys = key_rows(ahead, ahead_first, ahead_count),
+                  next_values = value_rows(ahead, ahead_first, ahead_count);
+    if (tiled) scores_tiled<Group>(s, first, count, w, next_keys);
+    else scores_rows<phases>(s, first, count, w, next_keys);
+    next_keys.finish();
+    exponentiate(Group, count, g.value_dim, o, w);
+    if constexpr (Group >= 8) values_rows<8, 1>(s, first, count, w, o, next_values);
+    else values_rows<Group, 2>(s, first, count, w, o, next_values);
+    next_values.finish();
+    first = next;
+  }
+  for (int h = 0; h < Group; ++h) {
+    const float inverse = 1.0f / w.sums[h];
+    for (int d = 0; d < g.value_dim; ++d) o[h * g.value_dim + d] *= inverse;
+    lse[h] = w.maxima[h] + std::log(w.sums[h]);
+  }
+}
+
+}  // namespace
+
+bool avx512_bf16_takes(const BlockGeometry& g, BlockOrder order, int group) {
+  if (group != 4 && group != 8 && group != 16) return false;
+  if (g.key_dim > max_key_dim || g.value_dim > max_value_dim) return false;
+  const int value_tile = group >= 8 ? 32 : 64;
+  if (g.value_dim % value_tile != 0) return false;
+  if (g.tiled_keys(order)) return g.key_dim % 2 == 0 && g.key_tile_tokens() == tile_tokens;
+  return g.key_dim % (2 * (16 / group)) == 0;
+}
+
+void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, int group, const float* queries,
+                                     std::uint32_t* query_pairs) {
+  const int pairs = g.key_dim / 2;
+  // Each head's (q_2j, q_2j+1) pairs, 16 at a time.
+  alignas(64) std::uint32_t rows[max_group * max_key_dim / 2];
+  for (int h = 0; h < group; ++h) {
+    const float* q = queries + h * g.key_dim;
+    std::uint32_t* row = rows + h * pairs;
+    int j = 0;
+    for (; j + 16 <= pairs; j += 16)
+      _mm512_storeu_si512(row + j, reinterpret_cast<__m512i>(
+                                       _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 2 * j + 16), _mm512_loadu_ps(q + 2 * j))));
+    for (; j < pairs; ++j) row[j] = bf16_pair(q[2 * j], q[2 * j + 1]);
+  }
+  if (g.tiled_keys(order)) {
+    std::memcpy(query_pairs, rows, sizeof(std::uint32_t) * group * pairs);
+    return;
+  }
+  // Token rows: chunk c holds lanes (h, f) = pair c * phases + f of head h.
+  const int phases = 16 / group;
+  for (int c = 0; c < pairs / phases; ++c)
+    for (int h = 0; h < group; ++h)
+      for (int f = 0; f < phases; ++f) query_pairs[16 * c + h * phases + f] = rows[h * pairs + c * phases + f];
+}
+
+void host_segment_attention_avx512_bf16(const HostSegment<bf16>& s, const std::uint32_t* query_pairs,
+                                        const HostSegment<bf16>* following, float* o, float* lse) {
+  switch (s.group) {
+    case 4:
+      return attend<4>(s, query_pairs, following, o, lse);
+    case 8:
+      return attend<8>(s, query_pairs, following, o, lse);
+    default:
+      return attend<16>(s, query_pairs, following, o, lse);
+  }
+}
+
+}  // namespace writescope::impl
+
+#pragma GCC pop_options
+
+#endif  // WRITESCOPE_HOST_AVX512_BF16
