@@ -533,7 +533,7 @@ def plot_roofline(profile, runs, path):
     intensity = np.geomspace(min(xs) / 16, max(xs) * 16, 200)
     figure, ax = plt.subplots(figsize=(10, 5.2))
     ax.plot(intensity, np.minimum(dram, fma / intensity), color="black",
-            label=f"CPU: min({dram:.4g} GB/s DRAM, {fma:.4g} G lane-FMA/s ÷ I)")
+            label=f"CPU: min({dram:.4g} GB/s DRAM, {fma:.4g} G multiply-add/s ÷ I)")
     if profile.pinned_h2d_gbps > 0:
         ax.axhline(profile.pinned_h2d_gbps, color="tab:orange", linestyle="--",
                    label=f"PCIe pinned host→GPU {profile.pinned_h2d_gbps:.4g} GB/s")
@@ -547,7 +547,7 @@ def plot_roofline(profile, runs, path):
                     color=f"C{index}", label=f"{label}: {achieved[label][1]:.4g} GB/s reached in the runs")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity I (fp32 lane-FMAs per KV byte)")
+    ax.set_xlabel("arithmetic intensity I (multiply-adds per KV byte)")
     ax.set_ylabel("attainable KV read rate (GB/s)")
     ax.set_title(f"Attention roofline of machine profile '{profile.name}'")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))

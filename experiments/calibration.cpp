@@ -1,23 +1,27 @@
+// GCC 12's AVX-512 intrinsics warn about their own undefined vectors (GCC bug
+// 105593, fixed in GCC 13); the diagnostic must be off where they are included.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 #include "experiments/calibration.hpp"
 
 #include <KokkosBlas2_gemv.hpp>
 #include <KokkosBlas3_gemm.hpp>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 
 #include "attention/decode.hpp"
+#include "framework/cpu_path.hpp"
+#include "framework/simd.hpp"
 #include "framework/timer.hpp"
-
-#include <algorithm>
-
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
 
 namespace writescope {
 namespace {
@@ -140,24 +144,75 @@ struct FmaChains {
   }
 };
 
-#if defined(__AVX2__) && defined(__FMA__)
-constexpr int fma_lanes = 8;
-#else
-constexpr int fma_lanes = 1;
+/// Per thread, scalar: fma_iterations x fma_chains dependent scalar FMAs.
+struct ScalarFmaChains {
+  float seed;
+  void operator()(int, float& sink) const {
+    float acc[fma_chains];
+    for (int c = 0; c < fma_chains; ++c) acc[c] = seed + c;
+    for (std::int64_t i = 0; i < fma_iterations / 8; ++i)
+      for (int c = 0; c < fma_chains; ++c) acc[c] = std::fma(acc[c], 0.999999f, 1e-7f);
+    for (float a : acc) sink += a;
+  }
+};
+
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+/// Per thread: fma_iterations x fma_chains vdpbf16ps (32 multiply-adds each).
+struct Bf16DotChains {
+  float seed;
+  void operator()(int, float& sink) const {
+    __m512 acc[fma_chains];
+    for (int c = 0; c < fma_chains; ++c) acc[c] = _mm512_set1_ps(seed + c);
+    const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3f80));  // bf16 1.0
+    const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3380));  // bf16 2^-24
+    for (std::int64_t i = 0; i < fma_iterations; ++i)
+      for (int c = 0; c < fma_chains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+    alignas(64) float lanes[16];
+    for (int c = 0; c < fma_chains; ++c) {
+      _mm512_store_ps(lanes, acc[c]);
+      for (float lane : lanes) sink += lane;
+    }
+  }
+};
+#pragma GCC pop_options
 #endif
+
+template <class Chains>
+double chains_rate(double multiply_adds_per_thread, Chains chains) {
+  const HostExecSpace space;
+  const int threads = space.concurrency();
+  return best_rate(space, static_cast<double>(threads) * multiply_adds_per_thread, [&](const HostExecSpace& s) {
+    float sum = 0;
+    Kokkos::parallel_reduce("writescope::experiments::product_peak", Kokkos::RangePolicy<HostExecSpace>(s, 0, threads),
+                            chains, sum);
+    keep(sum);
+  });
+}
 
 }  // namespace
 
-double measure_host_fma_glanes() {
-  const HostExecSpace space;
-  const int threads = space.concurrency();
-  const double lane_fmas = static_cast<double>(threads) * fma_iterations * fma_chains * fma_lanes;
-  return best_rate(space, lane_fmas, [&](const HostExecSpace& s) {
-    float sum = 0;
-    Kokkos::parallel_reduce("writescope::experiments::fma_peak", Kokkos::RangePolicy<HostExecSpace>(s, 0, threads),
-                            FmaChains{1.0f}, sum);
-    keep(sum);
-  });
+double measure_host_product_gmacs(CpuPath path) {
+  const double chained = static_cast<double>(fma_iterations) * fma_chains;
+  switch (path) {
+    case CpuPath::avx512_bf16:
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+      return chains_rate(chained * 32, Bf16DotChains{1.0f});
+#else
+      break;
+#endif
+    case CpuPath::avx2:
+#if defined(__AVX2__) && defined(__FMA__)
+      return chains_rate(chained * 8, FmaChains{1.0f});
+#else
+      break;
+#endif
+    case CpuPath::scalar:
+      return chains_rate(chained / 8, ScalarFmaChains{1.0f});
+  }
+  throw std::invalid_argument(std::string("measure_host_product_gmacs: CPU path '") + cpu_path_name(path) +
+                              "' is not compiled in");
 }
 
 namespace {
@@ -290,7 +345,9 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
     field = measure();
   };
   step("host DRAM read bandwidth", p.cpu_dram_read_gbps, [] { return measure_host_dram_read_gbps(); });
-  step("host FMA throughput", p.cpu_fma_glanes, [] { return measure_host_fma_glanes(); });
+  p.cpu_path = cpu_path_name(active_cpu_path());
+  step("host product throughput (" + p.cpu_path + ")", p.cpu_fma_glanes,
+       [] { return measure_host_product_gmacs(active_cpu_path()); });
   step("host launch latency", p.cpu_launch_latency_s, [] { return measure_host_launch_latency_s(); });
   step("CPU GEMV bandwidth", p.cpu_gemv_gbps, [] { return measure_cpu_gemv_gbps(); });
   step("CPU GEMM throughput", p.cpu_gemm_gflops, [] { return measure_cpu_gemm_gflops(); });

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention/shape.hpp"
+#include "framework/cpu_path.hpp"
 #include "framework/roofline.hpp"
 #include "framework/spaces.hpp"
 #include "layouts/inplace_kv_cache.hpp"
@@ -28,8 +29,11 @@ void copy_words(const HostExecSpace& space, const HostWords& destination, const 
 
 /// Best of five fenced reads of `bytes` with all host threads.
 double measure_host_dram_read_gbps(std::int64_t bytes = std::int64_t{1} << 30);
-/// fp32 lane-FMAs per second with all host threads, 8-wide AVX2 FMA where built with it.
-double measure_host_fma_glanes();
+/// Multiply-adds per second (10^9) of the product instruction of CPU path
+/// `path`, all host threads: scalar fp32 FMA, 8-lane fp32 FMA (avx2), or
+/// vdpbf16ps, 32 bf16 multiply-adds each (avx512_bf16). The compute roof of
+/// the host kernels that run on that path.
+double measure_host_product_gmacs(CpuPath path);
 /// Smallest time of an empty parallel_for over the host threads.
 double measure_host_launch_latency_s();
 /// Streaming GEMV (float, through Kokkos Kernels / OpenBLAS): matrix bytes per second.

@@ -12,10 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "attention/impl/host_block_attention.hpp"
 #include "experiments/calibration.hpp"
 #include "experiments/harness.hpp"
 #include "moe/model.hpp"
 #include "framework/config.hpp"
+#include "framework/cpu_path.hpp"
 #include "framework/log.hpp"
 #include "framework/machine.hpp"
 #include "framework/results_store.hpp"
@@ -78,6 +80,19 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
     std::visit([&](const auto& v) { out << v; }, value);
     out << "\n";
   }
+  out << "\nCPU decode attention (bf16 KV): the path each product takes\n";
+  for (const char* name : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"}) {
+    const AttentionShape shape = attention_shape(name);
+    const BlockGeometry geometry = shape.block_geometry(256);
+    out << "  " << std::left << std::setw(18) << name << std::right;
+    for (Region region : {Region::cpu_resident, Region::cpu_streamed})
+      out << "  " << region_name(region) << ": "
+          << cpu_path_name(impl::host_product_path(active_cpu_path(), geometry, block_order(region), shape.group(),
+                                                   true));
+    out << "\n";
+  }
+  if (active_cpu_path() != best_cpu_path())
+    out << "  (pinned by WRITESCOPE_CPU_PATH; the best path here is " << cpu_path_name(best_cpu_path()) << ")\n";
   out << "\nKokkos configuration\n" << machine.kokkos_configuration;
 }
 

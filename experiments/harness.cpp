@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "framework/log.hpp"
+#include "framework/cpu_path.hpp"
 #include "framework/machine.hpp"
 #include "framework/results_store.hpp"
 #include "framework/runtime.hpp"
@@ -494,6 +495,7 @@ void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& conf
   profile.set_attribute("cpu_fma_glanes", p.cpu_fma_glanes);
   profile.set_attribute("cpu_gemv_gbps", p.cpu_gemv_gbps);
   profile.set_attribute("cpu_threads", static_cast<std::int64_t>(p.cpu_threads));
+  profile.set_attribute("cpu_path", p.cpu_path);
   if (!root.has("runs")) root.create_group("runs");
 }
 
@@ -504,6 +506,10 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
   if (!has_gpu && profile.has_gpu)
     log_info("run: profile '", profile.name, "' describes a GPU machine but this build has no GPU; ",
              "the systems plan for that machine and run on the host");
+  if (profile.cpu_path != cpu_path_name(active_cpu_path()))
+    log_info("run: warning: profile '", profile.name, "' measured the CPU kernels on the ", profile.cpu_path,
+             " path but this process runs ", cpu_path_name(active_cpu_path()),
+             "; its CPU rates do not describe these kernels (re-run writescope calibrate)");
   if (const auto parent = std::filesystem::path(config.output).parent_path(); !parent.empty())
     std::filesystem::create_directories(parent);
   ResultsStore store(config.output);

@@ -1,5 +1,7 @@
 #include "framework/machine.hpp"
 
+#include "framework/cpu_path.hpp"
+
 #include <Kokkos_Core.hpp>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -78,6 +80,9 @@ MachineDescription MachineDescription::detect() {
   utsname uts{};
   if (uname(&uts) == 0) m.operating_system = std::string(uts.sysname) + " " + uts.release + " " + uts.machine;
   m.cpu_model = proc_field("/proc/cpuinfo", "model name");
+  for (CpuPath path : supported_cpu_paths())
+    m.cpu_paths += (m.cpu_paths.empty() ? "" : ", ") + std::string(cpu_path_name(path));
+  m.cpu_path = cpu_path_name(active_cpu_path());
   m.logical_cpus = sysconf(_SC_NPROCESSORS_ONLN);
   m.host_threads = HostExecSpace().concurrency();
   m.openmp_environment = read_openmp_environment();
@@ -108,6 +113,8 @@ std::vector<std::pair<std::string, MachineDescription::Value>> MachineDescriptio
   return {{"hostname", hostname},
           {"operating_system", operating_system},
           {"cpu_model", cpu_model},
+          {"cpu_paths", cpu_paths},
+          {"cpu_path", cpu_path},
           {"logical_cpus", logical_cpus},
           {"host_threads", host_threads},
           {"openmp_environment", openmp_environment},

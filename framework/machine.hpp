@@ -18,6 +18,8 @@ struct MachineDescription {
   std::string hostname;
   std::string operating_system;  // uname: sysname release machine
   std::string cpu_model;
+  std::string cpu_paths;            // host kernel paths this CPU and build run, comma-separated
+  std::string cpu_path;             // the one host kernels take (framework/cpu_path.hpp)
   std::int64_t logical_cpus = 0;    // online CPUs
   std::int64_t host_threads = 0;    // Kokkos host execution space concurrency
   std::string openmp_environment;   // OMP_* variables as set, "" when none

@@ -46,8 +46,9 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     p.link_latency_s = non_negative_micros(link, "latency_us");
   }
   const ConfigNode cpu = root.child("cpu");
-  cpu.allow_only({"threads", "dram_read_gbps", "fma_glanes", "launch_latency_us", "gemv_gbps", "gemm_gflops",
+  cpu.allow_only({"threads", "dram_read_gbps", "path", "fma_glanes", "launch_latency_us", "gemv_gbps", "gemm_gflops",
                   "attention_gbps"});
+  if (cpu.has("path")) p.cpu_path = cpu.get_choice("path", {"scalar", "avx2", "avx512_bf16"});
   p.cpu_threads = cpu.get<int>("threads");
   if (p.cpu_threads < 1) cpu.fail("threads", "must be at least 1");
   p.cpu_dram_read_gbps = positive(cpu, "dram_read_gbps");
@@ -88,7 +89,8 @@ std::string MachineProfile::to_yaml() const {
         << pageable_d2h_gbps << YAML::Key << "latency_us" << YAML::Value << link_latency_s * 1e6 << YAML::EndMap;
   }
   out << YAML::Key << "cpu" << YAML::Value << YAML::BeginMap << YAML::Key << "threads" << YAML::Value << cpu_threads
-      << YAML::Key << "dram_read_gbps" << YAML::Value << cpu_dram_read_gbps << YAML::Key << "fma_glanes"
+      << YAML::Key << "dram_read_gbps" << YAML::Value << cpu_dram_read_gbps << YAML::Key << "path" << YAML::Value
+      << cpu_path << YAML::Key << "fma_glanes"
       << YAML::Value << cpu_fma_glanes << YAML::Key << "launch_latency_us" << YAML::Value
       << cpu_launch_latency_s * 1e6 << YAML::Key << "gemv_gbps" << YAML::Value << cpu_gemv_gbps << YAML::Key
       << "gemm_gflops" << YAML::Value << cpu_gemm_gflops << YAML::Key << "attention_gbps" << YAML::Value

@@ -26,6 +26,11 @@ struct MachineProfile {
   double link_latency_s = 0;        // fixed cost of streaming in a step
   int cpu_threads = 0;
   double cpu_dram_read_gbps = 0;
+  /// The host kernels' instruction path (framework/cpu_path.hpp) the CPU
+  /// figures were measured with; profiles written before paths existed: "avx2".
+  std::string cpu_path = "avx2";
+  /// Multiply-adds per second (10^9) of that path's product instruction
+  /// (8-lane fp32 FMA for avx2, 32-pair vdpbf16ps for avx512_bf16).
   double cpu_fma_glanes = 0;
   double cpu_launch_latency_s = 0;  // fixed cost of the CPU share of a step
   double cpu_gemv_gbps = 0;         // expert weights streamed by decode GEMVs

@@ -23,6 +23,13 @@
 // the rest of the binary keeps the AVX2 baseline, and the dispatcher calls
 // them only where the CPU runs them (framework/cpu_path.hpp).
 
+// GCC 12's AVX-512 intrinsics warn about their own undefined vectors (GCC bug
+// 105593, fixed in GCC 13); the diagnostic must be off where they are included.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 #include "attention/impl/host_block_attention.hpp"
 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
@@ -64,6 +71,15 @@ inline __m512 exp16(__m512 x) {
   const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(exponent));
 }
+
+/// Sum and maximum of 16 lanes (GCC 12's own 512-bit reductions warn about
+/// their undefined vectors).
+inline __m256 fold_halves(__m512 v, bool maximum) {
+  const __m512 swapped = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));
+  return _mm512_castps512_ps256(maximum ? _mm512_max_ps(v, swapped) : _mm512_add_ps(v, swapped));
+}
+inline float sum16(__m512 v) { return simd::horizontal_sum(fold_halves(v, false)); }
+inline float max16(__m512 v) { return simd::horizontal_max(fold_halves(v, true)); }
 
 inline std::uint32_t bf16_pair(float first, float second) {
   return std::uint32_t{from_float<bf16>(first).bits} | (std::uint32_t{from_float<bf16>(second).bits} << 16);
@@ -252,7 +268,7 @@ void exponentiate(int group, int count, int value_dim, float* o, Work& w) {
       const __mmask16 inside = count - i >= 16 ? all : static_cast<__mmask16>((1u << (count - i)) - 1u);
       vmax = _mm512_mask_max_ps(vmax, inside, vmax, _mm512_loadu_ps(row + i));
     }
-    const float pass_max = _mm512_reduce_max_ps(vmax);
+    const float pass_max = max16(vmax);
     const float maximum = std::max(w.maxima[h], pass_max);
     if (maximum > w.maxima[h] && w.sums[h] > 0) {
       const float rescale = std::exp(w.maxima[h] - maximum);
@@ -272,7 +288,7 @@ void exponentiate(int group, int count, int value_dim, float* o, Work& w) {
       _mm512_storeu_si512(w.weights + h * (pass_tokens / 2) + i / 2,
                           reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
     }
-    w.sums[h] += _mm512_reduce_add_ps(vsum);
+    w.sums[h] += sum16(vsum);
   }
 }
 

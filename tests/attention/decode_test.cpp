@@ -6,6 +6,7 @@
 #include <iostream>
 #include <limits>
 
+#include "attention/impl/host_block_attention.hpp"
 #include "attention/reference.hpp"
 #include "framework/cpu_path.hpp"
 #include "exec_spaces.hpp"
@@ -186,6 +187,18 @@ TYPED_TEST(DecodeAttentionTest, HostProductMatchesReferenceOnEveryCpuPath) {
       this->expect_reference(this->attend_all_regions(inner, BlockProduct::automatic), inner, bf16_products);
     }
   }
+}
+
+// A model shape the fastest path silently refuses would run on a slower one
+// and still pass every accuracy test; this catches it (writescope info shows it).
+TEST(DecodeAttentionDispatch, EveryModelShapeTakesTheBestCpuPath) {
+  for (const AttentionShape& shape :
+       {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()})
+    for (Region region : {Region::cpu_resident, Region::cpu_streamed, Region::gpu_streamed})
+      EXPECT_EQ(impl::host_product_path(best_cpu_path(), shape.block_geometry(256), block_order(region), shape.group(),
+                                        true),
+                best_cpu_path())
+          << shape.name << " " << region_name(region);
 }
 
 TYPED_TEST(DecodeAttentionTest, SplitAtAnyPointAndMergeEqualsMonolithic) {
