@@ -25,6 +25,13 @@ inline ReferenceModel reference_for(const ModelConfig& config, std::uint64_t see
   return model;
 }
 
+/// Runtime vs reference logits, relative to the largest |logit|. Both round
+/// cached keys and values to bf16, so a last-bit fp32 difference in a key
+/// (another summation order: AVX2, AVX-512 or scalar products) can flip its
+/// bf16 rounding (2^-9 relative) and move the logits by a few 1e-4; a wrong
+/// kernel moves them by 1e-2 and more.
+inline constexpr double model_logit_tolerance = 1e-3;
+
 /// Every logit within tolerance x (1 + the largest |expected|).
 inline void expect_logits_near(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance,
                                const std::string& where) {

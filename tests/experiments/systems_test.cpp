@@ -66,14 +66,16 @@ TEST_P(SystemsTest, MatchesTheReferenceWithinItsBudgets) {
     std::vector<int> sequences, tokens;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       sequences.push_back(model.add_sequence(12));
-      expect_logits_near(model.prefill(sequences[i], prompts[i]), references[i].forward(prompts[i]), 1e-4, "prefill");
+      expect_logits_near(model.prefill(sequences[i], prompts[i]), references[i].forward(prompts[i]),
+                         test::model_logit_tolerance, "prefill");
       tokens.push_back(1 + static_cast<int>(i));
     }
     for (int step = 0; step < 6; ++step) {
       if (step == 2) model.end_warmup();
       const auto logits = model.step(sequences, tokens);
       for (std::size_t i = 0; i < sequences.size(); ++i) {
-        expect_logits_near(logits[i], references[i].forward({tokens[i]}), 1e-4, "step " + std::to_string(step));
+        expect_logits_near(logits[i], references[i].forward({tokens[i]}), test::model_logit_tolerance,
+                           "step " + std::to_string(step));
         tokens[i] = static_cast<int>(std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin());
       }
     }

@@ -2,7 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <iostream>
+#include <tuple>
+#include <vector>
+
 #include "exec_spaces.hpp"
+#include "framework/cpu_path.hpp"
 #include "kv_test_data.hpp"
 
 namespace writescope {
@@ -13,12 +19,12 @@ class LinearTest : public ::testing::Test {};
 using Cases = test::SpacesTimesScalars<EnabledExecSpaces, float, bf16>::type;
 TYPED_TEST_SUITE(LinearTest, Cases, test::SpaceAndScalarName);
 
-TYPED_TEST(LinearTest, MatchesADoubleReference) {
-  using ExecSpace = typename TypeParam::Exec;
-  using Scalar = typename TypeParam::Storage;
-  using Mem = typename ExecSpace::memory_space;
-  // Shapes with and without the vector fast path: in % 8, out % 4, odd row counts.
-  for (const auto& [rows, in, out] : std::vector<std::tuple<int, int, int>>{{1, 64, 12}, {5, 128, 36}, {3, 20, 7}}) {
+/// y = x W^T against a double reference for a set of shapes.
+template <class ExecSpace, class Scalar, class Mem>
+void expect_reference() {
+  // Shapes with and without the vector fast paths: in % 32, in % 8, out % 16, out % 4, 1 to 9 rows.
+  for (const auto& [rows, in, out] : std::vector<std::tuple<int, int, int>>{
+           {1, 64, 12}, {5, 128, 36}, {3, 20, 7}, {8, 96, 35}, {2, 32, 16}, {7, 64, 18}, {9, 64, 20}}) {
     const auto x_values = test::random_values<float>(rows * in, 1);
     const auto w_values = test::random_values<Scalar>(out * in, 2);
     Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> x_host("writescope::test::x", rows, in);
@@ -37,6 +43,29 @@ TYPED_TEST(LinearTest, MatchesADoubleReference) {
         ASSERT_NEAR(result(r, j), expected, 1e-4 * (1 + std::abs(expected))) << rows << "x" << in << "x" << out;
       }
   }
+}
+
+// On every CPU path this machine runs (others named as skipped), all within
+// fp32 accuracy (the AVX-512 BF16 path splits x into two bf16 parts).
+TYPED_TEST(LinearTest, MatchesADoubleReferenceOnEveryCpuPath) {
+  using ExecSpace = typename TypeParam::Exec;
+  using Scalar = typename TypeParam::Storage;
+  using Mem = typename ExecSpace::memory_space;
+  for (CpuPath path : {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_bf16}) {
+    if (!cpu_path_supported(path)) {
+      std::cout << "[ SKIPPED  ] CPU path " << cpu_path_name(path) << ": not supported by this CPU or build\n";
+      continue;
+    }
+    ScopedCpuPath pinned(path);
+    SCOPED_TRACE(std::string("CPU path ") + cpu_path_name(path));
+    expect_reference<ExecSpace, Scalar, Mem>();
+  }
+}
+
+TYPED_TEST(LinearTest, RejectsMismatchedShapes) {
+  using ExecSpace = typename TypeParam::Exec;
+  using Scalar = typename TypeParam::Storage;
+  using Mem = typename ExecSpace::memory_space;
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> x("writescope::test::x", 2, 8), y("writescope::test::y", 2, 3);
   Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> w("writescope::test::w", 4, 8);
   EXPECT_THROW((linear<ExecSpace, Scalar>(ExecSpace(), x, w, y)), std::invalid_argument);

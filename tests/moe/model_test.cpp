@@ -73,7 +73,7 @@ TEST(MoeModel, DecodeMatchesTheReferenceWhereverBlocksAndExpertsLive) {
       if (t < prompts[1].size()) sequences.push_back(b), tokens.push_back(prompts[1][t]);
       const auto logits = model.step(sequences, tokens);
       for (std::size_t i = 0; i < sequences.size(); ++i)
-        expect_logits_near(logits[i], references[i].forward({tokens[i]}), 1e-4,
+        expect_logits_near(logits[i], references[i].forward({tokens[i]}), test::model_logit_tolerance,
                            "step " + std::to_string(t) + " sequence " + std::to_string(i));
     }
     EXPECT_EQ(model.cache().length(0, a), static_cast<std::int64_t>(prompts[0].size()));
@@ -93,10 +93,12 @@ TEST(MoeModel, ChunkedPrefillMatchesTheReference) {
     ReferenceModel reference = reference_for(config, 3);
     const std::vector<int> prompt{5, 17, 200, 3, 99, 42, 7, 8, 11, 250};
     const int sequence = model.add_sequence();
-    expect_logits_near(model.prefill(sequence, prompt), reference.forward(prompt), 1e-4, "prefill");
+    expect_logits_near(model.prefill(sequence, prompt), reference.forward(prompt), test::model_logit_tolerance,
+                       "prefill");
     EXPECT_EQ(model.cache().length(config.layers - 1, sequence), static_cast<std::int64_t>(prompt.size()));
     for (int token : {9, 100, 2})
-      expect_logits_near(model.step({sequence}, {token}).front(), reference.forward({token}), 1e-4, "decode");
+      expect_logits_near(model.step({sequence}, {token}).front(), reference.forward({token}),
+                         test::model_logit_tolerance, "decode");
     EXPECT_THROW(model.prefill(sequence, {1}), std::invalid_argument);
   }
 }

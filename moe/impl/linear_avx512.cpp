@@ -1,0 +1,126 @@
+// GCC 12's AVX-512 intrinsics warn about their own undefined vectors (GCC bug
+// 105593, fixed in GCC 13); the diagnostic must be off where they are included.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+// The AVX-512 decode linear layer (see linear_impl.hpp for the contract).
+//
+// Why it looks like this: decode GEMVs stream each weight once for a handful of
+// input rows, so the product must keep up with DRAM. A 64-byte line of bf16
+// weights becomes two 16-lane fp32 vectors with one shift and one mask (even
+// and odd columns), so the inputs are split once per call into even and odd
+// columns to match; the products are fp32 FMAs, exact to fp32 like the AVX2
+// path. (vdpbf16ps would need the inputs in bf16: rounding them moved the
+// tiny models' logits by 1e-2, and a two-part bf16 split, at the same
+// instruction count as these FMAs, still by 4e-4.) Each work item streams a
+// few weight rows once, against every input row at once, and prefetches them.
+
+#include "moe/impl/linear_impl.hpp"
+
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+
+namespace writescope::impl {
+namespace {
+
+/// Bytes ahead of the current column that each weight row is requested from memory.
+constexpr int prefetch_bytes = 1024;
+
+inline float sum16(__m512 v) {
+  const __m512 swapped = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));
+  return simd::horizontal_sum(_mm512_castps512_ps256(_mm512_add_ps(v, swapped)));
+}
+
+/// `Features` weight rows against `Rows` input rows: Rows x Features
+/// accumulators of 16 lanes each, summed across lanes at the end.
+template <int Rows, int Features>
+void features_block(const float* x_split, int in, const bf16* w, std::int64_t w_stride, float* y,
+                    std::int64_t y_stride) {
+  const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  __m512 acc[Rows][Features];
+  WRITESCOPE_UNROLL(8)
+  for (int r = 0; r < Rows; ++r)
+    WRITESCOPE_UNROLL(4)
+    for (int f = 0; f < Features; ++f) acc[r][f] = _mm512_setzero_ps();
+  for (int c = 0; c < in; c += 32) {
+    __m512 even[Features], odd[Features];
+    WRITESCOPE_UNROLL(4)
+    for (int f = 0; f < Features; ++f) {
+      const bf16* row = w + f * w_stride + c;
+      _mm_prefetch(reinterpret_cast<const char*>(row) + prefetch_bytes, _MM_HINT_T0);
+      const __m512i raw = _mm512_loadu_si512(row);
+      even[f] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+      odd[f] = _mm512_castsi512_ps(_mm512_and_si512(raw, odd_mask));
+    }
+    WRITESCOPE_UNROLL(8)
+    for (int r = 0; r < Rows; ++r) {
+      const __m512 x_even = _mm512_loadu_ps(x_split + r * in + c / 2);
+      const __m512 x_odd = _mm512_loadu_ps(x_split + r * in + in / 2 + c / 2);
+      WRITESCOPE_UNROLL(4)
+      for (int f = 0; f < Features; ++f)
+        acc[r][f] = _mm512_fmadd_ps(odd[f], x_odd, _mm512_fmadd_ps(even[f], x_even, acc[r][f]));
+    }
+  }
+  WRITESCOPE_UNROLL(8)
+  for (int r = 0; r < Rows; ++r)
+    WRITESCOPE_UNROLL(4)
+    for (int f = 0; f < Features; ++f) y[r * y_stride + f] = sum16(acc[r][f]);
+}
+
+/// Up to 4 rows: 4 weight rows at a time; 5 to 8 rows: 2 (at most 16 accumulators).
+template <int Rows>
+void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stride, int features, float* y,
+                std::int64_t y_stride) {
+  constexpr int step = Rows <= 4 ? 4 : 2;
+  int f = 0;
+  for (; f + step <= features; f += step)
+    features_block<Rows, step>(x_split, in, w + f * w_stride, w_stride, y + f, y_stride);
+  for (; f < features; ++f) features_block<Rows, 1>(x_split, in, w + f * w_stride, w_stride, y + f, y_stride);
+}
+
+}  // namespace
+
+void split_even_odd_avx512(const float* x, std::int64_t x_stride, int rows, int in, float* x_split) {
+  alignas(64) static constexpr std::int32_t even_index[16] = {0,  2,  4,  6,  8,  10, 12, 14,
+                                                              16, 18, 20, 22, 24, 26, 28, 30};
+  alignas(64) static constexpr std::int32_t odd_index[16] = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  const __m512i evens = _mm512_load_si512(even_index), odds = _mm512_load_si512(odd_index);
+  for (int r = 0; r < rows; ++r) {
+    const float* row = x + r * x_stride;
+    float* even = x_split + static_cast<std::int64_t>(r) * in;
+    float* odd = even + in / 2;
+    for (int c = 0; c < in; c += 32) {
+      const __m512 a = _mm512_loadu_ps(row + c), b = _mm512_loadu_ps(row + c + 16);
+      _mm512_storeu_ps(even + c / 2, _mm512_permutex2var_ps(a, evens, b));
+      _mm512_storeu_ps(odd + c / 2, _mm512_permutex2var_ps(a, odds, b));
+    }
+  }
+}
+
+void linear_features_avx512(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
+                            float* y, std::int64_t y_stride) {
+  switch (rows) {
+    case 1: return rows_block<1>(x_split, in, w, w_stride, features, y, y_stride);
+    case 2: return rows_block<2>(x_split, in, w, w_stride, features, y, y_stride);
+    case 3: return rows_block<3>(x_split, in, w, w_stride, features, y, y_stride);
+    case 4: return rows_block<4>(x_split, in, w, w_stride, features, y, y_stride);
+    case 5: return rows_block<5>(x_split, in, w, w_stride, features, y, y_stride);
+    case 6: return rows_block<6>(x_split, in, w, w_stride, features, y, y_stride);
+    case 7: return rows_block<7>(x_split, in, w, w_stride, features, y, y_stride);
+    default: return rows_block<8>(x_split, in, w, w_stride, features, y, y_stride);
+  }
+}
+
+}  // namespace writescope::impl
+
+#pragma GCC pop_options
+
+#endif  // WRITESCOPE_HOST_AVX512_BF16
