@@ -139,7 +139,7 @@ MachineProfile gpu_profile() {
   return profile;
 }
 
-/// Bytes each region of `cache` holds in `layer`, counted block by block.
+/// Blocks each region of `cache` holds in `layer` over `sequences`.
 std::array<std::int64_t, region_count> blocks_per_region(const InplaceKVCache<bf16>& cache, int layer,
                                                          const std::vector<int>& sequences) {
   std::array<std::int64_t, region_count> blocks{};
