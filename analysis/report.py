@@ -648,7 +648,10 @@ def report_markdown(results, figures, min_context):
     if not results.profile.has_gpu:
         lines += ["- **The machine profile has no GPU**: the runs came from a host-only build, where the "
                   "systems' GPU work ran on the host too. The figures check the pipeline; speedups between "
-                  "CPU-GPU policies need a GPU machine."]
+                  "CPU-GPU policies need a GPU machine.",
+                  "- **WriteScope does not split here**: with no GPU in the profile its plan gives every KV "
+                  "block to the CPU (alpha = 1), so these runs exercise its write policy, the split step and "
+                  "feedback, not a CPU-GPU split (the host tests run that split with a GPU profile)."]
     lines += summary_lines(results, min_context)
     lines += ["", f"## Geometric-mean speedup (contexts ≥ {context_label(min_context)})", ""]
     lines += geomean_section(results.runs, min_context)

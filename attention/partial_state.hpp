@@ -11,6 +11,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace writescope {
@@ -23,6 +24,12 @@ struct PartialState {
   PartialState() = default;
   PartialState(const std::string& label, int batch, int q_heads, int value_dim)
       : o(label + "_o", batch, q_heads, value_dim), lse(label + "_lse", batch, q_heads) {}
+  /// Not zeroed, for states a kernel overwrites: such a state may be made on
+  /// any host thread (zeroing runs on the memory space's default execution
+  /// space, which a host thread other than Kokkos' own cannot use).
+  PartialState(std::decay_t<decltype(Kokkos::WithoutInitializing)>, const std::string& label, int batch, int q_heads, int value_dim)
+      : o(Kokkos::view_alloc(label + "_o", Kokkos::WithoutInitializing), batch, q_heads, value_dim),
+        lse(Kokkos::view_alloc(label + "_lse", Kokkos::WithoutInitializing), batch, q_heads) {}
 
   int batch() const { return static_cast<int>(o.extent(0)); }
   int q_heads() const { return static_cast<int>(o.extent(1)); }

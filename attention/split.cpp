@@ -70,7 +70,7 @@ SplitTimings SplitDecode<Scalar>::run(const InplaceKVCache<Scalar>& cache, const
   step.start();
   Kokkos::deep_copy(compute, gpu_queries_, queries);
   compute.fence();
-  if constexpr (has_gpu) {
+  if (gpu_worker_thread()) {
     // The GPU share is a chain of copies, kernels and fences: drive it from its
     // own host thread so the OpenMP threads stay free for the CPU share.
     run_concurrently([&] { timings.gpu_seconds = run_gpu_share(cache, plan, out); },

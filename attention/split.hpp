@@ -5,7 +5,8 @@
 // host-resident blocks and its share of pinned blocks in place; the partial
 // states then merge on the GPU. In a CUDA build the GPU share is driven from a
 // second host thread so both devices work at the same time; in a host-only
-// build the two shares run one after the other on the host.
+// build the two shares run one after the other on the host, or on two threads
+// when the worker thread is switched on (framework/concurrent.hpp).
 
 #include <Kokkos_Core.hpp>
 

@@ -65,8 +65,8 @@ void StreamedDecode<Scalar>::run(const GpuExecSpace& copy_space, const GpuExecSp
   if (chunks.empty()) return;
   if (chunk_out_.batch() != out.batch() || chunk_out_.q_heads() != out.q_heads() ||
       chunk_out_.value_dim() != out.value_dim())
-    chunk_out_ = PartialState<GpuMemSpace>("writescope::attention::chunk_out", out.batch(), out.q_heads(),
-                                           out.value_dim());
+    chunk_out_ = PartialState<GpuMemSpace>(Kokkos::WithoutInitializing, "writescope::attention::chunk_out",
+                                           out.batch(), out.q_heads(), out.value_dim());
   copy(copy_space, pool, chunks[0], 0);
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     copy_space.fence();     // chunk i has landed

@@ -644,7 +644,7 @@ struct ModelForward {
     };
     if (plan.cpu.empty()) {
       gpu_work();
-    } else if constexpr (has_gpu) {
+    } else if (gpu_worker_thread()) {
       // The GPU's experts are driven from their own host thread so that the
       // OpenMP threads compute the CPU's experts at the same time.
       run_concurrently(gpu_work, cpu_work);
@@ -702,12 +702,13 @@ struct ModelForward {
 
   /// One layer over `parts` (micro-batches): the feed-forward of part j runs
   /// while part j + 1's attention runs (CGOPipe's two stages; concurrent in
-  /// CUDA builds, where the CPU attends while the GPU computes experts).
+  /// CUDA builds, where the CPU attends while the GPU computes experts, and
+  /// wherever gpu_worker_thread() is on).
   void layer_pipeline(int layer, const std::vector<Pass>& parts, const Matrix<GpuMem>& x, LayerRecord& record) {
     std::vector<LayerRecord> attention(parts.size()), ffn(parts.size());
     attention_stage(layer, parts[0], x, attention[0]);
     for (std::size_t j = 0; j < parts.size(); ++j) {
-      if (has_gpu && j + 1 < parts.size()) {
+      if (gpu_worker_thread() && j + 1 < parts.size()) {
         run_concurrently([&] { feed_forward_stage(layer, parts[j], x, ffn[j]); },
                          [&] { attention_stage(layer, parts[j + 1], x, attention[j + 1]); });
       } else {

@@ -3,9 +3,14 @@
 
 #include "framework/runtime.hpp"
 
+#include <cstdlib>
 #include <iostream>
 
 int main(int argc, char* argv[]) {
+  // Kokkos warns on stdout when OMP_PROC_BIND is unset, and ctest's test
+  // discovery (--gtest_list_tests) would read the warning as three test
+  // names. The OpenMP runtime has already started unbound: say so.
+  setenv("OMP_PROC_BIND", "false", /*overwrite=*/0);
   try {
     writescope::Runtime runtime(argc, argv);
     ::testing::InitGoogleTest(&argc, argv);

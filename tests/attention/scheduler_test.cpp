@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 
 #include "kv_test_data.hpp"
 #include "synthetic_rates.hpp"
@@ -92,6 +93,44 @@ TEST_F(SchedulerTest, PlanSplitsTheBandAndCoversEveryBlockOnce) {
   // The band goes mostly to the CPU (80 % of all KV on the CPU at the optimum).
   EXPECT_NEAR(prediction.alpha, 0.8 * (1 - 4.0 / 58), 0.05);
   EXPECT_LT(std::abs(prediction.gpu_seconds - prediction.cpu_seconds), 0.1 * prediction.step_seconds);
+}
+
+/// Pinned-pool slots of `segments` (the band's blocks are told apart by slot).
+std::set<int> slots_of(const std::vector<BlockSegment>& segments) {
+  std::set<int> slots;
+  for (const BlockSegment& s : segments) slots.insert(s.slot);
+  return slots;
+}
+
+TEST_F(SchedulerTest, TheCpuTakesItsOwnBandBlocksFirstAndTheGpuStreamsItsOwnFirst) {
+  auto cache = make_cache(0);
+  const int seq = cache->add_sequence();
+  // 10 CpuStreamed blocks, then 10 GpuStreamed ones.
+  std::vector<Region> regions(10, Region::cpu_streamed);
+  regions.insert(regions.end(), 10, Region::gpu_streamed);
+  const auto data = test::random_values<bf16>(20 * block_tokens * geometry_.kv_heads * geometry_.key_dim, 5);
+  const auto view = test::token_view<bf16, HostMemSpace>(data, geometry_.kv_heads, geometry_.key_dim, 0, 20 * block_tokens);
+  cache->append(HostExecSpace(), 0, seq, view, view, regions);
+  const std::vector<TokenRange> range{{0, 20 * block_tokens}};
+  const std::set<int> cpu_streamed = slots_of(cache->segments(0, Region::cpu_streamed, {seq}, range)),
+                      gpu_streamed = slots_of(cache->segments(0, Region::gpu_streamed, {seq}, range));
+  ASSERT_EQ(cpu_streamed.size(), 10u);
+  // CPU at a third of the link's rate: a quarter of the band, all of it CpuStreamed.
+  {
+    WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(75, 25)), shape_, *cache);
+    const SplitPlan plan = scheduler.plan(0, {seq}, range);
+    const std::set<int> cpu = slots_of(plan.cpu_pinned);
+    EXPECT_EQ(cpu.size(), 5u);
+    EXPECT_TRUE(std::includes(cpu_streamed.begin(), cpu_streamed.end(), cpu.begin(), cpu.end()));
+  }
+  // CPU three times the link's rate: three quarters, including every CpuStreamed block.
+  {
+    WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(25, 75)), shape_, *cache);
+    const SplitPlan plan = scheduler.plan(0, {seq}, range);
+    const std::set<int> gpu = slots_of(plan.gpu_streamed);
+    EXPECT_EQ(gpu.size(), 5u);
+    EXPECT_TRUE(std::includes(gpu_streamed.begin(), gpu_streamed.end(), gpu.begin(), gpu.end()));
+  }
 }
 
 TEST_F(SchedulerTest, FeedbackFollowsACpuSlowdownAndItsEnd) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "attention/reference.hpp"
+#include "framework/concurrent.hpp"
 #include "kv_test_data.hpp"
 
 namespace writescope {
@@ -65,8 +66,15 @@ TYPED_TEST(SplitDecodeTest, BothDevicesTogetherMatchTheReferenceWhereverTheBandI
 
   SplitDecode<Scalar> split(shape, g, 2, 2);
   PartialState<GpuMemSpace> out("writescope::test::split_out", 2, shape.q_heads, shape.value_dim);
-  for (const SplitPlan* plan : {&as_written, &gpu_takes_band, &cpu_takes_band}) {
+  // Each plan with the two shares one after the other, then on two threads.
+  const std::vector<std::pair<bool, const SplitPlan*>> runs{
+      {false, &as_written}, {false, &gpu_takes_band}, {false, &cpu_takes_band},
+      {true, &as_written},  {true, &gpu_takes_band},  {true, &cpu_takes_band}};
+  for (const auto& [worker_thread, plan] : runs) {
+    const ScopedGpuWorkerThread worker(worker_thread);
+    const long threads_before = worker_threads_started();
     const SplitTimings timings = split.run(cache, queries, *plan, out);
+    EXPECT_EQ(worker_threads_started() > threads_before, gpu_worker_thread());
     EXPECT_EQ(timings.streamed_bytes, plan->gpu_streamed.size() * block_bytes);
     EXPECT_GE(timings.step_seconds, std::max(timings.gpu_seconds, timings.cpu_seconds) * 0.99);
     auto o = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.o);

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
+#include "framework/concurrent.hpp"
 #include "model_reference.hpp"
 #include "test_profile.hpp"
 
@@ -41,8 +43,7 @@ class SystemsTest : public ::testing::TestWithParam<std::string> {};
 
 // Every system decodes two sequences together (MoE-Lightning in two
 // micro-batches) and matches the reference, within its budgets.
-TEST_P(SystemsTest, MatchesTheReferenceWithinItsBudgets) {
-  const std::string name = GetParam();
+void expect_matches_the_reference_within_its_budgets(const std::string& name) {
   for (const char* model_name : {"tiny-qwen3-moe", "tiny-mixtral", "tiny-deepseek-v2"}) {
     SCOPED_TRACE(model_name);
     const ModelConfig config = model_preset(model_name);
@@ -91,7 +92,17 @@ TEST_P(SystemsTest, MatchesTheReferenceWithinItsBudgets) {
     } else if (name == "moe-lightning") {
       EXPECT_GT(host, 0u);
       EXPECT_EQ(vram + streamed + cpu_band, 0u);
-    } else if (name != "writescope") {
+    } else if (name == "writescope") {
+      // Without a GPU in the profile everything is the CPU's, in its regions;
+      // with one, VRAM first and CPU-affine blocks beyond (WriteScopeWithAGpu
+      // checks the whole placement).
+      if (context.profile.has_gpu) {
+        EXPECT_GT(vram, 0u);
+      } else {
+        EXPECT_EQ(vram + streamed, 0u);
+      }
+      EXPECT_GT(host + cpu_band, 0u);
+    } else {
       EXPECT_GT(vram, 0u);
       EXPECT_GT(streamed, 0u);
       EXPECT_EQ(host + cpu_band, 0u);
@@ -100,12 +111,218 @@ TEST_P(SystemsTest, MatchesTheReferenceWithinItsBudgets) {
   }
 }
 
+TEST_P(SystemsTest, MatchesTheReferenceWithinItsBudgets) { expect_matches_the_reference_within_its_budgets(GetParam()); }
+
+// The same with the GPU's share of each step (split attention, GPU experts,
+// MoE-Lightning's feed-forward stage) on its own host thread, as in a CUDA build.
+TEST_P(SystemsTest, MatchesTheReferenceWithTheGpuShareOnItsOwnThread) {
+  const ScopedGpuWorkerThread worker(true);
+  const long threads_before = worker_threads_started();
+  expect_matches_the_reference_within_its_budgets(GetParam());
+  EXPECT_GT(worker_threads_started(), threads_before);
+}
+
 INSTANTIATE_TEST_SUITE_P(EverySystem, SystemsTest, ::testing::ValuesIn(system_names()),
                          [](const auto& param_info) {
                            std::string name = param_info.param;
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });
+
+// --- WriteScope on a machine with a GPU (the host build's GPU space) ---------
+
+/// The test profile with a GPU: the link twice as fast as CPU attention, so
+/// that the model gives the CPU about a third of the spilled KV; no fixed
+/// latencies, which would outweigh the few KV bytes of the tiny models.
+MachineProfile gpu_profile() {
+  MachineProfile profile = test::tiny_profile();
+  profile.has_gpu = true;
+  profile.gpu_launch_latency_s = profile.link_latency_s = profile.cpu_launch_latency_s = 0;
+  return profile;
+}
+
+/// Blocks each region of `cache` holds in `layer` over `sequences`.
+std::array<std::int64_t, region_count> blocks_per_region(const InplaceKVCache<bf16>& cache, int layer,
+                                                         const std::vector<int>& sequences) {
+  std::array<std::int64_t, region_count> blocks{};
+  for (int sequence : sequences)
+    for (Region region : cache.block_regions(layer, sequence)) ++blocks[int(region)];
+  return blocks;
+}
+
+// Prefill and decode of two sequences: VRAM takes each layer's first blocks,
+// the rest spills into every other region, each step's attention is split
+// between the two devices, and the logits are the reference model's.
+TEST(WriteScopeWithAGpu, WritesVramFirstSpillsIntoEveryRegionAndSplitsEveryStep) {
+  for (const char* model_name : {"tiny-qwen3-moe", "tiny-mixtral", "tiny-deepseek-v2"}) {
+    SCOPED_TRACE(model_name);
+    const ModelConfig config = model_preset(model_name);
+    constexpr int prompt_tokens = 12, decode_steps = 8;
+    const SystemContext context{config, gpu_profile(), 2, prompt_tokens + decode_steps, SystemOptions{}};
+    const System system = make_system("writescope", context);
+    MoeModel model = MoeModel::synthetic(config, 4, options_for(config, system, 0, 3));
+    const std::int64_t vram_blocks = model.cache().capacity_blocks(Region::gpu_resident) / config.layers;
+    ASSERT_GT(vram_blocks, 0);
+
+    std::vector<ReferenceModel> references{reference_for(config, 4), reference_for(config, 4)};
+    std::vector<int> sequences, tokens;
+    for (int i = 0; i < 2; ++i) {
+      std::vector<int> prompt;
+      for (int t = 0; t < prompt_tokens; ++t) prompt.push_back((37 * t + 11 * i + 5) % config.vocab);
+      sequences.push_back(model.add_sequence(context.context));
+      expect_logits_near(model.prefill(sequences[i], prompt), references[i].forward(prompt), 1e-4, "prefill");
+      tokens.push_back(1 + i);
+    }
+    std::array<double, region_count> served{};
+    for (int step = 0; step < decode_steps; ++step) {
+      const auto logits = model.step(sequences, tokens);
+      for (std::size_t i = 0; i < sequences.size(); ++i) {
+        expect_logits_near(logits[i], references[i].forward({tokens[i]}), 1e-4, "step " + std::to_string(step));
+        tokens[i] = static_cast<int>(std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin());
+      }
+      for (int layer = 0; layer < config.layers; ++layer) {
+        const LayerRecord& record = model.last_records()[layer];
+        EXPECT_GT(record.alpha, 0) << "step " << step << " layer " << layer;
+        EXPECT_LT(record.alpha, 1) << "step " << step << " layer " << layer;
+        for (int r = 0; r < region_count; ++r) served[r] += record.region_bytes[r];
+      }
+    }
+    // VRAM first: each layer's share of the pool went to the first blocks written.
+    for (int layer = 0; layer < config.layers; ++layer) {
+      const auto blocks = blocks_per_region(model.cache(), layer, sequences);
+      EXPECT_EQ(blocks[int(Region::gpu_resident)], vram_blocks) << "layer " << layer;
+      const auto first = model.cache().block_regions(layer, sequences[0]);
+      for (int k = 0; k < vram_blocks; ++k) EXPECT_EQ(first.at(k), Region::gpu_resident) << "layer " << layer;
+      // The spill reaches the band on both sides and CpuResident.
+      for (Region region : {Region::gpu_streamed, Region::cpu_streamed, Region::cpu_resident})
+        EXPECT_GT(blocks[int(region)], 0) << "layer " << layer << " " << region_name(region);
+    }
+    // Every path served bytes: VRAM and streamed on the GPU, host and band on the CPU.
+    for (Region region : all_regions) EXPECT_GT(served[int(region)], 0) << region_name(region);
+  }
+}
+
+/// Attention rates (GB/s) measured in a run: each device's bytes over its
+/// time, the median over every layer of every step (a few steps of a shared
+/// machine stall for milliseconds).
+struct MeasuredRates {
+  double cpu_gbps = 0, link_gbps = 0;
+};
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
+
+MeasuredRates measured_rates(const std::vector<std::vector<LayerRecord>>& steps) {
+  std::vector<double> cpu, link;
+  for (const auto& records : steps)
+    for (const LayerRecord& r : records) {
+      const double cpu_bytes = r.region_bytes[int(Region::cpu_resident)] + r.region_bytes[int(Region::cpu_streamed)];
+      const double streamed = r.region_bytes[int(Region::gpu_streamed)];
+      if (cpu_bytes > 0 && r.attention_cpu > 0) cpu.push_back(cpu_bytes / r.attention_cpu / 1e9);
+      if (streamed > 0 && r.attention_gpu > 0) link.push_back(streamed / r.attention_gpu / 1e9);
+    }
+  return {median(cpu), median(link)};
+}
+
+/// WriteScope on tiny-mixtral with `profile`, two sequences of long
+/// synthetic contexts, no VRAM for KV: the records of each of `steps` steps.
+std::vector<std::vector<LayerRecord>> writescope_steps(const MachineProfile& profile, int steps) {
+  const ModelConfig config = model_preset("tiny-mixtral");
+  constexpr std::int64_t context_tokens = 16384;
+  const SystemContext context{config, profile, 2, context_tokens, SystemOptions{}};
+  const System system = make_system("writescope", context);
+  ModelOptions options = options_for(config, system, 0, 0);
+  options.block_tokens = 16;
+  options.stream_chunk_blocks = 64;
+  options.pinned_kv_budget = options.host_kv_budget = 32 * mib;
+  const VramUse fixed = MoeModel::fixed_vram(config, options);
+  options.vram_budget = fixed.weights + fixed.workspace;
+  MoeModel model = MoeModel::synthetic(config, 4, options);
+  std::vector<int> sequences, tokens{1, 2};
+  for (int i = 0; i < 2; ++i) {
+    sequences.push_back(model.add_sequence(context_tokens + steps));
+    model.fill_context(sequences[i], context_tokens, 7 + i);
+  }
+  std::vector<std::vector<LayerRecord>> records;
+  for (int step = 0; step < steps; ++step) {
+    model.step(sequences, tokens);
+    records.push_back(model.last_records());
+  }
+  return records;
+}
+
+/// CPU share of a step's KV, over all layers.
+double step_alpha(const std::vector<LayerRecord>& records) {
+  double cpu = 0, total = 0;
+  for (const LayerRecord& r : records) {
+    cpu += r.region_bytes[int(Region::cpu_resident)] + r.region_bytes[int(Region::cpu_streamed)];
+    for (double bytes : r.region_bytes) total += bytes;
+  }
+  return cpu / total;
+}
+
+/// A profile of this machine's rates on this path, measured by a first run
+/// (no latencies, no FMA limit: measured rates include them).
+MachineProfile measured_profile(MeasuredRates& measured) {
+  MachineProfile profile = gpu_profile();
+  profile.cpu_fma_glanes = 1e6;
+  profile.pinned_h2d_gbps = 5;
+  profile.cpu_attention_gbps["tiny-mixtral"] = {{1, 5}, {2, 5}};
+  auto steps = writescope_steps(profile, 6);
+  steps.erase(steps.begin());  // warm-up
+  measured = measured_rates(steps);
+  profile.pinned_h2d_gbps = measured.link_gbps;
+  profile.cpu_attention_gbps["tiny-mixtral"] = {{1, measured.cpu_gbps}, {2, measured.cpu_gbps}};
+  return profile;
+}
+
+// A profile whose CPU rate is wrong by 3x either way: the first steps split
+// at the profile's optimum, then feedback moves alpha within a few steps
+// towards the optimum of the rates measured in the same steps (the per-step
+// records show it). When the CPU is slower than claimed (a slowdown), only the
+// blocks fixed in CpuResident at half the claimed rate may keep alpha above
+// that optimum. The optimum comes from the same steps because this machine's
+// rates drift between runs when other work shares its cores.
+TEST(WriteScopeWithAGpu, FeedbackMovesAlphaTowardsTheOptimumWhenTheProfilesCpuRateIsWrong) {
+  MeasuredRates first_run;
+  const MachineProfile measured = measured_profile(first_run);
+  ASSERT_GT(first_run.cpu_gbps, 0);
+  ASSERT_GT(first_run.link_gbps, 0);
+  const double c = first_run.cpu_gbps, l = first_run.link_gbps;
+  constexpr int steps = 12, settle_steps = 4;
+  for (const double error : {3.0, 1.0 / 3.0}) {
+    MachineProfile profile = measured;
+    profile.cpu_attention_gbps["tiny-mixtral"] = {{1, error * c}, {2, error * c}};
+    const auto records = writescope_steps(profile, steps);
+    const std::vector<std::vector<LayerRecord>> settled_records(records.begin() + settle_steps, records.end());
+    MeasuredRates rates = measured_rates(settled_records);
+    if (rates.link_gbps == 0) rates.link_gbps = l;  // the CPU took the whole band
+    const double optimum = rates.cpu_gbps / (rates.cpu_gbps + rates.link_gbps);  // no VRAM
+    // Where the profile's optimum put the first step, and the lowest alpha the
+    // CpuResident blocks allow (placed at half the claimed rate).
+    const double alpha_before = step_alpha(records.front());
+    const double claimed_optimum = error * c / (error * c + l);
+    const double resident_floor = 0.5 * error * c / (0.5 * error * c + l);
+    const double target = std::max(optimum, resident_floor);
+    std::vector<double> settled;
+    std::string trajectory;
+    for (int step = 0; step < steps; ++step) {
+      trajectory += " " + std::to_string(step_alpha(records[step]));
+      if (step >= settle_steps) settled.push_back(step_alpha(records[step]));
+    }
+    SCOPED_TRACE("CPU rate claimed " + std::to_string(error) + "x the measured " + std::to_string(c) +
+                 " GB/s (link " + std::to_string(l) + " GB/s); measured in these steps: CPU " +
+                 std::to_string(rates.cpu_gbps) + ", link " + std::to_string(rates.link_gbps) +
+                 "; alpha per step:" + trajectory + "; target " + std::to_string(target));
+    EXPECT_NEAR(alpha_before, claimed_optimum, 0.05);
+    // The median over the settled steps tolerates a step or two that a stall
+    // throws off (the estimator follows three agreeing samples).
+    EXPECT_LT(std::abs(median(settled) - target), std::max(0.05, 0.5 * std::abs(alpha_before - target)));
+  }
+}
 
 TEST(Systems, UnknownNamesAreClearErrors) {
   SystemContext context{model_preset("tiny-mixtral"), test::tiny_profile(), 1, 16, SystemOptions{}};

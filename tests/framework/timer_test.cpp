@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <future>
+#include <memory>
 #include <thread>
 
 #include "exec_spaces.hpp"
@@ -41,6 +44,38 @@ TYPED_TEST(FencedTimerTest, IncludesAsynchronousWorkLaunchedBeforeStop) {
   EXPECT_GT(result, 0.5);
   EXPECT_GT(fenced, 0.0);
   EXPECT_LE(timer.seconds() - fenced, 1.0);
+}
+
+/// An execution space whose work runs in the background until fence(), as a
+/// GPU stream's does: on the host spaces a kernel is done when it returns, so
+/// only this shows whether the timer fences.
+class BackgroundSpace {
+ public:
+  /// Starts `seconds` of work that finishes in the background.
+  void launch(double seconds) const {
+    *pending_ = std::async(std::launch::async, [seconds] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    });
+  }
+  void fence() const {
+    if (pending_->valid()) pending_->get();
+  }
+
+ private:
+  std::shared_ptr<std::future<void>> pending_ = std::make_shared<std::future<void>>();
+};
+
+TEST(FencedTimer, WaitsForWorkLaunchedBeforeStopAndExcludesWorkLaunchedBeforeStart) {
+  constexpr double work_seconds = 0.2;
+  const BackgroundSpace space;
+  FencedTimer<BackgroundSpace> timer(space);
+  timer.start();
+  space.launch(work_seconds);
+  EXPECT_GE(timer.seconds(), work_seconds);  // without the fence in seconds(): about 0
+
+  space.launch(work_seconds);
+  timer.start();
+  EXPECT_LT(timer.seconds(), work_seconds / 2);  // without the fence in start(): about work_seconds
 }
 
 TEST(FencedTimer, TimeFencedMeasuresTheWork) {

@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 
+#include "framework/concurrent.hpp"
 #include "model_reference.hpp"
 
 namespace writescope {
@@ -129,17 +131,61 @@ TEST(MoeModel, RecordsTheBytesEachRegionServed) {
   for (int t = 0; t < 9; ++t) model.step({a, b}, {t + 1, t + 2});
   const double bytes_per_token = static_cast<double>(model.cache().block_bytes()) / 4;
   for (int layer = 0; layer < config.layers; ++layer) {
+    SCOPED_TRACE("layer " + std::to_string(layer));
+    // Count each region's tokens from where the cache says the blocks are.
+    std::array<double, region_count> counted{};
+    for (int sequence : {a, b}) {
+      const std::vector<Region> regions = model.cache().block_regions(layer, sequence);
+      const std::int64_t length = model.cache().length(layer, sequence);
+      for (std::size_t k = 0; k < regions.size(); ++k)
+        counted[int(regions[k])] += std::min<std::int64_t>(4, length - 4 * static_cast<std::int64_t>(k)) * bytes_per_token;
+    }
     const LayerRecord& record = model.last_records()[layer];
-    double total = 0;
-    for (double bytes : record.region_bytes) total += bytes;
-    EXPECT_DOUBLE_EQ(total, 2 * 9 * bytes_per_token) << "layer " << layer;
+    for (Region region : all_regions)
+      EXPECT_DOUBLE_EQ(record.region_bytes[int(region)], counted[int(region)]) << region_name(region);
     EXPECT_GT(record.attention, 0);
     EXPECT_GT(record.predicted_attention, 0);
     EXPECT_GT(record.experts_cpu, 0);
     EXPECT_GT(record.feed_forward, 0);
-    // CpuResident and CpuStreamed blocks are read by the CPU (the affine plan).
-    const double cpu_bytes = record.region_bytes[int(Region::cpu_resident)] + record.region_bytes[int(Region::cpu_streamed)];
-    EXPECT_NEAR(record.alpha, cpu_bytes / total, 1e-12);
+    // The affine plan: the CPU reads exactly the CpuResident and CpuStreamed blocks.
+    const double cpu_tokens_bytes = counted[int(Region::cpu_resident)] + counted[int(Region::cpu_streamed)];
+    EXPECT_NEAR(record.alpha, cpu_tokens_bytes / (2 * 9 * bytes_per_token), 1e-12);
+  }
+}
+
+/// A broken policy: the first activated expert on the GPU without loading it,
+/// the others on the CPU.
+class UnloadedGpuExpertPolicy final : public ExpertPolicy {
+ public:
+  int slots(int, int, int) const override { return 0; }
+  ExpertPlan plan(int, const Routing& routing, const ExpertResidency&) override {
+    ExpertPlan plan;
+    for (int e = 0; e < static_cast<int>(routing.rows.size()); ++e)
+      if (!routing.rows[e].empty()) (plan.gpu.empty() ? plan.gpu : plan.cpu).push_back(e);
+    return plan;
+  }
+};
+
+TEST(MoeModel, RunsTheGpuShareOnItsOwnThreadAndPassesItsErrorsBack) {
+  const ScopedGpuWorkerThread worker(true);
+  const ModelConfig config = model_preset("tiny-mixtral");
+  MoeModel model = MoeModel::synthetic(config, 9, options_with(every_region, mixed_experts()));
+  ReferenceModel reference = reference_for(config, 9);
+  const int sequence = model.add_sequence();
+  const long threads_before = worker_threads_started();
+  for (int token : {5, 17, 200, 3, 99, 42, 7, 8, 11})
+    expect_logits_near(model.step({sequence}, {token}).front(), reference.forward({token}), 1e-4, "decode");
+  EXPECT_GT(worker_threads_started(), threads_before);
+
+  // The GPU's experts fail on the worker thread; the caller gets the error.
+  MoeModel broken =
+      MoeModel::synthetic(config, 9, options_with(every_region, std::make_shared<UnloadedGpuExpertPolicy>()));
+  const int b = broken.add_sequence();
+  try {
+    broken.step({b}, {5});
+    FAIL() << "no error";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("neither resident nor loaded"), std::string::npos) << e.what();
   }
 }
 
