@@ -170,14 +170,16 @@ TEST(WriteScopeWithAGpu, WritesVramFirstSpillsIntoEveryRegionAndSplitsEveryStep)
       std::vector<int> prompt;
       for (int t = 0; t < prompt_tokens; ++t) prompt.push_back((37 * t + 11 * i + 5) % config.vocab);
       sequences.push_back(model.add_sequence(context.context));
-      expect_logits_near(model.prefill(sequences[i], prompt), references[i].forward(prompt), 1e-4, "prefill");
+      expect_logits_near(model.prefill(sequences[i], prompt), references[i].forward(prompt),
+                         test::model_logit_tolerance, "prefill");
       tokens.push_back(1 + i);
     }
     std::array<double, region_count> served{};
     for (int step = 0; step < decode_steps; ++step) {
       const auto logits = model.step(sequences, tokens);
       for (std::size_t i = 0; i < sequences.size(); ++i) {
-        expect_logits_near(logits[i], references[i].forward({tokens[i]}), 1e-4, "step " + std::to_string(step));
+        expect_logits_near(logits[i], references[i].forward({tokens[i]}), test::model_logit_tolerance,
+                           "step " + std::to_string(step));
         tokens[i] = static_cast<int>(std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin());
       }
       for (int layer = 0; layer < config.layers; ++layer) {

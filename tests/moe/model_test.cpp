@@ -174,7 +174,8 @@ TEST(MoeModel, RunsTheGpuShareOnItsOwnThreadAndPassesItsErrorsBack) {
   const int sequence = model.add_sequence();
   const long threads_before = worker_threads_started();
   for (int token : {5, 17, 200, 3, 99, 42, 7, 8, 11})
-    expect_logits_near(model.step({sequence}, {token}).front(), reference.forward({token}), 1e-4, "decode");
+    expect_logits_near(model.step({sequence}, {token}).front(), reference.forward({token}),
+                       test::model_logit_tolerance, "decode");
   EXPECT_GT(worker_threads_started(), threads_before);
 
   // The GPU's experts fail on the worker thread; the caller gets the error.
