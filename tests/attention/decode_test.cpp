@@ -16,7 +16,7 @@
 namespace writescope {
 namespace {
 
-constexpr int block_tokens = 64;
+constexpr int default_block_tokens = 64;
 
 template <class C>
 class DecodeAttentionTest : public ::testing::Test {
@@ -28,7 +28,8 @@ class DecodeAttentionTest : public ::testing::Test {
 
   /// Writes `lengths.size()` sequences into a fresh cache, block k of sequence s
   /// in all_regions[(k + s) % 4], and keeps the float copy for the reference.
-  void build(const AttentionShape& shape, const std::vector<std::int64_t>& lengths) {
+  void build(const AttentionShape& shape, const std::vector<std::int64_t>& lengths,
+             int block_tokens = default_block_tokens) {
     shape_ = shape;
     const BlockGeometry g = shape.block_geometry(block_tokens);
     std::int64_t blocks = 0;
@@ -179,12 +180,16 @@ TYPED_TEST(DecodeAttentionTest, HostProductMatchesReferenceOnEveryCpuPath) {
     const bool bf16_products = path == CpuPath::avx512_bf16 && std::is_same_v<Storage, bf16>;
     for (const AttentionShape& shape :
          {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()}) {
-      SCOPED_TRACE(shape.name);
-      this->build(shape, {1, 150, 333});
-      this->expect_reference(this->attend_all_regions(this->full_ranges(), BlockProduct::automatic),
-                             this->full_ranges(), bf16_products);
-      std::vector<TokenRange> inner{{0, 1}, {7, 141}, {21, 300}};
-      this->expect_reference(this->attend_all_regions(inner, BlockProduct::automatic), inner, bf16_products);
+      // 256-token blocks: segments span several of the AVX-512 product's
+      // 64-token passes (online softmax between them).
+      for (int block_tokens : {default_block_tokens, 256}) {
+        SCOPED_TRACE(shape.name + ", blocks of " + std::to_string(block_tokens));
+        this->build(shape, {1, 150, 333}, block_tokens);
+        this->expect_reference(this->attend_all_regions(this->full_ranges(), BlockProduct::automatic),
+                               this->full_ranges(), bf16_products);
+        std::vector<TokenRange> inner{{0, 1}, {7, 141}, {21, 300}};
+        this->expect_reference(this->attend_all_regions(inner, BlockProduct::automatic), inner, bf16_products);
+      }
     }
   }
 }
