@@ -1,9 +1,4 @@
-// GCC 12's AVX-512 intrinsics warn about their own undefined vectors (GCC bug
-// 105593, fixed in GCC 13); the diagnostic must be off where they are included.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "framework/avx512_diagnostics.hpp"  // first: before <immintrin.h>
 
 #include "experiments/calibration.hpp"
 

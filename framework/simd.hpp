@@ -74,21 +74,26 @@ inline float horizontal_max(__m256 v) {
   return _mm_cvtss_f32(x);
 }
 
+/// Cephes' exp: x = n ln2 + r with ln2 split in two parts, e^r by a degree-5
+/// polynomial (highest power first); shared by exp8 and the AVX-512 exp16.
+namespace exp_coefficients {
+inline constexpr float log2e = 1.44269504088896341f;
+inline constexpr float ln2_high = 0.693359375f;
+inline constexpr float ln2_low = -2.12194440e-4f;
+inline constexpr float polynomial[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                        4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace exp_coefficients
+
 /// exp(x) for 8 floats, relative error < 2e-7 over the range softmax uses
-/// (x <= 0); results below e^-87 flush to 0. Cephes' range reduction and
-/// degree-5 polynomial.
+/// (x <= 0); results below e^-87 flush to 0.
 inline __m256 exp8(__m256 x) {
+  using namespace exp_coefficients;
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(log2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(ln2_low), _mm256_fnmadd_ps(n, _mm256_set1_ps(ln2_high), x));
+  __m256 p = _mm256_set1_ps(polynomial[0]);
+  for (int k = 1; k < 6; ++k) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(polynomial[k]));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));

@@ -23,12 +23,7 @@
 // the rest of the binary keeps the AVX2 baseline, and the dispatcher calls
 // them only where the CPU runs them (framework/cpu_path.hpp).
 
-// GCC 12's AVX-512 intrinsics warn about their own undefined vectors (GCC bug
-// 105593, fixed in GCC 13); the diagnostic must be off where they are included.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "framework/avx512_diagnostics.hpp"  // first: before <immintrin.h>
 
 #include "attention/impl/host_block_attention.hpp"
 
@@ -52,21 +47,17 @@ constexpr int tile_tokens = 16;
 constexpr int max_key_dim = 1024;
 constexpr int max_value_dim = 1024;
 
-/// exp(x) for 16 floats (Cephes range reduction and polynomial, as exp8);
-/// exactly 0 below -87, so masked-out scores contribute nothing.
+/// exp(x) for 16 floats (simd::exp8's method); exactly 0 below -87, so
+/// masked-out scores contribute nothing.
 inline __m512 exp16(__m512 x) {
+  using namespace simd::exp_coefficients;
   const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(log2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_low), _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_high), x));
+  __m512 p = _mm512_set1_ps(polynomial[0]);
+  for (int k = 1; k < 6; ++k) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(polynomial[k]));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(exponent));
@@ -226,7 +217,8 @@ inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, 
     prefetch.step(1);
     const __m512i q = _mm512_load_si512(query_pairs + 16 * c);
     WRITESCOPE_UNROLL(16)
-    for (int t = 0; t < Tokens; ++t) acc[t] = dot(acc[t], q, broadcast_pairs<Phases>(keys + t * stride + 2 * Phases * c));
+    for (int t = 0; t < Tokens; ++t)
+      acc[t] = dot(acc[t], q, broadcast_pairs<Phases>(keys + t * stride + 2 * Phases * c));
   }
   // Every access to acc[] in an unrolled loop, or GCC keeps the array in memory.
   ahead = prefetch;
@@ -432,9 +424,10 @@ void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, i
     const float* q = queries + h * g.key_dim;
     std::uint32_t* row = rows + h * pairs;
     int j = 0;
-    for (; j + 16 <= pairs; j += 16)
-      _mm512_storeu_si512(row + j, reinterpret_cast<__m512i>(
-                                       _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 2 * j + 16), _mm512_loadu_ps(q + 2 * j))));
+    for (; j + 16 <= pairs; j += 16) {
+      const __m512 first = _mm512_loadu_ps(q + 2 * j), second = _mm512_loadu_ps(q + 2 * j + 16);
+      _mm512_storeu_si512(row + j, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(second, first)));
+    }
     for (; j < pairs; ++j) row[j] = bf16_pair(q[2 * j], q[2 * j + 1]);
   }
   if (g.tiled_keys(order)) {

@@ -3,12 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <iostream>
 #include <limits>
 
 #include "attention/impl/host_block_attention.hpp"
 #include "attention/reference.hpp"
 #include "framework/cpu_path.hpp"
+#include "cpu_paths.hpp"
 #include "exec_spaces.hpp"
 #include "kv_test_data.hpp"
 #include "layouts/inplace_kv_cache.hpp"
@@ -170,13 +170,7 @@ TYPED_TEST(DecodeAttentionTest, MatchesReferenceForEveryModelShape) {
 // named as skipped), with segments that start and end inside key tiles.
 TYPED_TEST(DecodeAttentionTest, HostProductMatchesReferenceOnEveryCpuPath) {
   using Storage = typename TestFixture::Scalar;
-  for (CpuPath path : {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_bf16}) {
-    if (!cpu_path_supported(path)) {
-      std::cout << "[ SKIPPED  ] CPU path " << cpu_path_name(path) << ": not supported by this CPU or build\n";
-      continue;
-    }
-    ScopedCpuPath pinned(path);
-    SCOPED_TRACE(std::string("CPU path ") + cpu_path_name(path));
+  test::for_each_cpu_path([&](CpuPath path) {
     const bool bf16_products = path == CpuPath::avx512_bf16 && std::is_same_v<Storage, bf16>;
     for (const AttentionShape& shape :
          {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()}) {
@@ -191,7 +185,7 @@ TYPED_TEST(DecodeAttentionTest, HostProductMatchesReferenceOnEveryCpuPath) {
         this->expect_reference(this->attend_all_regions(inner, BlockProduct::automatic), inner, bf16_products);
       }
     }
-  }
+  });
 }
 
 // A model shape the fastest path silently refuses would run on a slower one

@@ -3,12 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <iostream>
 #include <tuple>
 #include <vector>
 
+#include "cpu_paths.hpp"
 #include "exec_spaces.hpp"
-#include "framework/cpu_path.hpp"
 #include "kv_test_data.hpp"
 
 namespace writescope {
@@ -51,15 +50,7 @@ TYPED_TEST(LinearTest, MatchesADoubleReferenceOnEveryCpuPath) {
   using ExecSpace = typename TypeParam::Exec;
   using Scalar = typename TypeParam::Storage;
   using Mem = typename ExecSpace::memory_space;
-  for (CpuPath path : {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_bf16}) {
-    if (!cpu_path_supported(path)) {
-      std::cout << "[ SKIPPED  ] CPU path " << cpu_path_name(path) << ": not supported by this CPU or build\n";
-      continue;
-    }
-    ScopedCpuPath pinned(path);
-    SCOPED_TRACE(std::string("CPU path ") + cpu_path_name(path));
-    expect_reference<ExecSpace, Scalar, Mem>();
-  }
+  test::for_each_cpu_path([](CpuPath) { expect_reference<ExecSpace, Scalar, Mem>(); });
 }
 
 TYPED_TEST(LinearTest, RejectsMismatchedShapes) {
