@@ -18,6 +18,10 @@
 #include "framework/simd.hpp"
 #include "framework/timer.hpp"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 namespace writescope {
 namespace {
 
