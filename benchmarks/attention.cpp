@@ -30,10 +30,12 @@ namespace {
 /// reads its KV from DRAM.
 constexpr double rotated_kv_bytes = 512.0 * (1 << 20);
 
-template <class ExecSpace, class PoolSpace>
+/// `memory_bound()`: the memory bound in GB/s, called right after the timed
+/// iterations (a shared machine's rates drift between benchmarks).
+template <class ExecSpace, class PoolSpace, class MemoryBound>
 void decode(benchmark::State& state, const AttentionShape& shape, Region region,
             const Kokkos::View<bf16**, Kokkos::LayoutRight, PoolSpace>& (InplaceKVCache<bf16>::*pool)() const,
-            double bound_gbps) {
+            MemoryBound memory_bound) {
   using MemSpace = typename ExecSpace::memory_space;
   const std::int64_t tokens = state.range(0);
   const double kv_bytes = static_cast<double>(tokens) * shape.kv_heads *
@@ -60,6 +62,7 @@ void decode(benchmark::State& state, const AttentionShape& shape, Region region,
   run(space);  // warm-up: workspace allocation, first touch of scratch
   const double total = bench::run_fenced_iterations(state, space, run);
   const double gbps = kv_bytes * static_cast<double>(state.iterations()) / total / 1e9;
+  const double bound_gbps = memory_bound();
   state.SetBytesProcessed(static_cast<std::int64_t>(kv_bytes) * state.iterations());
   state.counters["GB/s"] = gbps;
   state.counters["bound_GB/s"] = bound_gbps;
@@ -68,12 +71,12 @@ void decode(benchmark::State& state, const AttentionShape& shape, Region region,
   state.counters["kv_copies"] = copies;
   if constexpr (std::is_same_v<ExecSpace, HostExecSpace>) {
     // The ceiling of the instruction path the product runs on (its
-    // multiply-adds per second, measured in this process) over the shape's
+    // multiply-adds per second, measured right after the kernel) over the shape's
     // multiply-adds per KV byte (QK^T and P.V for each query head of a group).
     const CpuPath path = impl::host_product_path(active_cpu_path(), caches[0]->geometry(), block_order(region),
                                                  shape.group(), true);
     state.SetLabel(cpu_path_name(path));
-    const double compute_bound = bench::host_product_gmacs(path) / shape.fmas_per_byte(sizeof(bf16));
+    const double compute_bound = measure_host_product_gmacs(path) / shape.fmas_per_byte(sizeof(bf16));
     state.counters["compute_bound_GB/s"] = compute_bound;
     state.counters["fraction_of_compute_bound"] = gbps / compute_bound;
     state.counters["fraction_of_roofline"] = gbps / std::min(bound_gbps, compute_bound);
@@ -81,12 +84,11 @@ void decode(benchmark::State& state, const AttentionShape& shape, Region region,
 }
 
 void cpu_decode(benchmark::State& state, AttentionShape shape, Region region) {
+  auto dram_read = [] { return measure_host_dram_read_gbps(); };
   if (region == Region::cpu_resident)
-    decode<HostExecSpace, HostMemSpace>(state, shape, region, &InplaceKVCache<bf16>::host_pool,
-                                        bench::host_dram_read_gbps());
+    decode<HostExecSpace, HostMemSpace>(state, shape, region, &InplaceKVCache<bf16>::host_pool, dram_read);
   else
-    decode<HostExecSpace, PinnedMemSpace>(state, shape, region, &InplaceKVCache<bf16>::pinned_pool,
-                                          bench::host_dram_read_gbps());
+    decode<HostExecSpace, PinnedMemSpace>(state, shape, region, &InplaceKVCache<bf16>::pinned_pool, dram_read);
 }
 
 #define WRITESCOPE_DECODE_BENCHMARK(function, name, ...)                                      \
@@ -138,9 +140,11 @@ void split_decode(benchmark::State& state, AttentionShape shape) {
   cpu_alone.cpu_pinned = blocks;
   constexpr int alone_runs = 5;
   mean_step_seconds(split, *cache, gpu_alone, queries, out, 1);
-  const double gpu_path_alone_gbps = kv_bytes / mean_step_seconds(split, *cache, gpu_alone, queries, out, alone_runs) / 1e9;
+  const double gpu_path_alone_gbps =
+      kv_bytes / mean_step_seconds(split, *cache, gpu_alone, queries, out, alone_runs) / 1e9;
   mean_step_seconds(split, *cache, cpu_alone, queries, out, 1);
-  const double cpu_path_alone_gbps = kv_bytes / mean_step_seconds(split, *cache, cpu_alone, queries, out, alone_runs) / 1e9;
+  const double cpu_path_alone_gbps =
+      kv_bytes / mean_step_seconds(split, *cache, cpu_alone, queries, out, alone_runs) / 1e9;
 
   split.run(*cache, queries, plan, out);  // warm-up: workspaces
   double total = 0, gpu = 0, cpu = 0;
@@ -173,7 +177,7 @@ BENCHMARK_CAPTURE(split_decode, qwen3_gqa_band, qwen3_30b_a3b_attention())
 #ifdef KOKKOS_ENABLE_CUDA
 void gpu_decode(benchmark::State& state, AttentionShape shape) {
   decode<GpuExecSpace, GpuMemSpace>(state, shape, Region::gpu_resident, &InplaceKVCache<bf16>::vram_pool,
-                                    bench::hbm_copy_gbps());
+                                    [] { return bench::hbm_copy_gbps(); });
 }
 WRITESCOPE_DECODE_BENCHMARK(gpu_decode, qwen3_gqa_gpu_resident, qwen3_30b_a3b_attention());
 WRITESCOPE_DECODE_BENCHMARK(gpu_decode, deepseek_mla_gpu_resident, deepseek_v2_lite_mla_attention());

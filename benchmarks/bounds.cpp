@@ -1,19 +1,10 @@
 #include "bounds.hpp"
 
-#include <map>
-
 namespace writescope::bench {
 
 double host_dram_read_gbps() {
   static const double gbps = measure_host_dram_read_gbps();
   return gbps;
-}
-
-double host_product_gmacs(CpuPath path) {
-  static std::map<CpuPath, double> measured;
-  const auto found = measured.find(path);
-  if (found != measured.end()) return found->second;
-  return measured[path] = measure_host_product_gmacs(path);
 }
 
 #ifdef KOKKOS_ENABLE_CUDA

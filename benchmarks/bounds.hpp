@@ -25,9 +25,6 @@ double run_fenced_iterations(benchmark::State& state, const ExecSpace& space, Wo
 
 /// Host DRAM read bandwidth (GB/s), all host threads, 1 GiB.
 double host_dram_read_gbps();
-/// Multiply-adds per second (10^9) of CPU path `path`'s product instruction,
-/// all host threads (measure_host_product_gmacs), measured once per path.
-double host_product_gmacs(CpuPath path);
 #ifdef KOKKOS_ENABLE_CUDA
 /// Pinned host -> device copy bandwidth (GB/s).
 double pinned_h2d_gbps();

@@ -31,12 +31,16 @@ Kokkos::View<Scalar**, Kokkos::LayoutRight, HostMemSpace> weights(int out, int i
   return w;
 }
 
-void report(benchmark::State& state, double total_seconds, double streamed_bytes, double bf16_bytes) {
+/// Counters against the DRAM read bound measured right after the timed
+/// iterations (a shared machine's rates drift between benchmarks); returns it.
+double report(benchmark::State& state, double total_seconds, double streamed_bytes, double bf16_bytes) {
   const double n = static_cast<double>(state.iterations());
+  const double dram = measure_host_dram_read_gbps();
   state.counters["GB/s"] = streamed_bytes * n / total_seconds / 1e9;
   state.counters["bf16_equivalent_GB/s"] = bf16_bytes * n / total_seconds / 1e9;
-  state.counters["bound_GB/s"] = bench::host_dram_read_gbps();
-  state.counters["fraction_of_bound"] = streamed_bytes * n / total_seconds / 1e9 / bench::host_dram_read_gbps();
+  state.counters["bound_GB/s"] = dram;
+  state.counters["fraction_of_bound"] = streamed_bytes * n / total_seconds / 1e9 / dram;
+  return dram;
 }
 
 /// Weight bytes the rotated copies add up to at least, so that every iteration
@@ -62,16 +66,16 @@ void bf16_linear(benchmark::State& state) {
   const double total = bench::run_fenced_iterations(state, HostExecSpace(), [&](const HostExecSpace& s) {
     linear<HostExecSpace, bf16>(s, x, w[next++ % copies], y);
   });
-  report(state, total, weight_bytes, weight_bytes);
+  const double dram = report(state, total, weight_bytes, weight_bytes);
   // The path's multiply-add peak over its multiply-adds per weight byte
   // (rows / 2); on avx512_bf16 the layer runs 16-lane fp32 FMAs, half the
   // multiply-adds of that path's vdpbf16ps.
   const CpuPath path = impl::linear_path(active_cpu_path(), rows, in, true);
   state.SetLabel(cpu_path_name(path));
-  const double compute_bound = bench::host_product_gmacs(path) * 2.0 / rows / (path == CpuPath::avx512_bf16 ? 2 : 1);
+  const double compute_bound = measure_host_product_gmacs(path) * 2.0 / rows / (path == CpuPath::avx512_bf16 ? 2 : 1);
   const double gbps = state.counters["GB/s"];
   state.counters["compute_bound_GB/s"] = compute_bound;
-  state.counters["fraction_of_roofline"] = gbps / std::min(compute_bound, bench::host_dram_read_gbps());
+  state.counters["fraction_of_roofline"] = gbps / std::min(compute_bound, dram);
   state.counters["weight_copies"] = copies;
 }
 
