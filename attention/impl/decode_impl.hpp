@@ -199,11 +199,14 @@ struct MergeSegmentsKernel {
     }
     float total = 0;
     for (int s = first; s < last; ++s) total += math::exp(segment_lse(s, q) - m);
-    // One exponential per segment: weights outside, dimensions inside.
-    for (int d = 0; d < value_dim; ++d) o(b, q, d) = 0;
+    // One exponential per segment: weights outside, dimensions inside, on
+    // contiguous rows (LayoutRight) so that host compilers vectorise them.
+    float* out = &o(b, q, 0);
+    for (int d = 0; d < value_dim; ++d) out[d] = 0;
     for (int s = first; s < last; ++s) {
       const float weight = math::exp(segment_lse(s, q) - m) / total;
-      for (int d = 0; d < value_dim; ++d) o(b, q, d) += weight * segment_o(s, q, d);
+      const float* part = &segment_o(s, q, 0);
+      for (int d = 0; d < value_dim; ++d) out[d] += weight * part[d];
     }
     lse(b, q) = m + math::log(total);
   }

@@ -18,6 +18,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #pragma GCC push_options
@@ -34,18 +35,22 @@ inline float sum16(__m512 v) {
   return simd::horizontal_sum(_mm512_castps512_ps256(_mm512_add_ps(v, swapped)));
 }
 
-/// `Features` weight rows against `Rows` input rows: Rows x Features
-/// accumulators of 16 lanes each, summed across lanes at the end.
+/// Columns per block: a block of inputs (8 rows x 512 floats, 16 KiB) and of
+/// 16 weight rows (16 KiB) stay in L1 while every row pair meets every weight row.
+constexpr int column_block = 512;
+
+/// Columns [c0, c1) of `Features` weight rows against `Rows` input rows:
+/// Rows x Features accumulators of 16 lanes, carried across blocks in `partial`.
 template <int Rows, int Features>
-void features_block(const float* x_split, int in, const bf16* w, std::int64_t w_stride, float* y,
-                    std::int64_t y_stride) {
+void features_block(const float* x_split, int in, const bf16* w, std::int64_t w_stride, int c0, int c1,
+                    float (*partial)[16]) {
   const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   __m512 acc[Rows][Features];
   WRITESCOPE_UNROLL(8)
   for (int r = 0; r < Rows; ++r)
     WRITESCOPE_UNROLL(4)
-    for (int f = 0; f < Features; ++f) acc[r][f] = _mm512_setzero_ps();
-  for (int c = 0; c < in; c += 32) {
+    for (int f = 0; f < Features; ++f) acc[r][f] = _mm512_load_ps(partial[r * Features + f]);
+  for (int c = c0; c < c1; c += 32) {
     __m512 even[Features], odd[Features];
     WRITESCOPE_UNROLL(4)
     for (int f = 0; f < Features; ++f) {
@@ -67,18 +72,29 @@ void features_block(const float* x_split, int in, const bf16* w, std::int64_t w_
   WRITESCOPE_UNROLL(8)
   for (int r = 0; r < Rows; ++r)
     WRITESCOPE_UNROLL(4)
-    for (int f = 0; f < Features; ++f) y[r * y_stride + f] = sum16(acc[r][f]);
+    for (int f = 0; f < Features; ++f) _mm512_store_ps(partial[r * Features + f], acc[r][f]);
 }
 
-/// Up to 4 rows: 4 weight rows at a time; 5 to 8 rows: 2 (at most 16 accumulators).
+/// Four weight rows at a time; column blocks outermost so that inputs stay in L1.
 template <int Rows>
 void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stride, int features, float* y,
                 std::int64_t y_stride) {
-  constexpr int step = Rows <= 4 ? 4 : 2;
+  constexpr int step = 4;
+  alignas(64) float partial[avx512_linear_features][Rows * step][16] = {};
+  for (int c0 = 0; c0 < in; c0 += column_block) {
+    const int c1 = std::min(in, c0 + column_block);
+    int f = 0;
+    for (; f + step <= features; f += step)
+      features_block<Rows, step>(x_split, in, w + f * w_stride, w_stride, c0, c1, partial[f]);
+    for (; f < features; ++f) features_block<Rows, 1>(x_split, in, w + f * w_stride, w_stride, c0, c1, partial[f]);
+  }
+  // partial[f0] holds (row, feature - f0) for the group starting at f0.
   int f = 0;
   for (; f + step <= features; f += step)
-    features_block<Rows, step>(x_split, in, w + f * w_stride, w_stride, y + f, y_stride);
-  for (; f < features; ++f) features_block<Rows, 1>(x_split, in, w + f * w_stride, w_stride, y + f, y_stride);
+    for (int r = 0; r < Rows; ++r)
+      for (int k = 0; k < step; ++k) y[r * y_stride + f + k] = sum16(_mm512_load_ps(partial[f][r * step + k]));
+  for (; f < features; ++f)
+    for (int r = 0; r < Rows; ++r) y[r * y_stride + f] = sum16(_mm512_load_ps(partial[f][r]));
 }
 
 }  // namespace
@@ -106,11 +122,7 @@ void linear_features_avx512(const float* x_split, int rows, int in, const bf16* 
     case 1: return rows_block<1>(x_split, in, w, w_stride, features, y, y_stride);
     case 2: return rows_block<2>(x_split, in, w, w_stride, features, y, y_stride);
     case 3: return rows_block<3>(x_split, in, w, w_stride, features, y, y_stride);
-    case 4: return rows_block<4>(x_split, in, w, w_stride, features, y, y_stride);
-    case 5: return rows_block<5>(x_split, in, w, w_stride, features, y, y_stride);
-    case 6: return rows_block<6>(x_split, in, w, w_stride, features, y, y_stride);
-    case 7: return rows_block<7>(x_split, in, w, w_stride, features, y, y_stride);
-    default: return rows_block<8>(x_split, in, w, w_stride, features, y, y_stride);
+    default: return rows_block<4>(x_split, in, w, w_stride, features, y, y_stride);
   }
 }
 
