@@ -26,6 +26,12 @@ struct DecodeSegmentsData {
   BlockOrder order;
   int group;
   float scale;
+
+  /// Where (batch entry, KV head)'s prepared query pairs start in the
+  /// (batch, kv_heads, group * key_dim / 2) array of PrepareQueryPairsKernel.
+  std::size_t query_pairs_offset(int batch_index, int kv_head) const {
+    return (static_cast<std::size_t>(batch_index) * geometry.kv_heads + kv_head) * group * geometry.key_dim / 2;
+  }
 };
 
 /// Host work item (segment, KV head): the vectorised block product.
@@ -38,10 +44,9 @@ struct PrepareQueryPairsKernel {
 
   void operator()(int work) const {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-    const int kv_heads = data.geometry.kv_heads;
-    const int b = work / kv_heads, kv_head = work % kv_heads;
+    const int b = work / data.geometry.kv_heads, kv_head = work % data.geometry.kv_heads;
     prepare_query_pairs_avx512_bf16(data.geometry, data.order, data.group, &data.queries(b, kv_head * data.group, 0),
-                                    &query_pairs(static_cast<std::size_t>(work) * data.group * data.geometry.key_dim / 2));
+                                    &query_pairs(data.query_pairs_offset(b, kv_head)));
 #else
     (void)work;
 #endif
@@ -81,9 +86,7 @@ struct DecodeSegmentsHostKernel {
       scratch = large_scores.data();
     }
     const std::uint32_t* pairs =
-        query_pairs ? query_pairs + (static_cast<std::size_t>(segment.batch_index) * geometry.kv_heads + kv_head) *
-                                        data.group * geometry.key_dim / 2
-                    : nullptr;
+        query_pairs ? query_pairs + data.query_pairs_offset(segment.batch_index, kv_head) : nullptr;
     // Static schedules give each thread consecutive work items.
     const HostSegment<Scalar> following = input(std::min(work + 1, work_items - 1));
     host_segment_attention(input(work), scratch, &data.segment_o(s, q0, 0), &data.segment_lse(s, q0), path, pairs,
