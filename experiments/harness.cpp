@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -208,14 +209,25 @@ std::vector<RunSpec> expand_runs(const ExperimentConfig& config) {
   return runs;
 }
 
+std::vector<std::filesystem::path> shipped_profile_folders() {
+  std::vector<std::filesystem::path> folders;
+  if (const char* folder = std::getenv("WRITESCOPE_PROFILES")) folders.emplace_back(folder);
+  std::error_code error;
+  const auto executable = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) folders.push_back(executable.parent_path().parent_path() / "share" / "writescope" / "profiles");
+  folders.emplace_back("experiments/profiles");
+  return folders;
+}
+
 MachineProfile find_profile(const std::string& name_or_path) {
   if (std::filesystem::is_regular_file(name_or_path)) return MachineProfile::load(name_or_path);
-  for (const std::string& folder : {std::string("experiments/profiles"), std::string(WRITESCOPE_PROFILES_DIR)}) {
-    const std::string path = folder + "/" + name_or_path + ".yaml";
-    if (std::filesystem::is_regular_file(path)) return MachineProfile::load(path);
+  std::string searched;
+  for (const std::filesystem::path& folder : shipped_profile_folders()) {
+    const std::filesystem::path path = folder / (name_or_path + ".yaml");
+    if (std::filesystem::is_regular_file(path)) return MachineProfile::load(path.string());
+    searched += (searched.empty() ? "" : ", ") + folder.string();
   }
-  throw std::invalid_argument("profile '" + name_or_path + "' is neither a file nor a profile in " +
-                              std::string(WRITESCOPE_PROFILES_DIR) +
+  throw std::invalid_argument("profile '" + name_or_path + "' is neither a file nor a profile in " + searched +
                               " (`writescope calibrate --output FILE` measures one)");
 }
 

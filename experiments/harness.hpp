@@ -7,6 +7,7 @@
 // experiment leaves every completed run readable and a re-run resumes.
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <iosfwd>
 #include <optional>
@@ -67,8 +68,14 @@ struct RunSpec {
 /// expert policy.
 std::vector<RunSpec> expand_runs(const ExperimentConfig& config);
 
-/// Finds a machine profile: an existing file, else experiments/profiles/<name>.yaml
-/// next to the source tree this binary was built from.
+/// Where shipped profiles are looked up, in order: $WRITESCOPE_PROFILES, then
+/// share/writescope/profiles beside the program's folder (the build tree and
+/// the GPU bundle both have it), then experiments/profiles under the working
+/// directory. Found at run time: no path of the build machine is compiled in.
+std::vector<std::filesystem::path> shipped_profile_folders();
+
+/// Finds a machine profile: an existing file, else <name>.yaml in the first of
+/// shipped_profile_folders() that has it.
 MachineProfile find_profile(const std::string& name_or_path);
 
 struct ExperimentSummary {

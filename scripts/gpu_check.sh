@@ -1,37 +1,141 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine over a carried gpu-bundle.tar.xz (scripts/gpu_bundle.sh):
-# the machine description, the whole test suite on every enabled execution
-# space (Cuda included), the machine profile (writescope calibrate) and the
-# benchmarks (bandwidth bounds, decode attention, split steps). Everything it
-# writes goes to $OUT (default: gpu-results/): info.txt, tests.xml, tests.log,
-# profile.yaml, benchmarks.json, then the experiment slice
-# experiments/configs/h200-slice.yaml (full-size Qwen3-30B-A3B at 32K) as
-# h200-slice.h5 with its report. WRITESCOPE_BENCHMARK_FILTER narrows the
-# benchmarks (a Google Benchmark regex); WRITESCOPE_SKIP_SLICE=1 skips the slice.
+# The GPU check: everything one device call should answer, in stages that each
+# have their own time limit (about 7 minutes in all on the GPU machine).
+#
+#   scripts/gpu_check.sh           on the GPU machine, over a carried gpu-bundle.tar.xz
+#                                  (scripts/gpu_bundle.sh builds it here)
+#   scripts/gpu_check.sh --host    the same stages on this machine's host build
+#                                  (build/host, or $WRITESCOPE_BUILD), in about a minute
+#
+# Stages: 1 smoke   `writescope info` and the attention and execution-space
+#                   tests on the accelerator's space alone (Cuda; OpenMP with
+#                   --host); the check stops here if they fail
+#         2 tests   the whole test suite
+#         3 calibrate   the machine profile (profile.yaml)
+#         4 benchmarks  bandwidth bounds, GPU resident decode, the split sweep
+#                   (its 0% point is the GPU streamed path), CPU decode
+#         5 slice   experiments/configs/h200-slice.yaml (host-slice.yaml with
+#                   --host) with the measured profile, and its report
+# Everything goes into one folder that is packed as $OUT/gpu-check.tar.gz,
+# beside $OUT/summary.txt: which stages passed and the headline figures
+# (scripts/gpu_check_summary.py). Two files come back from the device.
+# $OUT defaults to gpu-results/. The exit status is 0 only if every stage passed.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+mode=gpu
+case "${1:-}" in
+  --host) mode=host ;;
+  "") ;;
+  *) echo "usage: scripts/gpu_check.sh [--host]" >&2; exit 2 ;;
+esac
 out=${OUT:-$repo/gpu-results}
 mkdir -p "$out"
-unpacked=$(mktemp -d)
-tar -C "$unpacked" -xJf "$repo/gpu-bundle.tar.xz"
-bundle=$unpacked/gpu-bundle
-export LD_LIBRARY_PATH=$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export OMP_PROC_BIND=spread OMP_PLACES=threads
-status=0
-nvidia-smi >"$out/nvidia-smi.txt" 2>&1
-"$bundle/bin/writescope" info >"$out/info.txt" 2>&1 || status=1
-"$bundle/bin/writescope_tests" --gtest_output=xml:"$out/tests.xml" >"$out/tests.log" 2>&1 || status=1
-tail -3 "$out/tests.log"
-"$bundle/bin/writescope" calibrate --output "$out/profile.yaml" 2>"$out/calibrate.log" || status=1
-"$bundle/bin/writescope_benchmarks" --benchmark_out="$out/benchmarks.json" --benchmark_out_format=json \
-  --benchmark_min_time=0.2 ${WRITESCOPE_BENCHMARK_FILTER:+--benchmark_filter=$WRITESCOPE_BENCHMARK_FILTER} \
-  2>&1 | grep -E 'manual_time|^Benchmark' || status=1
-if [ -z "${WRITESCOPE_SKIP_SLICE:-}" ]; then
-  "$bundle/bin/writescope" run "$repo/experiments/configs/h200-slice.yaml" --profile "$out/profile.yaml" \
-    --output "$out/h200-slice.h5" 2>"$out/h200-slice.log" || status=1
-  tail -20 "$out/h200-slice.log"
-  # The report needs h5py and matplotlib there; the results file comes back either way.
-  /usr/bin/python3 "$repo/analysis/report.py" "$out/h200-slice.h5" -o "$out/h200-slice-report" ||
-    echo "gpu_check: no report (analysis/report.py failed); h200-slice.h5 is in \$OUT" >&2
+out=$(cd "$out" && pwd)
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+work=$scratch/gpu-check
+mkdir -p "$work"
+
+if [ "$mode" = gpu ]; then
+  tar -C "$scratch" -xJf "$repo/gpu-bundle.tar.xz" || { echo "gpu_check: cannot unpack gpu-bundle.tar.xz" >&2; exit 1; }
+  bin=$scratch/gpu-bundle/bin
+  # cuBLAS does not travel in the bundle: /usr/local/cuda's, else Python's nvidia-cublas package.
+  cublas=$(python3 -c 'import nvidia.cublas; print(list(nvidia.cublas.__path__)[0] + "/lib")' 2>/dev/null)
+  export LD_LIBRARY_PATH=$scratch/gpu-bundle/lib:/usr/local/cuda/lib64:${cublas:+$cublas:}${LD_LIBRARY_PATH:-}
+  export WRITESCOPE_PROFILES=$scratch/gpu-bundle/share/writescope/profiles
+  writescope=$bin/writescope tests=$bin/writescope_tests benchmarks=$bin/writescope_benchmarks
+  space=Cuda
+  slice_config=$repo/experiments/configs/h200-slice.yaml
+  profile_option=(--profile "$work/profile.yaml")
+  bench_filter="^(pcie/.*/1024/|hbm/.*/1024/|host_dram/read/1024/|gpu_decode/.*/(32768|131072)/|split_decode/.*/131072/(0|25|50|75|100)/|cpu_decode/qwen3.*/32768/|cpu_decode/.*/131072/)"
+  limits=(smoke:45 tests:120 calibrate:60 benchmarks:110 slice:170)
+else
+  build=${WRITESCOPE_BUILD:-$repo/build/host}
+  writescope=$build/experiments/writescope tests=$build/tests/writescope_tests
+  benchmarks=$build/benchmarks/writescope_benchmarks
+  space=OpenMP
+  slice_config=$repo/experiments/configs/host-slice.yaml
+  # The host has no GPU: the slice plans with its config's GPU profile instead
+  # of the one measured here, so that its split is exercised.
+  profile_option=()
+  bench_filter="^(host_dram/read/1024/|split_decode/.*/32768/(0|50|100)/|cpu_decode/qwen3_gqa_cpu_resident/8192/)"
+  limits=(smoke:60 tests:120 calibrate:60 benchmarks:120 slice:90)
 fi
-exit $status
+slice_profile=${profile_option[*]:-}
+export OMP_PROC_BIND=${OMP_PROC_BIND:-spread} OMP_PLACES=${OMP_PLACES:-threads}
+export slice_profile writescope tests benchmarks space slice_config bench_filter work repo
+
+stage_smoke() {
+  nvidia-smi >"$work/nvidia-smi.txt" 2>&1
+  if ldd "$writescope" "$tests" "$benchmarks" | grep 'not found'; then
+    echo "gpu_check: libraries not found (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})"
+    return 1
+  fi
+  "$writescope" info >"$work/info.txt" 2>&1 || return 1
+  "$tests" --gtest_filter="*/$space*:StreamedDecodeTest*:SplitDecodeTest*" --gtest_output=xml:"$work/smoke.xml"
+}
+stage_tests() {
+  "$tests" --gtest_output=xml:"$work/tests.xml"
+}
+stage_calibrate() {
+  "$writescope" calibrate --output "$work/profile.yaml"
+}
+stage_benchmarks() {
+  "$benchmarks" --benchmark_filter="$bench_filter" --benchmark_min_time=0.1 \
+    --benchmark_out="$work/benchmarks.json" --benchmark_out_format=json
+}
+stage_slice() {
+  "$writescope" run "$slice_config" $slice_profile --output "$work/slice.h5" || return 1
+  local python
+  for python in /usr/bin/python3 python3; do
+    if "$python" -c 'import h5py, matplotlib, numpy' 2>/dev/null; then
+      MPLBACKEND=Agg "$python" "$repo/analysis/report.py" "$work/slice.h5" -o "$work/slice-report"
+      return
+    fi
+  done
+  echo "gpu_check: no Python 3 with h5py, matplotlib and numpy: report skipped (slice.h5 is in the archive)"
+}
+export -f stage_smoke stage_tests stage_calibrate stage_benchmarks stage_slice
+
+: >"$work/stages.txt"
+failed=
+for entry in "${limits[@]}"; do
+  name=${entry%%:*} limit=${entry##*:}
+  if [ "$name" = slice ] && [ "$mode" = gpu ] && [ ! -s "$work/profile.yaml" ]; then
+    echo "$name skipped 0 $limit no profile (calibrate failed)" >>"$work/stages.txt"
+    continue
+  fi
+  started=$(date +%s)
+  timeout --kill-after=10 "$limit" bash -c "stage_$name" >"$work/$name.log" 2>&1
+  status=$?
+  seconds=$(($(date +%s) - started))
+  result=passed
+  [ "$status" -ne 0 ] && result=failed failed="$failed $name"
+  [ "$status" -eq 124 ] || [ "$status" -eq 137 ] && result=timed_out
+  echo "$name $result $seconds $limit exit=$status" >>"$work/stages.txt"
+  echo "gpu_check: stage $name $result in ${seconds}s (limit ${limit}s)"
+  if [ "$name" = smoke ] && [ "$result" != passed ]; then
+    echo "gpu_check: smoke failed: the remaining stages are not run" | tee -a "$work/stages.txt"
+    tail -40 "$work/smoke.log"
+    break
+  fi
+done
+
+summary=$out/summary.txt
+{
+  echo "gpu_check ($mode) $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
+  echo "stages (name result seconds limit):"
+  sed 's/^/  /' "$work/stages.txt"
+} >"$summary"
+summarised=
+for python in /usr/bin/python3 python3; do
+  if "$python" -c 'import json' 2>/dev/null; then
+    "$python" "$repo/scripts/gpu_check_summary.py" "$work" >>"$summary" 2>>"$work/summary.log" && summarised=1
+    break
+  fi
+done
+[ -n "$summarised" ] || echo "headline figures: none (no Python 3 ran scripts/gpu_check_summary.py)" >>"$summary"
+cp "$summary" "$work/"
+tar -C "$scratch" -czf "$out/gpu-check.tar.gz" gpu-check
+cat "$summary"
+[ -z "$failed" ]

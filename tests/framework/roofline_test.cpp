@@ -1,4 +1,5 @@
 #include "framework/roofline.hpp"
+#include "experiments/harness.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -92,8 +93,7 @@ class ProfileTest : public ::testing::Test {
 
 TEST_F(ProfileTest, ShippedExampleProfilesLoad) {
   for (const char* name : {"h200-pcie5", "a100-pcie4", "v100-pcie3"}) {
-    const auto profile =
-        MachineProfile::load(std::string(WRITESCOPE_SOURCE_DIR) + "/experiments/profiles/" + name + ".yaml");
+    const auto profile = find_profile(name);
     EXPECT_EQ(profile.name, name);
     EXPECT_GT(profile.pinned_h2d_gbps, 0);
     EXPECT_GT(profile.cpu_attention("qwen3-30b-a3b", profile.cpu_threads), 0);
@@ -101,7 +101,7 @@ TEST_F(ProfileTest, ShippedExampleProfilesLoad) {
 }
 
 TEST_F(ProfileTest, SaveAndLoadRoundTrip) {
-  auto profile = MachineProfile::load(std::string(WRITESCOPE_SOURCE_DIR) + "/experiments/profiles/h200-pcie5.yaml");
+  auto profile = find_profile("h200-pcie5");
   const std::string path = write("");
   profile.save(path);
   const auto again = MachineProfile::load(path);

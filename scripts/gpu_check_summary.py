@@ -1,0 +1,163 @@
+#!/usr/bin/python3
+"""Headline figures of a gpu_check folder (scripts/gpu_check.sh), as text.
+
+    gpu_check_summary.py FOLDER
+
+Reads what the stages left in FOLDER (tests.xml, smoke.xml, info.txt,
+profile.yaml, benchmarks.json, slice.h5) and prints, per stage, what a reader
+of the device note needs: test counts and failures, the bounds measured in the
+benchmark run, each kernel as a fraction of its bound, the split sweep, and the
+slice's speedups with its checks (alpha strictly between 0 and 1, at least half
+of WriteScope's KV outside VRAM). Whatever is missing is said to be missing.
+Needs only the standard library; the slice section uses h5py when it is there.
+"""
+
+import json
+import os
+import statistics
+import sys
+import xml.etree.ElementTree as ElementTree
+
+
+def tests_section(folder, name):
+    path = os.path.join(folder, name + ".xml")
+    if not os.path.exists(path):
+        return [f"{name}: no {name}.xml (the stage did not finish)"]
+    root = ElementTree.parse(path).getroot()
+    failed = [f"{case.get('classname')}.{case.get('name')}" for case in root.iter("testcase")
+              if case.find("failure") is not None or case.find("error") is not None]
+    lines = [f"{name}: {root.get('tests')} tests, {len(failed)} failed, {root.get('disabled', 0)} disabled, "
+             f"{float(root.get('time', 0)):.1f} s"]
+    lines += [f"  FAILED {test}" for test in failed[:20]]
+    if len(failed) > 20:
+        lines.append(f"  ... and {len(failed) - 20} more")
+    return lines
+
+
+def info_section(folder):
+    path = os.path.join(folder, "info.txt")
+    if not os.path.exists(path):
+        return ["machine: no info.txt"]
+    keys = ("GPU execution space", "cpu_model", "cpu_path:", "host_threads", "gpu_name", "gpu_memory_bytes",
+            "memory_bytes", "git_revision")
+    lines = ["machine:"]
+    with open(path) as info:
+        for line in info:
+            if any(line.strip().startswith(key) for key in keys):
+                lines.append("  " + line.strip())
+    return lines
+
+
+def profile_section(folder):
+    path = os.path.join(folder, "profile.yaml")
+    if not os.path.exists(path):
+        return ["profile: no profile.yaml (calibrate did not finish)"]
+    keys = ("hbm_gbps", "pinned_h2d_gbps", "pageable_h2d_gbps", "dram_read_gbps", "fma_glanes", "gemv_gbps",
+            "threads", "path")
+    lines = ["profile (writescope calibrate):"]
+    with open(path) as profile:
+        for line in profile:
+            stripped = line.strip()
+            if any(stripped.startswith(key + ":") for key in keys):
+                lines.append("  " + stripped)
+    return lines
+
+
+def benchmark_section(folder):
+    path = os.path.join(folder, "benchmarks.json")
+    if not os.path.exists(path):
+        return ["benchmarks: no benchmarks.json"]
+    with open(path) as source:
+        runs = [b for b in json.load(source).get("benchmarks", []) if b.get("run_type") == "iteration"]
+    by_name = {b["name"]: b for b in runs}
+    lines = ["bounds (GB/s, this run):"]
+    for name in ("pcie/pinned_h2d/1024/manual_time", "pcie/pinned_d2h/1024/manual_time",
+                 "pcie/pageable_h2d/1024/manual_time", "hbm/device_to_device/1024/manual_time",
+                 "host_dram/read/1024/manual_time"):
+        if name in by_name:
+            lines.append(f"  {name.split('/manual_time')[0]:28s} {by_name[name]['GB/s']:8.1f}")
+    pinned = by_name.get("pcie/pinned_h2d/1024/manual_time", {}).get("GB/s")
+    lines.append("decode kernels (GB/s of KV; fraction of the bound measured beside them):")
+    for b in runs:
+        name = b["name"].replace("/manual_time", "")
+        if name.startswith("gpu_decode/"):
+            lines.append(f"  {name:48s} {b['GB/s']:8.1f}  {b['fraction_of_bound']:.2f} of HBM {b['bound_GB/s']:.0f}")
+        elif name.startswith("cpu_decode/"):
+            lines.append(f"  {name:48s} {b['GB/s']:8.1f}  {b['fraction_of_roofline']:.2f} of roofline "
+                         f"(DRAM {b['bound_GB/s']:.0f}, {b.get('label', '?')} {b['compute_bound_GB/s']:.0f}, "
+                         f"{b['threads']:.0f} threads)")
+    split = [b for b in runs if b["name"].startswith("split_decode/")]
+    if split:
+        lines.append("split sweep (cpu share: step GB/s; GPU path alone = streamed decode; CPU path alone):")
+    for b in split:
+        name = b["name"].replace("/manual_time", "")
+        line = (f"  {name:40s} share {b['cpu_share']:.2f}: {b['GB/s']:7.1f} GB/s, "
+                f"{b['fraction_of_sum_bound']:.2f} of gpu alone {b['gpu_path_alone_GB/s']:.1f} + "
+                f"cpu alone {b['cpu_path_alone_GB/s']:.1f}")
+        if pinned and b["cpu_share"] == 0:
+            line += f"; streamed {b['GB/s'] / pinned:.2f} of pinned H2D"
+        lines.append(line)
+    return lines
+
+
+def slice_section(folder):
+    path = os.path.join(folder, "slice.h5")
+    if not os.path.exists(path):
+        return ["slice: no slice.h5"]
+    try:
+        import h5py
+        import numpy
+    except ImportError:
+        return ["slice: slice.h5 written; h5py or numpy missing here, figures in the archive"]
+    lines = ["slice (tokens/s per system; WriteScope's split):"]
+    rates, checks = {}, []
+    with h5py.File(path, "r") as results:
+        for group in results["runs"].values():
+            attributes = group.attrs
+            system, status = str(attributes["system"]), str(attributes["status"])
+            if status != "complete":
+                lines.append(f"  {system:14s} {status}: {attributes['reason']}")
+                continue
+            rates[system] = float(attributes["tokens_per_second"])
+            lines.append(f"  {system:14s} {rates[system]:8.2f} tokens/s, expert policy "
+                         f"{attributes['expert_policy']}, step {float(attributes['mean_step_seconds']) * 1e3:.0f} ms")
+            if system != "writescope":
+                continue
+            alpha = numpy.asarray(group["alpha"])
+            region = {name: float(numpy.sum(group["region_bytes"][name])) for name in group["region_bytes"]}
+            outside = 1 - region["gpu_resident"] / max(sum(region.values()), 1.0)
+            predicted = numpy.asarray(group["predicted_attention_seconds"])
+            measured = numpy.asarray(group["attention_seconds"])
+            ratio = statistics.median(predicted / numpy.maximum(measured, 1e-12))
+            lines.append(f"  writescope alpha: mean {alpha.mean():.3f}, min {alpha.min():.3f}, max {alpha.max():.3f}; "
+                         f"KV outside VRAM {outside:.2f}; attention predicted/measured (median) {ratio:.2f}")
+            checks.append(("alpha strictly between 0 and 1", 0 < alpha.min() and alpha.max() < 1))
+            checks.append(("at least half of WriteScope's KV outside VRAM", outside >= 0.5))
+    baselines = {system: rate for system, rate in rates.items() if system != "writescope"}
+    if "writescope" in rates and baselines:
+        best = max(baselines, key=baselines.get)
+        lines.append(f"  speedup of writescope over the best baseline ({best}): "
+                     f"{rates['writescope'] / baselines[best]:.2f}x; over each: " +
+                     ", ".join(f"{s} {rates['writescope'] / r:.2f}x" for s, r in sorted(baselines.items())))
+    else:
+        checks.append(("writescope and a baseline complete", False))
+    lines += [f"  check: {name}: {'yes' if ok else 'NO'}" for name, ok in checks]
+    return lines
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: gpu_check_summary.py FOLDER")
+    folder = sys.argv[1]
+    sections = [info_section, lambda f: tests_section(f, "smoke"), lambda f: tests_section(f, "tests"),
+                profile_section, benchmark_section, slice_section]
+    for section in sections:
+        try:
+            lines = section(folder)
+        except Exception as error:  # one damaged file must not hide the others' figures
+            lines = [f"{getattr(section, '__name__', 'section')}: could not be read: {error!r}"]
+        print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

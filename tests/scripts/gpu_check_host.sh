@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# ctest scripts.gpu_check_host: scripts/gpu_check.sh --host on this build
+# writes exactly summary.txt and gpu-check.tar.gz, runs every stage, and its
+# summary carries the slice's checks; with a smoke stage that fails it stops
+# there, says so, and still packs what it has.
+#   gpu_check_host.sh REPO BUILD SCRATCH
+set -uo pipefail
+repo=$1 build=$2 scratch=$3
+fail() { echo "gpu_check_host: $*" >&2; [ -f "$out/summary.txt" ] && cat "$out/summary.txt" >&2; exit 1; }
+rm -rf "$scratch" && mkdir -p "$scratch"
+
+out=$scratch/out
+OUT=$out WRITESCOPE_BUILD=$build "$repo/scripts/gpu_check.sh" --host >"$scratch/check.log" 2>&1 ||
+  fail "the check failed on the host build (see $scratch/check.log)"
+[ "$(ls "$out" | tr '\n' ' ')" = "gpu-check.tar.gz summary.txt " ] || fail "expected 2 files in $out, got: $(ls "$out")"
+for stage in smoke tests calibrate benchmarks slice; do
+  grep -q "^  $stage passed " "$out/summary.txt" || fail "stage $stage is not reported passed"
+done
+for line in "tests: [0-9]+ tests, 0 failed" "split_decode/qwen3_gqa_band/32768/50 +share 0.50" \
+            "check: alpha strictly between 0 and 1: yes" "check: at least half of WriteScope's KV outside VRAM: yes" \
+            "speedup of writescope over the best baseline"; do
+  grep -Eq "$line" "$out/summary.txt" || fail "summary.txt lacks '$line'"
+done
+archive=$(tar -tzf "$out/gpu-check.tar.gz")
+for file in summary.txt stages.txt tests.xml profile.yaml benchmarks.json slice.h5 slice-report/report.md; do
+  grep -qx "gpu-check/$file" <<<"$archive" || fail "the archive lacks $file"
+done
+
+# A smoke stage that fails: programs that exit 1 stand in for the build.
+broken=$scratch/broken
+mkdir -p "$broken/experiments" "$broken/tests" "$broken/benchmarks"
+for program in experiments/writescope tests/writescope_tests benchmarks/writescope_benchmarks; do
+  printf '#!/bin/sh\necho "stand-in failure"; exit 1\n' >"$broken/$program" && chmod +x "$broken/$program"
+done
+out=$scratch/out-broken
+if OUT=$out WRITESCOPE_BUILD=$broken "$repo/scripts/gpu_check.sh" --host >"$scratch/broken.log" 2>&1; then
+  fail "a failing smoke stage exited 0"
+fi
+grep -q "^  smoke failed " "$out/summary.txt" || fail "the failed smoke stage is not in summary.txt"
+grep -q "the remaining stages are not run" "$out/summary.txt" || fail "summary.txt does not say the check stopped"
+grep -q "^  tests " "$out/summary.txt" && fail "stages after a failed smoke stage ran"
+[ "$(ls "$out" | tr '\n' ' ')" = "gpu-check.tar.gz summary.txt " ] || fail "expected 2 files after a failed smoke stage"
+echo "gpu_check_host: passed"
