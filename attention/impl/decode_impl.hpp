@@ -1,5 +1,7 @@
 #pragma once
 
+#include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -94,124 +96,233 @@ struct DecodeSegmentsHostKernel {
   }
 };
 
-/// Portable work item (segment, KV head) as one team: scores with vector lanes
-/// over the key dimension, softmax by team reductions, then P·V with the team's
-/// threads and lanes over the value dimension (coalesced reads of value rows).
+/// Eight consecutive elements of a row as floats, in one 16-byte load for bf16
+/// (two for float): `p` must be 16-byte aligned.
+struct alignas(16) SixteenBytes {
+  std::uint32_t words[4];
+};
+KOKKOS_INLINE_FUNCTION SixteenBytes load_sixteen_bytes(const void* p) {
+#ifdef __CUDA_ARCH__
+  return *static_cast<const SixteenBytes*>(p);
+#else
+  SixteenBytes bytes;
+  std::memcpy(&bytes, p, sizeof bytes);
+  return bytes;
+#endif
+}
+KOKKOS_INLINE_FUNCTION void load_eight(const bf16* p, float (&out)[8]) {
+  const SixteenBytes bytes = load_sixteen_bytes(p);
+  for (int j = 0; j < 4; ++j) {  // little-endian: element 2j is the low half of word j
+    out[2 * j] = float_from_bits(bytes.words[j] << 16);
+    out[2 * j + 1] = float_from_bits(bytes.words[j] & 0xffff0000u);
+  }
+}
+KOKKOS_INLINE_FUNCTION void load_eight(const float* p, float (&out)[8]) {
+  for (int half = 0; half < 2; ++half) {
+    const SixteenBytes bytes = load_sixteen_bytes(p + 4 * half);
+    for (int j = 0; j < 4; ++j) out[4 * half + j] = float_from_bits(bytes.words[j]);
+  }
+}
+
+/// Portable work item (segment, KV head) as one team, shaped for GPUs
+/// (flash-decoding): every lane of the team takes one token and computes its
+/// scores for all the group's query heads at once (no reduction per score;
+/// keys in 16-byte loads, many in flight); one team thread per query head
+/// takes the softmax with vector-lane reductions; then lanes take (query head,
+/// 8 value dims) items over `token_splits` slices of the tokens, so that a
+/// warp reads whole value rows and every lane has work, and the slices are
+/// summed in team scratch.
 template <class ExecSpace, class Scalar, class PoolSpace>
 struct DecodeSegmentsTeamKernel {
   using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   using Scratch = Kokkos::View<float*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
 
   DecodeSegmentsData<ExecSpace, Scalar, PoolSpace> data;
+  int token_splits;  // slices of the tokens in the P·V phase (1: no scratch for partial sums)
+  bool eight_wide;   // key and value rows are 16-byte aligned runs of multiples of 8 elements
 
-  /// scores (group, block_tokens), then maxima and sums (group each).
+  /// scores (group, block_tokens), maxima and sums (group each), then the
+  /// slices' partial outputs (token_splits, group, value_dim) when token_splits > 1.
   KOKKOS_INLINE_FUNCTION std::size_t scratch_floats() const {
-    return static_cast<std::size_t>(data.group) * (data.geometry.block_tokens + 2);
+    const std::size_t group = static_cast<std::size_t>(data.group);
+    return group * (data.geometry.block_tokens + 2) +
+           (token_splits > 1 ? token_splits * group * data.geometry.value_dim : 0);
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
-    const auto& queries = data.queries;
     const auto& geometry = data.geometry;
-    const auto& segment_o = data.segment_o;
-    const auto& segment_lse = data.segment_lse;
     const BlockOrder order = data.order;
     const int group = data.group;
-    const float scale = data.scale;
     const int kv_head = team.league_rank() % geometry.kv_heads;
     const int s = team.league_rank() / geometry.kv_heads;
     const BlockSegment segment = data.segments(s);
     const int n = segment.token_count;
+    const int block_tokens = geometry.block_tokens;
     const Scalar* block = &data.pool(segment.slot, 0);
+    const int q0 = kv_head * group;
+    const float* query = &data.queries(segment.batch_index, q0, 0);  // (group, key_dim), rows contiguous
     Scratch scratch(team.team_scratch(0), scratch_floats());
     float* scores = scratch.data();
-    float* maxima = scores + group * geometry.block_tokens;
+    float* maxima = scores + group * block_tokens;
     float* sums = maxima + group;
-    const int q0 = kv_head * group;
+    float* partial = sums + group;
 
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int i) {
+    // Scores: one token per lane, all query heads of the group.
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, n), [&](int i) {
       const int token = segment.token_begin + i;
-      for (int q = 0; q < group; ++q) {
-        float dot = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(team, geometry.key_dim),
-            [&](int d, float& acc) {
-              acc += queries(segment.batch_index, q0 + q, d) *
-                     to_float(block[geometry.key_offset(order, token, kv_head, d)]);
-            },
-            dot);
-        Kokkos::single(Kokkos::PerThread(team), [&]() { scores[q * geometry.block_tokens + i] = dot * scale; });
+      float dot[max_group];
+      for (int q = 0; q < max_group; ++q) dot[q] = 0;
+      if (eight_wide) {
+        const Scalar* key = block + geometry.key_offset(order, token, kv_head, 0);
+        for (int d = 0; d < geometry.key_dim; d += 8) {
+          float k[8];
+          load_eight(key + d, k);
+          for (int q = 0; q < max_group; ++q) {
+            if (q >= group) break;
+            float x[8];
+            load_eight(query + q * geometry.key_dim + d, x);
+            float acc = dot[q];
+            for (int j = 0; j < 8; ++j) acc += x[j] * k[j];
+            dot[q] = acc;
+          }
+        }
+      } else {
+        for (int d = 0; d < geometry.key_dim; ++d) {
+          const float k = to_float(block[geometry.key_offset(order, token, kv_head, d)]);
+          for (int q = 0; q < max_group; ++q) {
+            if (q >= group) break;
+            dot[q] += query[q * geometry.key_dim + d] * k;
+          }
+        }
+      }
+      for (int q = 0; q < max_group; ++q) {
+        if (q >= group) break;
+        scores[q * block_tokens + i] = dot[q] * data.scale;
       }
     });
     team.team_barrier();
 
-    for (int q = 0; q < group; ++q) {
-      float* row = scores + q * geometry.block_tokens;
+    // Softmax per query head: scores become exp(score - max), with their sum.
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, group), [&](int q) {
+      float* row = scores + q * block_tokens;
       float m = math::negative_infinity();
       Kokkos::parallel_reduce(
-          Kokkos::TeamThreadRange(team, n), [&](int i, float& best) { best = row[i] > best ? row[i] : best; },
+          Kokkos::ThreadVectorRange(team, n), [&](int i, float& best) { best = row[i] > best ? row[i] : best; },
           Kokkos::Max<float>(m));
       float sum = 0;
-      team.team_barrier();
       Kokkos::parallel_reduce(
-          Kokkos::TeamThreadRange(team, n),
+          Kokkos::ThreadVectorRange(team, n),
           [&](int i, float& acc) {
             const float p = math::exp(row[i] - m);
-            Kokkos::single(Kokkos::PerThread(team), [&]() { row[i] = p; });
+            row[i] = p;
             acc += p;
           },
           sum);
-      Kokkos::single(Kokkos::PerTeam(team), [&]() {
+      Kokkos::single(Kokkos::PerThread(team), [&]() {
         maxima[q] = m;
         sums[q] = sum;
       });
-    }
+    });
     team.team_barrier();
 
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, geometry.value_dim), [&](int d) {
-      float acc[max_group];
-      for (int q = 0; q < group; ++q) acc[q] = 0;
-      for (int i = 0; i < n; ++i) {
-        const float v = to_float(block[geometry.value_offset(order, segment.token_begin + i, kv_head, d)]);
-        for (int q = 0; q < group; ++q) acc[q] += scores[q * geometry.block_tokens + i] * v;
+    // P·V: items (query head, `width` value dims), each over one slice of the tokens.
+    const int width = eight_wide ? 8 : 1;
+    const int chunks = geometry.value_dim / width;
+    const int items = group * chunks;
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, items * token_splits), [&](int work) {
+      const int split = work / items, item = work % items;
+      const int q = item / chunks, d0 = (item % chunks) * width;
+      const int first = n * split / token_splits, last = n * (split + 1) / token_splits;
+      const float* p = scores + q * block_tokens;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int i = first; i < last; ++i) {
+        const Scalar* value = block + geometry.value_offset(order, segment.token_begin + i, kv_head, d0);
+        if (eight_wide) {
+          float v[8];
+          load_eight(value, v);
+          for (int j = 0; j < 8; ++j) acc[j] += p[i] * v[j];
+        } else {
+          acc[0] += p[i] * to_float(*value);
+        }
       }
-      for (int q = 0; q < group; ++q) segment_o(s, q0 + q, d) = acc[q] / sums[q];
+      for (int j = 0; j < width; ++j) {
+        if (token_splits == 1)
+          data.segment_o(s, q0 + q, d0 + j) = acc[j] / sums[q];
+        else
+          partial[(split * group + q) * geometry.value_dim + d0 + j] = acc[j];
+      }
     });
+    if (token_splits > 1) {
+      team.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(team, group * geometry.value_dim), [&](int e) {
+        const int q = e / geometry.value_dim, d = e % geometry.value_dim;
+        float total = 0;
+        for (int split = 0; split < token_splits; ++split) total += partial[(split * group + q) * geometry.value_dim + d];
+        data.segment_o(s, q0 + q, d) = total / sums[q];
+      });
+    }
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, group),
-                         [&](int q) { segment_lse(s, q0 + q) = maxima[q] + math::log(sums[q]); });
+                         [&](int q) { data.segment_lse(s, q0 + q) = maxima[q] + math::log(sums[q]); });
   }
 };
 
-/// Merges the segments of each (batch entry, query head) by log-sum-exp.
-template <class MemSpace>
+/// Merges the segments of each (batch entry, query head) by log-sum-exp. Host
+/// spaces take one (b, q) per index of a 2-D range (rows vectorise over the
+/// value dims); other spaces (and the portable product) one team per (b, q)
+/// with vector lanes over them.
+template <class ExecSpace>
 struct MergeSegmentsKernel {
+  using MemSpace = typename ExecSpace::memory_space;
+  using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   Kokkos::View<const int*, MemSpace> batch_offsets;
   Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace> segment_o;
   Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> segment_lse;
   Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> o;
   Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> lse;
 
+  /// The largest lse of (b, q)'s segments and the sum of exp(lse - largest).
+  KOKKOS_INLINE_FUNCTION void totals(int first, int last, int q, float& m, float& total) const {
+    m = math::negative_infinity();
+    for (int s = first; s < last; ++s) m = segment_lse(s, q) > m ? segment_lse(s, q) : m;
+    total = 0;
+    if (m == math::negative_infinity()) return;
+    for (int s = first; s < last; ++s) total += math::exp(segment_lse(s, q) - m);
+  }
+
   KOKKOS_INLINE_FUNCTION void operator()(int b, int q) const {
     const int first = batch_offsets(b), last = batch_offsets(b + 1);
-    float m = math::negative_infinity();
-    for (int s = first; s < last; ++s) m = segment_lse(s, q) > m ? segment_lse(s, q) : m;
+    float m, total;
+    totals(first, last, q, m, total);
     const int value_dim = static_cast<int>(o.extent(2));
-    if (first == last || m == math::negative_infinity()) {
-      for (int d = 0; d < value_dim; ++d) o(b, q, d) = 0;
-      lse(b, q) = math::negative_infinity();
-      return;
-    }
-    float total = 0;
-    for (int s = first; s < last; ++s) total += math::exp(segment_lse(s, q) - m);
     // One exponential per segment: weights outside, dimensions inside, on
     // contiguous rows (LayoutRight) so that host compilers vectorise them.
     float* out = &o(b, q, 0);
     for (int d = 0; d < value_dim; ++d) out[d] = 0;
+    if (m == math::negative_infinity()) {
+      lse(b, q) = m;
+      return;
+    }
     for (int s = first; s < last; ++s) {
       const float weight = math::exp(segment_lse(s, q) - m) / total;
       const float* part = &segment_o(s, q, 0);
       for (int d = 0; d < value_dim; ++d) out[d] += weight * part[d];
     }
     lse(b, q) = m + math::log(total);
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const int q_heads = static_cast<int>(o.extent(1));
+    const int b = team.league_rank() / q_heads, q = team.league_rank() % q_heads;
+    const int first = batch_offsets(b), last = batch_offsets(b + 1);
+    float m, total;
+    totals(first, last, q, m, total);
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, static_cast<int>(o.extent(2))), [&](int d) {
+      float acc = 0;
+      if (m != math::negative_infinity())
+        for (int s = first; s < last; ++s) acc += math::exp(segment_lse(s, q) - m) / total * segment_o(s, q, d);
+      o(b, q, d) = acc;
+    });
+    Kokkos::single(Kokkos::PerTeam(team), [&]() { lse(b, q) = m == math::negative_infinity() ? m : m + math::log(total); });
   }
 };
 
@@ -234,7 +345,6 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
                       const std::vector<BlockSegment>& segments,
                       DecodeWorkspace<typename ExecSpace::memory_space>& workspace,
                       const PartialState<typename ExecSpace::memory_space>& out, BlockProduct product) {
-  using MemSpace = typename ExecSpace::memory_space;
   static_assert(Kokkos::SpaceAccessibility<ExecSpace, PoolSpace>::accessible,
                 "decode_attention: the execution space cannot read the pool's memory space");
   shape.validate();
@@ -279,9 +389,19 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
       queries,  pool,  workspace.segments, workspace.segment_o, workspace.segment_lse,
       geometry, order, shape.group(),      shape.scale()};
   auto launch_team_kernel = [&] {
-    const impl::DecodeSegmentsTeamKernel<ExecSpace, Scalar, PoolSpace> kernel{data};
     constexpr bool host = is_host_exec_space<ExecSpace>;
-    Kokkos::TeamPolicy<ExecSpace> policy(space, work_items, host ? 1 : 4, host ? 1 : 32);
+    // GPU: one lane per token of a full block (up to 8 warps). Host spaces run
+    // teams of one lane; their 2 slices keep the sliced P·V path under test.
+    const int team_size = host ? 1 : std::min(8, std::max(1, (geometry.block_tokens + 31) / 32));
+    const int vector_length = host ? 1 : 32;
+    const int items = shape.group() * shape.value_dim / 8;
+    const int token_splits = host ? 2 : std::max(1, std::min(8, team_size * vector_length / std::max(items, 1)));
+    const bool eight_wide = !geometry.tiled_keys(order) && geometry.key_dim % 8 == 0 &&
+                            geometry.value_dim % 8 == 0 && geometry.block_elements() % 8 == 0 &&
+                            reinterpret_cast<std::uintptr_t>(pool.data()) % 16 == 0 &&
+                            reinterpret_cast<std::uintptr_t>(queries.data()) % 16 == 0;
+    const impl::DecodeSegmentsTeamKernel<ExecSpace, Scalar, PoolSpace> kernel{data, token_splits, eight_wide};
+    Kokkos::TeamPolicy<ExecSpace> policy(space, work_items, team_size, vector_length);
     policy.set_scratch_size(0, Kokkos::PerTeam(kernel.scratch_floats() * sizeof(float)));
     Kokkos::parallel_for("writescope::attention::decode_segments", policy, kernel);
   };
@@ -310,10 +430,15 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
       launch_team_kernel();
     }
   }
-  Kokkos::parallel_for("writescope::attention::merge_segments",
-                       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {batch, shape.q_heads}),
-                       impl::MergeSegmentsKernel<MemSpace>{workspace.batch_offsets, workspace.segment_o,
-                                                           workspace.segment_lse, out.o, out.lse});
+  const impl::MergeSegmentsKernel<ExecSpace> merge{workspace.batch_offsets, workspace.segment_o, workspace.segment_lse,
+                                                   out.o, out.lse};
+  // The portable product merges with the GPU's team kernel too, so host tests cover it.
+  if (is_host_exec_space<ExecSpace> && product == BlockProduct::automatic)
+    Kokkos::parallel_for("writescope::attention::merge_segments",
+                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {batch, shape.q_heads}), merge);
+  else
+    Kokkos::parallel_for("writescope::attention::merge_segments",
+                         Kokkos::TeamPolicy<ExecSpace>(space, batch * shape.q_heads, 1, 32), merge);
 }
 
 }  // namespace writescope
