@@ -1,11 +1,19 @@
 #pragma once
-// Two pieces of host-driven work at the same time: one on a new host thread,
+// Two pieces of host-driven work at the same time: one on a worker thread,
 // one on the calling thread (which keeps the OpenMP threads). Used where the
 // GPU's share of a step is a chain of launches and fences that should not
 // wait for the CPU's share.
 //
-// CUDA builds always give the GPU's share its own thread. Host-only builds run
-// the two shares one after the other unless the worker thread is switched on
+// Workers are persistent: a small pool that grows to the deepest nesting of
+// run_concurrently (2 when the MoE-Lightning pipeline's attention stage splits
+// its own step) instead of a new thread per layer per step. They run on the GPU
+// driver's CPU (gpu_driver_cpu()), which a CUDA build's Runtime leaves out of
+// OpenMP's places, so the thread that launches and fences GPU work never waits
+// for a core that an OpenMP thread holds; in a CUDA build each worker also
+// selects Kokkos' device.
+//
+// CUDA builds always give the GPU's share a worker. Host-only builds run the
+// two shares one after the other unless the worker is switched on
 // (set_gpu_worker_thread, or WRITESCOPE_GPU_THREAD=1 in the environment), so
 // that the host tests run the concurrent code paths on real threads. There the
 // worker's Kokkos::OpenMP kernels run on the worker alone: Kokkos runs a
@@ -15,9 +23,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <thread>
-#include <utility>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "framework/spaces.hpp"
 
@@ -31,10 +39,9 @@ inline std::atomic<bool>& gpu_worker_thread_flag() {
   }()};
   return flag;
 }
-inline std::atomic<long>& worker_threads_counter() {
-  static std::atomic<long> count{0};
-  return count;
-}
+/// Runs `on_worker` on a pooled worker thread and `here` on this one; returns
+/// when both are done and rethrows the first exception (here's first).
+void run_on_worker(const std::function<void()>& on_worker, const std::function<void()>& here);
 }  // namespace impl
 
 /// Whether the GPU's share of a step runs on its own host thread.
@@ -52,31 +59,28 @@ class ScopedGpuWorkerThread {
  private:
   bool previous_;
 };
-/// Worker threads run_concurrently has started in this process.
-inline long worker_threads_started() { return impl::worker_threads_counter().load(); }
 
-/// Runs `on_thread` on a new thread and `here` on this one; returns when both
-/// are done and rethrows the first exception either threw (an exception must
-/// not escape a std::thread).
+/// Tasks run_concurrently has handed to workers in this process.
+long worker_tasks_run();
+/// Worker threads started in this process (the pool's size).
+long worker_threads_started();
+
+/// The CPU the workers run on: $WRITESCOPE_GPU_DRIVER_CPU if set (a CPU of
+/// the process' start-up affinity mask, or "none"), else the highest CPU of
+/// that mask when it has at least two; -1: the workers are not pinned.
+/// Throws std::invalid_argument naming the variable for any other value.
+int gpu_driver_cpu();
+/// The CPUs of the process' affinity mask at start-up (before OpenMP binds
+/// the main thread), in increasing order.
+std::vector<int> startup_cpus();
+/// OpenMP places of every CPU in `cpus` except `excluded`, e.g. "{0},{1},{2}".
+std::string openmp_places_without(const std::vector<int>& cpus, int excluded);
+
+/// Runs `on_thread` on a worker thread and `here` on this one; returns when
+/// both are done and rethrows the first exception either threw (here's first).
 template <class OnThread, class Here>
 void run_concurrently(OnThread&& on_thread, Here&& here) {
-  std::exception_ptr thread_error, here_error;
-  ++impl::worker_threads_counter();
-  std::thread worker([&] {
-    try {
-      on_thread();
-    } catch (...) {
-      thread_error = std::current_exception();
-    }
-  });
-  try {
-    here();
-  } catch (...) {
-    here_error = std::current_exception();
-  }
-  worker.join();
-  if (here_error) std::rethrow_exception(here_error);
-  if (thread_error) std::rethrow_exception(thread_error);
+  impl::run_on_worker(std::function<void()>(std::ref(on_thread)), std::function<void()>(std::ref(here)));
 }
 
 }  // namespace writescope

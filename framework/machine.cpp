@@ -86,6 +86,7 @@ MachineDescription MachineDescription::detect() {
   m.logical_cpus = sysconf(_SC_NPROCESSORS_ONLN);
   m.host_threads = HostExecSpace().concurrency();
   m.openmp_environment = read_openmp_environment();
+  m.thread_placement = writescope::thread_placement();
   const std::string mem_total = proc_field("/proc/meminfo", "MemTotal");  // "24576000 kB"
   if (!mem_total.empty()) m.memory_bytes = std::stoll(mem_total) * 1024;
 #ifdef KOKKOS_ENABLE_CUDA
@@ -118,6 +119,7 @@ std::vector<std::pair<std::string, MachineDescription::Value>> MachineDescriptio
           {"logical_cpus", logical_cpus},
           {"host_threads", host_threads},
           {"openmp_environment", openmp_environment},
+          {"thread_placement", thread_placement},
           {"memory_bytes", memory_bytes},
           {"gpu_name", gpu_name},
           {"gpu_memory_bytes", gpu_memory_bytes},

@@ -23,6 +23,7 @@ struct MachineDescription {
   std::int64_t logical_cpus = 0;    // online CPUs
   std::int64_t host_threads = 0;    // Kokkos host execution space concurrency
   std::string openmp_environment;   // OMP_* variables as set, "" when none
+  std::string thread_placement;     // where the Runtime put OpenMP and the GPU driver (runtime.hpp)
   std::int64_t memory_bytes = 0;    // MemTotal
   std::string gpu_name;             // "" in a host-only build
   std::int64_t gpu_memory_bytes = 0;

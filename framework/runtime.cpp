@@ -1,14 +1,52 @@
 #include "framework/runtime.hpp"
 
+#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+
+#include <cstdlib>
 #include <sstream>
+#include <vector>
+
+#include "framework/concurrent.hpp"
 
 #ifdef KOKKOS_ENABLE_CUDA
 #include <cuda_runtime.h>
 #endif
 
 namespace writescope {
+namespace {
+
+std::string placement = "OpenMP placement from the environment";
+
+/// Gives OpenMP every start-up CPU but the GPU driver's, one thread pinned to
+/// each, before Kokkos starts its thread pool (which then reuses these threads).
+void place_openmp_threads(int driver_cpu) {
+  std::vector<int> cpus;
+  for (int cpu : startup_cpus())
+    if (cpu != driver_cpu) cpus.push_back(cpu);
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) omp_set_num_threads(static_cast<int>(cpus.size()));
+#pragma omp parallel
+  {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus[static_cast<std::size_t>(omp_get_thread_num()) % cpus.size()], &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  }
+  placement = "GPU driver on CPU " + std::to_string(driver_cpu) + "; OpenMP threads pinned to " +
+              openmp_places_without(startup_cpus(), driver_cpu);
+}
+
+}  // namespace
+
+std::string thread_placement() { return placement; }
 
 Runtime::Runtime(int& argc, char* argv[]) {
+  const int driver_cpu = gpu_driver_cpu();  // a bad WRITESCOPE_GPU_DRIVER_CPU stops here, named
+  if (has_gpu && driver_cpu >= 0 && std::getenv("OMP_PLACES") == nullptr && std::getenv("OMP_PROC_BIND") == nullptr)
+    place_openmp_threads(driver_cpu);
+  else if (driver_cpu >= 0)
+    placement += "; GPU driver on CPU " + std::to_string(driver_cpu);
 #ifdef KOKKOS_ENABLE_CUDA
   int devices = 0;
   const cudaError_t status = cudaGetDeviceCount(&devices);

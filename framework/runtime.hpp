@@ -2,6 +2,13 @@
 // The Kokkos runtime for a WriteScope program: one per process, alive for the
 // whole main(). A CUDA build checks for a usable GPU first, so a machine
 // without one gets a clear error instead of an abort inside Kokkos.
+//
+// Thread placement in a CUDA build: the host thread that drives the GPU's
+// share of a step (framework/concurrent.hpp) gets a CPU of its own,
+// gpu_driver_cpu(), and, unless OMP_PLACES or OMP_PROC_BIND say otherwise,
+// OpenMP gets the other CPUs, one thread pinned to each (OMP_NUM_THREADS, if
+// set, still chooses how many). Host-only builds leave OpenMP to its
+// environment.
 
 #include <Kokkos_Core.hpp>
 
@@ -26,6 +33,10 @@ class Runtime {
  private:
   std::optional<Kokkos::ScopeGuard> guard_;
 };
+
+/// How the Runtime placed OpenMP's threads and the GPU driver's, in words
+/// (MachineDescription::thread_placement).
+std::string thread_placement();
 
 /// Kokkos' print_configuration output (backends, architecture, options).
 std::string kokkos_configuration();

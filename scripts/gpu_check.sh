@@ -62,7 +62,9 @@ else
   limits=(smoke:60 tests:120 calibrate:60 benchmarks:120 slice:90)
 fi
 slice_profile=${profile_option[*]:-}
-export OMP_PROC_BIND=${OMP_PROC_BIND:-spread} OMP_PLACES=${OMP_PLACES:-threads}
+# On the GPU machine the Runtime places the threads itself (framework/runtime.hpp:
+# the GPU driver on a CPU of its own, OpenMP pinned to the others).
+[ "$mode" = host ] && export OMP_PROC_BIND=${OMP_PROC_BIND:-spread} OMP_PLACES=${OMP_PLACES:-threads}
 export slice_profile writescope tests benchmarks space slice_config bench_filter work repo
 
 stage_smoke() {

@@ -72,9 +72,9 @@ TYPED_TEST(SplitDecodeTest, BothDevicesTogetherMatchTheReferenceWhereverTheBandI
       {true, &as_written},  {true, &gpu_takes_band},  {true, &cpu_takes_band}};
   for (const auto& [worker_thread, plan] : runs) {
     const ScopedGpuWorkerThread worker(worker_thread);
-    const long threads_before = worker_threads_started();
+    const long threads_before = worker_tasks_run();
     const SplitTimings timings = split.run(cache, queries, *plan, out);
-    EXPECT_EQ(worker_threads_started() > threads_before, gpu_worker_thread());
+    EXPECT_EQ(worker_tasks_run() > threads_before, gpu_worker_thread());
     EXPECT_EQ(timings.streamed_bytes, plan->gpu_streamed.size() * block_bytes);
     EXPECT_GE(timings.step_seconds, std::max(timings.gpu_seconds, timings.cpu_seconds) * 0.99);
     auto o = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.o);

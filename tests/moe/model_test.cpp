@@ -172,11 +172,11 @@ TEST(MoeModel, RunsTheGpuShareOnItsOwnThreadAndPassesItsErrorsBack) {
   MoeModel model = MoeModel::synthetic(config, 9, options_with(every_region, mixed_experts()));
   ReferenceModel reference = reference_for(config, 9);
   const int sequence = model.add_sequence();
-  const long threads_before = worker_threads_started();
+  const long threads_before = worker_tasks_run();
   for (int token : {5, 17, 200, 3, 99, 42, 7, 8, 11})
     expect_logits_near(model.step({sequence}, {token}).front(), reference.forward({token}),
                        test::model_logit_tolerance, "decode");
-  EXPECT_GT(worker_threads_started(), threads_before);
+  EXPECT_GT(worker_tasks_run(), threads_before);
 
   // The GPU's experts fail on the worker thread; the caller gets the error.
   MoeModel broken =
