@@ -19,6 +19,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstddef>
+#include <string>
 #include <vector>
 
 #include "attention/partial_state.hpp"
@@ -32,6 +34,23 @@ enum class BlockProduct {
   automatic,  // the fastest product for the execution space
   portable,   // the team kernel on every space (tests use it to cover both)
 };
+
+/// How the GPU runs decode_attention's team kernel for blocks of
+/// `block_tokens` tokens: one lane per token (up to 8 warps), the P·V phase in
+/// token_splits slices, and the team scratch that needs (scores of the group,
+/// maxima and sums, the slices' partial sums).
+struct GpuDecodeTeam {
+  int team_size = 1, vector_length = 1, token_splits = 1;
+  std::size_t scratch_bytes = 0;
+};
+GpuDecodeTeam gpu_decode_team(const AttentionShape& shape, int block_tokens);
+/// Kokkos 3.4's level-0 team scratch on CUDA: the 48 KiB of shared memory a
+/// block gets without opting in to more.
+inline constexpr std::size_t gpu_team_scratch_limit = 48 * 1024;
+/// Why blocks of `block_tokens` tokens cannot run on the GPU for `shape`
+/// (their team scratch is over the limit, with the largest that fits), or ""
+/// when they can. Configs check it when they are read, on every build.
+std::string gpu_decode_block_tokens_error(const AttentionShape& shape, int block_tokens);
 
 /// Device-side buffers of decode_attention, reused across calls (they only grow).
 template <class MemSpace>

@@ -1,5 +1,3 @@
-#include "framework/avx512_diagnostics.hpp"  // first: before <immintrin.h>
-
 #include "experiments/calibration.hpp"
 
 #include <KokkosBlas2_gemv.hpp>
@@ -14,6 +12,7 @@
 #include <stdexcept>
 
 #include "attention/decode.hpp"
+#include "experiments/impl/product_peaks.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/simd.hpp"
 #include "framework/timer.hpp"
@@ -113,7 +112,7 @@ double measure_host_dram_read_gbps(std::int64_t bytes) {
 
 namespace {
 
-constexpr int fma_chains = 12;  // independent chains: enough to cover FMA latency x ports
+constexpr int fma_chains = impl::peak_chains;
 constexpr std::int64_t fma_iterations = 20'000'000;
 
 /// Per thread: fma_iterations x fma_chains vector FMAs kept in registers.
@@ -156,26 +155,11 @@ struct ScalarFmaChains {
 };
 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
 /// Per thread: fma_iterations x fma_chains vdpbf16ps (32 multiply-adds each).
 struct Bf16DotChains {
   float seed;
-  void operator()(int, float& sink) const {
-    __m512 acc[fma_chains];
-    for (int c = 0; c < fma_chains; ++c) acc[c] = _mm512_set1_ps(seed + c);
-    const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3f80));  // bf16 1.0
-    const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3380));  // bf16 2^-24
-    for (std::int64_t i = 0; i < fma_iterations; ++i)
-      for (int c = 0; c < fma_chains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
-    alignas(64) float lanes[16];
-    for (int c = 0; c < fma_chains; ++c) {
-      _mm512_store_ps(lanes, acc[c]);
-      for (float lane : lanes) sink += lane;
-    }
-  }
+  void operator()(int, float& sink) const { sink += impl::bf16_dot_chains(seed, fma_iterations); }
 };
-#pragma GCC pop_options
 #endif
 
 template <class Chains>

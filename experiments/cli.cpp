@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/decode.hpp"
 #include "attention/impl/host_block_attention.hpp"
 #include "experiments/calibration.hpp"
 #include "experiments/harness.hpp"
@@ -231,6 +232,8 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   config = apply_overrides(config, overrides);
   const int block_tokens =
       options.count("--block-tokens") ? static_cast<int>(positive_integer("generate", "--block-tokens", options["--block-tokens"])) : 256;
+  if (const std::string error = gpu_decode_block_tokens_error(config.attention(), block_tokens); !error.empty())
+    throw UsageError("generate: --block-tokens: " + error);
   auto byte_option = [&](const char* name, std::uint64_t fallback) {
     if (!options.count(name)) return fallback;
     const auto parsed = parse_byte_size(options[name]);

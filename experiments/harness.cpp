@@ -16,6 +16,7 @@
 #include <sstream>
 #include <utility>
 
+#include "attention/decode.hpp"
 #include "framework/log.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/machine.hpp"
@@ -147,6 +148,10 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
   c.seed = root.get_or<std::uint64_t>("seed", 1);
   c.block_tokens = root.get_or<int>("block_tokens", 64);
   if (c.block_tokens < 1 || c.block_tokens > 4096) root.fail("block_tokens", "must be in [1, 4096]");
+  for (const ModelSpec& model : c.models)
+    if (const std::string error = gpu_decode_block_tokens_error(model.config.attention(), c.block_tokens);
+        !error.empty())
+      root.fail("block_tokens", error);
   c.context_fill = root.has("context_fill") ? root.get_choice("context_fill", {"synthetic", "prefill"}) : "synthetic";
   constexpr std::int64_t longest_prefill = 16384;
   if (c.context_fill == "prefill" && *std::max_element(c.contexts.begin(), c.contexts.end()) > longest_prefill)

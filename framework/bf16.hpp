@@ -3,7 +3,7 @@
 // holds the upper half of an IEEE float. Arithmetic always happens in float;
 // conversion to float is exact, conversion from float rounds to nearest even.
 
-#include <Kokkos_Core.hpp>
+#include "framework/host_device.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -15,7 +15,7 @@ struct bf16 {
   std::uint16_t bits;
 };
 
-KOKKOS_INLINE_FUNCTION float float_from_bits(std::uint32_t bits) {
+WRITESCOPE_INLINE_FUNCTION float float_from_bits(std::uint32_t bits) {
 #ifdef __CUDA_ARCH__
   return __uint_as_float(bits);
 #else
@@ -25,7 +25,7 @@ KOKKOS_INLINE_FUNCTION float float_from_bits(std::uint32_t bits) {
 #endif
 }
 
-KOKKOS_INLINE_FUNCTION std::uint32_t bits_from_float(float value) {
+WRITESCOPE_INLINE_FUNCTION std::uint32_t bits_from_float(float value) {
 #ifdef __CUDA_ARCH__
   return __float_as_uint(value);
 #else
@@ -35,12 +35,12 @@ KOKKOS_INLINE_FUNCTION std::uint32_t bits_from_float(float value) {
 #endif
 }
 
-KOKKOS_INLINE_FUNCTION float to_float(float value) { return value; }
-KOKKOS_INLINE_FUNCTION float to_float(bf16 value) { return float_from_bits(std::uint32_t{value.bits} << 16); }
+WRITESCOPE_INLINE_FUNCTION float to_float(float value) { return value; }
+WRITESCOPE_INLINE_FUNCTION float to_float(bf16 value) { return float_from_bits(std::uint32_t{value.bits} << 16); }
 
 /// Float -> Scalar (float or bf16); bf16 rounds to nearest even, NaN stays NaN.
 template <class Scalar>
-KOKKOS_INLINE_FUNCTION Scalar from_float(float value) {
+WRITESCOPE_INLINE_FUNCTION Scalar from_float(float value) {
   if constexpr (std::is_same_v<Scalar, float>) {
     return value;
   } else {
@@ -53,7 +53,7 @@ KOKKOS_INLINE_FUNCTION Scalar from_float(float value) {
 
 /// The value `value` takes after a round trip through Scalar.
 template <class Scalar>
-KOKKOS_INLINE_FUNCTION float round_to(float value) {
+WRITESCOPE_INLINE_FUNCTION float round_to(float value) {
   return to_float(from_float<Scalar>(value));
 }
 

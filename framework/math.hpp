@@ -2,21 +2,21 @@
 // Math usable in host and device code. Kokkos 3.4 keeps these under
 // Kokkos::Experimental and Kokkos 4 moves them, so kernels use these instead.
 
-#include <Kokkos_Core.hpp>
+#include "framework/host_device.hpp"
 
 #include <cmath>
 
 namespace writescope::math {
 
-KOKKOS_INLINE_FUNCTION constexpr float negative_infinity() { return -__builtin_huge_valf(); }
+WRITESCOPE_INLINE_FUNCTION constexpr float negative_infinity() { return -__builtin_huge_valf(); }
 
 // name(type): CUDA's global-namespace function in device code, std:: on the host.
 #ifdef __CUDA_ARCH__
 #define WRITESCOPE_MATH_FUNCTION(name, type, device_function) \
-  KOKKOS_INLINE_FUNCTION type name(type x) { return ::device_function(x); }
+  WRITESCOPE_INLINE_FUNCTION type name(type x) { return ::device_function(x); }
 #else
 #define WRITESCOPE_MATH_FUNCTION(name, type, device_function) \
-  KOKKOS_INLINE_FUNCTION type name(type x) { return std::name(x); }
+  WRITESCOPE_INLINE_FUNCTION type name(type x) { return std::name(x); }
 #endif
 
 WRITESCOPE_MATH_FUNCTION(exp, float, expf)

@@ -15,7 +15,7 @@
 #define WRITESCOPE_HOST_AVX2 1
 // The AVX-512 BF16 kernels are compiled (with a target pragma, so that the rest
 // of the binary keeps the AVX2 baseline) by GCC >= 10 outside nvcc.
-#if !defined(__CUDACC__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
 #define WRITESCOPE_HOST_AVX512_BF16 1
 #endif
 #endif

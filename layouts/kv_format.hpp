@@ -23,7 +23,7 @@
 //    with the query heads in SIMD lanes, PV with value dims in lanes); a
 //    transposed latent would need a second, token-contiguous copy for PV.
 
-#include <Kokkos_Core.hpp>
+#include "framework/host_device.hpp"
 
 #include <cstdint>
 
@@ -51,27 +51,27 @@ struct BlockGeometry {
   int value_dim = 128;
   bool values_in_keys = false;  // MLA: value d of a token is its key entry d
 
-  KOKKOS_INLINE_FUNCTION std::int64_t key_elements() const {
+  WRITESCOPE_INLINE_FUNCTION std::int64_t key_elements() const {
     return std::int64_t{block_tokens} * kv_heads * key_dim;
   }
-  KOKKOS_INLINE_FUNCTION std::int64_t block_elements() const {
+  WRITESCOPE_INLINE_FUNCTION std::int64_t block_elements() const {
     return key_elements() + (values_in_keys ? 0 : std::int64_t{block_tokens} * kv_heads * value_dim);
   }
 
   /// Tokens per key tile in head-major blocks.
-  KOKKOS_INLINE_FUNCTION int key_tile_tokens() const { return block_tokens % 16 == 0 ? 16 : block_tokens; }
+  WRITESCOPE_INLINE_FUNCTION int key_tile_tokens() const { return block_tokens % 16 == 0 ? 16 : block_tokens; }
 
   /// Whether keys of a block in `order` are transposed into token tiles.
-  KOKKOS_INLINE_FUNCTION bool tiled_keys(BlockOrder order) const {
+  WRITESCOPE_INLINE_FUNCTION bool tiled_keys(BlockOrder order) const {
     return order == BlockOrder::head_major && !values_in_keys;
   }
 
-  KOKKOS_INLINE_FUNCTION std::int64_t key_offset(BlockOrder order, int token, int head, int d) const {
+  WRITESCOPE_INLINE_FUNCTION std::int64_t key_offset(BlockOrder order, int token, int head, int d) const {
     if (!tiled_keys(order)) return (std::int64_t{token} * kv_heads + head) * key_dim + d;
     const int tile = key_tile_tokens();
     return ((std::int64_t{head} * (block_tokens / tile) + token / tile) * key_dim + d) * tile + token % tile;
   }
-  KOKKOS_INLINE_FUNCTION std::int64_t value_offset(BlockOrder order, int token, int head, int d) const {
+  WRITESCOPE_INLINE_FUNCTION std::int64_t value_offset(BlockOrder order, int token, int head, int d) const {
     if (values_in_keys) return key_offset(order, token, head, d);
     return key_elements() + (order == BlockOrder::token_major
                                  ? (std::int64_t{token} * kv_heads + head) * value_dim + d
@@ -79,15 +79,15 @@ struct BlockGeometry {
   }
   /// Distance between the same (head, d) of consecutive tokens (within one key
   /// tile for head-major keys).
-  KOKKOS_INLINE_FUNCTION std::int64_t key_token_stride(BlockOrder order) const {
+  WRITESCOPE_INLINE_FUNCTION std::int64_t key_token_stride(BlockOrder order) const {
     return tiled_keys(order) ? 1 : std::int64_t{kv_heads} * key_dim;
   }
-  KOKKOS_INLINE_FUNCTION std::int64_t value_token_stride(BlockOrder order) const {
+  WRITESCOPE_INLINE_FUNCTION std::int64_t value_token_stride(BlockOrder order) const {
     if (values_in_keys) return key_token_stride(order);
     return order == BlockOrder::token_major ? std::int64_t{kv_heads} * value_dim : value_dim;
   }
   /// Distance between dims d and d + 1 of one token in a head-major key tile.
-  KOKKOS_INLINE_FUNCTION std::int64_t key_dim_stride(BlockOrder order) const {
+  WRITESCOPE_INLINE_FUNCTION std::int64_t key_dim_stride(BlockOrder order) const {
     return tiled_keys(order) ? key_tile_tokens() : 1;
   }
 };

@@ -337,6 +337,29 @@ void grow(View& view, const char* label, Extents... extents) {
 
 }  // namespace impl
 
+inline GpuDecodeTeam gpu_decode_team(const AttentionShape& shape, int block_tokens) {
+  GpuDecodeTeam team;
+  team.team_size = std::min(8, std::max(1, (block_tokens + 31) / 32));
+  team.vector_length = 32;
+  const int items = std::max(1, shape.group() * shape.value_dim / 8);
+  team.token_splits = std::max(1, std::min(8, team.team_size * team.vector_length / items));
+  const std::size_t group = static_cast<std::size_t>(shape.group());
+  team.scratch_bytes = sizeof(float) * (group * (static_cast<std::size_t>(block_tokens) + 2) +
+                                        (team.token_splits > 1 ? team.token_splits * group * shape.value_dim : 0));
+  return team;
+}
+
+inline std::string gpu_decode_block_tokens_error(const AttentionShape& shape, int block_tokens) {
+  const GpuDecodeTeam team = gpu_decode_team(shape, block_tokens);
+  if (team.scratch_bytes <= gpu_team_scratch_limit) return "";
+  int largest = block_tokens;
+  while (largest > 1 && gpu_decode_team(shape, largest).scratch_bytes > gpu_team_scratch_limit) --largest;
+  return std::to_string(block_tokens) + " tokens per block need " + std::to_string(team.scratch_bytes) +
+         " bytes of GPU team scratch for " + shape.name + "'s attention (" + std::to_string(shape.group()) +
+         " query heads per KV head), over the " + std::to_string(gpu_team_scratch_limit) + "-byte limit; at most " +
+         std::to_string(largest) + " fit";
+}
+
 template <class ExecSpace, class Scalar, class PoolSpace>
 void decode_attention(const ExecSpace& space, const AttentionShape& shape, const BlockGeometry& geometry,
                       BlockOrder order,
@@ -390,12 +413,11 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
       geometry, order, shape.group(),      shape.scale()};
   auto launch_team_kernel = [&] {
     constexpr bool host = is_host_exec_space<ExecSpace>;
-    // GPU: one lane per token of a full block (up to 8 warps). Host spaces run
-    // teams of one lane; their 2 slices keep the sliced P·V path under test.
-    const int team_size = host ? 1 : std::min(8, std::max(1, (geometry.block_tokens + 31) / 32));
-    const int vector_length = host ? 1 : 32;
-    const int items = shape.group() * shape.value_dim / 8;
-    const int token_splits = host ? 2 : std::max(1, std::min(8, team_size * vector_length / std::max(items, 1)));
+    // Host spaces run teams of one lane; their 2 slices keep the sliced P·V path under test.
+    const GpuDecodeTeam gpu = gpu_decode_team(shape, geometry.block_tokens);
+    const int team_size = host ? 1 : gpu.team_size;
+    const int vector_length = host ? 1 : gpu.vector_length;
+    const int token_splits = host ? 2 : gpu.token_splits;
     const bool eight_wide = !geometry.tiled_keys(order) && geometry.key_dim % 8 == 0 &&
                             geometry.value_dim % 8 == 0 && geometry.block_elements() % 8 == 0 &&
                             reinterpret_cast<std::uintptr_t>(pool.data()) % 16 == 0 &&

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include "framework/bf16.hpp"
@@ -393,5 +394,13 @@ void host_segment_attention(const HostSegment<Scalar>& s, float* scores, float* 
   (void)path;
   host_segment_attention_scalar(s, scores, o, lse);
 }
+
+// Instantiated once, in host_block_attention.cpp, which the host compiler
+// builds alone in both variants: the Kokkos kernels that call it (nvcc in a
+// CUDA build) run the same machine code as a host-only build's.
+extern template void host_segment_attention<float>(const HostSegment<float>&, float*, float*, float*, CpuPath,
+                                                   const std::uint32_t*, const HostSegment<float>*);
+extern template void host_segment_attention<bf16>(const HostSegment<bf16>&, float*, float*, float*, CpuPath,
+                                                  const std::uint32_t*, const HostSegment<bf16>*);
 
 }  // namespace writescope::impl

@@ -1,6 +1,6 @@
 #include "framework/avx512_diagnostics.hpp"  // first: before <immintrin.h>
 
-// The AVX-512 decode linear layer (see linear_impl.hpp for the contract).
+// The AVX-512 decode linear layer (see linear_host.hpp for the contract).
 //
 // Why it looks like this: decode GEMVs stream each weight once for a handful of
 // input rows, so the product must keep up with DRAM. A 64-byte line of bf16
@@ -12,7 +12,7 @@
 // instruction count as these FMAs, still by 4e-4.) Each work item streams a
 // few weight rows once, against every input row at once, and prefetches them.
 
-#include "moe/impl/linear_impl.hpp"
+#include "moe/impl/linear_host.hpp"
 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
 

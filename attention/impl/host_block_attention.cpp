@@ -1,0 +1,12 @@
+// The host block products, built by the host compiler alone in both variants
+// (writescope_host_kernels in cmake/WriteScopeTarget.cmake).
+#include "attention/impl/host_block_attention.hpp"
+
+namespace writescope::impl {
+
+template void host_segment_attention<float>(const HostSegment<float>&, float*, float*, float*, CpuPath,
+                                            const std::uint32_t*, const HostSegment<float>*);
+template void host_segment_attention<bf16>(const HostSegment<bf16>&, float*, float*, float*, CpuPath,
+                                           const std::uint32_t*, const HostSegment<bf16>*);
+
+}  // namespace writescope::impl
