@@ -129,6 +129,7 @@ SplitPlan WriteScopeScheduler<Scalar>::plan(int layer, const std::vector<int>& s
 
 template <class Scalar>
 void WriteScopeScheduler<Scalar>::observe(const SplitPlan& plan, const SplitTimings& timings) {
+  if (!options_.feedback) return;
   const StepBytes bytes = bytes_of(plan);
   const double cpu_bytes = bytes.cpu_resident + segment_bytes(plan.cpu_pinned);
   const double cpu_time = timings.cpu_seconds - model_.rates().cpu_latency_s;

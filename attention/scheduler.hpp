@@ -27,6 +27,7 @@ namespace writescope {
 
 struct SchedulerOptions {
   double resident_headroom = 0.5;  // CpuResident share computed at this fraction of the CPU's rate
+  bool feedback = true;            // observe() replaces the profile's rates by measured ones
 };
 
 template <class Scalar>

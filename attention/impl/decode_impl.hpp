@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -167,26 +168,45 @@ struct DecodeSegmentsTeamKernel {
     float* sums = maxima + group;
     float* partial = sums + group;
 
-    // Scores: one token per lane, all query heads of the group.
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, n), [&](int i) {
-      const int token = segment.token_begin + i;
-      float dot[max_group];
-      for (int q = 0; q < max_group; ++q) dot[q] = 0;
-      if (eight_wide) {
-        const Scalar* key = block + geometry.key_offset(order, token, kv_head, 0);
-        for (int d = 0; d < geometry.key_dim; d += 8) {
+    // Scores: one token per lane, all query heads of the group; four 16-byte
+    // key loads in flight per lane.
+    auto add_products = [&](const float* key_chunk, const float* query_row, float& dot) {
+      float x[8];
+      load_eight(query_row, x);
+      for (int j = 0; j < 8; ++j) dot += x[j] * key_chunk[j];
+    };
+    if (eight_wide) {
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(team, n), [&](int i) {
+        const Scalar* key = block + geometry.key_offset(order, segment.token_begin + i, kv_head, 0);
+        float dot[max_group];
+        for (int q = 0; q < max_group; ++q) dot[q] = 0;
+        int d = 0;
+        for (; d + 32 <= geometry.key_dim; d += 32) {
+          float k[4][8];
+          for (int u = 0; u < 4; ++u) load_eight(key + d + 8 * u, k[u]);
+          for (int q = 0; q < max_group; ++q) {
+            if (q >= group) break;
+            for (int u = 0; u < 4; ++u) add_products(k[u], query + q * geometry.key_dim + d + 8 * u, dot[q]);
+          }
+        }
+        for (; d < geometry.key_dim; d += 8) {
           float k[8];
           load_eight(key + d, k);
           for (int q = 0; q < max_group; ++q) {
             if (q >= group) break;
-            float x[8];
-            load_eight(query + q * geometry.key_dim + d, x);
-            float acc = dot[q];
-            for (int j = 0; j < 8; ++j) acc += x[j] * k[j];
-            dot[q] = acc;
+            add_products(k, query + q * geometry.key_dim + d, dot[q]);
           }
         }
-      } else {
+        for (int q = 0; q < max_group; ++q) {
+          if (q >= group) break;
+          scores[q * block_tokens + i] = dot[q] * data.scale;
+        }
+      });
+    } else {
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(team, n), [&](int i) {
+        const int token = segment.token_begin + i;
+        float dot[max_group];
+        for (int q = 0; q < max_group; ++q) dot[q] = 0;
         for (int d = 0; d < geometry.key_dim; ++d) {
           const float k = to_float(block[geometry.key_offset(order, token, kv_head, d)]);
           for (int q = 0; q < max_group; ++q) {
@@ -194,12 +214,12 @@ struct DecodeSegmentsTeamKernel {
             dot[q] += query[q * geometry.key_dim + d] * k;
           }
         }
-      }
-      for (int q = 0; q < max_group; ++q) {
-        if (q >= group) break;
-        scores[q * block_tokens + i] = dot[q] * data.scale;
-      }
-    });
+        for (int q = 0; q < max_group; ++q) {
+          if (q >= group) break;
+          scores[q * block_tokens + i] = dot[q] * data.scale;
+        }
+      });
+    }
     team.team_barrier();
 
     // Softmax per query head: scores become exp(score - max), with their sum.
@@ -225,33 +245,54 @@ struct DecodeSegmentsTeamKernel {
     });
     team.team_barrier();
 
-    // P·V: items (query head, `width` value dims), each over one slice of the tokens.
+    // P·V: items (query head, `width` value dims), each over one slice of the
+    // tokens; four value rows in flight per lane on the 16-byte path.
     const int width = eight_wide ? 8 : 1;
     const int chunks = geometry.value_dim / width;
     const int items = group * chunks;
-    Kokkos::parallel_for(Kokkos::TeamVectorRange(team, items * token_splits), [&](int work) {
-      const int split = work / items, item = work % items;
-      const int q = item / chunks, d0 = (item % chunks) * width;
-      const int first = n * split / token_splits, last = n * (split + 1) / token_splits;
-      const float* p = scores + q * block_tokens;
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int i = first; i < last; ++i) {
-        const Scalar* value = block + geometry.value_offset(order, segment.token_begin + i, kv_head, d0);
-        if (eight_wide) {
-          float v[8];
-          load_eight(value, v);
-          for (int j = 0; j < 8; ++j) acc[j] += p[i] * v[j];
-        } else {
-          acc[0] += p[i] * to_float(*value);
-        }
-      }
+    const std::int64_t value_stride = geometry.value_token_stride(order);
+    auto finish_item = [&](int split, int q, int d0, const float* acc) {
       for (int j = 0; j < width; ++j) {
         if (token_splits == 1)
           data.segment_o(s, q0 + q, d0 + j) = acc[j] / sums[q];
         else
           partial[(split * group + q) * geometry.value_dim + d0 + j] = acc[j];
       }
-    });
+    };
+    if (eight_wide) {
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(team, items * token_splits), [&](int work) {
+        const int split = work / items, item = work % items;
+        const int q = item / chunks, d0 = (item % chunks) * 8;
+        const int first = n * split / token_splits, last = n * (split + 1) / token_splits;
+        const float* p = scores + q * block_tokens;
+        const Scalar* value = block + geometry.value_offset(order, segment.token_begin + first, kv_head, d0);
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int i = first;
+        for (; i + 4 <= last; i += 4, value += 4 * value_stride) {
+          float v[4][8];
+          for (int u = 0; u < 4; ++u) load_eight(value + u * value_stride, v[u]);
+          for (int u = 0; u < 4; ++u)
+            for (int j = 0; j < 8; ++j) acc[j] += p[i + u] * v[u][j];
+        }
+        for (; i < last; ++i, value += value_stride) {
+          float v[8];
+          load_eight(value, v);
+          for (int j = 0; j < 8; ++j) acc[j] += p[i] * v[j];
+        }
+        finish_item(split, q, d0, acc);
+      });
+    } else {
+      Kokkos::parallel_for(Kokkos::TeamVectorRange(team, items * token_splits), [&](int work) {
+        const int split = work / items, item = work % items;
+        const int q = item / chunks, d = item % chunks;
+        const int first = n * split / token_splits, last = n * (split + 1) / token_splits;
+        float acc[1] = {0};
+        for (int i = first; i < last; ++i)
+          acc[0] += scores[q * block_tokens + i] *
+                    to_float(block[geometry.value_offset(order, segment.token_begin + i, kv_head, d)]);
+        finish_item(split, q, d, acc);
+      });
+    }
     if (token_splits > 1) {
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamVectorRange(team, group * geometry.value_dim), [&](int e) {
@@ -339,9 +380,10 @@ void grow(View& view, const char* label, Extents... extents) {
 
 inline GpuDecodeTeam gpu_decode_team(const AttentionShape& shape, int block_tokens) {
   GpuDecodeTeam team;
-  team.team_size = std::min(8, std::max(1, (block_tokens + 31) / 32));
-  team.vector_length = 32;
+  // Warps for one lane per token and for four lanes per P·V item, up to 16.
   const int items = std::max(1, shape.group() * shape.value_dim / 8);
+  team.team_size = std::min(16, std::max({1, (block_tokens + 31) / 32, (4 * items + 31) / 32}));
+  team.vector_length = 32;
   team.token_splits = std::max(1, std::min(8, team.team_size * team.vector_length / items));
   const std::size_t group = static_cast<std::size_t>(shape.group());
   team.scratch_bytes = sizeof(float) * (group * (static_cast<std::size_t>(block_tokens) + 2) +

@@ -159,7 +159,17 @@ TEST(WriteScopeWithAGpu, WritesVramFirstSpillsIntoEveryRegionAndSplitsEveryStep)
     const ModelConfig config = model_preset(model_name);
     constexpr int prompt_tokens = 12, decode_steps = 8;
     const SystemContext context{config, gpu_profile(), 2, prompt_tokens + decode_steps, SystemOptions{}};
-    const System system = make_system("writescope", context);
+    System system = make_system("writescope", context);
+    // The profile's rates alone decide here: with feedback, the measured rates
+    // of these tiny blocks (launch latencies, on whichever machine runs the
+    // test) would move the CPU's share and with it whether CpuResident is
+    // written at all. Feedback has its own test below.
+    const RooflineModel roofline = roofline_of(context);
+    system.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
+      SchedulerOptions options;
+      options.feedback = false;
+      return std::make_unique<WriteScopeKVPolicy>(roofline, shape, cache, options);
+    };
     MoeModel model = MoeModel::synthetic(config, 4, options_for(config, system, 0, 3));
     const std::int64_t vram_blocks = model.cache().capacity_blocks(Region::gpu_resident) / config.layers;
     ASSERT_GT(vram_blocks, 0);
