@@ -14,6 +14,7 @@
 #include "attention/decode.hpp"
 #include "experiments/impl/product_peaks.hpp"
 #include "framework/cpu_path.hpp"
+#include "framework/launch.hpp"
 #include "framework/simd.hpp"
 #include "framework/timer.hpp"
 
@@ -82,7 +83,7 @@ double best_rate(const ExecSpace& space, double units, Work&& work) {
 HostWords first_touched(const std::string& label, std::int64_t bytes) {
   HostWords words(Kokkos::view_alloc(label, Kokkos::WithoutInitializing),
                   static_cast<std::size_t>(bytes) / sizeof(std::uint64_t));
-  Kokkos::parallel_for("writescope::experiments::first_touch", Kokkos::RangePolicy<HostExecSpace>(0, chunks_of(words)),
+  launch_parallel_for("writescope::experiments::first_touch", Kokkos::RangePolicy<HostExecSpace>(0, chunks_of(words)),
                        FillChunks{words});
   Kokkos::fence();
   return words;
@@ -96,7 +97,7 @@ std::uint64_t read_words(const HostExecSpace& space, const HostWords& words) {
 }
 
 void copy_words(const HostExecSpace& space, const HostWords& destination, const HostWords& source) {
-  Kokkos::parallel_for("writescope::experiments::host_copy",
+  launch_parallel_for("writescope::experiments::host_copy",
                        Kokkos::RangePolicy<HostExecSpace>(space, 0, chunks_of(source)),
                        CopyChunks{destination, source});
 }
@@ -215,7 +216,7 @@ double measure_host_launch_latency_s() {
   double best = 1e9;
   for (int r = 0; r < 200; ++r)
     best = std::min(best, time_fenced(space, [](const HostExecSpace& s) {
-                      Kokkos::parallel_for("writescope::experiments::empty",
+                      launch_parallel_for("writescope::experiments::empty",
                                            Kokkos::RangePolicy<HostExecSpace>(s, 0, s.concurrency()), EmptyHostWork{});
                     }));
   return best;
@@ -398,7 +399,7 @@ double measure_gpu_launch_latency_s() {
   double best = 1e9;
   for (int r = 0; r < 200; ++r)
     best = std::min(best, time_fenced(GpuExecSpace(), [](const GpuExecSpace& space) {
-                      Kokkos::parallel_for("writescope::experiments::empty_kernel",
+                      launch_parallel_for("writescope::experiments::empty_kernel",
                                            Kokkos::RangePolicy<GpuExecSpace>(space, 0, 1), EmptyDeviceWork{});
                     }));
   return best;

@@ -6,6 +6,7 @@
 #include "attention/prefill.hpp"
 #include "framework/concurrent.hpp"
 #include "framework/config.hpp"
+#include "framework/launch.hpp"
 #include "framework/streams.hpp"
 #include "framework/timer.hpp"
 #include "moe/impl/model_kernels.hpp"
@@ -515,9 +516,9 @@ struct ModelForward {
     const TokenRows keys = scratch3(m.keys, "writescope::moe::keys", rows, kvh, hd);
     const TokenRows values = scratch3(m.values, "writescope::moe::values", rows, kvh, hd);
     using Flat = Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMem>;
-    Kokkos::parallel_for("writescope::moe::pack_keys", impl::rows_by_columns(gpu, rows, kvh * hd),
+    launch_parallel_for("writescope::moe::pack_keys", impl::rows_by_columns(gpu, rows, kvh * hd),
                          impl::PackBf16<GpuMem>{Flat(keys.data(), rows, kvh * hd), k});
-    Kokkos::parallel_for("writescope::moe::pack_values", impl::rows_by_columns(gpu, rows, kvh * hd),
+    launch_parallel_for("writescope::moe::pack_values", impl::rows_by_columns(gpu, rows, kvh * hd),
                          impl::PackBf16<GpuMem>{Flat(values.data(), rows, kvh * hd), v});
     gpu.fence();
     const Queries queries(q.data(), rows, qh, hd);
@@ -552,19 +553,19 @@ struct ModelForward {
     apply_rope(gpu, q, pass.device_positions, m.inverse_frequencies, m.rope_scale, nope, nope + rope, rope, true);
     apply_rope(gpu, compressed, pass.device_positions, m.inverse_frequencies, m.rope_scale, latent, latent + rope, rope, true);
     const TokenRows keys = scratch3(m.keys, "writescope::moe::latent_rows", rows, 1, latent + rope);
-    Kokkos::parallel_for("writescope::moe::pack_latent", impl::rows_by_columns(gpu, rows, latent + rope),
+    launch_parallel_for("writescope::moe::pack_latent", impl::rows_by_columns(gpu, rows, latent + rope),
                          impl::PackLatentRow<GpuMem>{Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMem>(
                                                          keys.data(), rows, latent + rope),
                                                      normed, compressed});
     const auto& kv_b = w.kv_b;
     const Queries queries = scratch3(m.queries, "writescope::moe::mla_queries", rows, heads, latent + rope);
-    Kokkos::parallel_for("writescope::moe::absorb_queries", impl::rows_by_columns(gpu, rows * heads, latent + rope),
+    launch_parallel_for("writescope::moe::absorb_queries", impl::rows_by_columns(gpu, rows * heads, latent + rope),
                          impl::AbsorbQueries<GpuMem>{queries, q, kv_b, heads, nope, rope, vdim, latent});
     gpu.fence();
     const auto& merged = m.partial(m.merged, "writescope::moe::attention", rows, heads, latent);
     attend_and_append(layer, pass, keys, keys, queries, merged, record);
     const auto values = impl::scratch(m.mla_values, "writescope::moe::mla_values", rows, heads * vdim);
-    Kokkos::parallel_for("writescope::moe::expand_values", impl::rows_by_columns(gpu, rows * heads, vdim),
+    launch_parallel_for("writescope::moe::expand_values", impl::rows_by_columns(gpu, rows * heads, vdim),
                          impl::ExpandValues<GpuMem>{values, merged.o, kv_b, heads, nope, vdim, latent});
     linear<Gpu, bf16>(gpu, values, w.o, out);
   }
@@ -656,7 +657,7 @@ struct ModelForward {
       const auto result = impl::scratch(m.cpu_result, "writescope::moe::cpu_expert_result", rows, hidden);
       cpu_transfers += gpu_seconds(gpu, [&] { Kokkos::deep_copy(gpu, result, out_host); });
       gpu_compute += gpu_seconds(gpu, [&] {
-        Kokkos::parallel_for("writescope::moe::add_cpu_experts", impl::rows_by_columns(gpu, rows, hidden),
+        launch_parallel_for("writescope::moe::add_cpu_experts", impl::rows_by_columns(gpu, rows, hidden),
                              impl::AddRows<GpuMem>{out, result});
       });
     }
@@ -678,7 +679,7 @@ struct ModelForward {
     Kokkos::deep_copy(gpu, h, x);
     rms_norm(gpu, h, norm, c.hidden, c.rms_eps);
     block(h, branch);
-    Kokkos::parallel_for("writescope::moe::residual", impl::rows_by_columns(gpu, rows, c.hidden),
+    launch_parallel_for("writescope::moe::residual", impl::rows_by_columns(gpu, rows, c.hidden),
                          impl::AddRows<GpuMem>{x, branch});
     gpu.fence();
   }
@@ -745,7 +746,7 @@ struct ModelForward {
     for (int g = 0; g < groups; ++g) parts.push_back(pass.slice(rows * g / groups, rows * (g + 1) / groups));
 
     const auto x = impl::scratch(m.x, "writescope::moe::x", rows, hidden);
-    Kokkos::parallel_for("writescope::moe::embed", impl::rows_by_columns(gpu, rows, hidden),
+    launch_parallel_for("writescope::moe::embed", impl::rows_by_columns(gpu, rows, hidden),
                          impl::EmbedRows<GpuMem>{x, m.weight("model.embed_tokens.weight"), token_view});
     gpu.fence();
     for (int layer = 0; layer < c.layers; ++layer) {
@@ -780,12 +781,12 @@ struct ModelForward {
       for (std::int64_t begin = 0; begin < tokens; begin += chunk) {
         const int count = static_cast<int>(std::min(chunk, tokens - begin));
         const std::uint64_t stream = (seed * 1315423911ull + layer) * 2654435761ull + sequence;
-        Kokkos::parallel_for("writescope::moe::synthetic_kv", impl::rows_by_columns(gpu, count, g.kv_heads * g.key_dim),
+        launch_parallel_for("writescope::moe::synthetic_kv", impl::rows_by_columns(gpu, count, g.kv_heads * g.key_dim),
                              impl::SyntheticRows{Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMem>(
                                                      keys.data(), count, g.kv_heads * g.key_dim),
                                                  stream, begin});
         if (!g.values_in_keys)
-          Kokkos::parallel_for("writescope::moe::synthetic_kv",
+          launch_parallel_for("writescope::moe::synthetic_kv",
                                impl::rows_by_columns(gpu, count, g.kv_heads * g.value_dim),
                                impl::SyntheticRows{Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMem>(
                                                        values.data(), count, g.kv_heads * g.value_dim),

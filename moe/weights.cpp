@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "framework/hash.hpp"
+#include "framework/launch.hpp"
 
 namespace writescope {
 namespace {
@@ -118,7 +119,7 @@ std::vector<Scalar> synthetic_tensor(const TensorSpec& spec, std::uint64_t seed)
   // Uniform with standard deviation 1/sqrt(in_features): sqrt(3) / sqrt(in) amplitude.
   const double amplitude = std::sqrt(3.0 / static_cast<double>(spec.shape.back()));
   // Element i depends on i only, so the host threads split the tensor (full-size models have 10^10 values).
-  Kokkos::parallel_for("writescope::moe::synthetic_tensor",
+  launch_parallel_for("writescope::moe::synthetic_tensor",
                        Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, n),
                        SyntheticValues<Scalar>{out.data(), name_hash(spec.name) ^ splitmix64(seed), amplitude});
   Kokkos::DefaultHostExecutionSpace().fence();

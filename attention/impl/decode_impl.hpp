@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "attention/impl/host_block_attention.hpp"
+#include "framework/launch.hpp"
 #include "framework/math.hpp"
 #include "framework/spaces.hpp"
 
@@ -467,7 +468,7 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
     const impl::DecodeSegmentsTeamKernel<ExecSpace, Scalar, PoolSpace> kernel{data, token_splits, eight_wide};
     Kokkos::TeamPolicy<ExecSpace> policy(space, work_items, team_size, vector_length);
     policy.set_scratch_size(0, Kokkos::PerTeam(kernel.scratch_floats() * sizeof(float)));
-    Kokkos::parallel_for("writescope::attention::decode_segments", policy, kernel);
+    launch_parallel_for("writescope::attention::decode_segments", policy, kernel);
   };
   if (work_items > 0) {
     if constexpr (is_host_exec_space<ExecSpace>) {
@@ -479,12 +480,12 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
           const int items = batch * geometry.kv_heads;
           impl::grow(workspace.query_pairs, "writescope::attention::query_pairs",
                      static_cast<std::size_t>(items) * shape.q_heads / geometry.kv_heads * shape.key_dim / 2);
-          Kokkos::parallel_for("writescope::attention::prepare_query_pairs",
+          launch_parallel_for("writescope::attention::prepare_query_pairs",
                                Kokkos::RangePolicy<ExecSpace>(space, 0, items),
                                impl::PrepareQueryPairsKernel<ExecSpace, Scalar, PoolSpace>{data, workspace.query_pairs});
           query_pairs = workspace.query_pairs.data();
         }
-        Kokkos::parallel_for("writescope::attention::decode_segments_host",
+        launch_parallel_for("writescope::attention::decode_segments_host",
                              Kokkos::RangePolicy<ExecSpace>(space, 0, work_items),
                              impl::DecodeSegmentsHostKernel<ExecSpace, Scalar, PoolSpace>{data, path, query_pairs, work_items});
       } else {
@@ -498,10 +499,10 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
                                                    out.o, out.lse};
   // The portable product merges with the GPU's team kernel too, so host tests cover it.
   if (is_host_exec_space<ExecSpace> && product == BlockProduct::automatic)
-    Kokkos::parallel_for("writescope::attention::merge_segments",
+    launch_parallel_for("writescope::attention::merge_segments",
                          Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {batch, shape.q_heads}), merge);
   else
-    Kokkos::parallel_for("writescope::attention::merge_segments",
+    launch_parallel_for("writescope::attention::merge_segments",
                          Kokkos::TeamPolicy<ExecSpace>(space, batch * shape.q_heads, 1, 32), merge);
 }
 

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "framework/launch.hpp"
 #include "framework/math.hpp"
 
 namespace writescope {
@@ -62,14 +63,14 @@ void merge_into(const ExecSpace& space, const PartialState<MemSpace>& accumulato
   if (accumulator.o.extent(0) != other.o.extent(0) || accumulator.o.extent(1) != other.o.extent(1) ||
       accumulator.o.extent(2) != other.o.extent(2))
     throw std::invalid_argument("merge_into: partial states of different shapes");
-  Kokkos::parallel_for("writescope::attention::merge_into",
+  launch_parallel_for("writescope::attention::merge_into",
                        impl::batch_heads_policy(space, accumulator.batch(), accumulator.q_heads()),
                        impl::MergeIntoKernel<MemSpace>{accumulator.o, accumulator.lse, other.o, other.lse});
 }
 
 template <class ExecSpace, class MemSpace>
 void clear(const ExecSpace& space, const PartialState<MemSpace>& state) {
-  Kokkos::parallel_for("writescope::attention::clear", impl::batch_heads_policy(space, state.batch(), state.q_heads()),
+  launch_parallel_for("writescope::attention::clear", impl::batch_heads_policy(space, state.batch(), state.q_heads()),
                        impl::ClearKernel<MemSpace>{state.o, state.lse});
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "framework/launch.hpp"
 #include "framework/math.hpp"
 #include "framework/spaces.hpp"
 
@@ -148,7 +149,7 @@ void prefill_attention(const ExecSpace& space, const AttentionShape& shape,
   constexpr bool host = is_host_exec_space<ExecSpace>;
   Kokkos::TeamPolicy<ExecSpace> policy(space, static_cast<int>(chunk * shape.kv_heads), host ? 1 : 4, host ? 1 : 32);
   policy.set_scratch_size(0, Kokkos::PerTeam(kernel.scratch_floats() * sizeof(float)));
-  Kokkos::parallel_for("writescope::attention::prefill", policy, kernel);
+  launch_parallel_for("writescope::attention::prefill", policy, kernel);
 }
 
 }  // namespace writescope

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "framework/launch.hpp"
+
 namespace writescope {
 namespace impl {
 
@@ -113,10 +115,10 @@ void InplaceKVCache<Scalar>::write_tokens(const ExecSpace& space, const Block& b
       host_pool_.data() + static_cast<std::int64_t>(block.slot) * g.block_elements(),
       static_cast<std::size_t>(g.block_elements()));
   const Kokkos::MDRangePolicy<HostExecSpace, Kokkos::Rank<2>> heads_by_tokens({0, 0}, {g.kv_heads, count});
-  Kokkos::parallel_for("writescope::layouts::transpose_keys", heads_by_tokens,
+  launch_parallel_for("writescope::layouts::transpose_keys", heads_by_tokens,
                        impl::TransposeIntoHeadMajor<Scalar>{target, to_host(keys), g, token_in_block, true});
   if (!g.values_in_keys)
-    Kokkos::parallel_for("writescope::layouts::transpose_values", heads_by_tokens,
+    launch_parallel_for("writescope::layouts::transpose_values", heads_by_tokens,
                          impl::TransposeIntoHeadMajor<Scalar>{target, to_host(values), g, token_in_block, false});
   HostExecSpace().fence();
 }

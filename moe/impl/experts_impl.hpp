@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "framework/launch.hpp"
+
 namespace writescope {
 namespace impl {
 
@@ -71,7 +73,7 @@ void swiglu_expert(const ExecSpace& space, const ExpertWeights<Scalar, typename 
   const auto up = impl::scratch(scratch.up, "writescope::moe::expert_up", rows, expert.intermediate());
   linear<ExecSpace, Scalar>(space, x, expert.gate, gate);
   linear<ExecSpace, Scalar>(space, x, expert.up, up);
-  Kokkos::parallel_for("writescope::moe::silu_multiply", impl::rows_by_columns(space, rows, expert.intermediate()),
+  launch_parallel_for("writescope::moe::silu_multiply", impl::rows_by_columns(space, rows, expert.intermediate()),
                        impl::SiluMultiply<MemSpace>{gate, up});
   linear<ExecSpace, Scalar>(space, gate, expert.down, y);
 }
@@ -159,10 +161,10 @@ void ExpertRunner<ExecSpace, Scalar>::add(const ExecSpace& space, const ExpertWe
   const auto weights = Kokkos::subview(weights_, std::make_pair(begin, end));
   const auto xs = impl::scratch(gathered_, "writescope::moe::gathered", n, hidden);
   const auto ys = impl::scratch(expert_out_, "writescope::moe::expert_out", n, hidden);
-  Kokkos::parallel_for("writescope::moe::gather", impl::rows_by_columns(space, n, hidden),
+  launch_parallel_for("writescope::moe::gather", impl::rows_by_columns(space, n, hidden),
                        impl::GatherRows<MemSpace>{xs, x, rows});
   swiglu_expert<ExecSpace, Scalar>(space, expert, xs, ys, swiglu_);
-  Kokkos::parallel_for("writescope::moe::scatter_add", impl::rows_by_columns(space, n, hidden),
+  launch_parallel_for("writescope::moe::scatter_add", impl::rows_by_columns(space, n, hidden),
                        impl::ScatterAddRows<MemSpace>{out, ys, rows, weights});
 }
 
@@ -173,7 +175,7 @@ void ExpertRunner<ExecSpace, Scalar>::add_all(const ExecSpace& space, const Expe
   const int rows = static_cast<int>(x.extent(0)), hidden = static_cast<int>(x.extent(1));
   const auto ys = impl::scratch(expert_out_, "writescope::moe::expert_out", rows, hidden);
   swiglu_expert<ExecSpace, Scalar>(space, expert, x, ys, swiglu_);
-  Kokkos::parallel_for("writescope::moe::add_shared", impl::rows_by_columns(space, rows, hidden),
+  launch_parallel_for("writescope::moe::add_shared", impl::rows_by_columns(space, rows, hidden),
                        impl::AddRows<MemSpace>{out, ys});
 }
 

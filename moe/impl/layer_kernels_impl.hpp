@@ -3,6 +3,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "framework/launch.hpp"
+
 namespace writescope {
 namespace impl {
 
@@ -98,7 +100,7 @@ void rms_norm(const ExecSpace& space, const Matrix<typename ExecSpace::memory_sp
   if (width < 1 || x.extent(1) % static_cast<std::size_t>(width) != 0 || scale.extent(0) != static_cast<std::size_t>(width))
     throw std::invalid_argument("rms_norm: width must divide the columns and match the scale");
   const int groups = static_cast<int>(x.extent(1)) / width;
-  Kokkos::parallel_for("writescope::moe::rms_norm",
+  launch_parallel_for("writescope::moe::rms_norm",
                        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {static_cast<int>(x.extent(0)), groups}),
                        impl::RmsNormKernel<typename ExecSpace::memory_space>{x, scale, width, eps});
 }
@@ -112,7 +114,7 @@ void apply_rope(const ExecSpace& space, const Matrix<typename ExecSpace::memory_
       offset + dim > stride || x.extent(1) % static_cast<std::size_t>(stride) != 0 || positions.extent(0) != x.extent(0))
     throw std::invalid_argument("apply_rope: need an even dim <= 256 inside each stride and one position per row");
   const int slices = static_cast<int>(x.extent(1)) / stride;
-  Kokkos::parallel_for(
+  launch_parallel_for(
       "writescope::moe::rope",
       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {static_cast<int>(x.extent(0)), slices}),
       impl::RopeKernel<typename ExecSpace::memory_space>{x, positions, inverse_frequencies, scale, offset, stride, dim,
@@ -128,7 +130,7 @@ void route(const ExecSpace& space, RouterKind kind, double scaling_factor,
       experts_out.extent(1) != weights_out.extent(1) || experts_out.extent(1) > logits.extent(1) ||
       experts_out.extent(1) == 0)
     throw std::invalid_argument("route: outputs must be (rows, k) with 1 <= k <= experts");
-  Kokkos::parallel_for("writescope::moe::route",
+  launch_parallel_for("writescope::moe::route",
                        Kokkos::RangePolicy<ExecSpace>(space, 0, static_cast<int>(logits.extent(0))),
                        impl::RouteKernel<typename ExecSpace::memory_space>{
                            logits, experts_out, weights_out, kind == RouterKind::normalized_topk, scaling_factor});

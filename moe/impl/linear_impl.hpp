@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "framework/cpu_path.hpp"
+#include "framework/launch.hpp"
 #include "framework/spaces.hpp"
 #include "moe/impl/linear_host.hpp"
 
@@ -93,7 +94,7 @@ void linear(const ExecSpace& space,
         x_split.resize(static_cast<std::size_t>(rows) * in);
         impl::split_even_odd_avx512(x.data(), static_cast<std::int64_t>(x.stride(0)), rows, in,
                                     x_split.data());
-        Kokkos::parallel_for("writescope::moe::linear_host_avx512",
+        launch_parallel_for("writescope::moe::linear_host_avx512",
                              Kokkos::RangePolicy<ExecSpace>(
                                  space, 0, (out + impl::avx512_linear_features - 1) / impl::avx512_linear_features),
                              impl::LinearAvx512HostKernel{x_split.data(), w, y});
@@ -101,11 +102,11 @@ void linear(const ExecSpace& space,
       }
     }
 #endif
-    Kokkos::parallel_for("writescope::moe::linear_host",
+    launch_parallel_for("writescope::moe::linear_host",
                          Kokkos::RangePolicy<ExecSpace>(space, 0, (out + impl::linear_features - 1) / impl::linear_features),
                          impl::LinearHostKernel<Scalar>{x, w, y, path == CpuPath::avx2});
   } else {
-    Kokkos::parallel_for("writescope::moe::linear", Kokkos::TeamPolicy<ExecSpace>(space, out, 4, 32),
+    launch_parallel_for("writescope::moe::linear", Kokkos::TeamPolicy<ExecSpace>(space, out, 4, 32),
                          impl::LinearTeamKernel<ExecSpace, Scalar>{x, w, y});
   }
 }

@@ -1,0 +1,50 @@
+#pragma once
+// launch_parallel_for: Kokkos::parallel_for for the project's top-level
+// kernels, checked at compile time so that two host threads may launch on the
+// GPU at the same time (the GPU driver workers of framework/concurrent.hpp and
+// the main thread do).
+//
+// Why: Kokkos 3.x's CUDA back end passes a kernel's closure (the functor with
+// its policy and launch state) of 512 bytes or more through one device-wide
+// constant-memory buffer, with no lock between host threads or streams; two
+// such launches at once could run with each other's functor. Below that size
+// the closure travels as a kernel argument, which is safe. Every project
+// kernel launches through here, so a functor that grows past the limit stops
+// the CUDA build instead of racing.
+
+#include <Kokkos_Core.hpp>
+
+#include <string>
+#include <type_traits>
+
+namespace writescope {
+namespace impl {
+
+#if defined(KOKKOS_ENABLE_CUDA) && KOKKOS_VERSION < 40000
+template <class Functor, class Policy>
+constexpr bool closure_is_kernel_argument() {
+  if constexpr (std::is_same_v<typename Policy::execution_space, Kokkos::Cuda>)
+    return sizeof(Kokkos::Impl::ParallelFor<Functor, Policy, Kokkos::Cuda>) <
+           Kokkos::Impl::CudaTraits::ConstantMemoryUseThreshold;
+  else
+    return true;
+}
+#else
+template <class Functor, class Policy>
+constexpr bool closure_is_kernel_argument() {
+  return true;
+}
+#endif
+
+}  // namespace impl
+
+template <class Policy, class Functor>
+void launch_parallel_for(const std::string& label, const Policy& policy, const Functor& functor) {
+  static_assert(impl::closure_is_kernel_argument<Functor, Policy>(),
+                "this kernel's closure is too large to travel as a CUDA kernel argument, so launches from two "
+                "host threads at once would share Kokkos' constant buffer (framework/launch.hpp): make the "
+                "functor smaller");
+  Kokkos::parallel_for(label, policy, functor);
+}
+
+}  // namespace writescope
