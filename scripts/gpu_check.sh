@@ -16,6 +16,8 @@
 #                   (its 0% point is the GPU streamed path), CPU decode
 #         5 slice   experiments/configs/h200-slice.yaml (host-slice.yaml with
 #                   --host) with the measured profile, and its report
+# WRITESCOPE_GPU_CHECK_STAGES (e.g. "smoke,tests,benchmarks") runs a subset, in
+# order; WRITESCOPE_BENCHMARK_FILTER replaces stage 4's benchmark regex.
 # Everything goes into one folder that is packed as $OUT/gpu-check.tar.gz,
 # beside $OUT/summary.txt: which stages passed and the headline figures
 # (scripts/gpu_check_summary.py). Two files come back from the device.
@@ -65,6 +67,7 @@ slice_profile=${profile_option[*]:-}
 # On the GPU machine the Runtime places the threads itself (framework/runtime.hpp:
 # the GPU driver on a CPU of its own, OpenMP pinned to the others).
 [ "$mode" = host ] && export OMP_PROC_BIND=${OMP_PROC_BIND:-spread} OMP_PLACES=${OMP_PLACES:-threads}
+bench_filter=${WRITESCOPE_BENCHMARK_FILTER:-$bench_filter}
 export slice_profile writescope tests benchmarks space slice_config bench_filter work repo
 
 stage_smoke() {
@@ -103,6 +106,10 @@ export -f stage_smoke stage_tests stage_calibrate stage_benchmarks stage_slice
 failed=
 for entry in "${limits[@]}"; do
   name=${entry%%:*} limit=${entry##*:}
+  case ",${WRITESCOPE_GPU_CHECK_STAGES:-smoke,tests,calibrate,benchmarks,slice}," in
+    *",$name,"*) ;;
+    *) continue ;;
+  esac
   if [ "$name" = slice ] && [ "$mode" = gpu ] && [ ! -s "$work/profile.yaml" ]; then
     echo "$name skipped 0 $limit no profile (calibrate failed)" >>"$work/stages.txt"
     continue

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Shows that the host kernels are the same machine code in the host and the
+# CUDA variant: the translation units of writescope_host_kernels() (built by
+# the host compiler alone in both, cmake/WriteScopeTarget.cmake) disassembled
+# from build/host and build/cuda and compared instruction by instruction.
+#
+#   scripts/compare_host_kernels.sh      (after scripts/build.sh host and cuda)
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+objects=(
+  attention/CMakeFiles/writescope_attention.dir/impl/host_block_attention.cpp.o
+  attention/CMakeFiles/writescope_attention.dir/impl/host_block_attention_avx512bf16.cpp.o
+  moe/CMakeFiles/writescope_moe.dir/impl/linear_host.cpp.o
+  moe/CMakeFiles/writescope_moe.dir/impl/linear_avx512.cpp.o
+  experiments/CMakeFiles/writescope_experiments.dir/impl/product_peaks.cpp.o
+)
+# Instructions only: no addresses, no raw bytes, no file names.
+disassemble() { objdump -d --no-show-raw-insn -C "$1" | sed -n '/^Disassembly/,$p' | grep -v '^Disassembly' |
+  sed -E 's/^ *[0-9a-f]+:\t//; s/^[0-9a-f]{16} /<fn> /'; }
+status=0
+for object in "${objects[@]}"; do
+  host=$repo/build/host/$object cuda=$repo/build/cuda/$object
+  if [ ! -f "$host" ] || [ ! -f "$cuda" ]; then
+    echo "missing: $object (build both variants first)"; status=1; continue
+  fi
+  instructions=$(disassemble "$host" | grep -c $'\t' || true)
+  if diff -q <(disassemble "$host") <(disassemble "$cuda") >/dev/null; then
+    echo "same:      $(basename "$object" .o) ($instructions instructions)"
+  else
+    echo "DIFFERENT: $(basename "$object" .o): diff <(objdump -d $host) <(objdump -d $cuda)"; status=1
+  fi
+done
+exit $status
