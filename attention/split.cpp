@@ -41,7 +41,12 @@ double SplitDecode<Scalar>::run_gpu_share(const InplaceKVCache<Scalar>& cache, c
   decode_attention<GpuExecSpace, Scalar, GpuMemSpace>(resident, shape_, geometry_, BlockOrder::token_major,
                                                       gpu_queries_, cache.vram_pool(), plan.gpu_resident,
                                                       resident_workspace_, resident_out_);
+  // The streamed path alone (its copies precede its kernels on `compute`),
+  // beside the resident kernel on its own stream.
+  FencedTimer<GpuExecSpace> streamed_timer(compute);
+  streamed_timer.start();
   streamed_.run(copy, compute, gpu_queries_, cache.pinned_pool(), plan.gpu_streamed, out);
+  streamed_seconds_ = plan.gpu_streamed.empty() ? 0.0 : streamed_timer.seconds();
   resident.fence();
   return timer.seconds();
 }
@@ -85,6 +90,7 @@ SplitTimings SplitDecode<Scalar>::run(const InplaceKVCache<Scalar>& cache, const
   merge_into(compute, out, cpu_on_gpu_);
   timings.step_seconds = step.seconds();
   timings.streamed_bytes = streamed_.bytes_copied();
+  timings.streamed_seconds = streamed_seconds_;
   return timings;
 }
 

@@ -38,7 +38,8 @@ struct SplitTimings {
   double gpu_seconds = 0;   // GPU share: resident + streamed, until its last kernel finished
   double cpu_seconds = 0;   // CPU share
   double step_seconds = 0;  // whole step including the final merge
-  std::uint64_t streamed_bytes = 0;
+  std::uint64_t streamed_bytes = 0;  // copied host -> device for the streamed segments (whole blocks)
+  double streamed_seconds = 0;       // from the first copy to the last streamed kernel's end
 };
 
 template <class Scalar>
@@ -61,6 +62,7 @@ class SplitDecode {
   AttentionShape shape_;
   BlockGeometry geometry_;
   GpuStreams streams_{3};  // copy, compute, resident
+  double streamed_seconds_ = 0;  // of the last run_gpu_share
   StreamedDecode<Scalar> streamed_;
   DecodeWorkspace<GpuMemSpace> resident_workspace_;
   DecodeWorkspace<HostMemSpace> cpu_workspace_[2];

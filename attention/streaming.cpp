@@ -3,7 +3,35 @@
 #include <map>
 #include <stdexcept>
 
+#ifdef KOKKOS_ENABLE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace writescope {
+
+#ifdef KOKKOS_ENABLE_CUDA
+template <class Scalar>
+struct StreamedDecode<Scalar>::Events {
+  cudaEvent_t filled[2], read[2];
+  Events() {
+    for (int b = 0; b < 2; ++b) {
+      cudaEventCreateWithFlags(&filled[b], cudaEventDisableTiming);
+      cudaEventCreateWithFlags(&read[b], cudaEventDisableTiming);
+    }
+  }
+  ~Events() {
+    for (int b = 0; b < 2; ++b) {
+      cudaEventDestroy(filled[b]);
+      cudaEventDestroy(read[b]);
+    }
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+};
+#else
+template <class Scalar>
+struct StreamedDecode<Scalar>::Events {};
+#endif
 
 template <class Scalar>
 StreamedDecode<Scalar>::StreamedDecode(const AttentionShape& shape, const BlockGeometry& geometry, int chunk_blocks)
@@ -13,7 +41,15 @@ StreamedDecode<Scalar>::StreamedDecode(const AttentionShape& shape, const BlockG
     buffer = Kokkos::View<Scalar**, Kokkos::LayoutRight, GpuMemSpace>(
         Kokkos::view_alloc(std::string("writescope::attention::landing"), Kokkos::WithoutInitializing),
         static_cast<std::size_t>(chunk_blocks), static_cast<std::size_t>(geometry.block_elements()));
+  if constexpr (has_gpu) events_ = std::make_unique<Events>();
 }
+
+template <class Scalar>
+StreamedDecode<Scalar>::~StreamedDecode() = default;
+template <class Scalar>
+StreamedDecode<Scalar>::StreamedDecode(StreamedDecode&&) noexcept = default;
+template <class Scalar>
+StreamedDecode<Scalar>& StreamedDecode<Scalar>::operator=(StreamedDecode&&) noexcept = default;
 
 template <class Scalar>
 std::vector<typename StreamedDecode<Scalar>::Chunk> StreamedDecode<Scalar>::plan(
@@ -67,6 +103,30 @@ void StreamedDecode<Scalar>::run(const GpuExecSpace& copy_space, const GpuExecSp
       chunk_out_.value_dim() != out.value_dim())
     chunk_out_ = PartialState<GpuMemSpace>(Kokkos::WithoutInitializing, "writescope::attention::chunk_out",
                                            out.batch(), out.q_heads(), out.value_dim());
+#ifdef KOKKOS_ENABLE_CUDA
+  const cudaStream_t copy_stream = copy_space.cuda_stream(), compute_stream = compute_space.cuda_stream();
+  // The previous run's last kernels may still read the buffers (events never
+  // recorded are no-ops to wait for).
+  cudaStreamWaitEvent(copy_stream, events_->read[0], 0);
+  copy(copy_space, pool, chunks[0], 0);
+  cudaEventRecord(events_->filled[0], copy_stream);
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    const int buffer = static_cast<int>(i % 2), next = 1 - buffer;
+    if (i + 1 < chunks.size()) {
+      // Chunk i + 1 goes into the buffer kernel i - 1 read (recorded last
+      // iteration; for i = 0, the previous run's).
+      cudaStreamWaitEvent(copy_stream, events_->read[next], 0);
+      copy(copy_space, pool, chunks[i + 1], next);
+      cudaEventRecord(events_->filled[next], copy_stream);
+    }
+    cudaStreamWaitEvent(compute_stream, events_->filled[buffer], 0);
+    decode_attention<GpuExecSpace, Scalar, GpuMemSpace>(compute_space, shape_, geometry_, BlockOrder::token_major,
+                                                        queries, landing_[buffer], chunks[i].segments, workspace_,
+                                                        chunk_out_);
+    merge_into(compute_space, out, chunk_out_);
+    cudaEventRecord(events_->read[buffer], compute_stream);
+  }
+#else
   copy(copy_space, pool, chunks[0], 0);
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     copy_space.fence();     // chunk i has landed
@@ -77,6 +137,7 @@ void StreamedDecode<Scalar>::run(const GpuExecSpace& copy_space, const GpuExecSp
                                                         chunk_out_);
     merge_into(compute_space, out, chunk_out_);
   }
+#endif
 }
 
 template class StreamedDecode<float>;

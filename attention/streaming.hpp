@@ -4,8 +4,14 @@
 // landing area, and the kernel on chunk i runs while chunk i + 1 is copied
 // (DESIGN.md §2, §3). Consecutive pool slots travel in one copy, so a
 // sequence's blocks written in order move as one range.
+//
+// On CUDA the two streams order each other on the device (events): the copy
+// into a buffer waits for the kernel that last read it, the kernel for the
+// copy that filled it, and the host issues every chunk without waiting, so the
+// link never idles for a host round trip between chunks. Host builds fence.
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "attention/decode.hpp"
@@ -21,6 +27,9 @@ class StreamedDecode {
 
   /// `chunk_blocks` blocks per landing buffer (two buffers are allocated).
   StreamedDecode(const AttentionShape& shape, const BlockGeometry& geometry, int chunk_blocks);
+  ~StreamedDecode();
+  StreamedDecode(StreamedDecode&&) noexcept;
+  StreamedDecode& operator=(StreamedDecode&&) noexcept;
 
   /// Attends queries (batch, q_heads, key_dim) over `segments` of `pool`
   /// (sorted by batch_index) into `out` (batch, q_heads, value_dim). Copies run
@@ -51,6 +60,8 @@ class StreamedDecode {
   PartialState<GpuMemSpace> chunk_out_;
   std::uint64_t bytes_copied_ = 0;
   int copies_issued_ = 0;
+  struct Events;                    // CUDA: per landing buffer, "filled" and "read"
+  std::unique_ptr<Events> events_;  // null in host builds
 };
 
 extern template class StreamedDecode<float>;

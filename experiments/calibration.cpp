@@ -356,9 +356,29 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
   step("pageable H2D", p.pageable_h2d_gbps, [] { return measure_copy_gbps<GpuMemSpace, HostMemSpace>(copy_bytes); });
   step("pageable D2H", p.pageable_d2h_gbps, [] { return measure_copy_gbps<HostMemSpace, GpuMemSpace>(copy_bytes); });
   step("link latency", p.link_latency_s, [] { return measure_copy_latency_s<GpuMemSpace, PinnedMemSpace>(); });
+  {
+    // Streaming chunks: the smallest single pinned copy at 90% of the link.
+    progress("streaming chunk size ...");
+    std::vector<std::uint64_t> sizes;
+    std::vector<double> rates;
+    for (std::uint64_t bytes = std::uint64_t{256} << 10; bytes <= (std::uint64_t{64} << 20); bytes *= 2) {
+      sizes.push_back(bytes);
+      rates.push_back(measure_copy_gbps<GpuMemSpace, PinnedMemSpace>(static_cast<std::int64_t>(bytes)));
+    }
+    p.link_chunk_bytes = smallest_size_reaching(sizes, rates, p.pinned_h2d_gbps, 0.9);
+  }
   step("GPU launch latency", p.gpu_launch_latency_s, [] { return measure_gpu_launch_latency_s(); });
 #endif
   return p;
+}
+
+std::uint64_t smallest_size_reaching(const std::vector<std::uint64_t>& sizes, const std::vector<double>& gbps,
+                                     double bound_gbps, double fraction) {
+  if (sizes.empty() || sizes.size() != gbps.size())
+    throw std::invalid_argument("smallest_size_reaching: one rate per size, at least one");
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    if (gbps[i] >= fraction * bound_gbps) return sizes[i];
+  return sizes.back();
 }
 
 #ifdef KOKKOS_ENABLE_CUDA

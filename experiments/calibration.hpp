@@ -46,6 +46,11 @@ std::unique_ptr<InplaceKVCache<bf16>> filled_cache(const AttentionShape& shape, 
 /// CPU decode attention over `tokens` CpuResident tokens: KV bytes per second, best of five.
 double measure_cpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens);
 
+/// The smallest of `sizes` (bytes, increasing) whose rate in `gbps` reaches
+/// `fraction` of `bound_gbps`; the largest size when none does.
+std::uint64_t smallest_size_reaching(const std::vector<std::uint64_t>& sizes, const std::vector<double>& gbps,
+                                     double bound_gbps, double fraction);
+
 #ifdef KOKKOS_ENABLE_CUDA
 /// Best of five copies of `bytes` from Source to Destination; bytes_factor 2 counts read + write.
 template <class Destination, class Source>

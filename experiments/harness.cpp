@@ -250,6 +250,7 @@ struct RunResult {
   std::vector<double> alpha;                            // (steps, layers)
   std::map<std::string, std::vector<double>> components;  // each (steps, layers)
   std::vector<double> region_bytes[4];                  // each (steps)
+  std::vector<double> streamed_gbps;                    // (steps): the GPU's streamed path, all layers
   std::string expert_policy;
   int micro_batches = 1;
   VramUse vram;
@@ -340,6 +341,12 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
   options.vram_budget = run.vram_budget;
   options.pinned_kv_budget = config.pinned_budget;
   options.host_kv_budget = config.host_budget;
+  // Streaming chunks of the profile's size (the smallest copy near full link rate).
+  const std::uint64_t kv_block_bytes =
+      static_cast<std::uint64_t>(model_config.attention().block_geometry(config.block_tokens).block_elements()) *
+      sizeof(bf16);
+  options.stream_chunk_blocks =
+      static_cast<int>(std::max<std::uint64_t>(1, (profile.link_chunk_bytes + kv_block_bytes - 1) / kv_block_bytes));
   if (system.spill_region == Region::gpu_streamed)
     options.pinned_kv_budget += std::exchange(options.host_kv_budget, 0);
   else if (system.spill_region == Region::cpu_resident)
@@ -409,7 +416,7 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
       tokens[b] = static_cast<int>(std::max_element(logits[b].begin(), logits[b].end()) - logits[b].begin());
     if (!measured) continue;
     result.step_seconds.push_back(seconds);
-    double predicted = 0, attention = 0, bytes[4] = {0, 0, 0, 0};
+    double predicted = 0, attention = 0, bytes[4] = {0, 0, 0, 0}, streamed_bytes = 0, streamed_seconds = 0;
     for (const LayerRecord& r : model.last_records()) {
       predicted += r.predicted_attention;
       attention += r.attention;
@@ -417,7 +424,10 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
       const double values[] = {r.attention_gpu, r.attention_cpu, r.experts_gpu, r.experts_cpu, r.transfers, r.other};
       for (int k = 0; k < 6; ++k) result.components[component_names[k]].push_back(values[k]);
       for (int region = 0; region < 4; ++region) bytes[region] += r.region_bytes[region];
+      streamed_bytes += r.streamed_bytes;
+      streamed_seconds += r.streamed_seconds;
     }
+    result.streamed_gbps.push_back(streamed_seconds > 0 ? streamed_bytes / streamed_seconds / 1e9 : 0.0);
     result.predicted_attention.push_back(predicted);
     result.attention.push_back(attention);
     for (int region = 0; region < 4; ++region) result.region_bytes[region].push_back(bytes[region]);
@@ -486,6 +496,7 @@ void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec
   g.write("step_seconds", r.step_seconds);
   g.write("predicted_attention_seconds", r.predicted_attention);
   g.write("attention_seconds", r.attention);
+  g.write("streamed_gbps", r.streamed_gbps);
   g.write("alpha", r.alpha, {steps, layers});
   ResultsGroup components = g.create_group("components");
   for (const auto& [name, values] : r.components) components.write(name, values, {steps, layers});

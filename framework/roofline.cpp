@@ -38,12 +38,15 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     p.hbm_gbps = positive(gpu, "hbm_gbps");
     p.gpu_launch_latency_s = non_negative_micros(gpu, "launch_latency_us");
     const ConfigNode link = root.child("link");
-    link.allow_only({"pinned_h2d_gbps", "pinned_d2h_gbps", "pageable_h2d_gbps", "pageable_d2h_gbps", "latency_us"});
+    link.allow_only({"pinned_h2d_gbps", "pinned_d2h_gbps", "pageable_h2d_gbps", "pageable_d2h_gbps", "latency_us",
+                     "chunk_bytes"});
     p.pinned_h2d_gbps = positive(link, "pinned_h2d_gbps");
     p.pinned_d2h_gbps = positive(link, "pinned_d2h_gbps");
     p.pageable_h2d_gbps = positive(link, "pageable_h2d_gbps");
     p.pageable_d2h_gbps = positive(link, "pageable_d2h_gbps");
     p.link_latency_s = non_negative_micros(link, "latency_us");
+    p.link_chunk_bytes = link.get_or<std::uint64_t>("chunk_bytes", p.link_chunk_bytes);
+    if (p.link_chunk_bytes == 0) link.fail("chunk_bytes", "must be positive");
   }
   const ConfigNode cpu = root.child("cpu");
   cpu.allow_only({"threads", "dram_read_gbps", "path", "fma_glanes", "launch_latency_us", "gemv_gbps", "gemm_gflops",
@@ -86,7 +89,8 @@ std::string MachineProfile::to_yaml() const {
     out << YAML::Key << "link" << YAML::Value << YAML::BeginMap << YAML::Key << "pinned_h2d_gbps" << YAML::Value
         << pinned_h2d_gbps << YAML::Key << "pinned_d2h_gbps" << YAML::Value << pinned_d2h_gbps << YAML::Key
         << "pageable_h2d_gbps" << YAML::Value << pageable_h2d_gbps << YAML::Key << "pageable_d2h_gbps" << YAML::Value
-        << pageable_d2h_gbps << YAML::Key << "latency_us" << YAML::Value << link_latency_s * 1e6 << YAML::EndMap;
+        << pageable_d2h_gbps << YAML::Key << "latency_us" << YAML::Value << link_latency_s * 1e6 << YAML::Key
+        << "chunk_bytes" << YAML::Value << link_chunk_bytes << YAML::EndMap;
   }
   out << YAML::Key << "cpu" << YAML::Value << YAML::BeginMap << YAML::Key << "threads" << YAML::Value << cpu_threads
       << YAML::Key << "dram_read_gbps" << YAML::Value << cpu_dram_read_gbps << YAML::Key << "path" << YAML::Value

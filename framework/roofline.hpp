@@ -24,6 +24,9 @@ struct MachineProfile {
   double pageable_h2d_gbps = 0;
   double pageable_d2h_gbps = 0;
   double link_latency_s = 0;        // fixed cost of streaming in a step
+  /// Bytes per streaming chunk: the smallest pinned H2D copy that reached 90%
+  /// of pinned_h2d_gbps (writescope calibrate); 4 MiB where not measured.
+  std::uint64_t link_chunk_bytes = std::uint64_t{4} << 20;
   int cpu_threads = 0;
   double cpu_dram_read_gbps = 0;
   /// The host kernels' instruction path (framework/cpu_path.hpp) the CPU

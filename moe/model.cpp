@@ -124,7 +124,7 @@ struct MoeModel::Impl {
 
   // Activations, grown on demand and reused by every layer and step.
   Matrix<GpuMem> x, h, branch, h_ffn, branch_ffn, q, k, v, q_a, compressed, latent, mla_values, cpu_result, logits;
-  Kokkos::View<float**, Kokkos::LayoutRight, PinnedMemSpace> x_pinned, out_pinned;
+  Kokkos::View<float**, Kokkos::LayoutRight, PinnedMemSpace> x_pinned, out_pinned, logits_pinned;
   TokenRows keys, values;
   Queries queries;
   Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> host_queries;
@@ -398,6 +398,8 @@ void accumulate(LayerRecord& total, const LayerRecord& part) {
   total.feed_forward += part.feed_forward;
   total.predicted_attention += part.predicted_attention;
   for (int r = 0; r < 4; ++r) total.region_bytes[r] += part.region_bytes[r];
+  total.streamed_bytes += part.streamed_bytes;
+  total.streamed_seconds += part.streamed_seconds;
   const double bytes = total.region_bytes[0] + total.region_bytes[1] + total.region_bytes[2] + total.region_bytes[3];
   const double cpu = total.region_bytes[int(Region::cpu_resident)] + total.region_bytes[int(Region::cpu_streamed)];
   total.alpha = bytes > 0 ? cpu / bytes : 0;
@@ -439,6 +441,8 @@ struct ModelForward {
     const SplitTimings timings =
         m.split_for(shape, cache.geometry(), rows, options.stream_chunk_blocks).run(cache, host_queries, plan, out);
     kv_policy.observe(plan, timings);
+    record.streamed_bytes += static_cast<double>(timings.streamed_bytes);
+    record.streamed_seconds += timings.streamed_seconds;
     record.attention_gpu += timings.gpu_seconds;
     record.attention_cpu += timings.cpu_seconds;
     record.attention += timings.step_seconds;
@@ -763,7 +767,10 @@ struct ModelForward {
     const auto logits = impl::scratch(m.logits, "writescope::moe::logits", out_rows, c.vocab);
     linear<Gpu, bf16>(gpu, normed, m.weight(c.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"),
                       logits);
-    const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), logits);
+    // Through a pinned buffer grown once: no host allocation per step.
+    const auto host = impl::scratch(m.logits_pinned, "writescope::moe::logits_pinned", out_rows, c.vocab);
+    Kokkos::deep_copy(gpu, host, logits);
+    gpu.fence();
     std::vector<std::vector<float>> out(static_cast<std::size_t>(out_rows));
     for (int r = 0; r < out_rows; ++r) out[r].assign(&host(r, 0), &host(r, 0) + c.vocab);
     return out;

@@ -87,6 +87,8 @@ struct LayerRecord {
   /// GPU, host by the CPU, pinned read in place by the CPU (the band's blocks
   /// count where they were read, whichever region they were written to).
   double region_bytes[4] = {0, 0, 0, 0};
+  /// Bytes the GPU streamed over the link and the time its streamed path took.
+  double streamed_bytes = 0, streamed_seconds = 0;
 };
 
 /// Where the VRAM budget went (workspace includes the decode states reserved per VRAM KV block).

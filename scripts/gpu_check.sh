@@ -137,7 +137,9 @@ summary=$out/summary.txt
   sed 's/^/  /' "$work/stages.txt"
 } >"$summary"
 summarised=
-for python in /usr/bin/python3 python3; do
+# A Python with h5py and numpy first (the slice's figures), else any.
+for python in $(for p in /usr/bin/python3 python3; do "$p" -c 'import h5py, numpy' 2>/dev/null && echo "$p"; done) \
+              /usr/bin/python3 python3; do
   if "$python" -c 'import json' 2>/dev/null; then
     "$python" "$repo/scripts/gpu_check_summary.py" "$work" >>"$summary" 2>>"$work/summary.log" && summarised=1
     break

@@ -131,6 +131,9 @@ def slice_section(folder):
             ratio = statistics.median(predicted / numpy.maximum(measured, 1e-12))
             lines.append(f"  writescope alpha: mean {alpha.mean():.3f}, min {alpha.min():.3f}, max {alpha.max():.3f}; "
                          f"KV outside VRAM {outside:.2f}; attention predicted/measured (median) {ratio:.2f}")
+            if "streamed_gbps" in group:
+                streamed = numpy.asarray(group["streamed_gbps"])
+                lines.append(f"  writescope streamed path: median {numpy.median(streamed):.1f} GB/s per step")
             checks.append(("alpha strictly between 0 and 1", 0 < alpha.min() and alpha.max() < 1))
             checks.append(("at least half of WriteScope's KV outside VRAM", outside >= 0.5))
     baselines = {system: rate for system, rate in rates.items() if system != "writescope"}

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "experiments/calibration.hpp"
 #include "framework/results_store.hpp"
 #include "test_profile.hpp"
 
@@ -125,6 +126,11 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
     }
     for (std::size_t s = 0; s < 3; ++s)
       EXPECT_DOUBLE_EQ(read[s], static_cast<double>(layers * batch * (context + 1 + s + 1)) * bytes_per_token) << g;
+    // The GPU's streamed rate per step: positive exactly in the steps that streamed.
+    const auto streamed = reader.read<double>(g + "/region_bytes/gpu_streamed");
+    const auto streamed_gbps = reader.read<double>(g + "/streamed_gbps");
+    ASSERT_EQ(streamed_gbps.size(), 3u) << g;
+    for (std::size_t s = 0; s < 3; ++s) EXPECT_EQ(streamed_gbps[s] > 0, streamed[s] > 0) << g << " step " << s;
   }
   EXPECT_EQ(complete, first.complete);
 
@@ -167,6 +173,15 @@ TEST_F(HarnessTest, FailedRunsAreRecordedAndTheExperimentGoesOn) {
   const ResultsReader reader(output_);
   for (const std::string& name : reader.list("/runs"))
     EXPECT_NE(reader.string_attribute("/runs/" + name, "reason").find("vram_budget"), std::string::npos);
+}
+
+// The streaming chunk calibrate writes: the smallest copy size at 90% of the link.
+TEST(StreamingChunk, SmallestSizeThatReachesTheFraction) {
+  const std::vector<std::uint64_t> sizes{1 << 20, 2 << 20, 4 << 20, 8 << 20};
+  EXPECT_EQ(smallest_size_reaching(sizes, {20, 40, 49.6, 54}, 55, 0.9), std::uint64_t{4} << 20);
+  EXPECT_EQ(smallest_size_reaching(sizes, {50, 52, 53, 54}, 55, 0.9), std::uint64_t{1} << 20);
+  EXPECT_EQ(smallest_size_reaching(sizes, {10, 20, 30, 40}, 55, 0.9), std::uint64_t{8} << 20);  // none: the largest
+  EXPECT_THROW(smallest_size_reaching(sizes, {1, 2}, 55, 0.9), std::invalid_argument);
 }
 
 }  // namespace

@@ -109,6 +109,12 @@ TEST_F(ProfileTest, SaveAndLoadRoundTrip) {
   EXPECT_DOUBLE_EQ(again.cpu_attention("qwen3-30b-a3b", 8), 2.3);   // largest measured count <= 8
   EXPECT_DOUBLE_EQ(again.cpu_attention("qwen3-30b-a3b", 64), 25);
   EXPECT_THROW(again.cpu_attention("llama", 16), std::out_of_range);
+  // Streaming chunks: 4 MiB where the profile has none; its own value otherwise.
+  EXPECT_EQ(again.link_chunk_bytes, std::uint64_t{4} << 20);
+  MachineProfile measured = again;
+  measured.link_chunk_bytes = std::uint64_t{3} << 20;
+  measured.save(path);
+  EXPECT_EQ(MachineProfile::load(path).link_chunk_bytes, std::uint64_t{3} << 20);
 }
 
 TEST_F(ProfileTest, ErrorsNameTheField) {
@@ -124,6 +130,14 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, gemv_gbps: 10, gemm_gflop
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.field(), "link.pageable_d2h_gbps");
     EXPECT_EQ(e.reason(), "must be a positive number");
+  }
+  std::string zero_chunk = base;
+  zero_chunk.replace(zero_chunk.find("pageable_d2h_gbps: -8"), 21, "pageable_d2h_gbps: 8, chunk_bytes: 0");
+  try {
+    MachineProfile::load(write(zero_chunk));
+    FAIL() << "a zero streaming chunk accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "link.chunk_bytes");
   }
   const std::string no_gpu = R"(name: laptop
 has_gpu: false

@@ -8,6 +8,11 @@
 #include <cmath>
 #include <filesystem>
 
+#include <Kokkos_Core.hpp>
+
+#include <string>
+#include <vector>
+
 #include "framework/concurrent.hpp"
 #include "model_reference.hpp"
 
@@ -187,6 +192,48 @@ TEST(MoeModel, RunsTheGpuShareOnItsOwnThreadAndPassesItsErrorsBack) {
     FAIL() << "no error";
   } catch (const std::logic_error& e) {
     EXPECT_NE(std::string(e.what()).find("neither resident nor loaded"), std::string::npos) << e.what();
+  }
+}
+
+/// Labels of the Kokkos allocations made while an AllocationCounter lives.
+std::vector<std::string> counted_allocations;
+void count_allocation(Kokkos_Profiling_SpaceHandle, const char* label, const void*, std::uint64_t) {
+  counted_allocations.emplace_back(label);
+}
+struct AllocationCounter {
+  AllocationCounter() {
+    counted_allocations.clear();
+    Kokkos::Tools::Experimental::set_allocate_data_callback(count_allocation);
+  }
+  ~AllocationCounter() { Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr); }
+  AllocationCounter(const AllocationCounter&) = delete;
+  AllocationCounter& operator=(const AllocationCounter&) = delete;
+};
+
+// Once the first steps have grown the buffers, decode steps allocate nothing
+// in any memory space (no cudaMalloc, cudaHostAlloc or host View in the loop),
+// with every region read, experts on both devices and the GPU share on its
+// worker thread.
+TEST(MoeModel, DecodeStepsAllocateNothingOnceWarm) {
+  const ScopedGpuWorkerThread worker(true);
+  for (const char* name : {"tiny-qwen3-moe", "tiny-deepseek-v2"}) {
+    SCOPED_TRACE(name);
+    const ModelConfig config = model_preset(name);
+    MoeModel model = MoeModel::synthetic(config, 9, options_with(every_region, mixed_experts()));
+    const std::vector<int> sequences{model.add_sequence(), model.add_sequence()};
+    model.prefill(sequences[0], {5, 17, 200, 3, 99, 42, 7});
+    model.prefill(sequences[1], {8, 11, 64});
+    std::vector<int> tokens{1, 2};
+    for (int step = 0; step < 3; ++step) model.step(sequences, tokens);
+    std::vector<std::string> allocations;
+    {
+      const AllocationCounter counter;
+      for (int step = 0; step < 4; ++step) model.step(sequences, tokens);
+      allocations = counted_allocations;
+    }
+    std::string labels;
+    for (const std::string& label : allocations) labels += " " + label;
+    EXPECT_TRUE(allocations.empty()) << allocations.size() << " allocations:" << labels;
   }
 }
 
