@@ -48,8 +48,6 @@ template <class Scalar>
 StreamedDecode<Scalar>::~StreamedDecode() = default;
 template <class Scalar>
 StreamedDecode<Scalar>::StreamedDecode(StreamedDecode&&) noexcept = default;
-template <class Scalar>
-StreamedDecode<Scalar>& StreamedDecode<Scalar>::operator=(StreamedDecode&&) noexcept = default;
 
 template <class Scalar>
 std::vector<typename StreamedDecode<Scalar>::Chunk> StreamedDecode<Scalar>::plan(

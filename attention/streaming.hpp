@@ -29,7 +29,6 @@ class StreamedDecode {
   StreamedDecode(const AttentionShape& shape, const BlockGeometry& geometry, int chunk_blocks);
   ~StreamedDecode();
   StreamedDecode(StreamedDecode&&) noexcept;
-  StreamedDecode& operator=(StreamedDecode&&) noexcept;
 
   /// Attends queries (batch, q_heads, key_dim) over `segments` of `pool`
   /// (sorted by batch_index) into `out` (batch, q_heads, value_dim). Copies run

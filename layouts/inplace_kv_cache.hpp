@@ -151,6 +151,9 @@ class InplaceKVCache {
   // blocks_[sequence][layer]; a freed sequence has no layers.
   std::vector<std::vector<std::vector<Block>>> blocks_;
   std::vector<bool> live_;
+  // Host copies of the keys and values a CpuResident write transposes, grown
+  // geometrically and reused (no allocation per append).
+  Kokkos::View<Scalar*, HostMemSpace> staging_[2];
 };
 
 extern template class InplaceKVCache<float>;

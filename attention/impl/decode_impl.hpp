@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "attention/impl/host_block_attention.hpp"
 #include "framework/launch.hpp"
@@ -368,13 +369,25 @@ struct MergeSegmentsKernel {
   }
 };
 
+template <class View, std::size_t... I>
+View allocate_with_extents(const char* label, const std::size_t* extents, std::index_sequence<I...>) {
+  return View(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), extents[I]...);
+}
+
+/// Grows `view` to at least `extents`, each extent that is too small at least
+/// doubling: a sequence that gains a segment per step reallocates a few times
+/// per run, not every step.
 template <class View, class... Extents>
 void grow(View& view, const char* label, Extents... extents) {
-  const std::size_t wanted[] = {static_cast<std::size_t>(extents)...};
+  constexpr std::size_t rank = sizeof...(Extents);
+  const std::size_t wanted[rank] = {static_cast<std::size_t>(extents)...};
   bool big_enough = view.data() != nullptr;
-  for (std::size_t r = 0; r < sizeof...(Extents); ++r) big_enough = big_enough && view.extent(r) >= wanted[r];
-  if (!big_enough)
-    view = View(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), static_cast<std::size_t>(extents)...);
+  for (std::size_t r = 0; r < rank; ++r) big_enough = big_enough && view.extent(r) >= wanted[r];
+  if (big_enough) return;
+  std::size_t grown[rank];
+  for (std::size_t r = 0; r < rank; ++r)
+    grown[r] = view.extent(r) >= wanted[r] ? view.extent(r) : std::max(wanted[r], 2 * view.extent(r));
+  view = allocate_with_extents<View>(label, grown, std::make_index_sequence<rank>{});
 }
 
 }  // namespace impl

@@ -104,9 +104,13 @@ void InplaceKVCache<Scalar>::write_tokens(const ExecSpace& space, const Block& b
   // Head-major (CpuResident): bring the tokens to the host, transpose on the host.
   using HostTokens = Kokkos::View<Scalar***, Kokkos::LayoutRight, HostMemSpace>;
   const auto range = std::make_pair(first, first + count);
-  auto to_host = [&](const TokenView<MemSpace>& source) {
-    HostTokens staged(Kokkos::view_alloc(std::string("writescope::layouts::staged_tokens"), Kokkos::WithoutInitializing),
-                      count, source.extent(1), source.extent(2));
+  auto to_host = [&](const TokenView<MemSpace>& source, Kokkos::View<Scalar*, HostMemSpace>& buffer) {
+    const std::size_t elements = static_cast<std::size_t>(count) * source.extent(1) * source.extent(2);
+    if (buffer.extent(0) < elements)
+      buffer = Kokkos::View<Scalar*, HostMemSpace>(
+          Kokkos::view_alloc(std::string("writescope::layouts::staged_tokens"), Kokkos::WithoutInitializing),
+          std::max(elements, 2 * buffer.extent(0)));
+    const HostTokens staged(buffer.data(), count, source.extent(1), source.extent(2));
     Kokkos::deep_copy(space, staged, Kokkos::subview(source, range, Kokkos::ALL, Kokkos::ALL));
     space.fence();
     return staged;
@@ -116,10 +120,10 @@ void InplaceKVCache<Scalar>::write_tokens(const ExecSpace& space, const Block& b
       static_cast<std::size_t>(g.block_elements()));
   const Kokkos::MDRangePolicy<HostExecSpace, Kokkos::Rank<2>> heads_by_tokens({0, 0}, {g.kv_heads, count});
   launch_parallel_for("writescope::layouts::transpose_keys", heads_by_tokens,
-                       impl::TransposeIntoHeadMajor<Scalar>{target, to_host(keys), g, token_in_block, true});
+                       impl::TransposeIntoHeadMajor<Scalar>{target, to_host(keys, staging_[0]), g, token_in_block, true});
   if (!g.values_in_keys)
     launch_parallel_for("writescope::layouts::transpose_values", heads_by_tokens,
-                         impl::TransposeIntoHeadMajor<Scalar>{target, to_host(values), g, token_in_block, false});
+                         impl::TransposeIntoHeadMajor<Scalar>{target, to_host(values, staging_[1]), g, token_in_block, false});
   HostExecSpace().fence();
 }
 

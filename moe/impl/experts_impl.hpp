@@ -51,13 +51,17 @@ Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>> rows_by_columns(const ExecSpac
   return Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, columns});
 }
 
-/// Grows `m` to at least (rows, columns) and returns its leading (rows, columns)
-/// block: scratch buffers are allocated once, not on every layer of every step.
+/// A (rows, columns) matrix over `m`'s storage, which grows geometrically
+/// when rows * columns exceeds it: scratch buffers are allocated a few times
+/// per run, never per layer or step, whatever mix of shapes they serve (the
+/// shared and routed experts' widths differ). The matrix does not own its
+/// storage: use it before the next call on the same `m`.
 template <class View>
 View scratch(View& m, const char* label, int rows, int columns) {
-  if (m.extent(0) < static_cast<std::size_t>(rows) || m.extent(1) != static_cast<std::size_t>(columns))
-    m = View(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), rows, columns);
-  return Kokkos::subview(m, std::make_pair(0, rows), Kokkos::ALL);
+  const std::size_t wanted = static_cast<std::size_t>(rows) * static_cast<std::size_t>(columns);
+  if (m.span() < wanted)
+    m = View(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), 1, std::max(wanted, 2 * m.span()));
+  return View(m.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(columns));
 }
 
 }  // namespace impl
