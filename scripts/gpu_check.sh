@@ -61,7 +61,7 @@ else
   # of the one measured here, so that its split is exercised.
   profile_option=()
   bench_filter="^(host_dram/read/1024/|split_decode/.*/32768/(0|50|100)/|cpu_decode/qwen3_gqa_cpu_resident/8192/)"
-  limits=(smoke:60 tests:120 calibrate:60 benchmarks:120 slice:90)
+  limits=(smoke:120 tests:240 calibrate:120 benchmarks:240 slice:180)
 fi
 slice_profile=${profile_option[*]:-}
 # On the GPU machine the Runtime places the threads itself (framework/runtime.hpp:
