@@ -34,33 +34,30 @@ def tests_section(folder, name):
     return lines
 
 
-def info_section(folder):
-    path = os.path.join(folder, "info.txt")
+def matching_lines(path, title, keys, missing):
+    """The lines of `path` that start with one of `keys`, under `title`."""
     if not os.path.exists(path):
-        return ["machine: no info.txt"]
-    keys = ("GPU execution space", "cpu_model", "cpu_path:", "host_threads", "gpu_name", "gpu_memory_bytes",
-            "memory_bytes", "git_revision")
-    lines = ["machine:"]
-    with open(path) as info:
-        for line in info:
+        return [missing]
+    lines = [title]
+    with open(path) as source:
+        for line in source:
             if any(line.strip().startswith(key) for key in keys):
                 lines.append("  " + line.strip())
     return lines
 
 
+def info_section(folder):
+    return matching_lines(os.path.join(folder, "info.txt"), "machine:",
+                          ("GPU execution space", "cpu_model", "cpu_path:", "host_threads", "thread_placement",
+                           "gpu_name", "gpu_memory_bytes", "memory_bytes", "git_revision"),
+                          "machine: no info.txt")
+
+
 def profile_section(folder):
-    path = os.path.join(folder, "profile.yaml")
-    if not os.path.exists(path):
-        return ["profile: no profile.yaml (calibrate did not finish)"]
-    keys = ("hbm_gbps", "pinned_h2d_gbps", "pageable_h2d_gbps", "dram_read_gbps", "fma_glanes", "gemv_gbps",
-            "threads", "path")
-    lines = ["profile (writescope calibrate):"]
-    with open(path) as profile:
-        for line in profile:
-            stripped = line.strip()
-            if any(stripped.startswith(key + ":") for key in keys):
-                lines.append("  " + stripped)
-    return lines
+    keys = ("hbm_gbps", "pinned_h2d_gbps", "pageable_h2d_gbps", "chunk_bytes", "dram_read_gbps", "fma_glanes",
+            "gemv_gbps", "threads", "path")
+    return matching_lines(os.path.join(folder, "profile.yaml"), "profile (writescope calibrate):",
+                          tuple(key + ":" for key in keys), "profile: no profile.yaml (calibrate did not finish)")
 
 
 def benchmark_section(folder):
