@@ -23,7 +23,7 @@ for object in "${objects[@]}"; do
   if [ ! -f "$host" ] || [ ! -f "$cuda" ]; then
     echo "missing: $object (build both variants first)"; status=1; continue
   fi
-  instructions=$(disassemble "$host" | grep -c $'\t' || true)
+  instructions=$(disassemble "$host" | grep -c '^[a-z]' || true)
   if diff -q <(disassemble "$host") <(disassemble "$cuda") >/dev/null; then
     echo "same:      $(basename "$object" .o) ($instructions instructions)"
   else

@@ -4,6 +4,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -48,6 +49,12 @@ template <class Scalar>
 bool host_bf16_products() {
   return std::is_same_v<Scalar, bf16> && active_cpu_path() == CpuPath::avx512_bf16;
 }
+
+/// The CPU path for host products in a result that GPU products share: in a
+/// CUDA build a merged state holds both, and the reference can round the
+/// queries for all of them or none, so the host products there run on fp32
+/// (the bf16 products are tested where the host spaces do everything).
+inline CpuPath fp32_cpu_path() { return std::min(active_cpu_path(), CpuPath::avx2); }
 
 /// Decode-attention tolerances against the double reference for unit-normal
 /// values (|v| up to about 4). With bf16 products a weight's rounding moves an

@@ -64,6 +64,10 @@ class DecodeAttentionTest : public ::testing::Test {
     host_queries_ = q;
   }
 
+  /// Whether the host products of this fixture run on bf16 pairs: only in
+  /// host-only builds, where the host spaces attend every region (attend()).
+  static bool bf16_products() { return !has_gpu && test::host_bf16_products<Scalar>(); }
+
   /// A state of the right shape (zeros; clear() makes it the empty state).
   State empty_state() const {
     return State("writescope::test::state", static_cast<int>(sequences_.size()), shape_.q_heads, shape_.value_dim);
@@ -72,6 +76,8 @@ class DecodeAttentionTest : public ::testing::Test {
   /// Attention over `region`'s blocks within `ranges`, run on ExecSpace when it
   /// can read the region's pool, else on a space that can, then copied over.
   State attend(Region region, const std::vector<TokenRange>& ranges, BlockProduct product) {
+    // In a CUDA build the GPU's products share every merged state (kv_test_data.hpp).
+    const ScopedCpuPath host_path(has_gpu ? test::fp32_cpu_path() : active_cpu_path());
     const auto segments = cache_->segments(0, region, sequences_, ranges);
     State out = empty_state();
     auto run = [&](const auto& pool) {
@@ -175,7 +181,7 @@ TYPED_TEST(DecodeAttentionTest, MatchesReferenceForEveryModelShape) {
 TYPED_TEST(DecodeAttentionTest, HostProductMatchesReferenceOnEveryCpuPath) {
   using Storage = typename TestFixture::Scalar;
   test::for_each_cpu_path([&](CpuPath path) {
-    const bool bf16_products = path == CpuPath::avx512_bf16 && std::is_same_v<Storage, bf16>;
+    const bool bf16_products = path == CpuPath::avx512_bf16 && TestFixture::bf16_products();
     for (const AttentionShape& shape :
          {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()}) {
       // 256-token blocks: segments span several of the AVX-512 product's
@@ -217,7 +223,7 @@ TYPED_TEST(DecodeAttentionTest, SplitAtAnyPointAndMergeEqualsMonolithic) {
     auto merged = this->attend_all_regions(head, BlockProduct::automatic);
     merge_into(typename TestFixture::ExecSpace(), merged, this->attend_all_regions(tail, BlockProduct::portable));
     typename TestFixture::ExecSpace().fence();
-    this->expect_reference(merged, this->full_ranges(), test::host_bf16_products<typename TestFixture::Scalar>());
+    this->expect_reference(merged, this->full_ranges(), TestFixture::bf16_products());
   }
 }
 
@@ -226,7 +232,7 @@ TYPED_TEST(DecodeAttentionTest, EmptyRangesGiveMinusInfinityAndMergeAsNoOps) {
   std::vector<TokenRange> ranges = this->full_ranges();
   ranges[2] = TokenRange{20, 20};  // empty on purpose
   const auto state = this->attend_all_regions(ranges, BlockProduct::automatic);
-  this->expect_reference(state, ranges, test::host_bf16_products<typename TestFixture::Scalar>());
+  this->expect_reference(state, ranges, TestFixture::bf16_products());
   auto lse = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), state.lse);
   EXPECT_EQ(lse(1, 0), -std::numeric_limits<float>::infinity());
   EXPECT_EQ(lse(2, 5), -std::numeric_limits<float>::infinity());
