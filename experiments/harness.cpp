@@ -341,12 +341,16 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
   options.vram_budget = run.vram_budget;
   options.pinned_kv_budget = config.pinned_budget;
   options.host_kv_budget = config.host_budget;
-  // Streaming chunks of the profile's size (the smallest copy near full link rate).
+  // Streaming chunks of the profile's size (the smallest copy near full link
+  // rate), but never more blocks than one layer of the whole batch holds: the
+  // two landing buffers are VRAM workspace.
   const std::uint64_t kv_block_bytes =
       static_cast<std::uint64_t>(model_config.attention().block_geometry(config.block_tokens).block_elements()) *
       sizeof(bf16);
-  options.stream_chunk_blocks =
-      static_cast<int>(std::max<std::uint64_t>(1, (profile.link_chunk_bytes + kv_block_bytes - 1) / kv_block_bytes));
+  const std::uint64_t layer_blocks =
+      static_cast<std::uint64_t>(run.batch) * ((final_tokens + config.block_tokens - 1) / config.block_tokens);
+  options.stream_chunk_blocks = static_cast<int>(
+      std::clamp<std::uint64_t>((profile.link_chunk_bytes + kv_block_bytes - 1) / kv_block_bytes, 1, layer_blocks));
   if (system.spill_region == Region::gpu_streamed)
     options.pinned_kv_budget += std::exchange(options.host_kv_budget, 0);
   else if (system.spill_region == Region::cpu_resident)
