@@ -45,6 +45,7 @@ constexpr const char* usage_text =
     "                              routed experts run on the CPU; --logits stores every\n"
     "                              step's logits\n"
     "  make-checkpoint --model NAME --output DIR [--seed S] [--dtype bf16|f16|f32]\n"
+    "                  [--config-format hub|transformers5]\n"
     "                              write a synthetic Hugging Face checkpoint (config.json +\n"
     "                              model.safetensors) of a preset, e.g. a tiny test model\n"
     "  run CONFIG.yaml [--output FILE.h5] [--profile FILE|NAME]\n"
@@ -255,6 +256,10 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   };
   log_info("generate: ", config.name, " (", config.layers, " layers, hidden ", config.hidden, ", ",
            from_checkpoint ? "checkpoint weights" : "synthetic weights", ")");
+  if (from_checkpoint)
+    log_info("generate: read ", model_name, "/config.json in the ", config.config_format, " format: rope_theta ",
+             config.rope_theta, ", rope type ", config.rope_scaling.type, ", ", config.experts, " experts, top ",
+             config.experts_per_token, " (every setting that changes the math: the logits file's math_settings)");
   MoeModel model = from_checkpoint
                        ? MoeModel::from_checkpoint(SafetensorsCheckpoint(model_name), config, model_options)
                        : MoeModel::synthetic(config, seed, model_options);
@@ -287,6 +292,8 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     group.set_attribute("model", config.name);
     group.set_attribute("seed", static_cast<std::int64_t>(seed));
     group.set_attribute("weights", from_checkpoint ? model_name : std::string("synthetic"));
+    group.set_attribute("config_format", from_checkpoint ? config.config_format : std::string("preset"));
+    group.set_attribute("math_settings", config.math_settings());
     auto machine = group.create_group("machine");
     MachineDescription::detect().store(machine);
     txn.commit();
@@ -296,7 +303,7 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
 }
 
 int make_checkpoint_command(const std::vector<std::string>& args) {
-  auto options = parse_options("make-checkpoint", args, {"--model", "--output", "--seed", "--dtype"});
+  auto options = parse_options("make-checkpoint", args, {"--model", "--output", "--seed", "--dtype", "--config-format"});
   for (const char* required : {"--model", "--output"})
     if (!options.count(required)) throw UsageError(std::string("make-checkpoint: ") + required + " is required");
   const std::string dtype = options.count("--dtype") ? options["--dtype"] : "bf16";
@@ -304,8 +311,12 @@ int make_checkpoint_command(const std::vector<std::string>& args) {
     throw UsageError("make-checkpoint: --dtype must be bf16, f16 or f32, got '" + dtype + "'");
   const std::uint64_t seed =
       options.count("--seed") ? static_cast<std::uint64_t>(positive_integer("make-checkpoint", "--seed", options["--seed"])) : 1;
+  const std::string format = options.count("--config-format") ? options["--config-format"] : "hub";
+  if (format != "hub" && format != "transformers5")
+    throw UsageError("make-checkpoint: --config-format must be hub or transformers5, got '" + format + "'");
   write_synthetic_checkpoint(options["--output"], model_preset(options["--model"]), seed,
-                             dtype == "bf16" ? TensorDType::bf16 : dtype == "f16" ? TensorDType::f16 : TensorDType::f32);
+                             dtype == "bf16" ? TensorDType::bf16 : dtype == "f16" ? TensorDType::f16 : TensorDType::f32,
+                             format == "hub" ? ConfigFormat::hub : ConfigFormat::transformers5);
   log_info("make-checkpoint: wrote ", options["--output"]);
   return 0;
 }

@@ -1,6 +1,8 @@
 #include "moe/model_config.hpp"
 
 #include <cmath>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 
 namespace writescope {
@@ -238,6 +240,76 @@ ModelConfig apply_overrides(ModelConfig c, const ModelOverrides& overrides) {
   return c;
 }
 
+std::string ModelConfig::math_settings() const {
+  std::ostringstream out;
+  out.precision(17);
+  out << "architecture: " << (architecture == Architecture::deepseek_v2 ? "deepseek_v2"
+                              : architecture == Architecture::qwen3_moe ? "qwen3_moe"
+                                                                        : "mixtral")
+      << "\nlayers: " << layers << "\nhidden: " << hidden << "\nvocab: " << vocab
+      << "\ntied_embeddings: " << tied_embeddings << "\nrms_eps: " << rms_eps << "\nrope_theta: " << rope_theta
+      << "\nrope_type: " << rope_scaling.type;
+  if (rope_scaling.type == "yarn")
+    out << "\nrope_factor: " << rope_scaling.factor
+        << "\nrope_original_max_position: " << rope_scaling.original_max_position
+        << "\nrope_beta_fast: " << rope_scaling.beta_fast << "\nrope_beta_slow: " << rope_scaling.beta_slow
+        << "\nrope_mscale: " << rope_scaling.mscale << "\nrope_mscale_all_dim: " << rope_scaling.mscale_all_dim;
+  out << "\nq_heads: " << q_heads << "\nkv_heads: " << kv_heads << "\nhead_dim: " << head_dim
+      << "\nqk_norm: " << qk_norm << "\nq_lora_rank: " << q_lora_rank << "\nkv_lora_rank: " << kv_lora_rank
+      << "\nqk_nope_head_dim: " << qk_nope_head_dim << "\nqk_rope_head_dim: " << qk_rope_head_dim
+      << "\nv_head_dim: " << v_head_dim << "\nexperts: " << experts << "\nexperts_per_token: " << experts_per_token
+      << "\nexpert_intermediate: " << expert_intermediate << "\nshared_experts: " << shared_experts
+      << "\nnorm_topk_prob: " << normalize_topk << "\nrouted_scaling_factor: " << routed_scaling_factor
+      << "\nfirst_dense_layers: " << dense_layers << "\ndense_intermediate: " << dense_intermediate
+      << "\nsoftmax_scale: " << attention().scale() << "\n";
+  return out.str();
+}
+
+namespace {
+
+/// An integer the config may spell two ways (`first`, else `second`); both
+/// given with different values is an error naming them.
+int one_of_two(const ConfigNode& root, const char* first, const char* second) {
+  if (root.has(first) && root.has(second) && root.get<int>(first) != root.get<int>(second))
+    root.fail(first, std::string("disagrees with ") + second);
+  return root.has(first) ? root.get<int>(first) : root.get<int>(second);
+}
+
+/// Rotary settings from the Hub format (top-level rope_theta, rope_scaling
+/// with "type" or "rope_type") or transformers 5's rope_parameters
+/// (rope_theta and rope_type inside). `default_theta`: the architecture's
+/// published default, used only when the config gives none.
+void read_rope(const ConfigNode& root, double default_theta, ModelConfig& c) {
+  const bool v5 = root.has("rope_parameters");
+  c.config_format = v5 ? "transformers-5" : "hub";
+  std::optional<ConfigNode> scaling = v5 ? root.optional_child("rope_parameters") : root.optional_child("rope_scaling");
+  if (scaling && scaling->yaml().IsNull()) scaling.reset();
+  if (v5 && root.has("rope_scaling") && !root.yaml()["rope_scaling"].IsNull())
+    root.fail("rope_scaling", "given beside rope_parameters: a config holds one of the two formats");
+  const bool theta_inside = v5 && scaling && scaling->has("rope_theta");
+  if (theta_inside && root.has("rope_theta") && root.get<double>("rope_theta") != scaling->get<double>("rope_theta"))
+    root.fail("rope_theta", "disagrees with rope_parameters.rope_theta");
+  c.rope_theta = theta_inside ? scaling->get<double>("rope_theta") : root.get_or<double>("rope_theta", default_theta);
+  c.rope_scaling = RopeScaling{};
+  if (!scaling) return;
+  const char* type_key = scaling->has("rope_type") ? "rope_type" : "type";
+  if (!scaling->has(type_key)) scaling->fail("rope_type", "is required");
+  const std::string type = scaling->get<std::string>(type_key);
+  if (type == "default") return;
+  if (type != "yarn") scaling->fail(type_key, "unsupported rope type '" + type + "' (supported: default, yarn)");
+  c.rope_scaling.type = "yarn";
+  c.rope_scaling.factor = scaling->get<double>("factor");
+  c.rope_scaling.original_max_position = scaling->get<int>("original_max_position_embeddings");
+  // Defaults of DeepSeek-V2's reference YaRN (modeling_deepseek.py,
+  // DeepseekV2YarnRotaryEmbedding: beta_fast=32, beta_slow=1, mscale=1, mscale_all_dim=0).
+  c.rope_scaling.beta_fast = scaling->get_or<double>("beta_fast", 32.0);
+  c.rope_scaling.beta_slow = scaling->get_or<double>("beta_slow", 1.0);
+  c.rope_scaling.mscale = scaling->get_or<double>("mscale", 1.0);
+  c.rope_scaling.mscale_all_dim = scaling->get_or<double>("mscale_all_dim", 0.0);
+}
+
+}  // namespace
+
 ModelConfig load_hf_config(const std::string& config_json) {
   const ConfigNode root = ConfigNode::load_file(config_json);
   const auto architectures = root.get_list<std::string>("architectures");
@@ -250,12 +322,14 @@ ModelConfig load_hf_config(const std::string& config_json) {
   c.max_position = root.get_or<int>("max_position_embeddings", 0);
   c.tied_embeddings = root.get_or<bool>("tie_word_embeddings", false);
   c.rms_eps = root.get<double>("rms_norm_eps");
-  c.rope_theta = root.get_or<double>("rope_theta", 10000.0);
   c.q_heads = root.get<int>("num_attention_heads");
   c.kv_heads = root.get_or<int>("num_key_value_heads", c.q_heads);
   c.experts_per_token = root.get<int>("num_experts_per_tok");
+  // Published defaults, where a config may leave a field out, are those of the
+  // architectures' transformers configuration classes (configuration_*.py).
   if (kind == "DeepseekV2ForCausalLM") {
     c.architecture = Architecture::deepseek_v2;
+    read_rope(root, 10000.0, c);  // DeepseekV2Config: rope_theta=10000.0
     c.q_lora_rank = root.has("q_lora_rank") && !root.yaml()["q_lora_rank"].IsNull() ? root.get<int>("q_lora_rank") : 0;
     c.kv_lora_rank = root.get<int>("kv_lora_rank");
     c.qk_nope_head_dim = root.get<int>("qk_nope_head_dim");
@@ -264,33 +338,32 @@ ModelConfig load_hf_config(const std::string& config_json) {
     c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
     c.experts = root.get<int>("n_routed_experts");
     c.expert_intermediate = root.get<int>("moe_intermediate_size");
-    c.shared_experts = root.get_or<int>("n_shared_experts", 0);
+    // DeepseekV2Config: n_shared_experts=None (none), norm_topk_prob=False,
+    // routed_scaling_factor=1.0, first_k_dense_replace=0.
+    c.shared_experts = root.has("n_shared_experts") && !root.yaml()["n_shared_experts"].IsNull()
+                           ? root.get<int>("n_shared_experts")
+                           : 0;
     c.normalize_topk = root.get_or<bool>("norm_topk_prob", false);
     c.routed_scaling_factor = root.get_or<double>("routed_scaling_factor", 1.0);
     c.dense_layers = root.get_or<int>("first_k_dense_replace", 0);
     c.dense_intermediate = root.get<int>("intermediate_size");
-    if (const auto scaling = root.optional_child("rope_scaling")) {
-      c.rope_scaling.type = scaling->get<std::string>("type");
-      c.rope_scaling.factor = scaling->get<double>("factor");
-      c.rope_scaling.original_max_position = scaling->get<int>("original_max_position_embeddings");
-      c.rope_scaling.beta_fast = scaling->get_or<double>("beta_fast", 32.0);
-      c.rope_scaling.beta_slow = scaling->get_or<double>("beta_slow", 1.0);
-      c.rope_scaling.mscale = scaling->get_or<double>("mscale", 1.0);
-      c.rope_scaling.mscale_all_dim = scaling->get_or<double>("mscale_all_dim", 0.0);
-    }
   } else if (kind == "Qwen3MoeForCausalLM") {
     c.architecture = Architecture::qwen3_moe;
+    read_rope(root, 10000.0, c);  // Qwen3MoeConfig: rope_theta=10000.0
     c.head_dim = root.get<int>("head_dim");
     c.qk_norm = true;
-    c.experts = root.get<int>("num_experts");
+    // The Hub writes num_experts, transformers 5 num_local_experts.
+    c.experts = one_of_two(root, "num_experts", "num_local_experts");
     c.expert_intermediate = root.get<int>("moe_intermediate_size");
-    c.normalize_topk = root.get_or<bool>("norm_topk_prob", true);
+    // Required: Qwen3MoeConfig's default (False) is not what Qwen3-30B-A3B uses (true).
+    c.normalize_topk = root.get<bool>("norm_topk_prob");
   } else if (kind == "MixtralForCausalLM") {
     c.architecture = Architecture::mixtral;
+    read_rope(root, 1e6, c);  // MixtralConfig: rope_theta=1e6
     c.head_dim = root.get_or<int>("head_dim", c.hidden / c.q_heads);
     c.experts = root.get<int>("num_local_experts");
     c.expert_intermediate = root.get<int>("intermediate_size");
-    c.normalize_topk = true;
+    c.normalize_topk = true;  // Mixtral's router always renormalises its top-k
   } else {
     root.fail("architectures", "unsupported architecture '" + kind +
                                    "' (expected DeepseekV2ForCausalLM, Qwen3MoeForCausalLM or MixtralForCausalLM)");

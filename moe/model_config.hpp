@@ -32,6 +32,10 @@ struct RopeScaling {
 
 struct ModelConfig {
   std::string name;
+  /// Where a config.json's rotary settings came from: "hub" (top-level
+  /// rope_theta and rope_scaling) or "transformers-5" (rope_parameters); ""
+  /// for presets.
+  std::string config_format;
   Architecture architecture = Architecture::qwen3_moe;
   int layers = 0;
   int hidden = 0;
@@ -75,6 +79,10 @@ struct ModelConfig {
   std::int64_t parameters() const;
   /// Throws ConfigError (source "model <name>") naming the first inconsistent field.
   void validate() const;
+  /// Every resolved setting that changes the math, one "name: value" line
+  /// each (rotary, heads, LoRA ranks, experts, routing): what `generate
+  /// --verbose` prints, and equal for configs that compute the same model.
+  std::string math_settings() const;
 };
 
 /// Real shapes: "deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b"; tiny

@@ -129,9 +129,8 @@ std::vector<Scalar> synthetic_tensor(const TensorSpec& spec, std::uint64_t seed)
 template std::vector<float> synthetic_tensor<float>(const TensorSpec&, std::uint64_t);
 template std::vector<bf16> synthetic_tensor<bf16>(const TensorSpec&, std::uint64_t);
 
-namespace {
-
-std::string hf_config_json(const ModelConfig& c) {
+std::string hf_config_json(const ModelConfig& c, ConfigFormat format) {
+  const bool v5 = format == ConfigFormat::transformers5;
   std::ostringstream j;
   j.precision(17);
   const char* kind = c.architecture == Architecture::deepseek_v2 ? "DeepseekV2ForCausalLM"
@@ -141,7 +140,7 @@ std::string hf_config_json(const ModelConfig& c) {
     << "  \"hidden_size\": " << c.hidden << ",\n  \"num_hidden_layers\": " << c.layers << ",\n"
     << "  \"num_attention_heads\": " << c.q_heads << ",\n  \"num_key_value_heads\": " << c.kv_heads << ",\n"
     << "  \"vocab_size\": " << c.vocab << ",\n  \"max_position_embeddings\": " << c.max_position << ",\n"
-    << "  \"rms_norm_eps\": " << c.rms_eps << ",\n  \"rope_theta\": " << c.rope_theta << ",\n"
+    << "  \"rms_norm_eps\": " << c.rms_eps << ",\n"
     << "  \"num_experts_per_tok\": " << c.experts_per_token << ",\n"
     << "  \"tie_word_embeddings\": " << (c.tied_embeddings ? "true" : "false") << ",\n";
   if (c.architecture == Architecture::deepseek_v2) {
@@ -153,31 +152,40 @@ std::string hf_config_json(const ModelConfig& c) {
       << (c.normalize_topk ? "true" : "false") << ",\n  \"routed_scaling_factor\": " << c.routed_scaling_factor
       << ",\n  \"first_k_dense_replace\": " << c.dense_layers << ",\n  \"intermediate_size\": "
       << c.dense_intermediate;
-    if (c.rope_scaling.type == "yarn")
-      j << ",\n  \"rope_scaling\": {\"type\": \"yarn\", \"factor\": " << c.rope_scaling.factor
-        << ", \"original_max_position_embeddings\": " << c.rope_scaling.original_max_position
-        << ", \"beta_fast\": " << c.rope_scaling.beta_fast << ", \"beta_slow\": " << c.rope_scaling.beta_slow
-        << ", \"mscale\": " << c.rope_scaling.mscale << ", \"mscale_all_dim\": " << c.rope_scaling.mscale_all_dim
-        << "}";
   } else if (c.architecture == Architecture::qwen3_moe) {
-    j << "  \"head_dim\": " << c.head_dim << ",\n  \"num_experts\": " << c.experts
+    j << "  \"head_dim\": " << c.head_dim << ",\n  \"" << (v5 ? "num_local_experts" : "num_experts") << "\": " << c.experts
       << ",\n  \"moe_intermediate_size\": " << c.expert_intermediate << ",\n  \"norm_topk_prob\": "
       << (c.normalize_topk ? "true" : "false");
   } else {
     j << "  \"head_dim\": " << c.head_dim << ",\n  \"num_local_experts\": " << c.experts
       << ",\n  \"intermediate_size\": " << c.expert_intermediate;
   }
+  // Rotary settings: top-level (Hub; YaRN as rope_scaling with "type") or
+  // all in rope_parameters (transformers 5, "rope_type").
+  const bool yarn = c.rope_scaling.type == "yarn";
+  std::ostringstream yarn_fields;
+  yarn_fields.precision(17);
+  if (yarn)
+    yarn_fields << ", \"factor\": " << c.rope_scaling.factor << ", \"original_max_position_embeddings\": "
+                << c.rope_scaling.original_max_position << ", \"beta_fast\": " << c.rope_scaling.beta_fast
+                << ", \"beta_slow\": " << c.rope_scaling.beta_slow << ", \"mscale\": " << c.rope_scaling.mscale
+                << ", \"mscale_all_dim\": " << c.rope_scaling.mscale_all_dim;
+  if (v5) {
+    j << ",\n  \"rope_parameters\": {\"rope_theta\": " << c.rope_theta << ", \"rope_type\": \""
+      << (yarn ? "yarn" : "default") << "\"" << yarn_fields.str() << "}";
+  } else {
+    j << ",\n  \"rope_theta\": " << c.rope_theta;
+    if (yarn) j << ",\n  \"rope_scaling\": {\"type\": \"yarn\"" << yarn_fields.str() << "}";
+  }
   j << "\n}\n";
   return j.str();
 }
 
-}  // namespace
-
 void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& config, std::uint64_t seed,
-                                TensorDType dtype) {
+                                TensorDType dtype, ConfigFormat format) {
   config.validate();
   std::filesystem::create_directories(folder);
-  std::ofstream(std::filesystem::path(folder) / "config.json") << hf_config_json(config);
+  std::ofstream(std::filesystem::path(folder) / "config.json") << hf_config_json(config, format);
   std::map<std::string, TensorToWrite> tensors;
   for (const TensorSpec& spec : weight_specs(config))
     tensors[spec.name] = TensorToWrite{dtype, spec.shape, synthetic_tensor<float>(spec, seed)};

@@ -31,10 +31,18 @@ std::vector<TensorSpec> weight_specs(const ModelConfig& config);
 template <class Scalar>
 std::vector<Scalar> synthetic_tensor(const TensorSpec& spec, std::uint64_t seed);
 
+/// The config.json formats checkpoints come in: the Hub's (top-level
+/// rope_theta and rope_scaling, Qwen3's num_experts) and transformers 5's
+/// (rope_parameters with rope_type, Qwen3's num_local_experts).
+enum class ConfigFormat { hub, transformers5 };
+
+/// `config` as a config.json of `format` (load_hf_config reads it back).
+std::string hf_config_json(const ModelConfig& config, ConfigFormat format);
+
 /// Writes a complete synthetic checkpoint (config.json + model.safetensors) of a
 /// small model, e.g. for tests and examples; the values equal synthetic_tensor.
 void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& config, std::uint64_t seed,
-                                TensorDType dtype);
+                                TensorDType dtype, ConfigFormat format = ConfigFormat::hub);
 
 /// Reads every tensor of weight_specs(config) from `checkpoint`, checking shapes.
 template <class Scalar>

@@ -20,4 +20,18 @@ endif()
 if(NOT from_checkpoint STREQUAL synthetic OR NOT synthetic MATCHES "^[0-9]+( [0-9]+)+\n$")
   message(FATAL_ERROR "checkpoint generated '${from_checkpoint}', preset generated '${synthetic}'")
 endif()
+# The same checkpoint with transformers 5's config.json: the same tokens, and
+# generate says which format it read.
+file(REMOVE_RECURSE "${FOLDER}")
+execute_process(COMMAND ${COMMAND} make-checkpoint --model tiny-qwen3-moe --seed 7 --output ${FOLDER}
+                        --config-format transformers5
+  RESULT_VARIABLE status ERROR_VARIABLE err)
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "make-checkpoint --config-format transformers5 failed (${status}): ${err}")
+endif()
+execute_process(COMMAND ${COMMAND} generate --model ${FOLDER} --prompt 3,1,4,1,5 --new-tokens 6
+  RESULT_VARIABLE status OUTPUT_VARIABLE from_v5 ERROR_VARIABLE err)
+if(NOT status EQUAL 0 OR NOT from_v5 STREQUAL synthetic OR NOT err MATCHES "in the transformers-5 format: rope_theta")
+  message(FATAL_ERROR "generate from the transformers 5 checkpoint (${status}) gave '${from_v5}': ${err}")
+endif()
 file(REMOVE_RECURSE "${FOLDER}")

@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <string>
+
+#include "moe/weights.hpp"
 
 namespace writescope {
 namespace {
@@ -137,6 +140,63 @@ TEST_F(HfConfigTest, ErrorsNameTheFileAndField) {
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.field(), "kv_heads");
   }
+}
+
+// The Hub's format and transformers 5's (rope_parameters, Qwen3's
+// num_local_experts) of every architecture read to the same settings, the
+// preset's own; the model computed from them is the same.
+TEST_F(HfConfigTest, HubAndTransformers5FormatsReadAlike) {
+  for (const char* name : {"deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b", "tiny-deepseek-v2", "tiny-qwen3-moe",
+                           "tiny-mixtral"}) {
+    SCOPED_TRACE(name);
+    const ModelConfig preset = model_preset(name);
+    const ModelConfig hub = load_hf_config(write(hf_config_json(preset, ConfigFormat::hub)));
+    EXPECT_EQ(hub.config_format, "hub");
+    const ModelConfig v5 = load_hf_config(write(hf_config_json(preset, ConfigFormat::transformers5)));
+    EXPECT_EQ(v5.config_format, "transformers-5");
+    EXPECT_EQ(hub.math_settings(), preset.math_settings());
+    EXPECT_EQ(v5.math_settings(), preset.math_settings());
+  }
+}
+
+TEST_F(HfConfigTest, RotarySpellingsAndDefaultsAreExplicit) {
+  const std::string qwen = R"("architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "moe_intermediate_size": 32,
+    "num_experts_per_tok": 2, "rms_norm_eps": 1e-06, "vocab_size": 100)";
+  // YaRN spelled "type" (older DeepSeek) and "rope_type" (newer), Qwen3's experts under either name.
+  const ModelConfig older = load_hf_config(write("{" + qwen + R"(, "num_experts": 8, "norm_topk_prob": true,
+    "rope_theta": 5e5, "rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 256}})"));
+  const ModelConfig newer = load_hf_config(write("{" + qwen + R"(, "num_local_experts": 8, "norm_topk_prob": true,
+    "rope_parameters": {"rope_theta": 5e5, "rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 256}})"));
+  EXPECT_EQ(older.math_settings(), newer.math_settings());
+  EXPECT_EQ(newer.rope_scaling.type, "yarn");
+  EXPECT_DOUBLE_EQ(newer.rope_theta, 5e5);
+  EXPECT_EQ(newer.experts, 8);
+  // No rope_theta: the architecture's published default, not one for all (Mixtral's is 1e6).
+  const ModelConfig mixtral = load_hf_config(write(R"({"architectures": ["MixtralForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_local_experts": 4, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "vocab_size": 100})"));
+  EXPECT_DOUBLE_EQ(mixtral.rope_theta, 1e6);
+
+  auto error_of = [&](const std::string& json) -> std::pair<std::string, std::string> {
+    try {
+      load_hf_config(write(json));
+    } catch (const ConfigError& e) {
+      return {e.field(), e.reason()};
+    }
+    return {"", "accepted"};
+  };
+  EXPECT_EQ(error_of("{" + qwen + R"(, "num_experts": 8, "norm_topk_prob": true,
+    "rope_parameters": {"rope_theta": 1e6, "rope_type": "llama3", "factor": 8}})"),
+            std::make_pair(std::string("rope_parameters.rope_type"),
+                           std::string("unsupported rope type 'llama3' (supported: default, yarn)")));
+  EXPECT_EQ(error_of("{" + qwen + R"(, "num_experts": 8, "rope_theta": 1e6})").first, "norm_topk_prob");
+  EXPECT_EQ(error_of("{" + qwen + R"(, "num_experts": 8, "num_local_experts": 16, "norm_topk_prob": true})").first,
+            "num_experts");
+  EXPECT_EQ(error_of("{" + qwen + R"(, "num_experts": 8, "norm_topk_prob": true, "rope_theta": 1e6,
+    "rope_parameters": {"rope_theta": 1e4, "rope_type": "default"}})").first, "rope_theta");
+  EXPECT_EQ(error_of("{" + qwen + R"(, "num_experts": 8, "norm_topk_prob": true,
+    "rope_scaling": {"factor": 4}})").first, "rope_scaling.rope_type");
 }
 
 }  // namespace

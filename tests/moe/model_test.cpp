@@ -1,5 +1,6 @@
 #include "moe/model.hpp"
 
+#include <Kokkos_Core.hpp>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -7,9 +8,6 @@
 #include <array>
 #include <cmath>
 #include <filesystem>
-
-#include <Kokkos_Core.hpp>
-
 #include <map>
 #include <string>
 #include <vector>
@@ -298,6 +296,28 @@ TEST(MoeModel, SharesItsRoutedExpertsWithAModelOfTheSameWeights) {
   ModelOptions wrong = options_with(every_region, mixed_experts());
   wrong.host_experts = first.host_experts();
   EXPECT_THROW(MoeModel::synthetic(model_preset("tiny-qwen3-moe"), 8, wrong), std::invalid_argument);
+}
+
+// A checkpoint saved in the Hub's config format and the same one in
+// transformers 5's give identical logits (every architecture; DeepSeek's YaRN
+// travels in rope_parameters in the second).
+TEST(MoeModel, CheckpointsInEitherConfigFormatGiveIdenticalLogits) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / ("writescope_config_formats_" + std::to_string(::getpid()));
+  for (const char* name : {"tiny-deepseek-v2", "tiny-qwen3-moe", "tiny-mixtral"}) {
+    SCOPED_TRACE(name);
+    std::vector<std::vector<float>> logits;
+    for (ConfigFormat format : {ConfigFormat::hub, ConfigFormat::transformers5}) {
+      fs::remove_all(dir);
+      write_synthetic_checkpoint(dir.string(), model_preset(name), 4, TensorDType::bf16, format);
+      const ModelConfig config = load_hf_config((dir / "config.json").string());
+      MoeModel model = MoeModel::from_checkpoint(SafetensorsCheckpoint(dir.string()), config,
+                                                 options_with(every_region, mixed_experts()));
+      logits.push_back(model.prefill(model.add_sequence(), {3, 1, 4, 1, 5, 9, 2, 6}));
+    }
+    expect_logits_near(logits[1], logits[0], 0, "transformers 5 vs Hub");
+  }
+  fs::remove_all(dir);
 }
 
 TEST(MoeModel, LoadsACheckpointAndNamesWhatIsMissing) {
