@@ -1,12 +1,17 @@
 # cmake -DCOMMAND=<writescope> -DFOLDER=<dir> -P generate_checkpoint.cmake
 # make-checkpoint writes a synthetic checkpoint; generate from it must print the
 # same tokens as generate from the same synthetic preset and seed.
-file(REMOVE_RECURSE "${FOLDER}")
-execute_process(COMMAND ${COMMAND} make-checkpoint --model tiny-qwen3-moe --seed 7 --output ${FOLDER}
-  RESULT_VARIABLE status ERROR_VARIABLE err)
-if(NOT status EQUAL 0)
-  message(FATAL_ERROR "make-checkpoint failed (${status}): ${err}")
-endif()
+# make_checkpoint([options]): a fresh tiny-qwen3-moe checkpoint of seed 7 in FOLDER.
+function(make_checkpoint)
+  file(REMOVE_RECURSE "${FOLDER}")
+  execute_process(COMMAND ${COMMAND} make-checkpoint --model tiny-qwen3-moe --seed 7 --output ${FOLDER} ${ARGN}
+    RESULT_VARIABLE status ERROR_VARIABLE err)
+  if(NOT status EQUAL 0)
+    message(FATAL_ERROR "make-checkpoint ${ARGN} failed (${status}): ${err}")
+  endif()
+endfunction()
+
+make_checkpoint()
 execute_process(COMMAND ${COMMAND} generate --model ${FOLDER} --prompt 3,1,4,1,5 --new-tokens 6
   RESULT_VARIABLE status OUTPUT_VARIABLE from_checkpoint ERROR_VARIABLE err)
 if(NOT status EQUAL 0)
@@ -22,13 +27,7 @@ if(NOT from_checkpoint STREQUAL synthetic OR NOT synthetic MATCHES "^[0-9]+( [0-
 endif()
 # The same checkpoint with transformers 5's config.json: the same tokens, and
 # generate says which format it read.
-file(REMOVE_RECURSE "${FOLDER}")
-execute_process(COMMAND ${COMMAND} make-checkpoint --model tiny-qwen3-moe --seed 7 --output ${FOLDER}
-                        --config-format transformers5
-  RESULT_VARIABLE status ERROR_VARIABLE err)
-if(NOT status EQUAL 0)
-  message(FATAL_ERROR "make-checkpoint --config-format transformers5 failed (${status}): ${err}")
-endif()
+make_checkpoint(--config-format transformers5)
 execute_process(COMMAND ${COMMAND} generate --model ${FOLDER} --prompt 3,1,4,1,5 --new-tokens 6
   RESULT_VARIABLE status OUTPUT_VARIABLE from_v5 ERROR_VARIABLE err)
 if(NOT status EQUAL 0 OR NOT from_v5 STREQUAL synthetic OR NOT err MATCHES "in the transformers-5 format: rope_theta")
