@@ -127,6 +127,16 @@ KOKKOS_INLINE_FUNCTION void load_eight(const float* p, float (&out)[8]) {
   }
 }
 
+/// Team scratch of DecodeSegmentsTeamKernel, in floats: scores (group,
+/// block_tokens), maxima and sums (group each), then the slices' partial
+/// outputs (token_splits, group, value_dim) when token_splits > 1.
+KOKKOS_INLINE_FUNCTION std::size_t decode_team_scratch_floats(int group, int block_tokens, int value_dim,
+                                                              int token_splits) {
+  const std::size_t g = static_cast<std::size_t>(group);
+  return g * (static_cast<std::size_t>(block_tokens) + 2) +
+         (token_splits > 1 ? static_cast<std::size_t>(token_splits) * g * static_cast<std::size_t>(value_dim) : 0);
+}
+
 /// Portable work item (segment, KV head) as one team, shaped for GPUs
 /// (flash-decoding): every lane of the team takes one token and computes its
 /// scores for all the group's query heads at once (no reduction per score;
@@ -144,12 +154,9 @@ struct DecodeSegmentsTeamKernel {
   int token_splits;  // slices of the tokens in the P·V phase (1: no scratch for partial sums)
   bool eight_wide;   // key and value rows are 16-byte aligned runs of multiples of 8 elements
 
-  /// scores (group, block_tokens), maxima and sums (group each), then the
-  /// slices' partial outputs (token_splits, group, value_dim) when token_splits > 1.
+  /// Its team scratch in floats (decode_team_scratch_floats).
   KOKKOS_INLINE_FUNCTION std::size_t scratch_floats() const {
-    const std::size_t group = static_cast<std::size_t>(data.group);
-    return group * (data.geometry.block_tokens + 2) +
-           (token_splits > 1 ? token_splits * group * data.geometry.value_dim : 0);
+    return decode_team_scratch_floats(data.group, data.geometry.block_tokens, data.geometry.value_dim, token_splits);
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
@@ -399,9 +406,8 @@ inline GpuDecodeTeam gpu_decode_team(const AttentionShape& shape, int block_toke
   team.team_size = std::min(16, std::max({1, (block_tokens + 31) / 32, (4 * items + 31) / 32}));
   team.vector_length = 32;
   team.token_splits = std::max(1, std::min(8, team.team_size * team.vector_length / items));
-  const std::size_t group = static_cast<std::size_t>(shape.group());
-  team.scratch_bytes = sizeof(float) * (group * (static_cast<std::size_t>(block_tokens) + 2) +
-                                        (team.token_splits > 1 ? team.token_splits * group * shape.value_dim : 0));
+  team.scratch_bytes =
+      sizeof(float) * impl::decode_team_scratch_floats(shape.group(), block_tokens, shape.value_dim, team.token_splits);
   return team;
 }
 

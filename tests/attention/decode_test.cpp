@@ -179,7 +179,6 @@ TYPED_TEST(DecodeAttentionTest, MatchesReferenceForEveryModelShape) {
 // The host product on every instruction path this machine runs (the others are
 // named as skipped), with segments that start and end inside key tiles.
 TYPED_TEST(DecodeAttentionTest, HostProductMatchesReferenceOnEveryCpuPath) {
-  using Storage = typename TestFixture::Scalar;
   test::for_each_cpu_path([&](CpuPath path) {
     const bool bf16_products = path == CpuPath::avx512_bf16 && TestFixture::bf16_products();
     for (const AttentionShape& shape :
