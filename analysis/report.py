@@ -26,6 +26,7 @@ from matplotlib.transforms import blended_transform_factory  # noqa: E402
 FORMAT = "writescope-results-1"
 SUBJECT = "writescope"
 FALLBACK_BASELINE = "gpu-only"
+EXPERT_BASELINES = ("fiddler", "ktransformers", "hybrimoe")  # the baselines whose expert policy WriteScope can run
 STATUSES = ("complete", "does_not_fit", "failed")
 NOT_RUN_MARKERS = {"does_not_fit": "x", "failed": "v"}
 COMPONENT_ORDER = ("attention_gpu", "attention_cpu", "experts_gpu", "experts_cpu", "transfers", "other")
@@ -63,6 +64,8 @@ class Measurements:
     alpha: np.ndarray
     components: dict
     achieved_cpu_gbps: float  # KV bytes the CPU read / its attention seconds; nan without CPU attention
+    pinned_bytes: int | None = None  # None in files written before the attribute existed
+    host_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -76,17 +79,27 @@ class Run:
     repetition: int
     status: str
     reason: str
+    expert_policy: str | None  # None: a writescope run of a file that did not record it
+    system_comparison: bool  # stands for its system in the system-against-system comparison
     measured: Measurements | None = None
 
     @property
     def setting(self):
-        """Runs of one setting differ only in system, context and repetition."""
+        """Runs of one setting differ only in system, expert policy, context and repetition."""
         return (self.model_label, self.batch, self.vram_budget_bytes)
 
+    @property
+    def label(self):
+        """The system, with the expert policy for WriteScope's runs (it runs several)."""
+        if self.system == SUBJECT and self.expert_policy:
+            return f"{self.system} ({self.expert_policy} experts)"
+        return self.system
+
     def sort_key(self):
-        tps = self.measured.tokens_per_second if self.measured else 0.0
-        return (self.model, self.setting, self.system, self.context, self.repetition,
-                self.status, self.reason, tps)
+        m = self.measured
+        numbers = [m.tokens_per_second, m.pinned_bytes, m.host_bytes] if m else [0.0, None, None]
+        return (self.model, self.setting, self.system, self.expert_policy or "", not self.system_comparison,
+                self.context, self.repetition, self.status, self.reason, [-1 if n is None else n for n in numbers])
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,11 @@ def attribute(obj, name, kind):
     if value is None:
         raise InputError(obj.name, f"attribute '{name}' must be {description}")
     return value
+
+
+def optional_attribute(obj, name, kind, default):
+    """Like attribute(), but `default` when `obj` lacks `name` (files written before it existed)."""
+    return attribute(obj, name, kind) if name in obj.attrs else default
 
 
 def member(group, name, kind):
@@ -187,6 +205,8 @@ def read_measurements(group):
         alpha=dataset(group, "alpha", (steps, layers)),
         components=components_read,
         achieved_cpu_gbps=achieved_cpu_rate(group, steps, components_read),
+        pinned_bytes=optional_attribute(group, "pinned_bytes", int, None),
+        host_bytes=optional_attribute(group, "host_bytes", int, None),
     )
 
 
@@ -205,16 +225,24 @@ def read_run(group):
     status = attribute(group, "status", str)
     if status not in STATUSES:
         raise InputError(group.name, f"attribute 'status' is '{status}', expected one of {', '.join(STATUSES)}")
+    system = attribute(group, "system", str)
+    system_comparison = optional_attribute(group, "system_comparison", int, 1)
+    if system_comparison not in (0, 1):
+        raise InputError(group.name, f"attribute 'system_comparison' is {system_comparison}, expected 0 or 1")
+    # Older files wrote expert_policy on complete runs only; a baseline's is its own, WriteScope's unknown.
+    expert_policy = optional_attribute(group, "expert_policy", str, None if system == SUBJECT else system)
     return Run(
         model=attribute(group, "model", str),
         model_label=attribute(group, "model_label", str),
-        system=attribute(group, "system", str),
+        system=system,
         batch=attribute(group, "batch", int),
         context=attribute(group, "context", int),
         vram_budget_bytes=attribute(group, "vram_budget_bytes", int),
         repetition=attribute(group, "repetition", int),
         status=status,
         reason=attribute(group, "reason", str),
+        expert_policy=expert_policy,
+        system_comparison=system_comparison == 1,
         measured=read_measurements(group) if status == "complete" else None,
     )
 
@@ -248,8 +276,14 @@ def complete(runs):
     return [run for run in runs if run.measured]
 
 
+def system_runs(runs):
+    """The runs that stand for their system: WriteScope's same-expert-policy variants left out."""
+    return [run for run in runs if run.system_comparison]
+
+
 def mean_throughput(runs):
-    """{(setting, system, context): mean tokens/s over the complete repetitions}."""
+    """{(setting, system, context): mean tokens/s over the complete repetitions}; `runs` must hold one
+    variant per system (system_runs(), or one expert policy's), else WriteScope's variants are averaged."""
     grouped = {}
     for run in complete(runs):
         grouped.setdefault((run.setting, run.system, run.context), []).append(run.measured.tokens_per_second)
@@ -276,15 +310,43 @@ def speedups(throughput, subject, baseline):
     return points
 
 
+def geomean(throughput, subject, baseline, min_context):
+    """(geometric-mean speedup of `subject` over `baseline` at contexts >= min_context or None, points)."""
+    values = [s for _, context, s in speedups(throughput, subject, baseline) if context >= min_context]
+    return (math.exp(np.mean(np.log(values))) if values else None), len(values)
+
+
+def expert_policies(runs, system):
+    """The expert policies of `system`'s complete runs, comma-separated ('unknown' where not recorded)."""
+    return ", ".join(sorted({run.expert_policy or "unknown" for run in complete(runs) if run.system == system}))
+
+
 def geomean_rows(runs, min_context):
-    """[(model, subject, baseline, geometric mean or None, number of points)]."""
+    """System against system, over system_runs(): [(model, subject, baseline, geometric mean or None,
+    number of points, the subject's expert policies)]."""
     rows = []
-    for model, model_runs in by_model(runs).items():
+    for model, model_runs in by_model(system_runs(runs)).items():
         throughput = mean_throughput(model_runs)
         for subject, baseline in comparisons(model_runs):
-            values = [s for _, context, s in speedups(throughput, subject, baseline) if context >= min_context]
-            mean = math.exp(np.mean(np.log(values))) if values else None
-            rows.append((model, subject, baseline, mean, len(values)))
+            rows.append((model, subject, baseline, *geomean(throughput, subject, baseline, min_context),
+                         expert_policies(model_runs, subject)))
+    return rows
+
+
+def same_policy_rows(runs, min_context):
+    """WriteScope run with baseline B's expert policy over B, for each B of EXPERT_BASELINES with complete
+    runs: [(model, B, geometric mean or None, number of points)]. WriteScope runs whose expert policy is
+    unknown are in no row."""
+    rows = []
+    for model, model_runs in by_model(runs).items():
+        if not any(run.system == SUBJECT for run in model_runs):
+            continue
+        for baseline in EXPERT_BASELINES:
+            if not any(run.system == baseline for run in complete(model_runs)):
+                continue
+            chosen = [run for run in model_runs
+                      if run.system == baseline or (run.system == SUBJECT and run.expert_policy == baseline)]
+            rows.append((model, baseline, *geomean(mean_throughput(chosen), SUBJECT, baseline, min_context)))
     return rows
 
 
@@ -561,7 +623,9 @@ def write_figures(results, output):
     models = by_model(runs)
     written = []
     speedup_names, alpha_names, breakdown_names = (file_names(models, p) for p in ("speedup", "alpha", "breakdown"))
-    for model, model_runs in models.items():
+    for model, all_model_runs in models.items():
+        # WriteScope's same-expert-policy variants would be averaged with its own choice per system and context.
+        model_runs = system_runs(all_model_runs)
         throughput = mean_throughput(model_runs)
         pairs = comparisons(model_runs)
         if any(speedups(throughput, s, b) for s, b in pairs):
@@ -573,7 +637,8 @@ def write_figures(results, output):
         subject_runs = [run for run in complete(model_runs) if run.system == SUBJECT]
         if subject_runs:
             plot_alpha(model, subject_runs, os.path.join(output, alpha_names[model]))
-            written.append((alpha_names[model], f"{model}: {SUBJECT}'s CPU share α per step, one line per context."))
+            written.append((alpha_names[model], f"{model}: {SUBJECT}'s CPU share α per step, one line per context "
+                                                f"({SUBJECT}'s own expert policy)."))
         if complete(model_runs):
             plot_breakdown(model, model_runs, os.path.join(output, breakdown_names[model]))
             written.append((breakdown_names[model], f"{model}: time per step by component at the largest context "
@@ -590,12 +655,18 @@ def write_figures(results, output):
 # ---------------------------------------------------------------- report.md
 
 
+def gib(value):
+    return "" if value is None else f"{value / 2**30:.3g}"
+
+
 def run_rows(runs):
     rows = []
     for run in runs:
-        outcome = f"{run.measured.tokens_per_second:.2f}" if run.measured else run.reason
-        rows.append((run.model_label, run.system, run.batch, f"{run.vram_budget_bytes / 2**30:.3g}",
-                     context_label(run.context), run.repetition, status_text(run.status), outcome))
+        m = run.measured
+        outcome = f"{m.tokens_per_second:.2f}" if m else run.reason
+        rows.append((run.model_label, run.label, run.batch, gib(run.vram_budget_bytes), context_label(run.context),
+                     run.repetition, status_text(run.status), outcome, gib(m and m.pinned_bytes),
+                     gib(m and m.host_bytes)))
     return rows
 
 
@@ -610,16 +681,39 @@ def summary_lines(results, min_context):
         lines.append("- Runs that did not fit or failed are listed under [Not run / did not fit](#not-run--did-not-fit) "
                      "and marked x (did not fit) or v (failed) in the speedup figures.")
     lines.append(f"- Speedups compare mean tokens/s over repetitions at equal model, batch, VRAM budget and context; "
-                 f"the geometric means use contexts ≥ {context_label(min_context)}.")
+                 f"the geometric means use contexts ≥ {context_label(min_context)}. The speedup, α and breakdown "
+                 f"figures show {SUBJECT} with its own expert policy, as the system-against-system table does.")
+    return lines
+
+
+def mean_text(mean):
+    return "n/a" if mean is None else f"{mean:.2f}"
+
+
+def same_policy_section(runs, min_context):
+    lines = [f"{SUBJECT} with a baseline's expert policy over that baseline at equal setting and context: the same "
+             "experts on the same devices, so only the KV placement and the attention split differ.", ""]
+    rows = [(model, f"{SUBJECT} ({baseline} experts)", baseline, mean_text(mean), count)
+            for model, baseline, mean, count in same_policy_rows(runs, min_context)]
+    if rows:
+        lines += table(("model", "system", "baseline", "geomean speedup (×)", "points"), rows)
+    else:
+        lines.append(f"No {SUBJECT} and {', '.join(EXPERT_BASELINES)} runs to compare.")
+    unknown = sum(run.system == SUBJECT and run.expert_policy is None for run in runs)
+    if unknown:
+        lines += ["", f"{unknown} {SUBJECT} runs do not record their expert policy (a file written before "
+                      "`expert_policy` was on every run) and are not in this table."]
     return lines
 
 
 def geomean_section(runs, min_context):
-    rows = [(model, subject, baseline, "n/a" if mean is None else f"{mean:.2f}", count)
-            for model, subject, baseline, mean, count in geomean_rows(runs, min_context)]
+    lines = [f"Each system as it runs: {SUBJECT} with its own expert policy (runs with `system_comparison` = 1).", ""]
+    rows = [(model, subject, baseline, mean_text(mean), count, policies)
+            for model, subject, baseline, mean, count, policies in geomean_rows(runs, min_context)]
     if not rows:
-        return ["No system pairs to compare."]
-    return table(("model", "system", "baseline", "geomean speedup (×)", "points"), rows)
+        return lines + ["No system pairs to compare."]
+    return lines + table(("model", "system", "baseline", "geomean speedup (×)", "points", "system's expert policy"),
+                         rows)
 
 
 def prediction_section(runs):
@@ -634,7 +728,7 @@ def not_run_section(runs):
     missing = [run for run in runs if not run.measured]
     if not missing:
         return ["Every run completed."]
-    return [f"- {cell(run.model_label)}, {run.system}, batch {run.batch}, context {context_label(run.context)}, "
+    return [f"- {cell(run.model_label)}, {run.label}, batch {run.batch}, context {context_label(run.context)}, "
             f"repetition {run.repetition}: {status_text(run.status)} — {cell(run.reason) or 'no reason given'}"
             for run in missing]
 
@@ -653,7 +747,10 @@ def report_markdown(results, figures, min_context):
                   "block to the CPU (alpha = 1), so these runs exercise its write policy, the split step and "
                   "feedback, not a CPU-GPU split (the host tests run that split with a GPU profile)."]
     lines += summary_lines(results, min_context)
-    lines += ["", f"## Geometric-mean speedup (contexts ≥ {context_label(min_context)})", ""]
+    contexts = f"geometric-mean speedup, contexts ≥ {context_label(min_context)}"
+    lines += ["", f"## KV format and split alone (same expert policy; {contexts})", ""]
+    lines += same_policy_section(results.runs, min_context)
+    lines += ["", f"## System against system ({contexts})", ""]
     lines += geomean_section(results.runs, min_context)
     lines += ["", "## Attention prediction error", "",
               "Median of |predicted − measured| / measured attention time per step.", ""]
@@ -662,7 +759,7 @@ def report_markdown(results, figures, min_context):
     lines += [f"- [{name}]({name}): {caption}" for name, caption in figures]
     lines += ["", "## Runs", ""]
     lines += table(("model", "system", "batch", "VRAM (GiB)", "context", "repetition", "status",
-                    "tokens/s or reason"), run_rows(results.runs))
+                    "tokens/s or reason", "pinned (GiB)", "host (GiB)"), run_rows(results.runs))
     lines += ["", "## Not run / did not fit", ""]
     lines += not_run_section(results.runs)
     return "\n".join(lines) + "\n"

@@ -9,6 +9,8 @@ KVPolicy::KVPolicy(std::optional<RooflineModel> model, const AttentionShape& sha
 
 void KVPolicy::observe(const SplitPlan&, const SplitTimings&) {}
 
+void KVPolicy::released(int, const std::vector<Region>&) {}
+
 double KVPolicy::bytes_per_token() const {
   return static_cast<double>(cache_.block_bytes()) / cache_.geometry().block_tokens;
 }
@@ -48,6 +50,10 @@ void WriteScopeKVPolicy::observe(const SplitPlan& plan, const SplitTimings& timi
   scheduler_.observe(plan, timings);
 }
 
+void WriteScopeKVPolicy::released(int layer, const std::vector<Region>& regions) {
+  scheduler_.released(layer, regions);
+}
+
 FirstFitKVPolicy::FirstFitKVPolicy(std::optional<RooflineModel> model, const AttentionShape& shape,
                                    const InplaceKVCache<bf16>& cache, Region spill, bool use_vram)
     : KVPolicy(model, shape, cache),
@@ -72,6 +78,10 @@ std::vector<Region> FirstFitKVPolicy::place(int layer, int sequence, std::int64_
 SplitPlan FirstFitKVPolicy::plan(int layer, const std::vector<int>& sequences, const std::vector<TokenRange>& ranges,
                                  SplitPrediction& prediction) const {
   return affine_plan(layer, sequences, ranges, prediction);
+}
+
+void FirstFitKVPolicy::released(int layer, const std::vector<Region>& regions) {
+  vram_blocks_[layer] -= std::count(regions.begin(), regions.end(), Region::gpu_resident);
 }
 
 CallbackKVPolicy::CallbackKVPolicy(std::optional<RooflineModel> model, const AttentionShape& shape,

@@ -40,6 +40,8 @@ class KVPolicy {
                          SplitPrediction& prediction) const = 0;
   /// A step's measured times (feedback; ignored by static policies).
   virtual void observe(const SplitPlan& plan, const SplitTimings& timings);
+  /// `regions` of (layer, a sequence) are about to be freed (their quotas return).
+  virtual void released(int layer, const std::vector<Region>& regions);
 
   /// KV bytes of the segments' tokens.
   double segment_bytes(const std::vector<BlockSegment>& segments) const;
@@ -65,6 +67,7 @@ class WriteScopeKVPolicy final : public KVPolicy {
   SplitPlan plan(int layer, const std::vector<int>& sequences, const std::vector<TokenRange>& ranges,
                  SplitPrediction& prediction) const override;
   void observe(const SplitPlan& plan, const SplitTimings& timings) override;
+  void released(int layer, const std::vector<Region>& regions) override;
 
  private:
   WriteScopeScheduler<bf16> scheduler_;
@@ -82,6 +85,7 @@ class FirstFitKVPolicy final : public KVPolicy {
                             bool decode) override;
   SplitPlan plan(int layer, const std::vector<int>& sequences, const std::vector<TokenRange>& ranges,
                  SplitPrediction& prediction) const override;
+  void released(int layer, const std::vector<Region>& regions) override;
 
  private:
   Region spill_;

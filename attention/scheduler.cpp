@@ -25,6 +25,7 @@ WriteScopeScheduler<Scalar>::WriteScopeScheduler(const RooflineModel& model, con
       bytes_per_token_(static_cast<double>(cache.block_bytes()) / cache.geometry().block_tokens),
       cpu_rate_(model.rates().cpu_attention_gbps * 1e9),
       link_rate_(model.rates().has_gpu ? model.rates().link_gbps * 1e9 : 1.0),
+      resident_rate_(model.rates().has_gpu ? model.rates().hbm_gbps * 1e9 : 1.0),
       resident_blocks_(static_cast<std::size_t>(cache.shape().layers), 0) {
   if (!(options.resident_headroom > 0 && options.resident_headroom <= 1))
     throw std::invalid_argument("scheduler: resident_headroom must be in (0, 1]");
@@ -61,6 +62,9 @@ std::vector<Region> WriteScopeScheduler<Scalar>::place(int layer, int sequence, 
   std::int64_t cpu_resident = std::count(existing.begin(), existing.end(), Region::cpu_resident);
   std::int64_t cpu_affine = cpu_resident + std::count(existing.begin(), existing.end(), Region::cpu_streamed);
   std::int64_t spilled = static_cast<std::int64_t>(existing.size()) - resident;
+  // A full host pool sends prefill's CPU-affine blocks to the band instead.
+  std::int64_t host_free = cache_.capacity_blocks(Region::cpu_resident) -
+                           static_cast<std::int64_t>(cache_.region_bytes(Region::cpu_resident) / cache_.block_bytes());
   std::vector<Region> regions;
   for (int k = 0; k < needed; ++k) {
     Region region;
@@ -70,8 +74,9 @@ std::vector<Region> WriteScopeScheduler<Scalar>::place(int layer, int sequence, 
       ++resident;
     } else {
       const double target = static_cast<double>(spilled + 1);
-      if (!decode && static_cast<double>(cpu_resident) + 0.5 <= resident_fraction * target) {
+      if (!decode && host_free > 0 && static_cast<double>(cpu_resident) + 0.5 <= resident_fraction * target) {
         region = Region::cpu_resident;
+        --host_free;
         ++cpu_resident;
         ++cpu_affine;
       } else if (static_cast<double>(cpu_affine) + 0.5 <= cpu_fraction * target) {
@@ -85,6 +90,11 @@ std::vector<Region> WriteScopeScheduler<Scalar>::place(int layer, int sequence, 
     regions.push_back(region);
   }
   return regions;
+}
+
+template <class Scalar>
+void WriteScopeScheduler<Scalar>::released(int layer, const std::vector<Region>& regions) {
+  resident_blocks_[layer] -= std::count(regions.begin(), regions.end(), Region::gpu_resident);
 }
 
 template <class Scalar>
@@ -134,12 +144,14 @@ void WriteScopeScheduler<Scalar>::observe(const SplitPlan& plan, const SplitTimi
   const double cpu_bytes = bytes.cpu_resident + segment_bytes(plan.cpu_pinned);
   const double cpu_time = timings.cpu_seconds - model_.rates().cpu_latency_s;
   if (cpu_bytes > 0 && cpu_time > 0) cpu_rate_.observe(cpu_bytes / cpu_time);
-  const double streamed = segment_bytes(plan.gpu_streamed);
-  if (model_.rates().has_gpu && streamed > 0) {
-    const double link_time = timings.gpu_seconds - bytes.gpu_resident / (model_.rates().hbm_gbps * 1e9) -
-                             model_.rates().gpu_latency_s - model_.rates().link_latency_s;
-    if (link_time > 0) link_rate_.observe(streamed / link_time);
+  if (model_.rates().has_gpu) {
+    const double streamed = segment_bytes(plan.gpu_streamed);
+    const double link_time = timings.streamed_seconds - model_.rates().link_latency_s;
+    if (streamed > 0 && link_time > 0) link_rate_.observe(streamed / link_time);
+    const double resident_time = timings.resident_seconds - model_.rates().gpu_latency_s;
+    if (bytes.gpu_resident > 0 && resident_time > 0) resident_rate_.observe(bytes.gpu_resident / resident_time);
     model_.rates().link_gbps = link_rate_.value() / 1e9;
+    model_.rates().hbm_gbps = resident_rate_.value() / 1e9;
   }
   // The measured rate already includes the CPU's compute limit.
   model_.rates().cpu_attention_gbps = cpu_rate_.value() / 1e9;

@@ -8,13 +8,15 @@
 //    tracks the model's best CPU share at the sequence's expected length.
 //    Prefill places CPU-affine blocks in CpuResident only up to the share the
 //    CPU would get at `resident_headroom` times its rate, so that a slower CPU
-//    can hand work back; the rest of the CPU-affine blocks, and all decode
-//    appends for the CPU, go to CpuStreamed, which like GpuStreamed stays in
-//    the movable band.
+//    can hand work back (and only while the host pool has room); the rest of
+//    the CPU-affine blocks, and all decode appends for the CPU, go to
+//    CpuStreamed, which like GpuStreamed stays in the movable band.
 //  - Plan: per step, the band is split by the model: the CPU takes CpuStreamed
 //    blocks first, then GpuStreamed ones; the GPU streams the rest.
-//  - Feedback: measured CPU and link rates update the model (RateEstimator),
-//    so the next plan moves the band at once and new writes follow.
+//  - Feedback: measured CPU, link and GPU-resident rates update the model
+//    (RateEstimator), each from its own timing, so a slow resident kernel is
+//    not charged to the link; the next plan moves the band at once and new
+//    writes follow.
 
 #include <vector>
 
@@ -45,6 +47,9 @@ class WriteScopeScheduler {
   SplitPlan plan(int layer, const std::vector<int>& sequences, const std::vector<TokenRange>& ranges,
                  SplitPrediction* prediction = nullptr) const;
 
+  /// `regions` of (layer, a sequence) are about to be freed: their VRAM share returns.
+  void released(int layer, const std::vector<Region>& regions);
+
   /// Updates the model from a step's measured times.
   void observe(const SplitPlan& plan, const SplitTimings& timings);
 
@@ -62,7 +67,7 @@ class WriteScopeScheduler {
   SchedulerOptions options_;
   double fmas_per_byte_;
   double bytes_per_token_;
-  RateEstimator cpu_rate_, link_rate_;
+  RateEstimator cpu_rate_, link_rate_, resident_rate_;
   std::vector<std::int64_t> resident_blocks_;  // per layer, placed by this scheduler
 };
 

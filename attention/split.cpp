@@ -38,16 +38,24 @@ double SplitDecode<Scalar>::run_gpu_share(const InplaceKVCache<Scalar>& cache, c
   const GpuExecSpace& resident = streams_[2];
   FencedTimer<GpuExecSpace> timer(compute);
   timer.start();
+  FencedTimer<GpuExecSpace> resident_timer(resident);
+  resident_timer.start();
   decode_attention<GpuExecSpace, Scalar, GpuMemSpace>(resident, shape_, geometry_, BlockOrder::token_major,
                                                       gpu_queries_, cache.vram_pool(), plan.gpu_resident,
                                                       resident_workspace_, resident_out_);
+  // A host build runs its instances one after the other: the kernel is done here.
+  if constexpr (!has_gpu) resident_seconds_ = plan.gpu_resident.empty() ? 0.0 : resident_timer.seconds();
   // The streamed path alone (its copies precede its kernels on `compute`),
   // beside the resident kernel on its own stream.
   FencedTimer<GpuExecSpace> streamed_timer(compute);
   streamed_timer.start();
   streamed_.run(copy, compute, gpu_queries_, cache.pinned_pool(), plan.gpu_streamed, out);
   streamed_seconds_ = plan.gpu_streamed.empty() ? 0.0 : streamed_timer.seconds();
-  resident.fence();
+  if constexpr (has_gpu) {
+    // Fenced after the streamed path: exact only if the resident kernel ended last.
+    const double until_resident = resident_timer.seconds();
+    resident_seconds_ = !plan.gpu_resident.empty() && until_resident > streamed_seconds_ ? until_resident : 0.0;
+  }
   return timer.seconds();
 }
 
@@ -91,6 +99,7 @@ SplitTimings SplitDecode<Scalar>::run(const InplaceKVCache<Scalar>& cache, const
   timings.step_seconds = step.seconds();
   timings.streamed_bytes = streamed_.bytes_copied();
   timings.streamed_seconds = streamed_seconds_;
+  timings.resident_seconds = resident_seconds_;
   return timings;
 }
 

@@ -40,6 +40,9 @@ struct SplitTimings {
   double step_seconds = 0;  // whole step including the final merge
   std::uint64_t streamed_bytes = 0;  // copied host -> device for the streamed segments (whole blocks)
   double streamed_seconds = 0;       // from the first copy to the last streamed kernel's end
+  /// The resident kernel's time, when it is known exactly (it ran alone, or
+  /// ended after the streamed path beside it); 0 otherwise.
+  double resident_seconds = 0;
 };
 
 template <class Scalar>
@@ -63,6 +66,7 @@ class SplitDecode {
   BlockGeometry geometry_;
   GpuStreams streams_{3};  // copy, compute, resident
   double streamed_seconds_ = 0;  // of the last run_gpu_share
+  double resident_seconds_ = 0;  // of the last run_gpu_share, where exact
   StreamedDecode<Scalar> streamed_;
   DecodeWorkspace<GpuMemSpace> resident_workspace_;
   DecodeWorkspace<HostMemSpace> cpu_workspace_[2];

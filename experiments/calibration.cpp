@@ -1,7 +1,5 @@
 #include "experiments/calibration.hpp"
 
-#include <KokkosBlas2_gemv.hpp>
-#include <KokkosBlas3_gemm.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 
 #include "attention/decode.hpp"
 #include "experiments/impl/product_peaks.hpp"
+#include "moe/experts.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/launch.hpp"
 #include "framework/simd.hpp"
@@ -222,25 +221,36 @@ double measure_host_launch_latency_s() {
   return best;
 }
 
-double measure_cpu_gemv_gbps() {
-  constexpr int rows = 4096, columns = 4096;
-  Kokkos::View<float**, Kokkos::LayoutLeft, HostMemSpace> a("writescope::experiments::gemv_a", rows, columns);
-  Kokkos::View<float*, HostMemSpace> x("writescope::experiments::gemv_x", columns), y("writescope::experiments::gemv_y", rows);
-  Kokkos::deep_copy(a, 0.5f);
-  Kokkos::deep_copy(x, 1.0f);
-  return best_rate(HostExecSpace(), static_cast<double>(rows) * columns * sizeof(float),
-                   [&](const HostExecSpace&) { KokkosBlas::gemv("N", 1.0f, a, x, 0.0f, y); });
-}
-
-double measure_cpu_gemm_gflops() {
-  constexpr int n = 1024;
-  using Matrix = Kokkos::View<float**, Kokkos::LayoutLeft, HostMemSpace>;
-  Matrix a("writescope::experiments::gemm_a", n, n), b("writescope::experiments::gemm_b", n, n),
-      c("writescope::experiments::gemm_c", n, n);
-  Kokkos::deep_copy(a, 0.5f);
-  Kokkos::deep_copy(b, 0.25f);
-  return best_rate(HostExecSpace(), 2.0 * n * n * n,
-                   [&](const HostExecSpace&) { KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c); });
+ExpertKernelRates measure_cpu_expert_rates() {
+  // Qwen3-30B-A3B's expert shape, rotating over experts whose weights
+  // (32 x 9.4 MB) exceed any last-level cache: the bf16 SwiGLU kernel the
+  // systems' CPU experts run, from DRAM, at one decode token (weight-bound)
+  // and at 64 tokens (compute-bound).
+  constexpr int hidden = 2048, intermediate = 768, experts = 32, many_rows = 64;
+  using Weights = Kokkos::View<bf16**, Kokkos::LayoutRight, HostMemSpace>;
+  std::vector<ExpertWeights<bf16, HostMemSpace>> store;
+  for (int e = 0; e < experts; ++e) {
+    Weights gate("writescope::experiments::expert_gate", intermediate, hidden),
+        up("writescope::experiments::expert_up", intermediate, hidden),
+        down("writescope::experiments::expert_down", hidden, intermediate);
+    Kokkos::deep_copy(gate, from_float<bf16>(0.01f));
+    Kokkos::deep_copy(up, from_float<bf16>(0.02f));
+    Kokkos::deep_copy(down, from_float<bf16>(0.03f));
+    store.push_back({gate, up, down});
+  }
+  SwigluScratch<HostMemSpace> scratch;
+  auto rate = [&](int rows, double units) {
+    Matrix<HostMemSpace> x("writescope::experiments::expert_x", rows, hidden),
+        y("writescope::experiments::expert_y", rows, hidden);
+    Kokkos::deep_copy(x, 1.0f);
+    int next = 0;
+    return best_rate(HostExecSpace(), units, [&](const HostExecSpace& space) {
+      swiglu_expert<HostExecSpace, bf16>(space, store[next], x, y, scratch);
+      next = (next + 1) % experts;
+    });
+  };
+  const double weights = 3.0 * hidden * intermediate;
+  return {rate(1, weights * sizeof(bf16)), rate(many_rows, 2.0 * weights * many_rows)};
 }
 
 std::unique_ptr<InplaceKVCache<bf16>> filled_cache(const AttentionShape& shape, Region region, std::int64_t tokens) {
@@ -289,6 +299,24 @@ double measure_cpu_attention_gbps(const AttentionShape& shape, std::int64_t toke
   return best_rate(HostExecSpace(), kv_bytes, run);
 }
 
+double measure_gpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens) {
+  const auto cache = filled_cache(shape, Region::gpu_resident, tokens);
+  const auto segments = cache->segments(0, Region::gpu_resident, {0}, {TokenRange{0, tokens}});
+  Kokkos::View<float***, Kokkos::LayoutRight, GpuMemSpace> queries("writescope::experiments::gpu_queries", 1,
+                                                                   shape.q_heads, shape.key_dim);
+  Kokkos::deep_copy(queries, 0.05f);
+  PartialState<GpuMemSpace> out("writescope::experiments::gpu_out", 1, shape.q_heads, shape.value_dim);
+  DecodeWorkspace<GpuMemSpace> workspace;
+  auto run = [&](const GpuExecSpace& space) {
+    decode_attention<GpuExecSpace, bf16, GpuMemSpace>(space, shape, cache->geometry(), BlockOrder::token_major,
+                                                      queries, cache->vram_pool(), segments, workspace, out);
+  };
+  run(GpuExecSpace());
+  const double kv_bytes = static_cast<double>(tokens) * shape.kv_heads *
+                          (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
+  return best_rate(GpuExecSpace(), kv_bytes, run);
+}
+
 namespace {
 
 /// Runs this program again with `threads` OpenMP threads to measure CPU attention there.
@@ -333,8 +361,9 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
   step("host product throughput (" + p.cpu_path + ")", p.cpu_fma_glanes,
        [] { return measure_host_product_gmacs(active_cpu_path()); });
   step("host launch latency", p.cpu_launch_latency_s, [] { return measure_host_launch_latency_s(); });
-  step("CPU GEMV bandwidth", p.cpu_gemv_gbps, [] { return measure_cpu_gemv_gbps(); });
-  step("CPU GEMM throughput", p.cpu_gemm_gflops, [] { return measure_cpu_gemm_gflops(); });
+  ExpertKernelRates expert;
+  step("CPU bf16 expert kernel", p.cpu_expert_gbps, [&] { return (expert = measure_cpu_expert_rates()).gbps; });
+  p.cpu_expert_gflops = expert.gflops;
   std::vector<int> threads = options.thread_counts;
   if (threads.empty()) {
     for (int t = 1; t < p.cpu_threads; t *= 2) threads.push_back(t);
@@ -356,6 +385,9 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
   step("pageable H2D", p.pageable_h2d_gbps, [] { return measure_copy_gbps<GpuMemSpace, HostMemSpace>(copy_bytes); });
   step("pageable D2H", p.pageable_d2h_gbps, [] { return measure_copy_gbps<HostMemSpace, GpuMemSpace>(copy_bytes); });
   step("link latency", p.link_latency_s, [] { return measure_copy_latency_s<GpuMemSpace, PinnedMemSpace>(); });
+  for (const AttentionShape& shape : supported_attention_shapes())
+    step("GPU attention over VRAM-resident KV, " + shape.name, p.gpu_attention_gbps[shape.name],
+         [&] { return measure_gpu_attention_gbps(shape, options.attention_tokens * 8); });
   {
     // Streaming chunks: the smallest single pinned copy at 90% of the link.
     progress("streaming chunk size ...");

@@ -36,15 +36,21 @@ double measure_host_dram_read_gbps(std::int64_t bytes = std::int64_t{1} << 30);
 double measure_host_product_gmacs(CpuPath path);
 /// Smallest time of an empty parallel_for over the host threads.
 double measure_host_launch_latency_s();
-/// Streaming GEMV (float, through Kokkos Kernels / OpenBLAS): matrix bytes per second.
-double measure_cpu_gemv_gbps();
-/// GEMM (float, 1024^3, through Kokkos Kernels / OpenBLAS): 10^9 FLOP per second.
-double measure_cpu_gemm_gflops();
+/// The project's bf16 SwiGLU expert kernel on the host, from DRAM: weight
+/// bytes per second (10^9) at one token, FLOP per second (10^9) at 64 tokens.
+struct ExpertKernelRates {
+  double gbps = 0, gflops = 0;
+};
+ExpertKernelRates measure_cpu_expert_rates();
 
 /// A one-layer bf16 cache holding one sequence of `tokens` tokens, all in `region`.
 std::unique_ptr<InplaceKVCache<bf16>> filled_cache(const AttentionShape& shape, Region region, std::int64_t tokens);
 /// CPU decode attention over `tokens` CpuResident tokens: KV bytes per second, best of five.
 double measure_cpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens);
+
+/// GPU decode attention over `tokens` VRAM-resident tokens (the kernel the
+/// split runs, not a copy): KV bytes per second, best of five.
+double measure_gpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens);
 
 /// The smallest of `sizes` (bytes, increasing) whose rate in `gbps` reaches
 /// `fraction` of `bound_gbps`; the largest size when none does.

@@ -329,7 +329,7 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
   if (options.count("--output")) config.output = options["--output"];
   if (options.count("--profile")) config.profile = options["--profile"];
   const MachineProfile profile = find_profile(config.profile);
-  const auto runs = expand_runs(config);
+  const auto runs = expand_runs(config, profile);
   log_info("run: ", config.name, ": ", runs.size(), " runs into ", config.output, " (profile ", profile.name, ")");
   const ExperimentSummary summary = run_experiment(config, profile, std::cerr, isatty(STDERR_FILENO) != 0);
   out << config.output << ": " << summary.complete << " complete, " << summary.did_not_fit << " did not fit, "

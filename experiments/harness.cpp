@@ -80,6 +80,15 @@ ModelSpec parse_model(const ConfigNode& node) {
   return spec;
 }
 
+/// What the systems of `run` are built for.
+SystemContext system_context(const ExperimentConfig& config, const RunSpec& run, const MachineProfile& profile) {
+  SystemContext context{run.model->config, profile, run.batch, run.context, config.system_options};
+  context.vram_budget = run.vram_budget;
+  context.block_tokens = config.block_tokens;
+  if (!run.expert_policy.empty()) context.options.writescope_experts = run.expert_policy;
+  return context;
+}
+
 template <class T>
 std::vector<T> positive_list(const ConfigNode& root, const std::string& key) {
   const std::vector<T> values = root.get_list<T>(key);
@@ -102,7 +111,7 @@ ExperimentConfig ExperimentConfig::load(const std::string& path) {
 
 ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
   root.allow_only({"name", "output", "profile", "models", "systems", "batch_sizes", "contexts", "max_total_tokens",
-                   "budgets", "steps", "repetitions", "seed", "block_tokens", "context_fill", "options"});
+                   "max_sequence_tokens", "budgets", "steps", "repetitions", "seed", "block_tokens", "context_fill", "options"});
   ExperimentConfig c;
   c.name = root.get<std::string>("name");
   c.output = root.get<std::string>("output");
@@ -134,15 +143,28 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
   } else {
     c.vram_budgets.push_back(budgets.get_bytes("vram"));
   }
-  c.pinned_budget = budgets.get_bytes("pinned");
+  c.pinned_limit = budgets.get_bytes("pinned");
   c.host_budget = budgets.get_bytes("host");
+  if (c.pinned_limit > c.host_budget)
+    budgets.fail("pinned", "the pinned limit (" + format_byte_size(c.pinned_limit) +
+                               ") is host memory too: it cannot exceed the host budget (" +
+                               format_byte_size(c.host_budget) + ")");
   if (const auto steps = root.optional_child("steps")) {
-    steps->allow_only({"warmup", "measured"});
+    steps->allow_only({"warmup", "measured", "profile_tokens"});
     c.warmup_steps = steps->get_or<int>("warmup", c.warmup_steps);
     c.measured_steps = steps->get_or<int>("measured", c.measured_steps);
+    c.profile_tokens = steps->get_or<int>("profile_tokens", c.profile_tokens);
     if (c.warmup_steps < 0) steps->fail("warmup", "must not be negative");
     if (c.measured_steps < 1) steps->fail("measured", "must be at least 1");
+    if (c.profile_tokens < 1) steps->fail("profile_tokens", "must be at least 1");
   }
+  const std::int64_t longest =
+      *std::max_element(c.contexts.begin(), c.contexts.end()) + c.warmup_steps + c.measured_steps;
+  c.max_sequence_tokens = root.get_or<std::int64_t>("max_sequence_tokens", longest);
+  if (c.max_sequence_tokens < longest)
+    root.fail("max_sequence_tokens", "must hold the longest context plus the warm-up and measured steps (" +
+                                         std::to_string(longest) + " tokens), got " +
+                                         std::to_string(c.max_sequence_tokens));
   c.repetitions = root.get_or<int>("repetitions", 1);
   if (c.repetitions < 1) root.fail("repetitions", "must be at least 1");
   c.seed = root.get_or<std::uint64_t>("seed", 1);
@@ -178,17 +200,14 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
       if (!c.auto_writescope_experts) o.writescope_experts = choice;
     }
   }
-  const bool runs_fiddler = std::count(c.systems.begin(), c.systems.end(), "fiddler") > 0 ||
-                            (!c.auto_writescope_experts && c.system_options.writescope_experts == "fiddler");
-  if (runs_fiddler && c.warmup_steps < 1)
-    root.fail("steps", "Fiddler places its experts by the warm-up's routing: warmup must be at least 1");
   return c;
 }
 
 std::string RunSpec::id() const {
   std::ostringstream out;
-  out << model->label << " | " << system << " | batch " << batch << " | context " << context << " | vram "
-      << exact_size(vram_budget) << " | rep " << repetition;
+  out << model->label << " | " << system << (expert_policy.empty() ? "" : " (" + expert_policy + " experts)")
+      << " | batch " << batch << " | context " << context << " | vram " << exact_size(vram_budget) << " | rep "
+      << repetition;
   std::string id = out.str();
   // HDF5 names: no '/' or '.'.
   std::replace(id.begin(), id.end(), '/', '_');
@@ -196,20 +215,36 @@ std::string RunSpec::id() const {
   return id;
 }
 
-std::vector<RunSpec> expand_runs(const ExperimentConfig& config) {
-  std::vector<std::string> order;
+std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachineProfile& profile) {
+  std::vector<std::string> baselines, shared_policies;
   for (const std::string& s : config.systems)
-    if (s != "writescope") order.push_back(s);
-  if (std::count(config.systems.begin(), config.systems.end(), "writescope")) order.push_back("writescope");
+    if (s != "writescope") baselines.push_back(s);
+  for (const std::string& policy : expert_policy_names())
+    if (std::count(baselines.begin(), baselines.end(), policy)) shared_policies.push_back(policy);
+  const bool writescope = std::count(config.systems.begin(), config.systems.end(), "writescope") > 0;
   std::vector<RunSpec> runs;
   for (const ModelSpec& model : config.models)
     for (std::uint64_t vram : config.vram_budgets)
       for (int batch : config.batch_sizes)
         for (std::int64_t context : config.contexts) {
           if (config.max_total_tokens > 0 && batch * context > config.max_total_tokens) continue;
-          for (const std::string& system : order)
+          RunSpec setting{&model, "", "", true, batch, context, vram, 0};
+          for (const std::string& system : baselines)
+            for (int rep = 0; rep < config.repetitions; ++rep) {
+              RunSpec run = setting;
+              run.system = system;
+              run.repetition = rep;
+              runs.push_back(run);
+            }
+          if (!writescope) continue;
+          const std::string choice = config.auto_writescope_experts
+                                         ? writescope_expert_choice(system_context(config, setting, profile))
+                                         : config.system_options.writescope_experts;
+          std::vector<std::string> policies = shared_policies;
+          if (!std::count(policies.begin(), policies.end(), choice)) policies.push_back(choice);
+          for (const std::string& policy : policies)
             for (int rep = 0; rep < config.repetitions; ++rep)
-              runs.push_back(RunSpec{&model, system, batch, context, vram, rep});
+              runs.push_back(RunSpec{&model, "writescope", policy, policy == choice, batch, context, vram, rep});
         }
   return runs;
 }
@@ -251,37 +286,15 @@ struct RunResult {
   std::map<std::string, std::vector<double>> components;  // each (steps, layers)
   std::vector<double> region_bytes[4];                  // each (steps)
   std::vector<double> streamed_gbps;                    // (steps): the GPU's streamed path, all layers
-  std::string expert_policy;
   int micro_batches = 1;
+  std::int64_t planned_sequence_tokens = 0;  // the length the policies planned each sequence for
   VramUse vram;
+  HostUse host;
   double attention_fmas_per_byte = 0, cpu_attention_gbps = 0;
 };
 
 constexpr const char* component_names[] = {"attention_gpu", "attention_cpu", "experts_gpu",
                                            "experts_cpu",   "transfers",     "other"};
-
-/// Mean tokens/s over the repetitions of completed runs in the file with the
-/// same setting as `run`, per system.
-std::map<std::string, double> baseline_rates(const std::string& path, const RunSpec& run) {
-  std::map<std::string, double> rates;
-  std::map<std::string, std::pair<double, int>> sums;
-  if (!std::filesystem::exists(path)) return rates;
-  const ResultsReader reader(path);
-  if (!reader.exists("/runs")) return rates;
-  for (const std::string& name : reader.list("/runs")) {
-    const std::string g = "/runs/" + name;
-    if (reader.string_attribute(g, "status") != "complete") continue;
-    if (reader.string_attribute(g, "model_label") != run.model->label ||
-        reader.int_attribute(g, "batch") != run.batch || reader.int_attribute(g, "context") != run.context ||
-        static_cast<std::uint64_t>(reader.int_attribute(g, "vram_budget_bytes")) != run.vram_budget)
-      continue;
-    auto& [sum, count] = sums[reader.string_attribute(g, "system")];
-    sum += reader.double_attribute(g, "tokens_per_second");
-    ++count;
-  }
-  for (const auto& [system, total] : sums) rates[system] = total.first / total.second;
-  return rates;
-}
 
 class Progress {
  public:
@@ -289,7 +302,8 @@ class Progress {
 
   void start_run(std::size_t index, const RunSpec& run) {
     index_ = index;
-    label_ = run.model->preset + " " + run.system + " b" + std::to_string(run.batch) + " " +
+    label_ = run.model->preset + " " + run.system + (run.expert_policy.empty() ? "" : "[" + run.expert_policy + "]") +
+             " b" + std::to_string(run.batch) + " " +
              format_tokens(run.context) + (run.repetition ? " r" + std::to_string(run.repetition) : "");
     if (!tty_) out_ << "run " << index + 1 << "/" << runs_ << ": " << label_ << eta() << std::endl;
     draw("");
@@ -329,37 +343,103 @@ struct ExpertCache {
   std::shared_ptr<HostExpertStore> experts;
 };
 
+/// Host memory a system lays out under the one memory contract.
+struct HostMemoryPlan {
+  bool experts_pinned = false;
+  std::uint64_t experts = 0, kv_pinned = 0, kv_host = 0, staging = 0;
+};
+
+/// Sizes `system`'s KV pools for `planned_tokens` per sequence (what a server
+/// is configured for; a profiling prompt of `profile_tokens` before them) within the contract: all host memory of its data within
+/// `host_budget`, all it pins within `pinned_limit`. The KV band and the host
+/// pool come first (without them the system cannot run); the expert store is
+/// page-locked only if the system copies experts to the GPU and the pinned
+/// limit still holds it. ModelBudgetError names the bytes when the run's own
+/// KV (`run_tokens` per sequence) or the experts cannot fit.
+HostMemoryPlan plan_host_memory(const System& system, const ModelConfig& c, const ModelOptions& options, int batch,
+                                std::int64_t planned_tokens, std::int64_t profile_tokens, std::int64_t run_tokens,
+                                std::uint64_t host_budget, std::uint64_t pinned_limit) {
+  HostMemoryPlan plan;
+  plan.experts = MoeModel::expert_store_bytes(c);
+  plan.staging = MoeModel::pinned_staging_bytes(c, options);
+  if (plan.experts + plan.staging > host_budget)
+    throw ModelBudgetError("host budget " + format_byte_size(host_budget) + " cannot hold the routed experts (" +
+                           format_byte_size(plan.experts) + ") and staging buffers (" +
+                           format_byte_size(plan.staging) + ")");
+  if (plan.staging > pinned_limit)
+    throw ModelBudgetError("pinned limit " + format_byte_size(pinned_limit) + " cannot hold the staging buffers (" +
+                           format_byte_size(plan.staging) + ")");
+  const VramUse vram = MoeModel::vram_plan(c, options);
+  const std::uint64_t block_bytes =
+      static_cast<std::uint64_t>(c.attention().block_geometry(options.block_tokens).block_elements()) * sizeof(bf16);
+  const std::uint64_t layer_block_bytes = block_bytes * static_cast<std::uint64_t>(c.layers);
+  const std::uint64_t vram_blocks = vram.kv / layer_block_bytes;  // per layer
+  auto spilled = [&](int sequences, std::int64_t tokens) {
+    const std::uint64_t blocks = static_cast<std::uint64_t>(sequences) *
+                                 static_cast<std::uint64_t>((tokens + options.block_tokens - 1) / options.block_tokens);
+    return (blocks > vram_blocks ? blocks - vram_blocks : 0) * layer_block_bytes;
+  };
+  const std::uint64_t planned = std::max(spilled(batch, planned_tokens), spilled(1, profile_tokens));
+  const std::uint64_t needed = std::max(spilled(batch, run_tokens), spilled(1, profile_tokens));
+  const std::uint64_t host_left = host_budget - plan.experts - plan.staging;
+  const std::uint64_t pinned_left = pinned_limit - plan.staging;
+  if (system.spills_to_both) {
+    plan.kv_pinned = std::min({planned, pinned_left, host_left});
+    plan.kv_host = std::min(planned, host_left - plan.kv_pinned);
+  } else if (system.spill_region == Region::gpu_streamed) {
+    plan.kv_pinned = std::min({planned, pinned_left, host_left});
+  } else if (system.spill_region == Region::cpu_resident) {
+    plan.kv_host = std::min(planned, host_left);
+  }
+  if ((system.spill_region || system.spills_to_both) && needed > plan.kv_pinned + plan.kv_host)
+    throw ModelBudgetError(
+        "the KV cache beyond VRAM needs " + format_byte_size(needed) + " of " +
+        (system.spill_region == Region::gpu_streamed ? "pinned" : "host") + " memory but the contract leaves " +
+        format_byte_size(plan.kv_pinned + plan.kv_host) + " (host budget " + format_byte_size(host_budget) +
+        " less routed experts " + format_byte_size(plan.experts) + " and staging " + format_byte_size(plan.staging) +
+        "; pinned limit " + format_byte_size(pinned_limit) + ")");
+  plan.experts_pinned = system.experts->loads_experts() && plan.experts <= pinned_left - plan.kv_pinned;
+  return plan;
+}
+
 RunResult measure(const ExperimentConfig& config, const RunSpec& run, const MachineProfile& profile,
-                  const std::string& writescope_experts, ExpertCache& cache, Progress& progress) {
+                  ExpertCache& cache, Progress& progress) {
   const ModelConfig& model_config = run.model->config;
-  SystemContext context{model_config, profile, run.batch, run.context, config.system_options};
-  context.options.writescope_experts = writescope_experts;
-  const System system = make_system(run.system, context);
+  SystemContext context = system_context(config, run, profile);
+  System system = make_system(run.system, context);
   const std::int64_t final_tokens = run.context + config.warmup_steps + config.measured_steps;
 
   ModelOptions options;
   options.vram_budget = run.vram_budget;
-  options.pinned_kv_budget = config.pinned_budget;
-  options.host_kv_budget = config.host_budget;
+  options.block_tokens = config.block_tokens;
+  options.max_rows = std::max(run.batch, config.context_fill == "prefill" ? 256 : 1);
+  options.micro_batches = system.micro_batches;
+  options.vram_kv = system.vram_kv;
+  options.experts = system.experts;
   // Streaming chunks of the profile's size (the smallest copy near full link
   // rate), but never more blocks than one layer of the whole batch holds: the
   // two landing buffers are VRAM workspace.
   const std::uint64_t kv_block_bytes =
       static_cast<std::uint64_t>(model_config.attention().block_geometry(config.block_tokens).block_elements()) *
       sizeof(bf16);
-  const std::uint64_t layer_blocks =
-      static_cast<std::uint64_t>(run.batch) * ((final_tokens + config.block_tokens - 1) / config.block_tokens);
+  const std::uint64_t layer_blocks = static_cast<std::uint64_t>(run.batch) *
+                                     ((config.max_sequence_tokens + config.block_tokens - 1) / config.block_tokens);
   options.stream_chunk_blocks = static_cast<int>(
       std::clamp<std::uint64_t>((profile.link_chunk_bytes + kv_block_bytes - 1) / kv_block_bytes, 1, layer_blocks));
-  if (system.spill_region == Region::gpu_streamed)
-    options.pinned_kv_budget += std::exchange(options.host_kv_budget, 0);
-  else if (system.spill_region == Region::cpu_resident)
-    options.host_kv_budget += std::exchange(options.pinned_kv_budget, 0);
-  options.block_tokens = config.block_tokens;
-  options.max_rows = std::max(run.batch, config.context_fill == "prefill" ? 256 : 1);
-  options.kv_policy = system.kv_policy;
+  const bool profiles = system.experts->profiles_routing();
+  const HostMemoryPlan memory =
+      plan_host_memory(system, model_config, options, run.batch, config.max_sequence_tokens,
+                       profiles ? config.profile_tokens : 0, final_tokens, config.host_budget, config.pinned_limit);
+  if (system.experts->loads_experts() && !memory.experts_pinned) {
+    // Its expert copies run at the pageable rate: the policy must know.
+    context.experts_pinned = false;
+    system = make_system(run.system, context);
+  }
   options.experts = system.experts;
-  options.micro_batches = system.micro_batches;
+  options.kv_policy = system.kv_policy;
+  options.pin_experts = memory.experts_pinned;
+  options.pinned_kv_budget = memory.kv_pinned;
+  options.host_kv_budget = memory.kv_host;
   if (run.system == "gpu-only") {
     const VramUse fixed = MoeModel::fixed_vram(model_config, options);
     const std::uint64_t experts = static_cast<std::uint64_t>(model_config.layers - model_config.dense_layers) *
@@ -376,19 +456,30 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
   }
   progress.step("building");
   // Every run of a model has the same weights (step times do not depend on
-  // them), so its routed experts are generated and pinned once; the context
-  // and the tokens differ per repetition.
+  // them), so its routed experts are generated once and shared (page-locked
+  // or not per run); the context and the tokens differ per repetition.
   if (cache.model != run.model) cache = ExpertCache{};  // one store in host memory at a time
   options.host_experts = cache.experts;
   MoeModel model = MoeModel::synthetic(model_config, config.seed, options);
   cache = ExpertCache{run.model, model.host_experts()};
   const std::uint64_t seed = config.seed + 7919ull * static_cast<std::uint64_t>(run.repetition);
-  std::vector<int> sequences;
   std::mt19937_64 random(seed);
+  if (profiles) {
+    // A profiling prompt of its own seed, freed before the measured sequences start.
+    progress.step("profiling");
+    std::mt19937_64 profile_random(~seed);
+    std::vector<int> prompt(static_cast<std::size_t>(config.profile_tokens));
+    for (int& t : prompt) t = static_cast<int>(profile_random() % static_cast<std::uint64_t>(model_config.vocab));
+    const int sequence = model.add_sequence(config.max_sequence_tokens);
+    model.prefill(sequence, prompt);
+    model.free_sequence(sequence);
+    model.end_warmup();
+  }
+  std::vector<int> sequences;
   std::vector<int> tokens;
   for (int b = 0; b < run.batch; ++b) {
     progress.step("context " + std::to_string(b + 1) + "/" + std::to_string(run.batch));
-    const int sequence = model.add_sequence(final_tokens);
+    const int sequence = model.add_sequence(config.max_sequence_tokens);
     sequences.push_back(sequence);
     if (config.context_fill == "prefill") {
       std::vector<int> prompt(static_cast<std::size_t>(run.context));
@@ -401,15 +492,15 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
     }
   }
   RunResult result;
-  result.expert_policy = system.expert_policy;
   result.micro_batches = system.micro_batches;
+  result.planned_sequence_tokens = model.expected_tokens(sequences.front());
   result.vram = model.vram_use();
   result.attention_fmas_per_byte = model.attention_shape().fmas_per_byte(sizeof(bf16));
   result.cpu_attention_gbps = roofline_of(context).rates().cpu_attention_gbps;
   const int steps = config.warmup_steps + config.measured_steps;
   for (int step = 0; step < steps; ++step) {
     const bool measured = step >= config.warmup_steps;
-    if (step == config.warmup_steps) model.end_warmup();
+    if (step == config.warmup_steps && !profiles) model.end_warmup();
     progress.step((measured ? "step " + std::to_string(step - config.warmup_steps + 1) + "/" +
                                   std::to_string(config.measured_steps)
                             : "warm-up"));
@@ -436,6 +527,7 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
     result.attention.push_back(attention);
     for (int region = 0; region < 4; ++region) result.region_bytes[region].push_back(bytes[region]);
   }
+  result.host = model.host_use();
   return result;
 }
 
@@ -446,15 +538,18 @@ std::string run_yaml(const ExperimentConfig& config, const RunSpec& run) {
   yaml << YAML::BeginMap << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "preset"
        << YAML::Value << run.model->preset << YAML::Key << "layers" << YAML::Value << m.layers << YAML::Key
        << "hidden_scale" << YAML::Value << run.model->overrides.hidden_scale << YAML::EndMap << YAML::Key << "system"
-       << YAML::Value << run.system << YAML::Key << "batch" << YAML::Value << run.batch << YAML::Key << "context"
+       << YAML::Value << run.system << YAML::Key << "expert_policy" << YAML::Value << run.expert_policy << YAML::Key
+       << "system_comparison" << YAML::Value << run.system_comparison << YAML::Key << "batch" << YAML::Value << run.batch << YAML::Key << "context"
        << YAML::Value << run.context << YAML::Key << "budgets" << YAML::Value << YAML::BeginMap << YAML::Key << "vram"
        << YAML::Value << exact_size(run.vram_budget) << YAML::Key << "pinned" << YAML::Value
-       << exact_size(config.pinned_budget) << YAML::Key << "host" << YAML::Value << exact_size(config.host_budget)
+       << exact_size(config.pinned_limit) << YAML::Key << "host" << YAML::Value << exact_size(config.host_budget)
        << YAML::EndMap << YAML::Key << "steps" << YAML::Value << YAML::BeginMap << YAML::Key << "warmup"
        << YAML::Value << config.warmup_steps << YAML::Key << "measured" << YAML::Value << config.measured_steps
        << YAML::EndMap << YAML::Key << "seed" << YAML::Value << config.seed << YAML::Key << "repetition"
        << YAML::Value << run.repetition << YAML::Key << "block_tokens" << YAML::Value << config.block_tokens
-       << YAML::Key << "context_fill" << YAML::Value << config.context_fill << YAML::Key << "options" << YAML::Value
+       << YAML::Key << "context_fill" << YAML::Value << config.context_fill << YAML::Key << "max_sequence_tokens"
+       << YAML::Value << config.max_sequence_tokens << YAML::Key << "profile_tokens" << YAML::Value
+       << config.profile_tokens << YAML::Key << "options" << YAML::Value
        << YAML::BeginMap << YAML::Key << "expert_vram_share" << YAML::Value
        << config.system_options.expert_vram_share << YAML::Key << "score_decay" << YAML::Value
        << config.system_options.score_decay << YAML::Key << "prefetch_experts" << YAML::Value
@@ -472,7 +567,10 @@ void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec
   g.set_attribute("batch", static_cast<std::int64_t>(run.batch));
   g.set_attribute("context", run.context);
   g.set_attribute("vram_budget_bytes", static_cast<std::int64_t>(run.vram_budget));
-  g.set_attribute("pinned_budget_bytes", static_cast<std::int64_t>(config.pinned_budget));
+  g.set_attribute("pinned_limit_bytes", static_cast<std::int64_t>(config.pinned_limit));
+  g.set_attribute("max_sequence_tokens", config.max_sequence_tokens);
+  g.set_attribute("expert_policy", run.expert_policy.empty() ? run.system : run.expert_policy);
+  g.set_attribute("system_comparison", static_cast<std::int64_t>(run.system_comparison));
   g.set_attribute("host_budget_bytes", static_cast<std::int64_t>(config.host_budget));
   g.set_attribute("repetition", static_cast<std::int64_t>(run.repetition));
   g.set_attribute("seed", static_cast<std::int64_t>(config.seed));
@@ -491,8 +589,11 @@ void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec
   g.set_attribute("layers", static_cast<std::int64_t>(m.layers));
   g.set_attribute("attention_fmas_per_byte", r.attention_fmas_per_byte);
   g.set_attribute("cpu_attention_gbps", r.cpu_attention_gbps);
-  g.set_attribute("expert_policy", r.expert_policy);
   g.set_attribute("micro_batches", static_cast<std::int64_t>(r.micro_batches));
+  g.set_attribute("planned_sequence_tokens", r.planned_sequence_tokens);
+  g.set_attribute("pinned_bytes", static_cast<std::int64_t>(r.host.pinned()));
+  g.set_attribute("host_bytes", static_cast<std::int64_t>(r.host.total()));
+  g.set_attribute("experts_pinned", static_cast<std::int64_t>(r.host.experts_pinned));
   g.set_attribute("vram_weights_bytes", static_cast<std::int64_t>(r.vram.weights));
   g.set_attribute("vram_workspace_bytes", static_cast<std::int64_t>(r.vram.workspace));
   g.set_attribute("vram_expert_slot_bytes", static_cast<std::int64_t>(r.vram.expert_slots));
@@ -525,7 +626,7 @@ void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& conf
   profile.set_attribute("pageable_h2d_gbps", p.pageable_h2d_gbps);
   profile.set_attribute("cpu_dram_read_gbps", p.cpu_dram_read_gbps);
   profile.set_attribute("cpu_fma_glanes", p.cpu_fma_glanes);
-  profile.set_attribute("cpu_gemv_gbps", p.cpu_gemv_gbps);
+  profile.set_attribute("cpu_expert_gbps", p.cpu_expert_gbps);
   profile.set_attribute("cpu_threads", static_cast<std::int64_t>(p.cpu_threads));
   profile.set_attribute("cpu_path", p.cpu_path);
   if (!root.has("runs")) root.create_group("runs");
@@ -561,7 +662,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     write_experiment_attributes(txn.root(), config, profile);
     txn.commit();
   }
-  const std::vector<RunSpec> runs = expand_runs(config);
+  const std::vector<RunSpec> runs = expand_runs(config, profile);
   Progress progress(progress_out, tty, runs.size());
   ExpertCache expert_cache;
   ExperimentSummary summary;
@@ -580,20 +681,11 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
       }
     }
     progress.start_run(i, run);
-    std::string writescope_experts = config.system_options.writescope_experts;
-    if (run.system == "writescope" && config.auto_writescope_experts) {
-      double best = 0;
-      for (const auto& [system, rate] : baseline_rates(config.output, run)) {
-        const auto& candidates = expert_policy_names();
-        if (std::find(candidates.begin(), candidates.end(), system) != candidates.end() && rate > best)
-          best = rate, writescope_experts = system;
-      }
-    }
     const auto started = std::chrono::steady_clock::now();
     std::optional<RunResult> result;
     RunFailure failure;
     try {
-      result = measure(config, run, profile, writescope_experts, expert_cache, progress);
+      result = measure(config, run, profile, expert_cache, progress);
     } catch (const ModelBudgetError& e) {
       failure = {"does_not_fit", e.what()};
     } catch (const KVBudgetError& e) {

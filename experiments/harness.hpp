@@ -39,13 +39,22 @@ struct ExperimentConfig {
   std::vector<std::int64_t> contexts;   // tokens per sequence
   std::int64_t max_total_tokens = 0;    // runs whose batch x context exceeds it are skipped; 0: no limit
   std::vector<std::uint64_t> vram_budgets;
-  std::uint64_t pinned_budget = 0, host_budget = 0;
+  /// The one memory contract of every system: host_budget bounds all host
+  /// memory of its data (routed experts, KV pools, staging; pinned included),
+  /// pinned_limit all it page-locks (expert store, KV band, staging).
+  std::uint64_t pinned_limit = 0, host_budget = 0;
+  /// The longest sequence the systems plan for (a server's configured
+  /// maximum): write policies and pool sizes use it, never a run's final length.
+  std::int64_t max_sequence_tokens = 0;
   int warmup_steps = 2, measured_steps = 8, repetitions = 1;
+  int profile_tokens = 256;  // the profiling prompt of policies that profile routing (Fiddler)
   std::uint64_t seed = 1;
   int block_tokens = 64;
   std::string context_fill = "synthetic";  // or "prefill": random prompt tokens through the prefill path
   SystemOptions system_options;
-  bool auto_writescope_experts = true;     // WriteScope takes the strongest baseline's expert policy
+  /// WriteScope's own expert policy is what its roofline picks before each
+  /// setting runs (writescope_expert_choice), not a fixed name.
+  bool auto_writescope_experts = true;
 
   /// Reads and validates; ConfigError names the file, the field and the reason.
   static ExperimentConfig load(const std::string& path);
@@ -55,6 +64,8 @@ struct ExperimentConfig {
 struct RunSpec {
   const ModelSpec* model = nullptr;
   std::string system;
+  std::string expert_policy;       // WriteScope: the baseline whose expert policy it runs; else empty
+  bool system_comparison = true;   // false: a WriteScope run only for the same-expert-policy comparison
   int batch = 1;
   std::int64_t context = 0;
   std::uint64_t vram_budget = 0;
@@ -64,9 +75,11 @@ struct RunSpec {
 };
 
 /// Every run of the experiment in execution order: within a setting the
-/// baselines run before WriteScope, so that it can take the strongest one's
-/// expert policy.
-std::vector<RunSpec> expand_runs(const ExperimentConfig& config);
+/// baselines, then WriteScope once with each listed baseline's expert policy
+/// (fiddler, ktransformers, hybrimoe: the same-expert-policy comparison) and
+/// once more with its own choice (config, or its roofline's pick on
+/// `profile`) if that is not among them.
+std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachineProfile& profile);
 
 /// Where shipped profiles are looked up, in order: $WRITESCOPE_PROFILES, then
 /// share/writescope/profiles beside the program's folder (the build tree and

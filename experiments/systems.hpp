@@ -23,13 +23,18 @@ struct SystemOptions {
   std::string writescope_experts = "ktransformers";  // WriteScope's expert policy (a baseline's name)
 };
 
-/// What a system is built for.
+/// What a system is built for: what a server knows before the run (its
+/// budgets, batch and prompts' length), never the run's final length or other
+/// systems' results.
 struct SystemContext {
   ModelConfig model;
   MachineProfile profile;
   int batch = 1;
-  std::int64_t context = 0;  // tokens per sequence
+  std::int64_t context = 0;              // tokens per sequence at the start
   SystemOptions options;
+  std::uint64_t vram_budget = 0;
+  int block_tokens = 64;
+  bool experts_pinned = true;            // expert copies run at the pinned (else pageable) link rate
 };
 
 struct System {
@@ -37,10 +42,12 @@ struct System {
   KVPolicyFactory kv_policy;
   std::shared_ptr<ExpertPolicy> experts;
   int micro_batches = 1;           // sequences of a step run in this many groups (MoE-Lightning)
-  /// The one region spilled KV goes to, if the system has one: the harness
-  /// gives its pool both spill budgets (pinned + host), so that every system
-  /// may spill as many bytes and only placement differs.
+  /// Where spilled KV goes: one region (the pinned band for the GPU-attention
+  /// baselines, the host pool for MoE-Lightning), none (GPU-only), or both
+  /// pools (WriteScope: spill_region empty and spills_to_both).
   std::optional<Region> spill_region;
+  bool spills_to_both = false;
+  bool vram_kv = true;             // false: no KV in VRAM (MoE-Lightning)
 };
 
 /// "writescope", "fiddler", "ktransformers", "moe-lightning", "hybrimoe", "gpu-only".
@@ -57,6 +64,12 @@ System make_system(const std::string& name, const SystemContext& context);
 System first_fit_system(const std::string& name, const SystemContext& context, Region spill, bool use_vram,
                         std::shared_ptr<ExpertPolicy> experts);
 
+/// WriteScope's own expert policy for `context`, picked before the run by its
+/// roofline model: the baseline policy (fiddler, ktransformers, hybrimoe)
+/// whose expert phase plus the attention its expert slots leave room for is
+/// predicted fastest. Uses only the profile, the budgets and the context.
+std::string writescope_expert_choice(const SystemContext& context);
+
 /// The roofline model of `context`'s machine and model shape.
 RooflineModel roofline_of(const SystemContext& context);
 /// Expert costs from the machine profile.
@@ -69,6 +82,8 @@ System make_ktransformers(const SystemContext& context);
 System make_moe_lightning(const SystemContext& context);
 System make_hybrimoe(const SystemContext& context);
 System make_gpu_only(const SystemContext& context);
+/// MoE-Lightning's resident MoE layers by its roofline (HRM), before the VRAM budget caps them.
+int moe_lightning_resident_layers(const SystemContext& context);
 /// The expert policy of a baseline, for WriteScope to share.
 std::shared_ptr<ExpertPolicy> fiddler_experts(const SystemContext& context);
 std::shared_ptr<ExpertPolicy> hybrimoe_experts(const SystemContext& context);

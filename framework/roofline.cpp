@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
+#include <tuple>
 
 namespace writescope {
 namespace {
@@ -34,8 +35,13 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
   p.has_gpu = root.get_or<bool>("has_gpu", true);
   if (p.has_gpu) {
     const ConfigNode gpu = root.child("gpu");
-    gpu.allow_only({"hbm_gbps", "launch_latency_us"});
+    gpu.allow_only({"hbm_gbps", "launch_latency_us", "attention_gbps"});
     p.hbm_gbps = positive(gpu, "hbm_gbps");
+    if (const auto attention = gpu.optional_child("attention_gbps"))
+      for (const auto& shape : attention->yaml()) {
+        const auto shape_name = shape.first.as<std::string>();
+        p.gpu_attention_gbps[shape_name] = positive(*attention, shape_name);
+      }
     p.gpu_launch_latency_s = non_negative_micros(gpu, "launch_latency_us");
     const ConfigNode link = root.child("link");
     link.allow_only({"pinned_h2d_gbps", "pinned_d2h_gbps", "pageable_h2d_gbps", "pageable_d2h_gbps", "latency_us",
@@ -49,16 +55,22 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     if (p.link_chunk_bytes == 0) link.fail("chunk_bytes", "must be positive");
   }
   const ConfigNode cpu = root.child("cpu");
-  cpu.allow_only({"threads", "dram_read_gbps", "path", "fma_glanes", "launch_latency_us", "gemv_gbps", "gemm_gflops",
-                  "attention_gbps"});
+  cpu.allow_only({"threads", "dram_read_gbps", "path", "fma_glanes", "launch_latency_us", "expert_gbps",
+                  "expert_gflops", "gemv_gbps", "gemm_gflops", "attention_gbps"});
   if (cpu.has("path")) p.cpu_path = cpu.get_choice("path", {"scalar", "avx2", "avx512_bf16"});
   p.cpu_threads = cpu.get<int>("threads");
   if (p.cpu_threads < 1) cpu.fail("threads", "must be at least 1");
   p.cpu_dram_read_gbps = positive(cpu, "dram_read_gbps");
   p.cpu_fma_glanes = positive(cpu, "fma_glanes");
   p.cpu_launch_latency_s = non_negative_micros(cpu, "launch_latency_us");
-  p.cpu_gemv_gbps = positive(cpu, "gemv_gbps");
-  p.cpu_gemm_gflops = positive(cpu, "gemm_gflops");
+  // The expert kernel's rates; older profiles have only the BLAS figures.
+  for (const auto& [field, fallback, value] :
+       {std::tuple{"expert_gbps", "gemv_gbps", &p.cpu_expert_gbps},
+        std::tuple{"expert_gflops", "gemm_gflops", &p.cpu_expert_gflops}}) {
+    if (cpu.has(field) && cpu.has(fallback))
+      cpu.fail(fallback, std::string("is the older name of ") + field + "; give one of them");
+    *value = positive(cpu, cpu.has(fallback) ? fallback : field);
+  }
   const ConfigNode attention = cpu.child("attention_gbps");
   for (const auto& shape : attention.yaml()) {
     const auto shape_name = shape.first.as<std::string>();
@@ -85,7 +97,13 @@ std::string MachineProfile::to_yaml() const {
       << has_gpu;
   if (has_gpu) {
     out << YAML::Key << "gpu" << YAML::Value << YAML::BeginMap << YAML::Key << "hbm_gbps" << YAML::Value << hbm_gbps
-        << YAML::Key << "launch_latency_us" << YAML::Value << gpu_launch_latency_s * 1e6 << YAML::EndMap;
+        << YAML::Key << "launch_latency_us" << YAML::Value << gpu_launch_latency_s * 1e6;
+    if (!gpu_attention_gbps.empty()) {
+      out << YAML::Key << "attention_gbps" << YAML::Value << YAML::Flow << YAML::BeginMap;
+      for (const auto& [shape, gbps] : gpu_attention_gbps) out << YAML::Key << shape << YAML::Value << gbps;
+      out << YAML::EndMap;
+    }
+    out << YAML::EndMap;
     out << YAML::Key << "link" << YAML::Value << YAML::BeginMap << YAML::Key << "pinned_h2d_gbps" << YAML::Value
         << pinned_h2d_gbps << YAML::Key << "pinned_d2h_gbps" << YAML::Value << pinned_d2h_gbps << YAML::Key
         << "pageable_h2d_gbps" << YAML::Value << pageable_h2d_gbps << YAML::Key << "pageable_d2h_gbps" << YAML::Value
@@ -96,8 +114,8 @@ std::string MachineProfile::to_yaml() const {
       << YAML::Key << "dram_read_gbps" << YAML::Value << cpu_dram_read_gbps << YAML::Key << "path" << YAML::Value
       << cpu_path << YAML::Key << "fma_glanes"
       << YAML::Value << cpu_fma_glanes << YAML::Key << "launch_latency_us" << YAML::Value
-      << cpu_launch_latency_s * 1e6 << YAML::Key << "gemv_gbps" << YAML::Value << cpu_gemv_gbps << YAML::Key
-      << "gemm_gflops" << YAML::Value << cpu_gemm_gflops << YAML::Key << "attention_gbps" << YAML::Value
+      << cpu_launch_latency_s * 1e6 << YAML::Key << "expert_gbps" << YAML::Value << cpu_expert_gbps << YAML::Key
+      << "expert_gflops" << YAML::Value << cpu_expert_gflops << YAML::Key << "attention_gbps" << YAML::Value
       << YAML::BeginMap;
   for (const auto& [shape, per_threads] : cpu_attention_gbps) {
     out << YAML::Key << shape << YAML::Value << YAML::Flow << YAML::BeginMap;
@@ -128,10 +146,15 @@ double MachineProfile::cpu_attention(const std::string& shape, int threads) cons
   return at->second;
 }
 
+double MachineProfile::gpu_attention(const std::string& shape) const {
+  const auto found = gpu_attention_gbps.find(shape);
+  return found == gpu_attention_gbps.end() ? hbm_gbps : found->second;
+}
+
 ModelRates ModelRates::from_profile(const MachineProfile& profile, const std::string& shape, int threads) {
   ModelRates r;
   r.has_gpu = profile.has_gpu;
-  r.hbm_gbps = profile.hbm_gbps;
+  r.hbm_gbps = profile.gpu_attention(shape);
   r.link_gbps = profile.pinned_h2d_gbps;
   r.cpu_attention_gbps = profile.cpu_attention(shape, threads);
   r.cpu_fma_glanes = profile.cpu_fma_glanes;

@@ -17,7 +17,10 @@ namespace writescope {
 struct MachineProfile {
   std::string name;
   bool has_gpu = true;
-  double hbm_gbps = 0;              // GPU attention over VRAM-resident KV
+  double hbm_gbps = 0;              // device copy, read + written
+  /// GPU decode attention over VRAM-resident KV, per attention shape name
+  /// (writescope calibrate); shapes not listed use hbm_gbps.
+  std::map<std::string, double> gpu_attention_gbps;
   double gpu_launch_latency_s = 0;  // fixed cost of the GPU share of a step
   double pinned_h2d_gbps = 0;
   double pinned_d2h_gbps = 0;
@@ -36,8 +39,12 @@ struct MachineProfile {
   /// (8-lane fp32 FMA for avx2, 32-pair vdpbf16ps for avx512_bf16).
   double cpu_fma_glanes = 0;
   double cpu_launch_latency_s = 0;  // fixed cost of the CPU share of a step
-  double cpu_gemv_gbps = 0;         // expert weights streamed by decode GEMVs
-  double cpu_gemm_gflops = 0;
+  /// The project's bf16 SwiGLU expert kernel on the host threads, from DRAM:
+  /// weight bytes per second at one token, FLOP per second at 64 tokens.
+  /// Profiles written before it was measured give OpenBLAS' float GEMV and
+  /// GEMM rates (gemv_gbps, gemm_gflops) instead.
+  double cpu_expert_gbps = 0;
+  double cpu_expert_gflops = 0;
   /// CPU decode attention, per attention shape name, per thread count.
   std::map<std::string, std::map<int, double>> cpu_attention_gbps;
 
@@ -52,12 +59,14 @@ struct MachineProfile {
   /// count not above it, else the smallest); throws std::out_of_range naming
   /// the shape when it was not measured.
   double cpu_attention(const std::string& shape, int threads) const;
+  /// GPU decode attention GB/s over VRAM-resident KV for `shape` (hbm_gbps when not measured).
+  double gpu_attention(const std::string& shape) const;
 };
 
 /// Rates the model computes with, for one attention shape.
 struct ModelRates {
   bool has_gpu = true;
-  double hbm_gbps = 0;
+  double hbm_gbps = 0;  // GPU attention over VRAM-resident KV
   double link_gbps = 0;
   double cpu_attention_gbps = 0;
   double cpu_fma_glanes = 0;

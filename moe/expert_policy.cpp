@@ -1,5 +1,6 @@
 #include "moe/expert_policy.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <stdexcept>
 
@@ -31,7 +32,8 @@ void ExpertResidency::assign(int slot, int layer, int expert) {
 }
 
 double ExpertCosts::cpu_seconds(int tokens) const {
-  return expert_bytes / (cpu_gemv_gbps * 1e9) + tokens * flops_per_token / (cpu_gemm_gflops * 1e9);
+  // The kernel's two measured roofs: weight-bound at few tokens, compute-bound at many.
+  return std::max(expert_bytes / (cpu_expert_gbps * 1e9), tokens * flops_per_token / (cpu_expert_gflops * 1e9));
 }
 
 double ExpertCosts::gpu_seconds(int) const { return has_gpu ? expert_bytes / (hbm_gbps * 1e9) : 0.0; }

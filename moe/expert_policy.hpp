@@ -55,7 +55,7 @@ struct ExpertPlan {
 struct ExpertCosts {
   double expert_bytes = 0;
   double flops_per_token = 0;    // 2 * 3 * hidden * intermediate
-  double cpu_gemv_gbps = 0, cpu_gemm_gflops = 0;
+  double cpu_expert_gbps = 0, cpu_expert_gflops = 0;  // the bf16 expert kernel's calibrated rates
   double hbm_gbps = 0, link_gbps = 0, link_latency_s = 0;
   bool has_gpu = false;
 
@@ -77,10 +77,15 @@ class ExpertPolicy {
   virtual ExpertPlan plan(int layer, const Routing& routing, const ExpertResidency& residency) = 0;
   /// Loads after `layer` ran (prefetch for the next layer).
   virtual std::vector<ExpertLoad> after_layer(int layer, const Routing& routing, const ExpertResidency& residency);
-  /// Called once when warm-up steps end (policies that profile popularity place experts now).
+  /// Called once when warm-up ends (policies that profile popularity place experts now).
   virtual std::vector<ExpertLoad> end_warmup(const ExpertResidency&) { return {}; }
   /// Whether plans may give experts to the CPU.
   virtual bool computes_on_cpu() const { return true; }
+  /// Whether experts are copied host -> GPU while decoding (such a policy wants its store page-locked).
+  virtual bool loads_experts() const { return true; }
+  /// Whether the policy places experts by routing it observes before end_warmup()
+  /// (a profiling set of prompts, separate from the measured sequences).
+  virtual bool profiles_routing() const { return false; }
 };
 
 /// Every routed expert on the CPU (KTransformers; WriteScope's default).
@@ -88,6 +93,7 @@ class CpuExpertPolicy final : public ExpertPolicy {
  public:
   int slots(int, int, int) const override { return 0; }
   ExpertPlan plan(int layer, const Routing& routing, const ExpertResidency& residency) override;
+  bool loads_experts() const override { return false; }
 };
 
 /// Every routed expert resident on the GPU (GPU-only); needs a slot for each.
@@ -97,6 +103,7 @@ class GpuExpertPolicy final : public ExpertPolicy {
   std::vector<ExpertLoad> initial(const ExpertResidency& residency) override;
   ExpertPlan plan(int layer, const Routing& routing, const ExpertResidency& residency) override;
   bool computes_on_cpu() const override { return false; }
+  bool loads_experts() const override { return false; }  // once, before the first step
 };
 
 /// Where each expert runs, fixed by a function (tests).

@@ -6,6 +6,7 @@
 #include "attention/prefill.hpp"
 #include "framework/concurrent.hpp"
 #include "framework/config.hpp"
+#include "framework/host_pinning.hpp"
 #include "framework/launch.hpp"
 #include "framework/streams.hpp"
 #include "framework/timer.hpp"
@@ -79,6 +80,11 @@ struct ExpertBuffers {
            std::size_t(hidden)),
         down(Kokkos::view_alloc(label + "_down", Kokkos::WithoutInitializing), std::size_t(hidden),
              std::size_t(intermediate)) {}
+  /// Views into 3 * hidden * intermediate values at `data` (gate, up, down), owned elsewhere.
+  ExpertBuffers(bf16* data, int hidden, int intermediate)
+      : gate(data, std::size_t(intermediate), std::size_t(hidden)),
+        up(data + std::size_t(intermediate) * hidden, std::size_t(intermediate), std::size_t(hidden)),
+        down(data + 2 * std::size_t(intermediate) * hidden, std::size_t(hidden), std::size_t(intermediate)) {}
   template <class Space = MemSpace>
   ExpertWeights<bf16, Space> weights() const {
     using Unmanaged = Kokkos::View<const bf16**, Kokkos::LayoutRight, Space>;
@@ -90,9 +96,35 @@ struct ExpertBuffers {
 
 }  // namespace impl
 
-/// Every routed expert of a model in pinned host memory, [MoE layer][expert].
+/// Every routed expert of a model in host memory, [MoE layer][expert]: one
+/// allocation per layer, page-locked while a model that copies experts to the
+/// GPU uses the store (ModelOptions::pin_experts).
 struct HostExpertStore {
-  std::vector<std::vector<impl::ExpertBuffers<PinnedMemSpace>>> layers;
+  std::vector<Kokkos::View<bf16*, HostMemSpace>> memory;  // per MoE layer: its experts' gate, up, down
+  std::vector<std::vector<impl::ExpertBuffers<HostMemSpace>>> layers;
+  std::vector<std::unique_ptr<HostPinning>> pinning;      // per MoE layer while pinned
+
+  HostExpertStore(const ModelConfig& config) {
+    const std::size_t per_expert = MoeModel::expert_bytes(config) / sizeof(bf16);
+    for (int layer = config.dense_layers; layer < config.layers; ++layer) {
+      memory.emplace_back(Kokkos::view_alloc(std::string("writescope::moe::host_experts"), Kokkos::WithoutInitializing),
+                          per_expert * static_cast<std::size_t>(config.experts));
+      layers.emplace_back();
+      for (int e = 0; e < config.experts; ++e)
+        layers.back().emplace_back(memory.back().data() + per_expert * e, config.hidden, config.expert_intermediate);
+    }
+  }
+  bool pinned() const noexcept { return !pinning.empty(); }
+  void pin(bool on) {
+    if (on == pinned()) return;
+    if (!on) return pinning.clear();
+    for (const auto& layer : memory) pinning.push_back(std::make_unique<HostPinning>(layer.data(), layer.span() * sizeof(bf16)));
+  }
+  std::uint64_t bytes() const {
+    std::uint64_t total = 0;
+    for (const auto& layer : memory) total += layer.span() * sizeof(bf16);
+    return total;
+  }
 };
 
 using Weight = Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMem>;  // (out, in)
@@ -106,7 +138,8 @@ struct LayerWeights {
 };
 
 struct MoeModel::Impl {
-  GpuStreams streams{2};  // attention, feed-forward
+  GpuStreams streams{3};  // attention, feed-forward, expert prefetch
+  bool prefetching = false;  // copies on streams[2] not yet waited for
   std::map<std::string, Weight> weights;
   std::map<std::string, Norm> norms;
   std::vector<LayerWeights> layers;
@@ -191,6 +224,61 @@ VramUse MoeModel::fixed_vram(const ModelConfig& config, const ModelOptions& opti
   return use;
 }
 
+VramUse MoeModel::vram_plan(const ModelConfig& config, const ModelOptions& options) {
+  // Weights and workspace first, then the policy's expert slots, then KV.
+  VramUse use = fixed_vram(config, options);
+  const std::uint64_t fixed = use.weights + use.workspace;
+  if (fixed > options.vram_budget)
+    throw ModelBudgetError("vram_budget: " + format_byte_size(options.vram_budget) + " cannot hold " + config.name +
+                           "'s GPU weights (" + format_byte_size(use.weights) +
+                           ": attention, routers, shared and dense experts, embeddings, LM head) and workspace (" +
+                           format_byte_size(use.workspace) + "); it needs at least " + format_byte_size(fixed));
+  const std::uint64_t left = options.vram_budget - fixed;
+  const std::uint64_t per_expert = expert_bytes(config);
+  const int fit = per_expert > 0 ? static_cast<int>(std::min<std::uint64_t>(left / per_expert, 1u << 30)) : 0;
+  const int moe_layers = config.layers - config.dense_layers;
+  const int slots = config.experts > 0 ? options.experts->slots(fit, moe_layers, config.experts) : 0;
+  use.expert_slots = static_cast<std::uint64_t>(slots) * per_expert;
+  if (use.expert_slots > left)
+    throw ModelBudgetError("vram_budget: " + format_byte_size(options.vram_budget) + " leaves " + format_byte_size(left) +
+                           " after weights and workspace, but the expert policy keeps " + std::to_string(slots) +
+                           " routed experts on the GPU (" + format_byte_size(use.expert_slots) +
+                           "); it needs at least " + format_byte_size(fixed + use.expert_slots));
+  const std::uint64_t blocks_per_layer = options.vram_kv ? (left - use.expert_slots) / kv_vram(config, options, 1) : 0;
+  const std::uint64_t block_bytes =
+      static_cast<std::uint64_t>(config.attention().block_geometry(options.block_tokens).block_elements()) *
+      sizeof(bf16);
+  use.kv = blocks_per_layer * static_cast<std::uint64_t>(config.layers) * block_bytes;
+  use.workspace += kv_vram(config, options, blocks_per_layer) - use.kv;
+  return use;
+}
+
+std::uint64_t MoeModel::expert_store_bytes(const ModelConfig& config) {
+  return static_cast<std::uint64_t>(config.layers - config.dense_layers) * config.experts * expert_bytes(config);
+}
+
+std::uint64_t MoeModel::pinned_staging_bytes(const ModelConfig& config, const ModelOptions& options) {
+  // Expert inputs and outputs of the CPU's experts, and the logits of a step.
+  return static_cast<std::uint64_t>(options.max_rows) * (2ull * config.hidden + config.vocab) * sizeof(float);
+}
+
+HostUse MoeModel::host_use() const {
+  const Impl& m = *impl_;
+  HostUse use;
+  use.experts = host_experts_->bytes();
+  use.experts_pinned = host_experts_->pinned();
+  use.kv_pinned = cache_->pinned_pool().span() * sizeof(bf16);
+  use.kv_host = cache_->host_pool().span() * sizeof(bf16);
+  use.staging_pinned = (m.x_pinned.span() + m.out_pinned.span() + m.logits_pinned.span()) * sizeof(float);
+  return use;
+}
+
+void MoeModel::free_sequence(int sequence) {
+  for (int layer = 0; layer < config_.layers; ++layer)
+    kv_policy_->released(layer, cache_->block_regions(layer, sequence));
+  cache_->free_sequence(sequence);
+}
+
 MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelOptions options)
     : config_(config),
       shape_(config.attention()),
@@ -205,33 +293,12 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
     throw std::invalid_argument("model: micro-batches overlap the CPU's attention with the GPU's experts, so the "
                                 "expert policy must keep every expert on the GPU");
   const int moe_layers = config_.layers - config_.dense_layers;
-  const std::uint64_t per_expert = expert_bytes(config_);
+  vram_ = vram_plan(config_, options_);
+  const int slots = static_cast<int>(vram_.expert_slots / std::max<std::uint64_t>(1, expert_bytes(config_)));
 
-  // The VRAM budget: weights and workspace first, then the policy's expert slots, then KV.
-  vram_ = fixed_vram(config_, options_);
-  const std::uint64_t fixed = vram_.weights + vram_.workspace;
-  if (fixed > options_.vram_budget)
-    throw ModelBudgetError("vram_budget: " + format_byte_size(options_.vram_budget) + " cannot hold " + config_.name +
-                           "'s GPU weights (" + format_byte_size(vram_.weights) +
-                           ": attention, routers, shared and dense experts, embeddings, LM head) and workspace (" +
-                           format_byte_size(vram_.workspace) + "); it needs at least " + format_byte_size(fixed));
-  const std::uint64_t left = options_.vram_budget - fixed;
-  const int fit = per_expert > 0 ? static_cast<int>(std::min<std::uint64_t>(left / per_expert, 1u << 30)) : 0;
-  const int slots = config_.experts > 0 ? options_.experts->slots(fit, moe_layers, config_.experts) : 0;
-  vram_.expert_slots = static_cast<std::uint64_t>(slots) * per_expert;
-  if (vram_.expert_slots > left)
-    throw ModelBudgetError("vram_budget: " + format_byte_size(options_.vram_budget) + " leaves " + format_byte_size(left) +
-                           " after weights and workspace, but the expert policy keeps " + std::to_string(slots) +
-                           " routed experts on the GPU (" + format_byte_size(vram_.expert_slots) + "); it needs at least " +
-                           format_byte_size(fixed + vram_.expert_slots));
-  const std::uint64_t blocks_per_layer = (left - vram_.expert_slots) / kv_vram(config_, options_, 1);
-  const std::uint64_t block_bytes =
-      static_cast<std::uint64_t>(shape_.block_geometry(options_.block_tokens).block_elements()) * sizeof(bf16);
-  vram_.kv = blocks_per_layer * static_cast<std::uint64_t>(config_.layers) * block_bytes;
-  vram_.workspace += kv_vram(config_, options_, blocks_per_layer) - vram_.kv;
-
-  // Every routed expert lives in pinned host memory: the CPU computes on it
-  // in place and the GPU loads from it by DMA. Tensors arrive one at a time,
+  // Every routed expert lives in host memory, page-locked when the expert
+  // policy copies experts to the GPU (DMA) and the memory plan allows it; the
+  // CPU computes on it in place either way. Tensors arrive one at a time,
   // so a full-size model never exists twice in host memory; a store shared
   // with an earlier model of the same weights is not filled again.
   Impl& m = *impl_;
@@ -244,15 +311,12 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
       throw std::invalid_argument("model " + config_.name + ": the shared expert store holds another model's experts");
     host_experts_ = options_.host_experts;
   } else {
-    host_experts_ = std::make_shared<HostExpertStore>();
+    host_experts_ = std::make_shared<HostExpertStore>(config_);
   }
-  std::map<std::string, WeightView<PinnedMemSpace>> expert_parts;
+  host_experts_->pin(options_.pin_experts);
+  std::map<std::string, WeightView<HostMemSpace>> expert_parts;
   for (int layer = config_.dense_layers; layer < config_.layers; ++layer) {
-    if (!shared_store) host_experts_->layers.emplace_back();
     for (int e = 0; e < config_.experts; ++e) {
-      if (!shared_store)
-        host_experts_->layers.back().emplace_back("writescope::moe::host_expert", config_.hidden,
-                                                  config_.expert_intermediate);
       const auto& expert = host_experts_->layers[layer - config_.dense_layers][e];
       const auto names = expert_tensor_names(config_, layer, e);
       expert_parts[names[0]] = expert.gate;
@@ -337,7 +401,9 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
   records_.resize(static_cast<std::size_t>(config_.layers));
 }
 
-MoeModel::~MoeModel() = default;
+MoeModel::~MoeModel() {
+  if (impl_) impl_->streams[2].fence();  // no prefetch may land in freed slots
+}
 
 MoeModel MoeModel::synthetic(const ModelConfig& config, std::uint64_t seed, ModelOptions options) {
   return MoeModel(config, [seed](const TensorSpec& spec) { return synthetic_tensor<bf16>(spec, seed); },
@@ -360,6 +426,8 @@ int MoeModel::add_sequence(std::int64_t expected_tokens) {
 
 void MoeModel::end_warmup() {
   Impl& m = *impl_;
+  m.streams[2].fence();
+  m.prefetching = false;
   for (const ExpertLoad& load : options_.experts->end_warmup(residency_)) {
     copy_expert(Gpu(), m.slots.at(load.slot), host_experts_->layers.at(load.layer).at(load.expert));
     residency_.assign(load.slot, load.layer, load.expert);
@@ -578,6 +646,29 @@ struct ModelForward {
     copy_expert(ffn_gpu, into, host_experts.layers.at(load.layer).at(load.expert));
   }
 
+  /// Starts `loads` (into slots) on the prefetch stream, which overlaps the
+  /// next layer's attention; wait_for_prefetch() is called before experts run.
+  void prefetch(const std::vector<ExpertLoad>& loads) {
+    const Gpu& copy = m.streams[2];
+    for (const ExpertLoad& l : loads) {
+      if (l.slot < 0) continue;
+      const auto& from = host_experts.layers.at(l.layer).at(l.expert);
+      const auto& into = m.slots.at(l.slot);
+      Kokkos::deep_copy(copy, into.gate, from.gate);
+      Kokkos::deep_copy(copy, into.up, from.up);
+      Kokkos::deep_copy(copy, into.down, from.down);
+      residency.assign(l.slot, l.layer, l.expert);
+      m.prefetching = true;
+    }
+  }
+
+  /// Seconds the feed-forward waited for the prefetch stream (its exposed transfers).
+  double wait_for_prefetch() {
+    if (!m.prefetching) return 0;
+    m.prefetching = false;
+    return FencedTimer<Gpu>(m.streams[2]).seconds();
+  }
+
   /// Loads into slots (not staging); returns their seconds.
   double load_into_slots(const std::vector<ExpertLoad>& loads) {
     return gpu_seconds(ffn_gpu, [&] {
@@ -600,6 +691,7 @@ struct ModelForward {
       return;
     }
     const int moe_layer = layer - c.dense_layers;
+    const double waited = wait_for_prefetch();
     const Routing routing = m.routers[moe_layer](gpu, h);
     const ExpertPlan plan = expert_policy.plan(moe_layer, routing, residency);
 
@@ -665,10 +757,10 @@ struct ModelForward {
                              impl::AddRows<GpuMem>{out, result});
       });
     }
-    const double prefetch = load_into_slots(expert_policy.after_layer(moe_layer, routing, residency));
+    prefetch(expert_policy.after_layer(moe_layer, routing, residency));
     record.experts_gpu += gpu_compute;
     record.experts_cpu += cpu_compute;
-    record.transfers += gpu_transfers + cpu_transfers + prefetch;
+    record.transfers += gpu_transfers + cpu_transfers + waited;
   }
 
   /// x += block(rms_norm(x)) over the pass' rows of x_all (rows, hidden), on

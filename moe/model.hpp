@@ -49,8 +49,9 @@ class ModelBudgetError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Every routed expert of a model in pinned host memory; models of the same
-/// config and weights can share one (MoeModel::host_experts()).
+/// Every routed expert of a model in host memory (page-locked while a model
+/// with ModelOptions::pin_experts uses it); models of the same config and
+/// weights can share one (MoeModel::host_experts()).
 struct HostExpertStore;
 
 /// Makes the KV policy once the model's cache exists.
@@ -66,6 +67,10 @@ struct ModelOptions {
   int stream_chunk_blocks = 8;      // KV blocks per streaming chunk
   int micro_batches = 1;            // a decode step's sequences run in this many pipelined groups;
                                     // above 1 the expert policy must keep every expert on the GPU
+  bool vram_kv = true;              // false: no KV in VRAM (what slots leave stays unused)
+  /// Page-lock the routed experts' host store (for policies that copy experts
+  /// to the GPU; copies from pageable memory run at the pageable rate).
+  bool pin_experts = true;
   KVPolicyFactory kv_policy;        // required
   std::shared_ptr<ExpertPolicy> experts = std::make_shared<CpuExpertPolicy>();
   /// Routed experts already in pinned memory from a model of the same config
@@ -96,6 +101,15 @@ struct VramUse {
   std::uint64_t weights = 0, workspace = 0, expert_slots = 0, kv = 0;
 };
 
+/// Host memory of the model's data: the routed experts (page-locked or not),
+/// the KV cache's pinned band and host pool, and pinned staging buffers.
+struct HostUse {
+  std::uint64_t experts = 0, kv_pinned = 0, kv_host = 0, staging_pinned = 0;
+  bool experts_pinned = false;
+  std::uint64_t pinned() const { return (experts_pinned ? experts : 0) + kv_pinned + staging_pinned; }
+  std::uint64_t total() const { return experts + kv_pinned + kv_host + staging_pinned; }
+};
+
 struct ModelForward;
 
 class MoeModel {
@@ -116,6 +130,13 @@ class MoeModel {
 
   /// Bytes of VRAM the model needs besides expert slots and KV (weights + workspace).
   static VramUse fixed_vram(const ModelConfig& config, const ModelOptions& options);
+  /// Where `options.vram_budget` goes (weights, workspace, the expert
+  /// policy's slots, KV); ModelBudgetError when it cannot hold them.
+  static VramUse vram_plan(const ModelConfig& config, const ModelOptions& options);
+  /// Bytes of every routed expert of the model (the host store).
+  static std::uint64_t expert_store_bytes(const ModelConfig& config);
+  /// Most bytes of pinned staging buffers (expert inputs and outputs, logits) a model of `options` grows.
+  static std::uint64_t pinned_staging_bytes(const ModelConfig& config, const ModelOptions& options);
   /// Bytes of VRAM that `blocks_per_layer` KV blocks in every layer take, with their decode states.
   static std::uint64_t kv_vram(const ModelConfig& config, const ModelOptions& options, std::uint64_t blocks_per_layer);
   /// Bytes of one routed expert's weights.
@@ -125,11 +146,18 @@ class MoeModel {
   const AttentionShape& attention_shape() const noexcept { return shape_; }
   const InplaceKVCache<bf16>& cache() const noexcept { return *cache_; }
   const VramUse& vram_use() const noexcept { return vram_; }
+  /// Host memory the model holds now.
+  HostUse host_use() const;
   /// The routed experts in pinned memory, for another model of the same weights.
   const std::shared_ptr<HostExpertStore>& host_experts() const noexcept { return host_experts_; }
 
   /// A new, empty sequence expected to reach `expected_tokens` (KV placement plans for it).
   int add_sequence(std::int64_t expected_tokens = 0);
+  /// What placement plans `sequence` for (add_sequence's argument).
+  std::int64_t expected_tokens(int sequence) const { return expected_tokens_.at(static_cast<std::size_t>(sequence)); }
+
+  /// Returns every block of `sequence` to its pool (the KV policy is told); the id becomes invalid.
+  void free_sequence(int sequence);
 
   /// Runs `prompt` of an empty `sequence` through the prefill path, in chunks
   /// of at most max_rows tokens; returns the logits of its last token (vocab).

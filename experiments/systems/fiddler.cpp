@@ -5,11 +5,15 @@
 // other activated expert, per layer, a latency model compares computing it on
 // the CPU with copying its weights to the GPU and computing there, and picks
 // the cheaper. KV and attention stay on the GPU.
-// Kept: popularity from the run's warm-up steps (experts the warm-up routed
-// to, most popular first), resident experts up to a share of the free VRAM,
-// the per-expert CPU-or-transfer decision from the machine profile's rates;
-// KV in VRAM up to the budget, the rest in one pinned region the GPU streams
-// every step.
+// Kept: popularity from a profiling prompt separate from the measured
+// sequences (its own seed; the harness prefills it and frees it before the
+// measured sequences start), resident experts up to a share of the free VRAM,
+// every slot filled in popularity order (ties, such as experts the profile
+// never routed to, by layer and index), the per-expert CPU-or-transfer
+// decision from the calibrated rates of the kernels that run (the project's
+// bf16 expert kernel on the CPU; the pageable copy rate when the expert store
+// is not page-locked); KV in VRAM up to the budget, the rest in one pinned
+// region the GPU streams every step.
 // Simplified: the transferred weights are not kept (one staging buffer).
 #include <algorithm>
 #include <numeric>
@@ -32,7 +36,7 @@ class FiddlerExperts final : public ExpertPolicy {
     ExpertPlan plan;
     for (int e : routing.active()) {
       const int tokens = static_cast<int>(routing.rows[e].size());
-      if (warming_up_) popularity_[static_cast<std::size_t>(layer) * residency.experts() + e] += tokens;
+      if (profiling_) popularity_[static_cast<std::size_t>(layer) * residency.experts() + e] += tokens;
       if (residency.slot_of(layer, e) >= 0) {
         plan.gpu.push_back(e);
       } else if (costs_.cpu_seconds(tokens) <= costs_.transfer_seconds() + costs_.gpu_seconds(tokens)) {
@@ -45,27 +49,26 @@ class FiddlerExperts final : public ExpertPolicy {
     return plan;
   }
 
-  /// The most popular experts of the warm-up take the slots; experts the
-  /// warm-up never routed to stay on the host (placing them would be arbitrary).
+  bool profiles_routing() const override { return true; }
+
+  /// Every slot, most popular expert of the profile first.
   std::vector<ExpertLoad> end_warmup(const ExpertResidency& residency) override {
-    warming_up_ = false;
+    profiling_ = false;
     popularity_.resize(static_cast<std::size_t>(residency.layers()) * residency.experts(), 0);
     std::vector<int> order(popularity_.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return popularity_[a] > popularity_[b]; });
     std::vector<ExpertLoad> loads;
-    for (int slot = 0; slot < residency.slots() && slot < static_cast<int>(order.size()); ++slot) {
-      if (popularity_[order[slot]] == 0) break;
+    for (int slot = 0; slot < residency.slots() && slot < static_cast<int>(order.size()); ++slot)
       loads.push_back({order[slot] / residency.experts(), order[slot] % residency.experts(), slot});
-    }
     return loads;
   }
 
  private:
   ExpertCosts costs_;
   double vram_share_;
-  bool warming_up_ = true;
-  std::vector<long> popularity_;  // tokens routed to (layer, expert) during warm-up
+  bool profiling_ = true;
+  std::vector<long> popularity_;  // tokens routed to (layer, expert) by the profiling prompt
 };
 
 }  // namespace

@@ -12,8 +12,10 @@
 // of the free VRAM (a loaded expert replaces the lowest-scored resident when
 // it scores higher), prefetch of the next layer's highest-scored experts; KV
 // in VRAM up to the budget, the rest in one pinned region streamed every step.
-// Simplified: prefetches are issued after a layer and complete before the
-// next one starts (no copy/compute overlap on separate streams).
+// Prefetches run on a copy stream beside the next layer's attention; its
+// experts wait for them.
+// Simplified: the split's costs come from the profile, not from online
+// measurements.
 #include <algorithm>
 
 #include "experiments/systems.hpp"

@@ -51,10 +51,10 @@ ExpertCosts expert_costs_of(const SystemContext& context) {
   ExpertCosts costs;
   costs.expert_bytes = static_cast<double>(MoeModel::expert_bytes(c));
   costs.flops_per_token = 6.0 * c.hidden * c.expert_intermediate;
-  costs.cpu_gemv_gbps = p.cpu_gemv_gbps;
-  costs.cpu_gemm_gflops = p.cpu_gemm_gflops;
+  costs.cpu_expert_gbps = p.cpu_expert_gbps;
+  costs.cpu_expert_gflops = p.cpu_expert_gflops;
   costs.hbm_gbps = p.hbm_gbps;
-  costs.link_gbps = p.pinned_h2d_gbps;
+  costs.link_gbps = context.experts_pinned ? p.pinned_h2d_gbps : p.pageable_h2d_gbps;
   costs.link_latency_s = p.link_latency_s;
   costs.has_gpu = p.has_gpu;
   return costs;

@@ -159,6 +159,7 @@ TEST_F(SchedulerTest, FeedbackFollowsACpuSlowdownAndItsEnd) {
     const double noise = 1.0 + 0.03 * ((step * 7919) % 11 - 5) / 5.0;
     measured.cpu_seconds = cpu_bytes / (true_cpu(step) * 1e9) * noise * (step == 15 ? 8.0 : 1.0);
     measured.gpu_seconds = (bytes.movable - cpu_bytes) / 50e9;
+    measured.streamed_seconds = measured.gpu_seconds;  // the GPU only streams here
     measured.step_seconds = std::max(measured.cpu_seconds, measured.gpu_seconds);
     // Every step but the few right after a change must be at the optimum:
     // the single wild sample at step 15 must not move the plan at all.
@@ -168,6 +169,33 @@ TEST_F(SchedulerTest, FeedbackFollowsACpuSlowdownAndItsEnd) {
     }
     scheduler.observe(plan, measured);
   }
+}
+
+// A resident kernel slower than the profile says is learnt as such and not
+// charged to the link: each rate comes from its own timing.
+TEST_F(SchedulerTest, FeedbackFitsTheResidentRateApartFromTheLink) {
+  auto cache = make_cache(/*vram_blocks=*/64);
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(50, 50)), shape_, *cache);
+  const int seq = cache->add_sequence();
+  write(*cache, scheduler, 0, seq, 192 * block_tokens, 192 * block_tokens, false);
+  const std::vector<TokenRange> range{{0, 192 * block_tokens}};
+  for (int step = 0; step < 10; ++step) {
+    const SplitPlan plan = scheduler.plan(0, {seq}, range);
+    const StepBytes bytes = scheduler.bytes_of(plan);
+    double streamed_bytes = 0;
+    for (const auto& s : plan.gpu_streamed) streamed_bytes += s.token_count;
+    streamed_bytes *= static_cast<double>(block_bytes_) / block_tokens;
+    ASSERT_GT(bytes.gpu_resident, 0);
+    ASSERT_GT(streamed_bytes, 0);
+    SplitTimings measured;
+    measured.resident_seconds = bytes.gpu_resident / 200e9;  // 200 GB/s, not the profile's 3000
+    measured.streamed_seconds = streamed_bytes / 50e9;       // the link as believed
+    measured.gpu_seconds = std::max(measured.resident_seconds, measured.streamed_seconds);
+    measured.cpu_seconds = (bytes.total() - bytes.gpu_resident - streamed_bytes) / 50e9;
+    scheduler.observe(plan, measured);
+  }
+  EXPECT_NEAR(scheduler.model().rates().hbm_gbps, 200, 1);
+  EXPECT_NEAR(scheduler.model().rates().link_gbps, 50, 0.5);
 }
 
 }  // namespace

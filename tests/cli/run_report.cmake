@@ -1,7 +1,8 @@
 # cmake -DCOMMAND=<writescope> -DPYTHON=<python3> -DSOURCE=<repo> -DFOLDER=<dir> -P run_report.cmake
 # What ./run.sh does, on a tiny experiment: `writescope run` writes the results
-# file, a second run resumes (measures nothing), and report.py writes the
-# report with its figures.
+# file (5 baselines and WriteScope with each of the 3 shared expert policies,
+# 2 models x 2 contexts: 32 runs), a second run resumes (measures nothing), and
+# report.py writes the report with its figures and both comparison tables.
 file(REMOVE_RECURSE "${FOLDER}")
 file(MAKE_DIRECTORY "${FOLDER}")
 set(config ${SOURCE}/tests/cli/tiny_experiment.yaml)
@@ -11,12 +12,12 @@ execute_process(COMMAND ${COMMAND} run ${config} --profile ${profile} --output $
 if(NOT status EQUAL 0 OR NOT out MATCHES "complete, [0-9]+ did not fit, 0 failed, 0 already in the file")
   message(FATAL_ERROR "run failed (${status}): ${out}\n${err}")
 endif()
-if(NOT err MATCHES "run 1/24: tiny-qwen3-moe gpu-only b2 64")
+if(NOT err MATCHES "run 1/32: tiny-qwen3-moe gpu-only b2 64")
   message(FATAL_ERROR "no progress lines: ${err}")
 endif()
 execute_process(COMMAND ${COMMAND} run ${config} --profile ${profile} --output ${FOLDER}/tiny.h5
   RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT status EQUAL 0 OR NOT out MATCHES "0 complete, 0 did not fit, 0 failed, 24 already in the file")
+if(NOT status EQUAL 0 OR NOT out MATCHES "0 complete, 0 did not fit, 0 failed, 32 already in the file")
   message(FATAL_ERROR "resume failed (${status}): ${out}\n${err}")
 endif()
 execute_process(COMMAND ${PYTHON} ${SOURCE}/analysis/report.py ${FOLDER}/tiny.h5 -o ${FOLDER}/report
@@ -30,4 +31,9 @@ foreach(figure report.md speedup_tiny-qwen3-moe.png alpha_tiny-deepseek-v2.png b
     message(FATAL_ERROR "report.py did not write ${figure}")
   endif()
 endforeach()
+# WriteScope ran with each baseline's expert policy: both comparisons are there.
+file(READ ${FOLDER}/report/report.md report)
+if(NOT report MATCHES "same expert policy" OR NOT report MATCHES "System against system")
+  message(FATAL_ERROR "report.md lacks the two comparison tables:\n${report}")
+endif()
 file(REMOVE_RECURSE "${FOLDER}")

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 #include <sstream>
 
 #include "experiments/calibration.hpp"
@@ -33,7 +34,7 @@ class HarnessTest : public ::testing::Test {
                              "models:\n  - {preset: tiny-mixtral}\n  - {preset: tiny-deepseek-v2, layers: 2}\n"
                              "systems: [ktransformers, writescope, gpu-only]\n"
                              "batch_sizes: [2]\ncontexts: [24, 40]\n"
-                             "budgets: {vram: 12MiB, pinned: 8MiB, host: 8MiB}\n"
+                             "budgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
                              "steps: {warmup: 1, measured: 3}\nblock_tokens: 8\n" +
                              extra;
     return ExperimentConfig::from_config(ConfigNode::parse(yaml, "test.yaml"));
@@ -70,7 +71,14 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
       << error_of(bad_model + "systems: [gpu-only]\n");
   EXPECT_NE(error_of(base + "systems: [gpu-only]\nsteps: {measured: 0}\n").find("measured"), std::string::npos);
   EXPECT_NE(error_of(base + "systems: [gpu-only]\ncontext_fill: random\n").find("context_fill"), std::string::npos);
-  EXPECT_NE(error_of(base + "systems: [fiddler]\nsteps: {warmup: 0}\n").find("warmup must be at least 1"),
+  EXPECT_NE(error_of(base + "systems: [fiddler]\nsteps: {profile_tokens: 0}\n").find("profile_tokens"),
+            std::string::npos);
+  EXPECT_NE(error_of(base + "systems: [fiddler]\nsteps: {warmup: 2, measured: 3}\nmax_sequence_tokens: 12\n")
+                .find("must hold the longest context plus the warm-up and measured steps (13 tokens), got 12"),
+            std::string::npos);
+  std::string pinned_above_host = base;
+  pinned_above_host.replace(pinned_above_host.find("pinned: 1GiB"), 12, "pinned: 2GiB");
+  EXPECT_NE(error_of(pinned_above_host + "systems: [fiddler]\n").find("cannot exceed the host budget"),
             std::string::npos);
   EXPECT_NE(error_of(base + "systems: [writescope]\noptions: {writescope_experts: vllm}\n")
                 .find("must be one of auto, fiddler, ktransformers, hybrimoe, got 'vllm'"),
@@ -79,15 +87,24 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
 
 TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
   const ExperimentConfig experiment = config();
-  const auto runs = expand_runs(experiment);
-  ASSERT_EQ(runs.size(), 2u * 2u * 3u);
+  const auto runs = expand_runs(experiment, test::tiny_profile());
+  // Per setting (2 models x 2 contexts): two baselines, then WriteScope with
+  // KTransformers' experts and, if its roofline picks another policy, with that.
+  ASSERT_GE(runs.size(), 2u * 2u * 3u);
+  ASSERT_LE(runs.size(), 2u * 2u * 4u);
   EXPECT_EQ(runs[1].system, "gpu-only");
   EXPECT_EQ(runs[2].system, "writescope");  // after the baselines of its setting
+  EXPECT_EQ(runs[2].expert_policy, "ktransformers");
+  EXPECT_EQ(std::count_if(runs.begin(), runs.end(),
+                          [](const RunSpec& r) { return r.system == "writescope" && r.system_comparison; }),
+            4);
   std::ostringstream progress;
   const ExperimentSummary first = run_experiment(experiment, test::tiny_profile(), progress, false);
   EXPECT_EQ(first.failed, 0) << progress.str();
   EXPECT_GT(first.complete, 0);
-  EXPECT_NE(progress.str().find("run 1/12: tiny-mixtral ktransformers b2 24"), std::string::npos) << progress.str();
+  EXPECT_NE(progress.str().find("run 1/" + std::to_string(runs.size()) + ": tiny-mixtral ktransformers b2 24"),
+            std::string::npos)
+      << progress.str();
 
   const ResultsReader reader(output_);
   EXPECT_EQ(reader.string_attribute("/", "format"), "writescope-results-1");
@@ -101,7 +118,7 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
     const std::string status = reader.string_attribute(g, "status");
     if (status != "complete") {
       EXPECT_EQ(status, "does_not_fit") << g;
-      EXPECT_EQ(reader.string_attribute(g, "system"), "gpu-only") << g;
+      EXPECT_EQ(reader.string_attribute(g, "system"), "gpu-only") << g << ": " << reader.string_attribute(g, "reason");
       EXPECT_NE(reader.string_attribute(g, "reason").find("of VRAM"), std::string::npos);
       continue;
     }
@@ -152,7 +169,7 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
 
   // Another machine profile does not mix into the file.
   MachineProfile other = test::tiny_profile();
-  other.cpu_gemv_gbps *= 2;
+  other.cpu_expert_gbps *= 2;
   try {
     run_experiment(changed, other, third_progress, false);
     FAIL() << "no error";
@@ -173,6 +190,148 @@ TEST_F(HarnessTest, FailedRunsAreRecordedAndTheExperimentGoesOn) {
   const ResultsReader reader(output_);
   for (const std::string& name : reader.list("/runs"))
     EXPECT_NE(reader.string_attribute("/runs/" + name, "reason").find("vram_budget"), std::string::npos);
+}
+
+// One memory contract: whatever each system pins (experts, KV band, staging)
+// stays within the one pinned limit, all its host memory within the host
+// budget, and the run records both; a run that cannot fit says so with bytes.
+TEST_F(HarnessTest, EverySystemPinsWithinTheOneLimitAndRecordsIt) {
+  const std::uint64_t experts = MoeModel::expert_store_bytes(model_preset("tiny-mixtral"));
+  const std::uint64_t pinned = 2 * experts, host = 4 * experts;
+  const std::string yaml =
+      "name: contract\noutput: " + output_ +
+      "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\n"
+      "systems: [gpu-only, ktransformers, fiddler, hybrimoe, moe-lightning, writescope]\n"
+      "batch_sizes: [2]\ncontexts: [40, 400]\nbudgets: {vram: 3MiB, pinned: " +
+      std::to_string(pinned) + "B, host: " + std::to_string(host) +
+      "B}\nsteps: {warmup: 1, measured: 2, profile_tokens: 16}\nblock_tokens: 8\n";
+  const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(yaml, "contract.yaml"));
+  std::ostringstream progress;
+  const ExperimentSummary summary = run_experiment(experiment, test::tiny_profile(), progress, false);
+  EXPECT_EQ(summary.failed, 0) << progress.str();
+  const ResultsReader reader(output_);
+  std::set<std::string> complete_systems, pinned_experts;
+  for (const std::string& name : reader.list("/runs")) {
+    const std::string g = "/runs/" + name;
+    EXPECT_EQ(reader.int_attribute(g, "pinned_limit_bytes"), static_cast<std::int64_t>(pinned)) << g;
+    EXPECT_EQ(reader.int_attribute(g, "host_budget_bytes"), static_cast<std::int64_t>(host)) << g;
+    if (reader.string_attribute(g, "status") != "complete") {
+      EXPECT_EQ(reader.string_attribute(g, "status"), "does_not_fit") << g;
+      EXPECT_NE(reader.string_attribute(g, "reason").find("iB"), std::string::npos) << g;  // names the bytes
+      continue;
+    }
+    const std::string system = reader.string_attribute(g, "system");
+    complete_systems.insert(system);
+    const std::int64_t pinned_bytes = reader.int_attribute(g, "pinned_bytes");
+    EXPECT_LE(pinned_bytes, static_cast<std::int64_t>(pinned)) << g;
+    EXPECT_LE(reader.int_attribute(g, "host_bytes"), static_cast<std::int64_t>(host)) << g;
+    EXPECT_GE(reader.int_attribute(g, "host_bytes"), static_cast<std::int64_t>(experts)) << g;
+    if (reader.int_attribute(g, "experts_pinned")) {
+      pinned_experts.insert(system);
+      EXPECT_GE(pinned_bytes, static_cast<std::int64_t>(experts)) << g;
+    }
+  }
+  // Every system runs in 3 MiB of VRAM (GPU-only at the short context only);
+  // the CPU-expert policy never pins its experts, the paging one does.
+  EXPECT_EQ(complete_systems, (std::set<std::string>{"gpu-only", "ktransformers", "fiddler", "hybrimoe",
+                                                     "moe-lightning", "writescope"}));
+  EXPECT_EQ(pinned_experts.count("ktransformers"), 0u);
+  EXPECT_EQ(pinned_experts.count("moe-lightning"), 1u);
+}
+
+// A run that needs more pinned memory than the limit is "does not fit" with the bytes.
+TEST_F(HarnessTest, KVBeyondThePinnedLimitDoesNotFit) {
+  const std::uint64_t experts = MoeModel::expert_store_bytes(model_preset("tiny-mixtral"));
+  const std::string yaml = "name: small\noutput: " + output_ +
+                           "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers]\n"
+                           "batch_sizes: [4]\ncontexts: [4000]\nbudgets: {vram: 6MiB, pinned: 256KiB, host: " +
+                           std::to_string(experts + (8 << 20)) + "B}\nblock_tokens: 8\n";
+  const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(yaml, "small.yaml"));
+  std::ostringstream progress;
+  EXPECT_EQ(run_experiment(experiment, test::tiny_profile(), progress, false).did_not_fit, 1);
+  const ResultsReader reader(output_);
+  const std::string reason = reader.string_attribute("/runs/" + reader.list("/runs").front(), "reason");
+  EXPECT_NE(reason.find("of pinned memory but the contract leaves"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("pinned limit 256KiB"), std::string::npos) << reason;
+}
+
+// No oracle: the policies plan each sequence for the configured longest
+// sequence, so a longer measurement (a later final length) changes nothing
+// they decide; WriteScope's own expert policy comes from its roofline before
+// the run, whichever baselines run beside it.
+TEST_F(HarnessTest, PoliciesPlanForTheConfiguredLengthNotTheRunsFinal) {
+  auto regions_of = [&](int measured, const std::string& name) {
+    const std::string output = (dir_ / (name + ".h5")).string();
+    const std::string yaml = "name: plan\noutput: " + output +
+                             "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [writescope]\n"
+                             "batch_sizes: [2]\ncontexts: [60]\nmax_sequence_tokens: 400\n"
+                             "budgets: {vram: 3MiB, pinned: 8MiB, host: 64MiB}\nsteps: {warmup: 0, measured: " +
+                             std::to_string(measured) + "}\nblock_tokens: 8\n";
+    std::ostringstream progress;
+    run_experiment(ExperimentConfig::from_config(ConfigNode::parse(yaml, "plan.yaml")), test::tiny_profile(),
+                   progress, false);
+    const ResultsReader reader(output);
+    const std::string g = "/runs/" + reader.list("/runs").front();
+    EXPECT_EQ(reader.string_attribute(g, "status"), "complete") << progress.str();
+    EXPECT_EQ(reader.int_attribute(g, "planned_sequence_tokens"), 400);
+    std::vector<double> first_step;
+    for (const char* region : {"gpu_resident", "gpu_streamed", "cpu_resident", "cpu_streamed"})
+      first_step.push_back(reader.read<double>(g + "/region_bytes/" + region).front());
+    first_step.push_back(static_cast<double>(reader.int_attribute(g, "pinned_bytes")));
+    first_step.push_back(static_cast<double>(reader.int_attribute(g, "host_bytes")));
+    return first_step;
+  };
+  EXPECT_EQ(regions_of(1, "short"), regions_of(200, "long"));
+}
+
+TEST_F(HarnessTest, WriteScopesExpertPolicyIsFixedBeforeTheRun) {
+  // Every baseline expert policy among the systems gets a WriteScope run with
+  // the same experts; WriteScope's own choice stands for it against the systems.
+  const ExperimentConfig experiment = config();
+  const MachineProfile profile = test::tiny_profile();
+  for (const RunSpec& run : expand_runs(experiment, profile)) {
+    if (run.system != "writescope") {
+      EXPECT_TRUE(run.expert_policy.empty());
+      EXPECT_TRUE(run.system_comparison);
+      continue;
+    }
+    SystemContext context{run.model->config, profile, run.batch, run.context, experiment.system_options};
+    context.vram_budget = run.vram_budget;
+    context.block_tokens = experiment.block_tokens;
+    const std::string choice = writescope_expert_choice(context);
+    EXPECT_EQ(run.system_comparison, run.expert_policy == choice) << run.id();
+    EXPECT_TRUE(run.expert_policy == "ktransformers" || run.expert_policy == choice) << run.id();
+  }
+  // The choice does not depend on which baselines ran (or how fast): a
+  // WriteScope-only experiment and one with a baseline record the same one.
+  auto chosen = [&](const std::string& systems, const std::string& name) {
+    const std::string output = (dir_ / (name + ".h5")).string();
+    const std::string yaml = "name: choice\noutput: " + output +
+                             "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: " + systems +
+                             "\nbatch_sizes: [2]\ncontexts: [40]\nbudgets: {vram: 4MiB, pinned: 16MiB, host: 64MiB}\n"
+                             "steps: {warmup: 1, measured: 1}\nblock_tokens: 8\n";
+    std::ostringstream progress;
+    run_experiment(ExperimentConfig::from_config(ConfigNode::parse(yaml, "choice.yaml")), profile, progress, false);
+    const ResultsReader reader(output);
+    std::string policy;
+    for (const std::string& run : reader.list("/runs"))
+      if (reader.string_attribute("/runs/" + run, "system") == "writescope" &&
+          reader.int_attribute("/runs/" + run, "system_comparison") == 1)
+        policy = reader.string_attribute("/runs/" + run, "expert_policy");
+    return policy;
+  };
+  const std::string alone = chosen("[writescope]", "alone");
+  EXPECT_FALSE(alone.empty());
+  EXPECT_EQ(chosen("[hybrimoe, fiddler, ktransformers, writescope]", "beside"), alone);
+}
+
+// Calibrate measures the kernels the systems run: the GPU decode kernel over
+// VRAM-resident KV (the host stands in for it here) and the bf16 expert kernel.
+TEST(Calibration, MeasuresTheKernelsTheSystemsRun) {
+  EXPECT_GT(measure_gpu_attention_gbps(model_preset("tiny-qwen3-moe").attention(), 4096), 0);
+  const ExpertKernelRates expert = measure_cpu_expert_rates();
+  EXPECT_GT(expert.gbps, 0);
+  EXPECT_GT(expert.gflops, 0);
 }
 
 // The streaming chunk calibrate writes: the smallest copy size at 90% of the link.

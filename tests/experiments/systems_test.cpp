@@ -391,19 +391,98 @@ TEST(Systems, HybriMoeSplitsGreedilyAndCachesByScore) {
     }
 }
 
-TEST(Systems, FiddlerPlacesTheWarmUpsMostPopularExperts) {
-  const ModelConfig config = model_preset("tiny-mixtral");
+TEST(Systems, FiddlerFillsEverySlotInTheProfilesPopularityOrder) {
+  const ModelConfig config = model_preset("tiny-qwen3-moe");  // 8 experts
   SystemContext context{config, test::tiny_profile(), 4, 16, SystemOptions{}};
   const auto policy = fiddler_experts(context);
-  ExpertResidency residency(config.layers, config.experts, 2);
+  EXPECT_TRUE(policy->profiles_routing());
+  ExpertResidency residency(config.layers, config.experts, 5);
   policy->plan(0, routing_of({1, 0, 5, 0, 0, 0, 0, 2}), residency);
   policy->plan(1, routing_of({0, 3, 0, 0, 0, 0, 0, 0}), residency);
   const auto loads = policy->end_warmup(residency);
-  ASSERT_EQ(loads.size(), 2u);
-  EXPECT_EQ(loads[0].layer, 0);
-  EXPECT_EQ(loads[0].expert, 2);
-  EXPECT_EQ(loads[1].layer, 1);
-  EXPECT_EQ(loads[1].expert, 1);
+  // The profile's four experts by popularity, then the first expert it never routed to.
+  std::vector<std::pair<int, int>> placed;
+  for (const ExpertLoad& load : loads) placed.emplace_back(load.layer, load.expert);
+  EXPECT_EQ(placed, (std::vector<std::pair<int, int>>{{0, 2}, {1, 1}, {0, 7}, {0, 0}, {0, 1}}));
+  for (std::size_t s = 0; s < loads.size(); ++s) EXPECT_EQ(loads[s].slot, static_cast<int>(s));
+}
+
+// Fiddler and HybriMoE price a CPU expert at the calibrated rate of the bf16
+// expert kernel, and a copy at the link rate of where the experts live.
+TEST(Systems, ExpertCostsComeFromTheKernelThatRunsAndTheStoresLink) {
+  SystemContext context{model_preset("tiny-mixtral"), test::tiny_profile(), 1, 16, SystemOptions{}};
+  context.profile.has_gpu = true;
+  const ExpertCosts pinned = expert_costs_of(context);
+  EXPECT_DOUBLE_EQ(pinned.cpu_seconds(1), pinned.expert_bytes / (context.profile.cpu_expert_gbps * 1e9));
+  EXPECT_DOUBLE_EQ(pinned.cpu_seconds(1000), 1000 * pinned.flops_per_token / (context.profile.cpu_expert_gflops * 1e9));
+  context.experts_pinned = false;
+  const ExpertCosts pageable = expert_costs_of(context);
+  EXPECT_DOUBLE_EQ(pageable.transfer_seconds() - context.profile.link_latency_s,
+                   pageable.expert_bytes / (context.profile.pageable_h2d_gbps * 1e9));
+  EXPECT_GT(pageable.transfer_seconds(), pinned.transfer_seconds());
+}
+
+// MoE-Lightning keeps the layers its roofline (HRM) wants resident, as many
+// as each budget allows, pages the rest through two halves, and leaves no KV
+// pool in VRAM.
+TEST(Systems, MoeLightningKeepsWhatItsRooflineWantsResident) {
+  ModelOverrides eight_layers;
+  eight_layers.layers = 8;
+  const ModelConfig config = apply_overrides(model_preset("tiny-mixtral"), eight_layers);
+  const int experts = config.experts;
+  MachineProfile profile = test::tiny_profile();
+  profile.has_gpu = true;
+  auto slots_with_room_for = [&](int room) {
+    const System system = make_system("moe-lightning", SystemContext{config, profile, 2, 64, SystemOptions{}});
+    ModelOptions options;
+    options.block_tokens = 8;
+    options.max_rows = 2;
+    options.experts = system.experts;
+    options.vram_kv = system.vram_kv;
+    const VramUse fixed = MoeModel::fixed_vram(config, options);
+    options.vram_budget = fixed.weights + fixed.workspace + static_cast<std::uint64_t>(room) * MoeModel::expert_bytes(config);
+    const VramUse use = MoeModel::vram_plan(config, options);
+    EXPECT_EQ(use.kv, 0u);
+    return static_cast<int>(use.expert_slots / MoeModel::expert_bytes(config));
+  };
+  // A slow link: paging would dominate, so the HRM wants every layer; the budget caps them.
+  profile.pinned_h2d_gbps = 1e-3;
+  EXPECT_EQ(moe_lightning_resident_layers(SystemContext{config, profile, 2, 64, SystemOptions{}}), 8);
+  EXPECT_EQ(slots_with_room_for(4 * experts + 1), (2 + 2) * experts);  // 2 resident layers + 2 halves
+  EXPECT_EQ(slots_with_room_for(6 * experts + 1), (4 + 2) * experts);  // 4 resident layers + 2 halves
+  EXPECT_EQ(slots_with_room_for(8 * experts), 8 * experts);            // all resident, no halves
+  EXPECT_EQ(slots_with_room_for(experts), 0);                          // no room for halves: staging
+  // A faster link: paging partly hides behind the CPU's attention, so the HRM
+  // keeps fewer layers resident however much room there is.
+  bool partial = false;
+  for (double link = 1e-3; link < 1e9 && !partial; link *= 3) {
+    profile.pinned_h2d_gbps = link;
+    const int wanted = moe_lightning_resident_layers(SystemContext{config, profile, 2, 64, SystemOptions{}});
+    if (wanted > 0 && wanted + 2 < 8) {
+      partial = true;
+      EXPECT_EQ(slots_with_room_for(8 * experts), (wanted + 2) * experts) << "link " << link;
+    }
+  }
+  EXPECT_TRUE(partial);
+  profile.pinned_h2d_gbps = 1e9;
+  EXPECT_EQ(moe_lightning_resident_layers(SystemContext{config, profile, 2, 64, SystemOptions{}}), 0);
+}
+
+// WriteScope's expert choice follows the machine: free GPU experts behind a
+// fast link favour the GPU-expert policies, a GPU that cannot load experts
+// leaves the CPU policy.
+TEST(Systems, WriteScopesExpertChoiceFollowsItsRoofline) {
+  // Long sequences: the KV does not fit in VRAM, so slots cost attention time.
+  SystemContext context{model_preset("tiny-mixtral"), test::tiny_profile(), 4, 100000, SystemOptions{}};
+  context.profile.has_gpu = true;
+  context.vram_budget = 64 << 20;
+  context.block_tokens = 8;
+  context.profile.cpu_expert_gbps = 1e-3;  // CPU experts are very slow
+  EXPECT_NE(writescope_expert_choice(context), "ktransformers");
+  context.profile.cpu_expert_gbps = 1e6;   // CPU experts are free, copies crawl
+  context.profile.pinned_h2d_gbps = context.profile.pageable_h2d_gbps = 1e-6;
+  context.vram_budget = 16 << 20;          // and slots would cost the KV its VRAM
+  EXPECT_EQ(writescope_expert_choice(context), "ktransformers");
 }
 
 }  // namespace

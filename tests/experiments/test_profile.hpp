@@ -18,8 +18,8 @@ inline MachineProfile tiny_profile() {
   p.cpu_dram_read_gbps = 20;
   p.cpu_fma_glanes = 100;
   p.cpu_launch_latency_s = 1e-6;
-  p.cpu_gemv_gbps = 15;
-  p.cpu_gemm_gflops = 100;
+  p.cpu_expert_gbps = 15;
+  p.cpu_expert_gflops = 100;
   for (const char* shape : {"tiny-qwen3-moe", "tiny-mixtral", "tiny-deepseek-v2", "qwen3-30b-a3b", "mixtral-8x7b",
                             "deepseek-v2-lite"})
     p.cpu_attention_gbps[shape] = {{1, 5}, {2, 10}};

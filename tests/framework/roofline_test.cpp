@@ -115,13 +115,21 @@ TEST_F(ProfileTest, SaveAndLoadRoundTrip) {
   measured.link_chunk_bytes = std::uint64_t{3} << 20;
   measured.save(path);
   EXPECT_EQ(MachineProfile::load(path).link_chunk_bytes, std::uint64_t{3} << 20);
+  // Older profiles give the BLAS rates under their older names.
+  EXPECT_DOUBLE_EQ(find_profile("a100-pcie4").cpu_expert_gbps, 100);
+  // The GPU's decode rate over VRAM-resident KV replaces the copy rate for the shapes it was measured on.
+  measured.gpu_attention_gbps["qwen3-30b-a3b"] = 180;
+  measured.save(path);
+  const auto with_gpu_rate = MachineProfile::load(path);
+  EXPECT_DOUBLE_EQ(ModelRates::from_profile(with_gpu_rate, "qwen3-30b-a3b", 16).hbm_gbps, 180);
+  EXPECT_DOUBLE_EQ(ModelRates::from_profile(with_gpu_rate, "mixtral-8x7b", 16).hbm_gbps, with_gpu_rate.hbm_gbps);
 }
 
 TEST_F(ProfileTest, ErrorsNameTheField) {
   const std::string base = R"(name: bad
 gpu: {hbm_gbps: 1000}
 link: {pinned_h2d_gbps: 25, pinned_d2h_gbps: 25, pageable_h2d_gbps: 8, pageable_d2h_gbps: -8}
-cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, gemv_gbps: 10, gemm_gflops: 50,
+cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_gflops: 50,
       attention_gbps: {qwen3-30b-a3b: {4: 5}}}
 )";
   try {
@@ -139,9 +147,19 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, gemv_gbps: 10, gemm_gflop
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.field(), "link.chunk_bytes");
   }
+  std::string both_names = base;
+  both_names.replace(both_names.find("pageable_d2h_gbps: -8"), 21, "pageable_d2h_gbps: 8");
+  both_names.replace(both_names.find("expert_gbps: 10"), 15, "expert_gbps: 10, gemv_gbps: 10");
+  try {
+    MachineProfile::load(write(both_names));
+    FAIL() << "both names of the expert rate accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "cpu.gemv_gbps");
+    EXPECT_NE(e.reason().find("older name of expert_gbps"), std::string::npos) << e.reason();
+  }
   const std::string no_gpu = R"(name: laptop
 has_gpu: false
-cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, gemv_gbps: 10, gemm_gflops: 50,
+cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_gflops: 50,
       attention_gbps: {qwen3-30b-a3b: {four: 5}}}
 )";
   try {

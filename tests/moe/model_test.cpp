@@ -298,6 +298,64 @@ TEST(MoeModel, SharesItsRoutedExpertsWithAModelOfTheSameWeights) {
   EXPECT_THROW(MoeModel::synthetic(model_preset("tiny-qwen3-moe"), 8, wrong), std::invalid_argument);
 }
 
+// Host memory is counted as it is held: the expert store (page-locked or
+// not, shared by models of the same weights), the KV pools and the pinned
+// staging buffers; page-locking changes nothing in the results.
+TEST(MoeModel, HostUseCountsItsPinnedAndPageableMemory) {
+  const ModelConfig config = model_preset("tiny-mixtral");
+  ModelOptions pinned = options_with(every_region, mixed_experts());
+  MoeModel first = MoeModel::synthetic(config, 8, pinned);
+  const int a = first.add_sequence();
+  const auto expected = first.prefill(a, {3, 1, 4, 1, 5});
+  const HostUse use = first.host_use();
+  EXPECT_TRUE(use.experts_pinned);
+  EXPECT_EQ(use.experts, MoeModel::expert_store_bytes(config));
+  const std::uint64_t block_bytes =
+      static_cast<std::uint64_t>(config.attention().block_geometry(4).block_elements()) * sizeof(bf16);
+  EXPECT_EQ(use.kv_pinned, pinned.pinned_kv_budget / block_bytes * block_bytes);
+  EXPECT_EQ(use.kv_host, pinned.host_kv_budget / block_bytes * block_bytes);
+  EXPECT_GT(use.staging_pinned, 0u);
+  EXPECT_LE(use.staging_pinned, MoeModel::pinned_staging_bytes(config, pinned));
+  EXPECT_EQ(use.pinned(), use.experts + use.kv_pinned + use.staging_pinned);
+  EXPECT_EQ(use.total(), use.experts + use.kv_pinned + use.kv_host + use.staging_pinned);
+
+  ModelOptions pageable = options_with(every_region, mixed_experts());
+  pageable.pin_experts = false;
+  pageable.host_experts = first.host_experts();
+  MoeModel second = MoeModel::synthetic(config, 8, pageable);
+  EXPECT_FALSE(second.host_use().experts_pinned);
+  EXPECT_EQ(second.host_use().pinned(), second.host_use().kv_pinned + second.host_use().staging_pinned);
+  const int b = second.add_sequence();
+  expect_logits_near(second.prefill(b, {3, 1, 4, 1, 5}), expected, 0, "pageable experts");
+}
+
+// A freed sequence returns its blocks to their pools and its VRAM share to
+// the KV policy: the next sequence is placed as the first one was.
+TEST(MoeModel, FreedSequencesReturnTheirBlocksAndVramShare) {
+  const ModelConfig config = model_preset("tiny-qwen3-moe");
+  ModelOptions options = options_with(every_region, mixed_experts());
+  options.vram_budget = MoeModel::fixed_vram(config, options).weights + MoeModel::fixed_vram(config, options).workspace +
+                        static_cast<std::uint64_t>(config.layers) * config.experts * MoeModel::expert_bytes(config) +
+                        MoeModel::kv_vram(config, options, 3);
+  options.kv_policy = [](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
+    return std::make_unique<FirstFitKVPolicy>(test_roofline(), shape, cache, Region::gpu_streamed);
+  };
+  MoeModel model = MoeModel::synthetic(config, 8, options);
+  auto regions_after_fill = [&] {
+    const int sequence = model.add_sequence();
+    model.fill_context(sequence, 20, 1);
+    std::array<std::uint64_t, 4> bytes{};
+    for (int r = 0; r < 4; ++r) bytes[r] = model.cache().region_bytes(static_cast<Region>(r));
+    model.free_sequence(sequence);
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(model.cache().region_bytes(static_cast<Region>(r)), 0u);
+    return bytes;
+  };
+  const auto first = regions_after_fill();
+  EXPECT_GT(first[static_cast<int>(Region::gpu_resident)], 0u);
+  EXPECT_GT(first[static_cast<int>(Region::gpu_streamed)], 0u);
+  EXPECT_EQ(regions_after_fill(), first);
+}
+
 // A checkpoint saved in the Hub's config format and the same one in
 // transformers 5's give identical logits (every architecture; DeepSeek's YaRN
 // travels in rope_parameters in the second).
