@@ -107,19 +107,25 @@ def slice_section(folder):
     except ImportError:
         return ["slice: slice.h5 written; h5py or numpy missing here, figures in the archive"]
     lines = ["slice (tokens/s per system; WriteScope's split):"]
-    rates, checks = {}, []
+    rates, same_policy, checks = {}, {}, []
     with h5py.File(path, "r") as results:
         for group in results["runs"].values():
             attributes = group.attrs
             system, status = str(attributes["system"]), str(attributes["status"])
+            policy = str(attributes.get("expert_policy", system))
+            label = f"{system}[{policy}]" if system == "writescope" else system
             if status != "complete":
-                lines.append(f"  {system:14s} {status}: {attributes['reason']}")
+                lines.append(f"  {label:26s} {status}: {attributes['reason']}")
                 continue
-            rates[system] = float(attributes["tokens_per_second"])
-            lines.append(f"  {system:14s} {rates[system]:8.2f} tokens/s, expert policy "
-                         f"{attributes['expert_policy']}, step {float(attributes['mean_step_seconds']) * 1e3:.0f} ms")
+            rate = float(attributes["tokens_per_second"])
+            lines.append(f"  {label:26s} {rate:8.2f} tokens/s, step {float(attributes['mean_step_seconds']) * 1e3:.0f} ms")
             if system != "writescope":
+                rates[system] = rate
                 continue
+            same_policy[policy] = rate
+            if int(attributes.get("system_comparison", 1)) != 1:
+                continue
+            rates[system] = rate
             alpha = numpy.asarray(group["alpha"])
             region = {name: float(numpy.sum(group["region_bytes"][name])) for name in group["region_bytes"]}
             outside = 1 - region["gpu_resident"] / max(sum(region.values()), 1.0)
@@ -141,6 +147,10 @@ def slice_section(folder):
                      ", ".join(f"{s} {rates['writescope'] / r:.2f}x" for s, r in sorted(baselines.items())))
     else:
         checks.append(("writescope and a baseline complete", False))
+    shared = [f"{policy} {rate / baselines[policy]:.2f}x" for policy, rate in sorted(same_policy.items())
+              if policy in baselines]
+    if shared:
+        lines.append("  same expert policy (KV format and split alone), writescope over: " + ", ".join(shared))
     lines += [f"  check: {name}: {'yes' if ok else 'NO'}" for name, ok in checks]
     return lines
 
