@@ -281,40 +281,41 @@ std::unique_ptr<InplaceKVCache<bf16>> filled_cache(const AttentionShape& shape, 
   return cache;
 }
 
-double measure_cpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens) {
-  const auto cache = filled_cache(shape, Region::cpu_resident, tokens);
-  const auto segments = cache->segments(0, Region::cpu_resident, {0}, {TokenRange{0, tokens}});
-  Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> queries("writescope::experiments::queries", 1,
-                                                                    shape.q_heads, shape.key_dim);
+namespace {
+
+/// Decode attention of one query over `tokens` tokens, all in `region` of a
+/// one-layer cache, read by ExecSpace from `pool` in `order`: KV bytes per
+/// second, best of five.
+template <class ExecSpace, class MemSpace, class PoolOf>
+double measure_decode_gbps(const AttentionShape& shape, std::int64_t tokens, Region region, BlockOrder order,
+                           PoolOf pool_of) {
+  const auto cache = filled_cache(shape, region, tokens);
+  const auto segments = cache->segments(0, region, {0}, {TokenRange{0, tokens}});
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> queries("writescope::experiments::queries", 1, shape.q_heads,
+                                                                shape.key_dim);
   Kokkos::deep_copy(queries, 0.05f);
-  PartialState<HostMemSpace> out("writescope::experiments::out", 1, shape.q_heads, shape.value_dim);
-  DecodeWorkspace<HostMemSpace> workspace;
-  auto run = [&](const HostExecSpace& space) {
-    decode_attention<HostExecSpace, bf16, HostMemSpace>(space, shape, cache->geometry(), BlockOrder::head_major,
-                                                        queries, cache->host_pool(), segments, workspace, out);
+  PartialState<MemSpace> out("writescope::experiments::out", 1, shape.q_heads, shape.value_dim);
+  DecodeWorkspace<MemSpace> workspace;
+  auto run = [&](const ExecSpace& space) {
+    decode_attention<ExecSpace, bf16, MemSpace>(space, shape, cache->geometry(), order, queries,
+                                                ((*cache).*pool_of)(), segments, workspace, out);
   };
-  run(HostExecSpace());
+  run(ExecSpace());
   const double kv_bytes = static_cast<double>(tokens) * shape.kv_heads *
                           (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
-  return best_rate(HostExecSpace(), kv_bytes, run);
+  return best_rate(ExecSpace(), kv_bytes, run);
+}
+
+}  // namespace
+
+double measure_cpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens) {
+  return measure_decode_gbps<HostExecSpace, HostMemSpace>(shape, tokens, Region::cpu_resident, BlockOrder::head_major,
+                                                          &InplaceKVCache<bf16>::host_pool);
 }
 
 double measure_gpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens) {
-  const auto cache = filled_cache(shape, Region::gpu_resident, tokens);
-  const auto segments = cache->segments(0, Region::gpu_resident, {0}, {TokenRange{0, tokens}});
-  Kokkos::View<float***, Kokkos::LayoutRight, GpuMemSpace> queries("writescope::experiments::gpu_queries", 1,
-                                                                   shape.q_heads, shape.key_dim);
-  Kokkos::deep_copy(queries, 0.05f);
-  PartialState<GpuMemSpace> out("writescope::experiments::gpu_out", 1, shape.q_heads, shape.value_dim);
-  DecodeWorkspace<GpuMemSpace> workspace;
-  auto run = [&](const GpuExecSpace& space) {
-    decode_attention<GpuExecSpace, bf16, GpuMemSpace>(space, shape, cache->geometry(), BlockOrder::token_major,
-                                                      queries, cache->vram_pool(), segments, workspace, out);
-  };
-  run(GpuExecSpace());
-  const double kv_bytes = static_cast<double>(tokens) * shape.kv_heads *
-                          (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
-  return best_rate(GpuExecSpace(), kv_bytes, run);
+  return measure_decode_gbps<GpuExecSpace, GpuMemSpace>(shape, tokens, Region::gpu_resident, BlockOrder::token_major,
+                                                        &InplaceKVCache<bf16>::vram_pool);
 }
 
 namespace {

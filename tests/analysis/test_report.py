@@ -182,12 +182,14 @@ def png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
-class ReportOnCompleteFile(unittest.TestCase):
+class ReportOnFile:
+    """A report of the results file `specs()` describes, written once per class (mixed into a TestCase)."""
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.path = os.path.join(cls.tmp.name, "results.h5")
-        write_results(cls.path, run_specs())
+        write_results(cls.path, cls.specs())
         cls.output = os.path.join(cls.tmp.name, "report")
         cls.result = run_report(cls.path, cls.output)
         with open(os.path.join(cls.output, "report.md"), encoding="utf-8") as md:
@@ -200,6 +202,10 @@ class ReportOnCompleteFile(unittest.TestCase):
     def test_exits_cleanly(self):
         self.assertEqual(self.result.returncode, 0, self.result.stderr)
         self.assertEqual(self.result.stderr, "")
+
+
+class ReportOnCompleteFile(ReportOnFile, unittest.TestCase):
+    specs = staticmethod(run_specs)
 
     def test_writes_every_figure(self):
         names = ["predicted_vs_measured.png", "roofline.png"]
@@ -255,25 +261,10 @@ class ReportOnCompleteFile(unittest.TestCase):
         self.assertIn("| writescope | 10.0% |", self.markdown)
 
 
-class ReportOnVariants(unittest.TestCase):
+class ReportOnVariants(ReportOnFile, unittest.TestCase):
     """WriteScope once per baseline expert policy plus once with its own (the current schema)."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.path = os.path.join(cls.tmp.name, "results.h5")
-        write_results(cls.path, variant_specs())
-        cls.result = run_report(cls.path, os.path.join(cls.tmp.name, "report"))
-        with open(os.path.join(cls.tmp.name, "report", "report.md"), encoding="utf-8") as md:
-            cls.markdown = md.read()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
-
-    def test_exits_cleanly(self):
-        self.assertEqual(self.result.returncode, 0, self.result.stderr)
-        self.assertEqual(self.result.stderr, "")
+    specs = staticmethod(variant_specs)
 
     def test_throughputs_tell_pairings_apart(self):
         # The construction the other tests rely on: every wrong choice of WriteScope runs (another variant, or
