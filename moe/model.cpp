@@ -97,34 +97,32 @@ struct ExpertBuffers {
 }  // namespace impl
 
 /// Every routed expert of a model in host memory, [MoE layer][expert]: one
-/// allocation per layer, page-locked while a model that copies experts to the
-/// GPU uses the store (ModelOptions::pin_experts).
+/// allocation (registered once: page-locking works on whole pages, so
+/// neighbouring allocations must not be registered apart), page-locked while
+/// a model that copies experts to the GPU uses the store
+/// (ModelOptions::pin_experts).
 struct HostExpertStore {
-  std::vector<Kokkos::View<bf16*, HostMemSpace>> memory;  // per MoE layer: its experts' gate, up, down
+  Kokkos::View<bf16*, HostMemSpace> memory;  // [MoE layer][expert]: gate, up, down
   std::vector<std::vector<impl::ExpertBuffers<HostMemSpace>>> layers;
-  std::vector<std::unique_ptr<HostPinning>> pinning;      // per MoE layer while pinned
+  std::unique_ptr<HostPinning> pinning;      // while pinned
 
-  HostExpertStore(const ModelConfig& config) {
+  explicit HostExpertStore(const ModelConfig& config)
+      : memory(Kokkos::view_alloc(std::string("writescope::moe::host_experts"), Kokkos::WithoutInitializing),
+               MoeModel::expert_store_bytes(config) / sizeof(bf16)) {
     const std::size_t per_expert = MoeModel::expert_bytes(config) / sizeof(bf16);
+    bf16* next = memory.data();
     for (int layer = config.dense_layers; layer < config.layers; ++layer) {
-      memory.emplace_back(Kokkos::view_alloc(std::string("writescope::moe::host_experts"), Kokkos::WithoutInitializing),
-                          per_expert * static_cast<std::size_t>(config.experts));
       layers.emplace_back();
-      for (int e = 0; e < config.experts; ++e)
-        layers.back().emplace_back(memory.back().data() + per_expert * e, config.hidden, config.expert_intermediate);
+      for (int e = 0; e < config.experts; ++e, next += per_expert)
+        layers.back().emplace_back(next, config.hidden, config.expert_intermediate);
     }
   }
-  bool pinned() const noexcept { return !pinning.empty(); }
+  bool pinned() const noexcept { return pinning != nullptr; }
   void pin(bool on) {
     if (on == pinned()) return;
-    if (!on) return pinning.clear();
-    for (const auto& layer : memory) pinning.push_back(std::make_unique<HostPinning>(layer.data(), layer.span() * sizeof(bf16)));
+    pinning = on ? std::make_unique<HostPinning>(memory.data(), bytes()) : nullptr;
   }
-  std::uint64_t bytes() const {
-    std::uint64_t total = 0;
-    for (const auto& layer : memory) total += layer.span() * sizeof(bf16);
-    return total;
-  }
+  std::uint64_t bytes() const { return memory.span() * sizeof(bf16); }
 };
 
 using Weight = Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMem>;  // (out, in)
