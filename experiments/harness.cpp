@@ -442,8 +442,7 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
   options.host_kv_budget = memory.kv_host;
   if (run.system == "gpu-only") {
     const VramUse fixed = MoeModel::fixed_vram(model_config, options);
-    const std::uint64_t experts = static_cast<std::uint64_t>(model_config.layers - model_config.dense_layers) *
-                                  model_config.experts * MoeModel::expert_bytes(model_config);
+    const std::uint64_t experts = MoeModel::expert_store_bytes(model_config);
     const std::uint64_t blocks_per_sequence = static_cast<std::uint64_t>((final_tokens + config.block_tokens - 1) /
                                                                          config.block_tokens);
     const std::uint64_t kv = MoeModel::kv_vram(model_config, options, blocks_per_sequence * run.batch);
