@@ -111,7 +111,8 @@ ExperimentConfig ExperimentConfig::load(const std::string& path) {
 
 ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
   root.allow_only({"name", "output", "profile", "models", "systems", "batch_sizes", "contexts", "max_total_tokens",
-                   "max_sequence_tokens", "budgets", "steps", "repetitions", "seed", "block_tokens", "context_fill", "options"});
+                   "max_sequence_tokens", "budgets", "steps", "repetitions", "seed", "block_tokens", "context_fill",
+                   "options"});
   ExperimentConfig c;
   c.name = root.get<std::string>("name");
   c.output = root.get<std::string>("output");
@@ -346,29 +347,29 @@ struct ExpertCache {
 /// Host memory a system lays out under the one memory contract.
 struct HostMemoryPlan {
   bool experts_pinned = false;
-  std::uint64_t experts = 0, kv_pinned = 0, kv_host = 0, staging = 0;
+  std::uint64_t kv_pinned = 0, kv_host = 0;
 };
 
 /// Sizes `system`'s KV pools for `planned_tokens` per sequence (what a server
-/// is configured for; a profiling prompt of `profile_tokens` before them) within the contract: all host memory of its data within
-/// `host_budget`, all it pins within `pinned_limit`. The KV band and the host
-/// pool come first (without them the system cannot run); the expert store is
-/// page-locked only if the system copies experts to the GPU and the pinned
-/// limit still holds it. ModelBudgetError names the bytes when the run's own
-/// KV (`run_tokens` per sequence) or the experts cannot fit.
+/// is configured for; a profiling prompt of `profile_tokens` before them)
+/// within the contract: all host memory of its data within `host_budget`, all
+/// it pins within `pinned_limit`. The KV band and the host pool come first
+/// (without them the system cannot run); the expert store is page-locked only
+/// if the system copies experts to the GPU and the pinned limit still holds it.
+/// ModelBudgetError names the bytes when the run's own KV (`run_tokens` per
+/// sequence) or the experts cannot fit.
 HostMemoryPlan plan_host_memory(const System& system, const ModelConfig& c, const ModelOptions& options, int batch,
                                 std::int64_t planned_tokens, std::int64_t profile_tokens, std::int64_t run_tokens,
                                 std::uint64_t host_budget, std::uint64_t pinned_limit) {
   HostMemoryPlan plan;
-  plan.experts = MoeModel::expert_store_bytes(c);
-  plan.staging = MoeModel::pinned_staging_bytes(c, options);
-  if (plan.experts + plan.staging > host_budget)
+  const std::uint64_t experts = MoeModel::expert_store_bytes(c);
+  const std::uint64_t staging = MoeModel::pinned_staging_bytes(c, options);
+  if (experts + staging > host_budget)
     throw ModelBudgetError("host budget " + format_byte_size(host_budget) + " cannot hold the routed experts (" +
-                           format_byte_size(plan.experts) + ") and staging buffers (" +
-                           format_byte_size(plan.staging) + ")");
-  if (plan.staging > pinned_limit)
+                           format_byte_size(experts) + ") and staging buffers (" + format_byte_size(staging) + ")");
+  if (staging > pinned_limit)
     throw ModelBudgetError("pinned limit " + format_byte_size(pinned_limit) + " cannot hold the staging buffers (" +
-                           format_byte_size(plan.staging) + ")");
+                           format_byte_size(staging) + ")");
   const VramUse vram = MoeModel::vram_plan(c, options);
   const std::uint64_t block_bytes =
       static_cast<std::uint64_t>(c.attention().block_geometry(options.block_tokens).block_elements()) * sizeof(bf16);
@@ -381,8 +382,8 @@ HostMemoryPlan plan_host_memory(const System& system, const ModelConfig& c, cons
   };
   const std::uint64_t planned = std::max(spilled(batch, planned_tokens), spilled(1, profile_tokens));
   const std::uint64_t needed = std::max(spilled(batch, run_tokens), spilled(1, profile_tokens));
-  const std::uint64_t host_left = host_budget - plan.experts - plan.staging;
-  const std::uint64_t pinned_left = pinned_limit - plan.staging;
+  const std::uint64_t host_left = host_budget - experts - staging;
+  const std::uint64_t pinned_left = pinned_limit - staging;
   if (system.spills_to_both) {
     plan.kv_pinned = std::min({planned, pinned_left, host_left});
     plan.kv_host = std::min(planned, host_left - plan.kv_pinned);
@@ -396,9 +397,9 @@ HostMemoryPlan plan_host_memory(const System& system, const ModelConfig& c, cons
         "the KV cache beyond VRAM needs " + format_byte_size(needed) + " of " +
         (system.spill_region == Region::gpu_streamed ? "pinned" : "host") + " memory but the contract leaves " +
         format_byte_size(plan.kv_pinned + plan.kv_host) + " (host budget " + format_byte_size(host_budget) +
-        " less routed experts " + format_byte_size(plan.experts) + " and staging " + format_byte_size(plan.staging) +
+        " less routed experts " + format_byte_size(experts) + " and staging " + format_byte_size(staging) +
         "; pinned limit " + format_byte_size(pinned_limit) + ")");
-  plan.experts_pinned = system.experts->loads_experts() && plan.experts <= pinned_left - plan.kv_pinned;
+  plan.experts_pinned = system.experts->loads_experts() && experts <= pinned_left - plan.kv_pinned;
   return plan;
 }
 
@@ -538,7 +539,8 @@ std::string run_yaml(const ExperimentConfig& config, const RunSpec& run) {
        << YAML::Value << run.model->preset << YAML::Key << "layers" << YAML::Value << m.layers << YAML::Key
        << "hidden_scale" << YAML::Value << run.model->overrides.hidden_scale << YAML::EndMap << YAML::Key << "system"
        << YAML::Value << run.system << YAML::Key << "expert_policy" << YAML::Value << run.expert_policy << YAML::Key
-       << "system_comparison" << YAML::Value << run.system_comparison << YAML::Key << "batch" << YAML::Value << run.batch << YAML::Key << "context"
+       << "system_comparison" << YAML::Value << run.system_comparison << YAML::Key << "batch" << YAML::Value
+       << run.batch << YAML::Key << "context"
        << YAML::Value << run.context << YAML::Key << "budgets" << YAML::Value << YAML::BeginMap << YAML::Key << "vram"
        << YAML::Value << exact_size(run.vram_budget) << YAML::Key << "pinned" << YAML::Value
        << exact_size(config.pinned_limit) << YAML::Key << "host" << YAML::Value << exact_size(config.host_budget)

@@ -25,12 +25,18 @@ using WeightView = Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace>;
 using TokenRows = Kokkos::View<bf16***, Kokkos::LayoutRight, GpuMem>;  // (tokens, heads, dim)
 using Queries = Kokkos::View<float***, Kokkos::LayoutRight, GpuMem>;    // (rows, q_heads, key_dim)
 
-/// into = from, on `space`; returns when the copy is done.
+/// Starts into = from on `space` (asynchronous where the space is).
 template <class ExecSpace, class Into, class From>
-void copy_expert(const ExecSpace& space, const Into& into, const From& from) {
+void start_expert_copy(const ExecSpace& space, const Into& into, const From& from) {
   Kokkos::deep_copy(space, into.gate, from.gate);
   Kokkos::deep_copy(space, into.up, from.up);
   Kokkos::deep_copy(space, into.down, from.down);
+}
+
+/// into = from, on `space`; returns when the copy is done.
+template <class ExecSpace, class Into, class From>
+void copy_expert(const ExecSpace& space, const Into& into, const From& from) {
+  start_expert_copy(space, into, from);
   space.fence();
 }
 
@@ -650,11 +656,7 @@ struct ModelForward {
     const Gpu& copy = m.streams[2];
     for (const ExpertLoad& l : loads) {
       if (l.slot < 0) continue;
-      const auto& from = host_experts.layers.at(l.layer).at(l.expert);
-      const auto& into = m.slots.at(l.slot);
-      Kokkos::deep_copy(copy, into.gate, from.gate);
-      Kokkos::deep_copy(copy, into.up, from.up);
-      Kokkos::deep_copy(copy, into.down, from.down);
+      start_expert_copy(copy, m.slots.at(l.slot), host_experts.layers.at(l.layer).at(l.expert));
       residency.assign(l.slot, l.layer, l.expert);
       m.prefetching = true;
     }

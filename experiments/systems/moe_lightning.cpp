@@ -46,7 +46,8 @@ LightningTimes lightning_times(const SystemContext& context) {
   t.cpu_attention = kv_bytes / (ModelRates::from_profile(p, shape.name, p.cpu_threads).cpu_attention_gbps * 1e9);
   if (!p.has_gpu) return t;
   const int moe_layers = c.layers - c.dense_layers;
-  const double active = c.experts * (1 - std::pow(1 - static_cast<double>(c.experts_per_token) / c.experts, context.batch));
+  const double active =
+      c.experts * (1 - std::pow(1 - static_cast<double>(c.experts_per_token) / c.experts, context.batch));
   const double expert_bytes = static_cast<double>(MoeModel::expert_bytes(c));
   const double link = context.experts_pinned ? p.pinned_h2d_gbps : p.pageable_h2d_gbps;
   t.gpu_work = moe_layers * active * expert_bytes / (p.hbm_gbps * 1e9);
@@ -54,15 +55,19 @@ LightningTimes lightning_times(const SystemContext& context) {
   return t;
 }
 
+}  // namespace
+
 /// The HRM's resident MoE layers: the fewest whose remaining paging takes at
 /// most half of max(CPU attention, GPU work); all of them without a GPU.
-int resident_layers(const SystemContext& context) {
+int moe_lightning_resident_layers(const SystemContext& context) {
   const int moe_layers = context.model.layers - context.model.dense_layers;
   const LightningTimes t = lightning_times(context);
   if (t.layer_paging <= 0) return moe_layers;
   const double hidden = 0.5 * std::max(t.cpu_attention, t.gpu_work) / t.layer_paging;  // layers of paging hidden
   return std::clamp(static_cast<int>(std::ceil(moe_layers - hidden)), 0, moe_layers);
 }
+
+namespace {
 
 class PagedExperts final : public ExpertPolicy {
  public:
@@ -154,10 +159,8 @@ int micro_batches(const SystemContext& context, int paged_layers) {
 
 }  // namespace
 
-int moe_lightning_resident_layers(const SystemContext& context) { return resident_layers(context); }
-
 System make_moe_lightning(const SystemContext& context) {
-  const int resident = resident_layers(context);
+  const int resident = moe_lightning_resident_layers(context);
   System system = first_fit_system("moe-lightning", context, Region::cpu_resident, false,
                                    std::make_shared<PagedExperts>(context.model.experts, resident));
   system.vram_kv = false;

@@ -440,7 +440,8 @@ TEST(Systems, MoeLightningKeepsWhatItsRooflineWantsResident) {
     options.experts = system.experts;
     options.vram_kv = system.vram_kv;
     const VramUse fixed = MoeModel::fixed_vram(config, options);
-    options.vram_budget = fixed.weights + fixed.workspace + static_cast<std::uint64_t>(room) * MoeModel::expert_bytes(config);
+    options.vram_budget =
+        fixed.weights + fixed.workspace + static_cast<std::uint64_t>(room) * MoeModel::expert_bytes(config);
     const VramUse use = MoeModel::vram_plan(config, options);
     EXPECT_EQ(use.kv, 0u);
     return static_cast<int>(use.expert_slots / MoeModel::expert_bytes(config));

@@ -334,8 +334,8 @@ TEST(MoeModel, HostUseCountsItsPinnedAndPageableMemory) {
 TEST(MoeModel, FreedSequencesReturnTheirBlocksAndVramShare) {
   const ModelConfig config = model_preset("tiny-qwen3-moe");
   ModelOptions options = options_with(every_region, mixed_experts());
-  options.vram_budget = MoeModel::fixed_vram(config, options).weights + MoeModel::fixed_vram(config, options).workspace +
-                        static_cast<std::uint64_t>(config.layers) * config.experts * MoeModel::expert_bytes(config) +
+  const VramUse fixed = MoeModel::fixed_vram(config, options);
+  options.vram_budget = fixed.weights + fixed.workspace + MoeModel::expert_store_bytes(config) +
                         MoeModel::kv_vram(config, options, 3);
   options.kv_policy = [](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
     return std::make_unique<FirstFitKVPolicy>(test_roofline(), shape, cache, Region::gpu_streamed);
