@@ -7,6 +7,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -398,6 +402,190 @@ TEST(MoeModel, LoadsACheckpointAndNamesWhatIsMissing) {
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("model.layers." + std::to_string(config.layers)), std::string::npos)
         << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+
+// Checkpoints store weights as F32, F16 or BF16; the runtime keeps bf16. An
+// F32 checkpoint rounds to exactly the synthetic bf16 weights; an F16 one
+// (rounded twice) runs as the reference does on the same file.
+TEST(MoeModel, WeightsStoredAsF32F16OrBf16Load) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / ("writescope_dtypes_" + std::to_string(::getpid()));
+  const std::vector<int> prompt{3, 1, 4, 1, 5, 9, 2, 6};
+  for (const char* name : tiny_models) {
+    SCOPED_TRACE(name);
+    const ModelConfig config = model_preset(name);
+    MoeModel synthetic = MoeModel::synthetic(config, 4, options_with(every_region, mixed_experts()));
+    const auto expected = synthetic.prefill(synthetic.add_sequence(), prompt);
+    for (TensorDType dtype : {TensorDType::bf16, TensorDType::f32, TensorDType::f16}) {
+      SCOPED_TRACE(dtype_name(dtype));
+      fs::remove_all(dir);
+      write_synthetic_checkpoint(dir.string(), config, 4, dtype);
+      const SafetensorsCheckpoint checkpoint(dir.string());
+      MoeModel loaded = MoeModel::from_checkpoint(checkpoint, config, options_with(every_region, mixed_experts()));
+      const auto logits = loaded.prefill(loaded.add_sequence(), prompt);
+      if (dtype != TensorDType::f16) {
+        expect_logits_near(logits, expected, 0, "against the synthetic bf16 weights");
+        continue;
+      }
+      std::vector<std::vector<float>> stored;
+      for (const auto& tensor : load_weights<bf16>(checkpoint, config)) {
+        stored.emplace_back();
+        for (bf16 v : tensor) stored.back().push_back(to_float(v));
+      }
+      ReferenceModel reference(config, std::move(stored));
+      reference.round_kv_cache_to_bf16(true);
+      expect_logits_near(logits, reference.forward(prompt), test::model_logit_tolerance, "against the reference");
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// What storing weights and the KV cache in bf16 costs: the runtime against the
+// reference on the unrounded fp32 weights with an fp32 KV cache (both from
+// the same synthetic values), over a prompt and decode steps. The figures are
+// printed (and kept as test properties) for moe/README.md; the bound is a
+// regression guard, a few times what bf16 rounding gives today.
+TEST(MoeModel, Bf16StorageErrorAgainstFp32Math) {
+  const std::vector<int> prompt{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};
+  const std::vector<int> decoded{97, 9, 33, 200, 7, 81, 150, 2};
+  for (const char* name : tiny_models) {
+    SCOPED_TRACE(name);
+    const ModelConfig config = model_preset(name);
+    std::vector<std::vector<float>> weights;
+    for (const TensorSpec& spec : weight_specs(config)) weights.push_back(synthetic_tensor<float>(spec, 8));
+    ReferenceModel fp32(config, std::move(weights));
+    MoeModel model = MoeModel::synthetic(config, 8, options_with(every_region, mixed_experts()));
+    const int sequence = model.add_sequence();
+    std::vector<std::pair<std::vector<float>, std::vector<float>>> steps;  // (runtime, fp32) per step
+    steps.emplace_back(model.prefill(sequence, prompt), fp32.forward(prompt));
+    for (int token : decoded) steps.emplace_back(model.step({sequence}, {token}).front(), fp32.forward({token}));
+    std::vector<double> errors;  // |runtime - fp32| relative to the step's largest |fp32 logit|
+    for (const auto& [runtime, exact] : steps) {
+      ASSERT_EQ(runtime.size(), exact.size());
+      double scale = 0;
+      for (float e : exact) scale = std::max(scale, static_cast<double>(std::abs(e)));
+      for (std::size_t v = 0; v < exact.size(); ++v) errors.push_back(std::abs(runtime[v] - exact[v]) / scale);
+    }
+    std::sort(errors.begin(), errors.end());
+    const double median = errors[errors.size() / 2], worst = errors.back();
+    std::printf("[ bf16 vs fp32 ] %s: logit error relative to the largest |logit|: max %.2e, median %.2e\n", name,
+                worst, median);
+    ::testing::Test::RecordProperty(std::string(name) + "_max_relative_logit_error", std::to_string(worst));
+    ::testing::Test::RecordProperty(std::string(name) + "_median_relative_logit_error", std::to_string(median));
+    EXPECT_LT(worst, 0.05);
+    EXPECT_LT(median, 0.01);
+    // The comparison sees bf16 rounding at all (an fp32 run would agree to ~1e-6).
+    EXPECT_GT(median, 1e-5);
+  }
+}
+
+
+// Logits of a known-good state, kept in the repository: the reference model
+// (bf16 weights, bf16 KV cache) on each tiny model's synthetic weights, a
+// prompt and greedy decode steps. A change that alters the numbers of both the
+// runtime and the reference (a preset, the rotary settings, the synthetic
+// weights, the config reader) fails here although they still agree. After an
+// intended change, rewrite the file and say why in the commit:
+//   WRITESCOPE_WRITE_GOLDEN=1 ./tests/writescope_tests --gtest_filter=MoeModel.ReproducesTheGoldenLogits
+struct GoldenCase {
+  std::string model;
+  std::vector<int> prompt, decoded;        // decoded: the tokens fed after the prompt
+  std::vector<std::vector<float>> logits;  // after the prompt, then after each decoded token
+};
+
+const char* const golden_path = WRITESCOPE_TEST_DATA_DIR "/golden_logits.txt";
+constexpr std::uint64_t golden_seed = 2026;
+
+std::vector<GoldenCase> read_golden() {
+  std::ifstream in(golden_path);
+  if (!in) throw std::runtime_error(std::string(golden_path) + ": cannot open");
+  std::vector<GoldenCase> cases;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string key;
+    if (!(fields >> key) || key[0] == '#') continue;
+    if (key == "model") {
+      cases.emplace_back();
+      fields >> cases.back().model;
+      continue;
+    }
+    if (cases.empty()) throw std::runtime_error(std::string(golden_path) + ": '" + key + "' before 'model'");
+    GoldenCase& c = cases.back();
+    if (key == "prompt" || key == "decoded") {
+      for (int token; fields >> token;) (key == "prompt" ? c.prompt : c.decoded).push_back(token);
+    } else if (key == "logits") {
+      c.logits.emplace_back();
+      for (float v; fields >> v;) c.logits.back().push_back(v);
+    } else {
+      throw std::runtime_error(std::string(golden_path) + ": unknown line '" + key + "'");
+    }
+  }
+  return cases;
+}
+
+void write_golden() {
+  std::ofstream out(golden_path);
+  out << "# Logits of the reference model (bf16 weights, bf16 KV cache) on synthetic weights, seed " << golden_seed
+      << ".\n# Written by MoeModel.ReproducesTheGoldenLogits with WRITESCOPE_WRITE_GOLDEN=1 (tests/README.md).\n";
+  const std::vector<int> prompt{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
+  for (const char* name : tiny_models) {
+    ReferenceModel reference = reference_for(model_preset(name), golden_seed);
+    std::vector<std::vector<float>> logits{reference.forward(prompt)};
+    std::vector<int> decoded;
+    for (int step = 0; step < 3; ++step) {
+      const auto& last = logits.back();
+      decoded.push_back(static_cast<int>(std::max_element(last.begin(), last.end()) - last.begin()));
+      logits.push_back(reference.forward({decoded.back()}));
+    }
+    out << "model " << name << "\nprompt";
+    for (int t : prompt) out << ' ' << t;
+    out << "\ndecoded";
+    for (int t : decoded) out << ' ' << t;
+    out << '\n';
+    char value[32];
+    for (const auto& step : logits) {
+      out << "logits";
+      for (float v : step) out << ' ' << (std::snprintf(value, sizeof value, "%.9g", v), value);
+      out << '\n';
+    }
+  }
+}
+
+TEST(MoeModel, ReproducesTheGoldenLogits) {
+  if (std::getenv("WRITESCOPE_WRITE_GOLDEN")) {
+    write_golden();
+    GTEST_SKIP() << "wrote " << golden_path;
+  }
+  const std::vector<GoldenCase> cases = read_golden();
+  ASSERT_EQ(cases.size(), std::size(tiny_models));
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / ("writescope_golden_" + std::to_string(::getpid()));
+  for (const GoldenCase& golden : cases) {
+    SCOPED_TRACE(golden.model);
+    ASSERT_EQ(golden.logits.size(), golden.decoded.size() + 1);
+    // The reference agrees to the last bits (double accumulation, one order).
+    ReferenceModel reference = reference_for(model_preset(golden.model), golden_seed);
+    expect_logits_near(reference.forward(golden.prompt), golden.logits[0], 1e-5, "reference, prompt");
+    for (std::size_t t = 0; t < golden.decoded.size(); ++t)
+      expect_logits_near(reference.forward({golden.decoded[t]}), golden.logits[t + 1], 1e-5,
+                         "reference, decode step " + std::to_string(t));
+    // The runtime, from a checkpoint in transformers 5's format, within its tolerance.
+    fs::remove_all(dir);
+    write_synthetic_checkpoint(dir.string(), model_preset(golden.model), golden_seed, TensorDType::bf16,
+                               ConfigFormat::transformers5);
+    MoeModel model = MoeModel::from_checkpoint(SafetensorsCheckpoint(dir.string()),
+                                               load_hf_config((dir / "config.json").string()),
+                                               options_with(every_region, mixed_experts()));
+    const int sequence = model.add_sequence();
+    expect_logits_near(model.prefill(sequence, golden.prompt), golden.logits[0], test::model_logit_tolerance,
+                       "runtime, prompt");
+    for (std::size_t t = 0; t < golden.decoded.size(); ++t)
+      expect_logits_near(model.step({sequence}, {golden.decoded[t]}).front(), golden.logits[t + 1],
+                         test::model_logit_tolerance, "runtime, decode step " + std::to_string(t));
   }
   fs::remove_all(dir);
 }
