@@ -3,11 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -139,15 +142,15 @@ std::map<std::string, std::string> parse_options(const std::string& command, con
   return options;
 }
 
-long positive_integer(const std::string& command, const std::string& option, const std::string& text) {
-  std::size_t used = 0;
-  long value = 0;
-  try {
-    value = std::stol(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || value < 1)
+/// `text` as a T of at least 1 (at most T's largest value): "4294967297" for an int is an error, not 1.
+template <class T = int>
+T positive_integer(const std::string& command, const std::string& option, const std::string& text) {
+  T value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error == std::errc::result_out_of_range || (error == std::errc() && end == text.data() + text.size() && value < 1))
+    throw UsageError(command + ": " + option + " must be an integer in [1, " +
+                     std::to_string(std::numeric_limits<T>::max()) + "], got '" + text + "'");
+  if (error != std::errc() || end != text.data() + text.size())
     throw UsageError(command + ": " + option + " must be a positive integer, got '" + text + "'");
   return value;
 }
@@ -158,11 +161,11 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
   auto options = parse_options("calibrate", args, {"--output", "--name", "--thread-counts", "--tokens"});
   CalibrationOptions calibration;
   calibration.name = options["--name"];
-  if (options.count("--tokens")) calibration.attention_tokens = positive_integer("calibrate", "--tokens", options["--tokens"]);
+  if (options.count("--tokens")) calibration.attention_tokens = positive_integer<std::int64_t>("calibrate", "--tokens", options["--tokens"]);
   if (options.count("--thread-counts")) {
     std::stringstream list(options["--thread-counts"]);
     for (std::string item; std::getline(list, item, ',');)
-      calibration.thread_counts.push_back(static_cast<int>(positive_integer("calibrate", "--thread-counts", item)));
+      calibration.thread_counts.push_back(positive_integer("calibrate", "--thread-counts", item));
   }
   char executable[4096] = {};
   const ssize_t length = readlink("/proc/self/exe", executable, sizeof executable - 1);
@@ -181,26 +184,23 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
 int calibrate_attention_command(const std::vector<std::string>& args, std::ostream& out) {
   auto options = parse_options("calibrate-attention", args, {"--shape", "--tokens"});
   if (!options.count("--shape")) throw UsageError("calibrate-attention: --shape is required");
-  const long tokens =
-      options.count("--tokens") ? positive_integer("calibrate-attention", "--tokens", options["--tokens"]) : 32768;
+  const std::int64_t tokens =
+      options.count("--tokens") ? positive_integer<std::int64_t>("calibrate-attention", "--tokens", options["--tokens"]) : 32768;
   out << std::setprecision(17) << measure_cpu_attention_gbps(attention_shape(options["--shape"]), tokens) << "\n";
   return 0;
 }
 
-std::vector<int> token_list(const std::string& text) {
+/// Comma-separated token ids, each in [0, vocab).
+std::vector<int> token_list(const std::string& text, int vocab) {
   std::vector<int> tokens;
   std::stringstream list(text);
   for (std::string item; std::getline(list, item, ',');) {
-    std::size_t used = 0;
-    long value = -1;
-    try {
-      value = std::stol(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || value < 0)
-      throw UsageError("generate: --prompt must be comma-separated token ids, got '" + item + "'");
-    tokens.push_back(static_cast<int>(value));
+    int value = -1;
+    const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (error != std::errc() || end != item.data() + item.size() || value < 0 || value >= vocab)
+      throw UsageError("generate: --prompt must be comma-separated token ids in [0, " + std::to_string(vocab) +
+                       ") (the model's vocabulary), got '" + item + "'");
+    tokens.push_back(value);
   }
   if (tokens.empty()) throw UsageError("generate: --prompt is empty");
   return tokens;
@@ -212,13 +212,12 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
                                 "--block-tokens", "--host-budget", "--vram-budget", "--logits"});
   for (const char* required : {"--model", "--prompt", "--new-tokens"})
     if (!options.count(required)) throw UsageError(std::string("generate: ") + required + " is required");
-  const std::vector<int> prompt = token_list(options["--prompt"]);
-  const long new_tokens = positive_integer("generate", "--new-tokens", options["--new-tokens"]);
+  const int new_tokens = positive_integer("generate", "--new-tokens", options["--new-tokens"]);
   const std::string& model_name = options["--model"];
   const bool from_checkpoint = std::filesystem::is_directory(model_name);
   ModelConfig config = from_checkpoint ? load_hf_config(model_name + "/config.json") : model_preset(model_name);
   ModelOverrides overrides;
-  if (options.count("--layers")) overrides.layers = static_cast<int>(positive_integer("generate", "--layers", options["--layers"]));
+  if (options.count("--layers")) overrides.layers = positive_integer("generate", "--layers", options["--layers"]);
   if (options.count("--hidden-scale")) {
     try {
       overrides.hidden_scale = std::stod(options["--hidden-scale"]);
@@ -231,8 +230,9 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   if (from_checkpoint && (overrides.layers || overrides.hidden_scale != 1.0))
     throw UsageError("generate: --layers and --hidden-scale apply to synthetic models, not to checkpoint " + model_name);
   config = apply_overrides(config, overrides);
+  const std::vector<int> prompt = token_list(options["--prompt"], config.vocab);
   const int block_tokens =
-      options.count("--block-tokens") ? static_cast<int>(positive_integer("generate", "--block-tokens", options["--block-tokens"])) : 256;
+      options.count("--block-tokens") ? positive_integer("generate", "--block-tokens", options["--block-tokens"]) : 256;
   if (const std::string error = gpu_decode_block_tokens_error(config.attention(), block_tokens); !error.empty())
     throw UsageError("generate: --block-tokens: " + error);
   auto byte_option = [&](const char* name, std::uint64_t fallback) {
@@ -245,7 +245,7 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   };
   const std::uint64_t host_budget = byte_option("--host-budget", std::uint64_t{1} << 30);
   const std::uint64_t vram_budget = byte_option("--vram-budget", std::uint64_t{4} << 30);
-  const std::uint64_t seed = options.count("--seed") ? static_cast<std::uint64_t>(positive_integer("generate", "--seed", options["--seed"])) : 1;
+  const std::uint64_t seed = options.count("--seed") ? positive_integer<std::uint64_t>("generate", "--seed", options["--seed"]) : 1;
   // KV blocks fill the VRAM budget first, then host memory; routed experts run on the CPU.
   ModelOptions model_options;
   model_options.vram_budget = vram_budget;
@@ -254,50 +254,90 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   model_options.kv_policy = [](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
     return std::make_unique<FirstFitKVPolicy>(std::nullopt, shape, cache, Region::cpu_resident);
   };
+  // --logits: the file and group are set up before generating, and every
+  // step's logits go into it as they come, so problems show before the work
+  // and an error at step n keeps steps 0 to n-1 (committed with the error).
+  std::optional<ResultsStore> store;
+  std::optional<ResultsTransaction> txn;
+  std::optional<ResultsGroup> group;
+  std::string group_name;
+  if (options.count("--logits")) {
+    store.emplace(options["--logits"]);
+    for (int n = 0; group_name.empty() || store->contains(group_name); ++n) group_name = "generate_" + std::to_string(n);
+    txn.emplace(store->begin());
+    group.emplace(txn->root().create_group(group_name));
+    group->write("prompt", std::vector<std::int32_t>(prompt.begin(), prompt.end()));
+    group->set_attribute("model", config.name);
+    group->set_attribute("seed", static_cast<std::int64_t>(seed));
+    group->set_attribute("weights", from_checkpoint ? model_name : std::string("synthetic"));
+    group->set_attribute("config_format", from_checkpoint ? config.config_format : std::string("preset"));
+    group->set_attribute("math_settings", config.math_settings());
+    auto machine = group->create_group("machine");
+    MachineDescription::detect().store(machine);
+  }
   log_info("generate: ", config.name, " (", config.layers, " layers, hidden ", config.hidden, ", ",
            from_checkpoint ? "checkpoint weights" : "synthetic weights", ")");
   if (from_checkpoint)
     log_info("generate: read ", model_name, "/config.json in the ", config.config_format, " format: rope_theta ",
              config.rope_theta, ", rope type ", config.rope_scaling.type, ", ", config.experts, " experts, top ",
              config.experts_per_token, " (every setting that changes the math: the logits file's math_settings)");
+  model_options.check_finite = true;
   MoeModel model = from_checkpoint
                        ? MoeModel::from_checkpoint(SafetensorsCheckpoint(model_name), config, model_options)
                        : MoeModel::synthetic(config, seed, model_options);
   const int sequence = model.add_sequence(static_cast<std::int64_t>(prompt.size()) + new_tokens);
-  std::vector<float> all_logits;
+  int steps = 0;  // tokens generated
+  auto commit = [&](const std::string& error) {
+    group->set_attribute("steps", static_cast<std::int64_t>(steps));
+    group->set_attribute("complete", static_cast<std::int64_t>(error.empty() && steps == new_tokens));
+    if (!error.empty()) group->set_attribute("error", error);
+    txn->commit();
+  };
   const auto started = std::chrono::steady_clock::now();
-  std::vector<float> logits = model.prefill(sequence, prompt);
-  const auto prefilled = std::chrono::steady_clock::now();
-  std::vector<int> generated;
-  for (long i = 0; i < new_tokens; ++i) {
-    all_logits.insert(all_logits.end(), logits.begin(), logits.end());
-    const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    generated.push_back(next);
-    if (i + 1 < new_tokens) logits = model.step({sequence}, {next}).front();
+  auto last_commit = started;
+  std::chrono::steady_clock::time_point prefilled;
+  bool prefilling = true;
+  try {
+    std::vector<float> logits = model.prefill(sequence, prompt);
+    prefilled = std::chrono::steady_clock::now();
+    prefilling = false;
+    while (steps < new_tokens) {
+      const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      out << (steps ? " " : "") << next << std::flush;
+      if (group) {
+        group->append("logits", logits, logits.size());
+        group->append("generated", std::vector<std::int32_t>{next});
+      }
+      ++steps;
+      // A killed process keeps what was committed: commit every minute.
+      if (group && steps < new_tokens && std::chrono::steady_clock::now() - last_commit > std::chrono::minutes(1)) {
+        commit("");
+        txn.emplace(store->begin());
+        group.emplace(txn->root().open_group(group_name));
+        last_commit = std::chrono::steady_clock::now();
+      }
+      if (steps < new_tokens) logits = model.step({sequence}, {next}).front();
+    }
+  } catch (const std::exception& e) {
+    out << "\n";
+    const std::string error = "generate: " +
+                              (prefilling ? std::string("prefill") : "decoding token " + std::to_string(steps + 1)) +
+                              ": " + e.what();
+    if (!group) throw std::runtime_error(error);
+    commit(error);
+    throw std::runtime_error(error + " (the " + std::to_string(steps) + " tokens before it and their logits are in " +
+                             options["--logits"] + ":/" + group_name + ")");
   }
   const double decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefilled).count();
-  for (std::size_t i = 0; i < generated.size(); ++i) out << (i ? " " : "") << generated[i];
   out << "\n";
   log_info("generate: prompt ", prompt.size(), " tokens in ",
-           std::chrono::duration<double>(prefilled - started).count(), " s; ", new_tokens - 1, " decode steps at ",
-           new_tokens > 1 ? (new_tokens - 1) / decode_seconds : 0.0, " tokens/s");
-  if (options.count("--logits")) {
-    ResultsStore store(options["--logits"]);
-    auto txn = store.begin();
-    const std::string group_name = "generate_" + std::to_string(store.groups().size());
-    auto group = txn.root().create_group(group_name);
-    group.write("logits", all_logits, {generated.size(), static_cast<std::size_t>(config.vocab)});
-    group.write("generated", std::vector<std::int32_t>(generated.begin(), generated.end()));
-    group.write("prompt", std::vector<std::int32_t>(prompt.begin(), prompt.end()));
-    group.set_attribute("model", config.name);
-    group.set_attribute("seed", static_cast<std::int64_t>(seed));
-    group.set_attribute("weights", from_checkpoint ? model_name : std::string("synthetic"));
-    group.set_attribute("config_format", from_checkpoint ? config.config_format : std::string("preset"));
-    group.set_attribute("math_settings", config.math_settings());
-    auto machine = group.create_group("machine");
-    MachineDescription::detect().store(machine);
-    txn.commit();
-    log_info("generate: logits of ", generated.size(), " steps in ", options["--logits"], ":/", group_name);
+           std::chrono::duration<double>(prefilled - started).count(), " s (",
+           prompt.size() / std::chrono::duration<double>(prefilled - started).count(), " tokens/s); ",
+           new_tokens - 1, " decode steps at ", new_tokens > 1 ? (new_tokens - 1) / decode_seconds : 0.0,
+           " tokens/s");
+  if (group) {
+    commit("");
+    log_info("generate: logits of ", steps, " steps in ", options["--logits"], ":/", group_name);
   }
   return 0;
 }
@@ -310,7 +350,7 @@ int make_checkpoint_command(const std::vector<std::string>& args) {
   if (dtype != "bf16" && dtype != "f16" && dtype != "f32")
     throw UsageError("make-checkpoint: --dtype must be bf16, f16 or f32, got '" + dtype + "'");
   const std::uint64_t seed =
-      options.count("--seed") ? static_cast<std::uint64_t>(positive_integer("make-checkpoint", "--seed", options["--seed"])) : 1;
+      options.count("--seed") ? positive_integer<std::uint64_t>("make-checkpoint", "--seed", options["--seed"]) : 1;
   const std::string format = options.count("--config-format") ? options["--config-format"] : "hub";
   if (format != "hub" && format != "transformers5")
     throw UsageError("make-checkpoint: --config-format must be hub or transformers5, got '" + format + "'");
@@ -369,6 +409,11 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     return 1;
   } catch (const std::exception& e) {
     err << "writescope: " << e.what() << "\n";
+    return 1;
+  } catch (const H5::Exception& e) {
+    // HDF5's C++ exceptions do not derive from std::exception; the results
+    // store turns its own into ResultsError, so this is a library call elsewhere.
+    err << "writescope: HDF5 error in " << e.getFuncName() << ": " << e.getDetailMsg() << "\n";
     return 1;
   }
 }

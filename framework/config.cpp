@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <limits>
@@ -13,12 +14,28 @@ namespace writescope {
 namespace {
 
 template <class T>
-constexpr const char* type_description() {
+constexpr const char* type_name() {
   if constexpr (std::is_same_v<T, bool>) return "true or false";
   else if constexpr (std::is_same_v<T, std::string>) return "a string";
   else if constexpr (std::is_floating_point_v<T>) return "a number";
   else if constexpr (std::is_unsigned_v<T>) return "a non-negative integer";
   else return "an integer";
+}
+
+/// What `node` should have been: "an integer in [-2147483648, 2147483647]"
+/// when it is an integer out of T's range, else T's kind.
+template <class T>
+std::string expected_value(const YAML::Node& node) {
+  std::string text = type_name<T>();
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    const std::string s = node.IsScalar() ? node.Scalar() : std::string();
+    const std::size_t sign = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
+    const bool integer = s.size() > sign && std::all_of(s.begin() + sign, s.end(), [](unsigned char c) { return std::isdigit(c); });
+    if (integer && !(std::is_unsigned_v<T> && s[0] == '-'))
+      text += " in [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+              std::to_string(std::numeric_limits<T>::max()) + "]";
+  }
+  return text;
 }
 
 std::string describe(const YAML::Node& node) {
@@ -52,7 +69,31 @@ std::string join(std::initializer_list<std::string_view> words) {
   return out;
 }
 
+/// The first key that appears twice in one mapping of `node`, as "path (line L)".
+std::optional<std::string> first_duplicate_key(const YAML::Node& node, const std::string& path) {
+  if (node.IsSequence()) {
+    for (std::size_t i = 0; i < node.size(); ++i)
+      if (auto found = first_duplicate_key(node[i], path + "[" + std::to_string(i) + "]")) return found;
+  } else if (node.IsMap()) {
+    std::vector<std::string> seen;
+    for (const auto& entry : node) {
+      const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : "?";
+      const std::string key_path = path.empty() ? key : path + "." + key;
+      if (std::find(seen.begin(), seen.end(), key) != seen.end())
+        return key_path + "' (line " + std::to_string(entry.first.Mark().line + 1) + ")";
+      seen.push_back(key);
+      if (auto found = first_duplicate_key(entry.second, key_path)) return found;
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
+
+std::optional<std::string> duplicate_key(const YAML::Node& root) {
+  if (auto found = first_duplicate_key(root, "")) return "key '" + *found + " appears twice in one mapping";
+  return std::nullopt;
+}
 
 ConfigError::ConfigError(std::string source, std::string field, std::string reason)
     : std::runtime_error(source + ": " + (field.empty() ? "" : "field '" + field + "': ") + reason),
@@ -102,6 +143,8 @@ ConfigNode::ConfigNode(YAML::Node node, std::string path, std::shared_ptr<const 
     : node_(std::move(node)), path_(std::move(path)), source_(std::move(source)) {}
 
 ConfigNode ConfigNode::load_file(const std::string& path) {
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored)) throw ConfigError(path, "", "is a directory, not a config file");
   std::ifstream in(path);
   if (!in) throw ConfigError(path, "", "cannot open the file for reading");
   std::stringstream text;
@@ -115,6 +158,7 @@ ConfigNode ConfigNode::parse(const std::string& text, const std::string& source)
     YAML::Node root = YAML::Load(text);
     ConfigNode node(root, "", name);
     if (!root.IsMap()) throw ConfigError(source, "", "expected a mapping at the top level, got " + describe(root));
+    if (const auto duplicate = duplicate_key(root)) throw ConfigError(source, "", *duplicate);
     return node;
   } catch (const YAML::ParserException& e) {
     throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1), "",
@@ -168,10 +212,12 @@ std::vector<ConfigNode> ConfigNode::elements(const std::string& key) const {
 
 template <class T>
 T ConfigNode::as() const {
-  if (!node_.IsScalar()) fail(std::string("expected ") + type_description<T>() + ", got " + describe(node_));
+  if (!node_.IsScalar()) fail("expected " + expected_value<T>(node_) + ", got " + describe(node_));
   T value{};
   if (!YAML::convert<T>::decode(node_, value))
-    fail(std::string("expected ") + type_description<T>() + ", got " + describe(node_));
+    fail("expected " + expected_value<T>(node_) + ", got " + describe(node_));
+  if constexpr (std::is_floating_point_v<T>)
+    if (!std::isfinite(value)) fail("expected a finite number, got " + describe(node_));
   return value;
 }
 

@@ -38,6 +38,10 @@ std::optional<std::uint64_t> parse_byte_size(std::string_view text);
 /// not a whole number of the unit; parse_byte_size reads it back.
 std::string format_byte_size(std::uint64_t bytes);
 
+/// Describes the first key given twice in one mapping of `root` (YAML keeps
+/// both and lookups see the first: a silent "first value wins"); nothing if none.
+std::optional<std::string> duplicate_key(const YAML::Node& root);
+
 class ConfigNode {
  public:
   /// Throws ConfigError if the file cannot be read or is not valid YAML.

@@ -30,14 +30,55 @@ const H5::StrType& string_type() {
   return type;
 }
 
+/// The system error (errno) under the last HDF5 failure of this thread.
+thread_local int last_system_error = 0;
+
+herr_t find_system_error(unsigned, const H5E_error2_t* error, void*) {
+  // HDF5's file drivers record a failed system call as "..., errno = 28, error message = '...'".
+  if (error->desc != nullptr)
+    if (const char* at = std::strstr(error->desc, "errno = ")) last_system_error = std::atoi(at + 8);
+  return 0;
+}
+
+/// HDF5 calls this when an API call fails, with the error stack still
+/// intact (it is cleared by the next call, e.g. a destructor while the C++
+/// exception unwinds); instead of printing the stack it keeps the errno.
+herr_t record_system_error(hid_t stack, void*) {
+  H5Ewalk2(stack, H5E_WALK_DOWNWARD, find_system_error, nullptr);
+  return 0;
+}
+
+void record_hdf5_errors() { H5Eset_auto2(H5E_DEFAULT, record_system_error, nullptr); }
+
+/// What an HDF5 failure means: the system error underneath it (no space
+/// left, file too large, permission denied) when there was one, else HDF5's message.
+std::string hdf5_failure(const H5::Exception& e) {
+  if (last_system_error != 0) return std::string(std::strerror(last_system_error)) + " (" + e.getDetailMsg() + ")";
+  return e.getDetailMsg();
+}
+
 /// Runs `body`, turning HDF5's exceptions into one ResultsError with context.
 template <class Body>
 auto guarded(const std::string& context, Body&& body) -> decltype(body()) {
+  last_system_error = 0;
   try {
     return body();
   } catch (const H5::Exception& e) {
-    throw ResultsError(context + ": " + e.getDetailMsg());
+    throw ResultsError(context + ": " + hdf5_failure(e));
   }
+}
+
+/// Closes `file` once. After a failed close HDF5 has released the file's
+/// state but the id stays valid, and closing it again (H5File's destructor
+/// would) crashes inside HDF5: the object is given up instead.
+void close_once(std::unique_ptr<H5::H5File>& file) {
+  try {
+    file->close();
+  } catch (const H5::Exception&) {
+    (void)file.release();
+    throw;
+  }
+  file.reset();
 }
 
 void fsync_path(const std::string& path, int flags) {
@@ -46,6 +87,58 @@ void fsync_path(const std::string& path, int flags) {
   const int rc = ::fsync(fd);
   ::close(fd);
   if (rc != 0) throw ResultsError(path + ": fsync failed: " + std::strerror(errno));
+}
+
+/// Copies `from` to `to` (replacing it); returns the system's reason on
+/// failure ("No space left on device", "File too large"), empty on success.
+std::string copy_file(const std::string& from, const std::string& to) {
+  const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) return std::strerror(errno);
+  const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out < 0) {
+    const int error = errno;
+    ::close(in);
+    return std::strerror(error);
+  }
+  std::vector<char> buffer(1 << 20);
+  int error = 0;
+  for (;;) {
+    const ssize_t got = ::read(in, buffer.data(), buffer.size());
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      if (got < 0) error = errno;
+      break;
+    }
+    for (ssize_t written = 0; written < got && error == 0;) {
+      const ssize_t n = ::write(out, buffer.data() + written, static_cast<std::size_t>(got - written));
+      if (n < 0 && errno != EINTR) error = errno;
+      if (n > 0) written += n;
+    }
+    if (error != 0) break;
+  }
+  ::close(in);
+  if (::close(out) != 0 && error == 0) error = errno;
+  return error == 0 ? std::string() : std::strerror(error);
+}
+
+/// The file a results path names, checked for writing: a symbolic link's
+/// target (so that the lock, the partial copy and the rename act on the real
+/// file and the link stays a link), in a folder that exists, not a folder itself.
+std::string writable_results_path(const std::string& path) {
+  std::error_code error;
+  fs::path real = path;
+  // Follow the chain of links by hand: the last target need not exist yet.
+  for (int links = 0; fs::is_symlink(real, error); ++links) {
+    const fs::path target = fs::read_symlink(real, error);
+    if (error || links == 40) throw ResultsError(path + ": cannot resolve the symbolic link");
+    real = target.is_absolute() ? target : real.parent_path() / target;
+  }
+  if (fs::is_directory(real, error))
+    throw ResultsError(path + ": is a folder; give a results file name such as " + (fs::path(path) / "results.h5").string());
+  const fs::path folder = fs::absolute(real, error).parent_path();
+  if (!fs::is_directory(folder, error))
+    throw ResultsError(path + ": the folder " + folder.string() + " does not exist");
+  return real.string();
 }
 
 /// Property list that records link creation order, so that listings come back
@@ -90,7 +183,7 @@ std::vector<std::string> list_members(const H5::Group& group) {
 }
 
 void require_hdf5(const std::string& path) {
-  if (!H5::H5File::isHdf5(path))
+  if (!guarded(path, [&] { return H5::H5File::isHdf5(path); }))
     throw ResultsError(path + ": exists but is not an HDF5 file; refusing to touch it");
 }
 
@@ -150,6 +243,41 @@ void ResultsGroup::write(const std::string& name, const std::vector<T>& values,
   });
 }
 
+template <class T>
+void ResultsGroup::append(const std::string& name, const std::vector<T>& values, std::size_t row_length) {
+  const int rank = row_length == 0 ? 1 : 2;
+  if (rank == 2 && values.size() % row_length != 0)
+    throw ResultsError(where(name) + ": " + std::to_string(values.size()) + " values are not whole rows of " +
+                       std::to_string(row_length));
+  guarded(where(name), [&] {
+    H5::DataSet dataset;
+    if (group_.nameExists(name)) {
+      dataset = group_.openDataSet(name);
+    } else {
+      const hsize_t empty[2] = {0, row_length}, unlimited[2] = {H5S_UNLIMITED, row_length};
+      const hsize_t chunk[2] = {rank == 1 ? hsize_t{1024} : hsize_t{1}, row_length};
+      H5::DSetCreatPropList plist;
+      plist.setChunk(rank, chunk);
+      dataset = group_.createDataSet(name, native_type<T>(), H5::DataSpace(rank, empty, unlimited), plist);
+    }
+    H5::DataSpace file_space = dataset.getSpace();
+    hsize_t dims[2] = {0, 0};
+    if (file_space.getSimpleExtentNdims() != rank || file_space.getSimpleExtentDims(dims) < 0 ||
+        (rank == 2 && dims[1] != row_length))
+      throw ResultsError(where(name) + ": exists with another shape than rows of " + std::to_string(row_length));
+    const hsize_t added[2] = {rank == 1 ? values.size() : values.size() / row_length, row_length};
+    const hsize_t start[2] = {dims[0], 0};
+    const hsize_t grown[2] = {dims[0] + added[0], row_length};
+    dataset.extend(grown);
+    file_space = dataset.getSpace();
+    file_space.selectHyperslab(H5S_SELECT_SET, added, start);
+    if (!values.empty()) dataset.write(values.data(), native_type<T>(), H5::DataSpace(rank, added), file_space);
+  });
+}
+
+template void ResultsGroup::append(const std::string&, const std::vector<float>&, std::size_t);
+template void ResultsGroup::append(const std::string&, const std::vector<std::int32_t>&, std::size_t);
+
 void ResultsGroup::set_attribute(const std::string& name, const std::string& value) {
   guarded(where("@" + name), [&] {
     const char* text = value.c_str();
@@ -193,13 +321,17 @@ ResultsTransaction::ResultsTransaction(std::string path, std::string partial_pat
 }
 
 ResultsTransaction::ResultsTransaction(ResultsTransaction&& other) noexcept
-    : path_(std::move(other.path_)), partial_path_(std::move(other.partial_path_)), file_(std::move(other.file_)) {}
+    : path_(std::move(other.path_)), partial_path_(std::move(other.partial_path_)), file_(std::move(other.file_)) {
+  other.partial_path_.clear();
+}
 
 ResultsTransaction::~ResultsTransaction() {
-  if (!file_) return;
-  try {
-    file_->close();
-  } catch (const H5::Exception&) {
+  if (partial_path_.empty()) return;  // committed or moved from
+  if (file_) {
+    try {
+      close_once(file_);
+    } catch (const H5::Exception&) {
+    }
   }
   std::error_code ignored;
   fs::remove(partial_path_, ignored);
@@ -211,23 +343,23 @@ ResultsGroup ResultsTransaction::root() {
 }
 
 void ResultsTransaction::commit() {
-  if (!file_) throw ResultsError(path_ + ": transaction already committed");
+  if (!file_) throw ResultsError(path_ + ": transaction already committed or failed");
   guarded(partial_path_, [&] {
     file_->flush(H5F_SCOPE_GLOBAL);
-    file_->close();
+    close_once(file_);
   });
-  file_.reset();
   fsync_path(partial_path_, O_RDONLY);
   if (std::rename(partial_path_.c_str(), path_.c_str()) != 0)
     throw ResultsError(path_ + ": cannot replace with the committed copy: " + std::strerror(errno));
+  partial_path_.clear();
   const fs::path parent = fs::absolute(fs::path(path_)).parent_path();
   fsync_path(parent.string(), O_RDONLY | O_DIRECTORY);
 }
 
 // ---------------------------------------------------------------- ResultsStore
 
-ResultsStore::ResultsStore(std::string path) : path_(std::move(path)) {
-  H5::Exception::dontPrint();
+ResultsStore::ResultsStore(std::string path) : path_(writable_results_path(path)) {
+  record_hdf5_errors();
   const std::string lock_path = path_ + ".lock";
   lock_fd_ = ::open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) throw ResultsError(lock_path + ": cannot create the lock file: " + std::strerror(errno));
@@ -237,7 +369,7 @@ ResultsStore::ResultsStore(std::string path) : path_(std::move(path)) {
   }
   try {
     if (fs::exists(path_)) {
-      require_hdf5(path_);
+      ResultsReader{path_};  // an HDF5 file that opens
     } else {
       const std::string partial = path_ + ".partial";
       guarded(partial, [&] {
@@ -264,19 +396,27 @@ bool ResultsStore::contains(const std::string& group) const { return ResultsRead
 
 ResultsTransaction ResultsStore::begin() {
   const std::string partial = path_ + ".partial";
-  std::error_code error;
-  fs::copy_file(path_, partial, fs::copy_options::overwrite_existing, error);
-  if (error) throw ResultsError(partial + ": cannot copy the results file: " + error.message());
+  if (const std::string error = copy_file(path_, partial); !error.empty()) {
+    std::error_code ignored;
+    fs::remove(partial, ignored);
+    throw ResultsError(partial + ": cannot copy the results file: " + error);
+  }
   return ResultsTransaction(path_, partial);
 }
 
 // --------------------------------------------------------------- ResultsReader
 
 ResultsReader::ResultsReader(const std::string& path) : path_(path) {
-  H5::Exception::dontPrint();
+  record_hdf5_errors();
   if (!fs::exists(path_)) throw ResultsError(path_ + ": no such results file");
+  if (fs::is_directory(path_)) throw ResultsError(path_ + ": is a folder, not a results file");
   require_hdf5(path_);
-  file_ = guarded(path_, [&] { return H5::H5File(path_, H5F_ACC_RDONLY); });
+  try {
+    file_ = H5::H5File(path_, H5F_ACC_RDONLY);
+  } catch (const H5::Exception& e) {
+    throw ResultsError(path_ + ": has an HDF5 signature but does not open (" + hdf5_failure(e) +
+                       "): the file is truncated or damaged");
+  }
 }
 
 bool ResultsReader::exists(const std::string& object_path) const {

@@ -38,6 +38,12 @@ class ResultsGroup {
   template <class T>
   void write(const std::string& name, const std::vector<T>& values, const std::vector<std::size_t>& shape = {});
 
+  /// Appends to an extendible dataset, creating it on first use: rows of
+  /// `row_length` values (shape (rows, row_length)), or single values (shape
+  /// (n,)) when row_length is 0. For results that arrive step by step.
+  template <class T>
+  void append(const std::string& name, const std::vector<T>& values, std::size_t row_length = 0);
+
   void set_attribute(const std::string& name, const std::string& value);
   void set_attribute(const std::string& name, const char* value) { set_attribute(name, std::string(value)); }
   void set_attribute(const std::string& name, double value);

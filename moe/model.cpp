@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 #include "attention/prefill.hpp"
 #include "framework/concurrent.hpp"
@@ -850,6 +851,8 @@ struct ModelForward {
       record = LayerRecord{};
       const double wall = gpu_seconds(gpu, [&] { layer_pipeline(layer, parts, x, record); });
       record.other = std::max(0.0, wall - record.attention - record.feed_forward);
+      if (options.check_finite && !all_finite(gpu, x))
+        throw NonFiniteError("model: the output of layer " + std::to_string(layer) + " holds NaN or Inf");
     }
     const int out_rows = rows - first_logit_row;
     const auto last = Kokkos::subview(x, std::make_pair(first_logit_row, rows), Kokkos::ALL);
@@ -864,8 +867,22 @@ struct ModelForward {
     Kokkos::deep_copy(gpu, host, logits);
     gpu.fence();
     std::vector<std::vector<float>> out(static_cast<std::size_t>(out_rows));
-    for (int r = 0; r < out_rows; ++r) out[r].assign(&host(r, 0), &host(r, 0) + c.vocab);
+    for (int r = 0; r < out_rows; ++r) {
+      out[r].assign(&host(r, 0), &host(r, 0) + c.vocab);
+      if (!std::all_of(out[r].begin(), out[r].end(), [](float v) { return std::isfinite(v); }))
+        throw NonFiniteError("model: the logits of row " + std::to_string(first_logit_row + r) + " hold NaN or Inf");
+    }
     return out;
+  }
+
+  bool all_finite(const Gpu& gpu, const Matrix<GpuMem>& x) {
+    const Kokkos::View<int, GpuMem> found("writescope::moe::non_finite");
+    launch_parallel_for("writescope::moe::flag_non_finite", impl::rows_by_columns(gpu, x.extent_int(0), x.extent_int(1)),
+                        impl::FlagNonFinite<GpuMem>{x, found});
+    int host_found = 0;
+    Kokkos::deep_copy(gpu, host_found, found);
+    gpu.fence();
+    return host_found == 0;
   }
 
   /// Appends `tokens` tokens of synthetic keys and values to every layer of

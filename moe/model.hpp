@@ -54,6 +54,12 @@ class ModelBudgetError : public std::runtime_error {
 /// weights can share one (MoeModel::host_experts()).
 struct HostExpertStore;
 
+/// A forward pass produced NaN or Inf; the message names the layer (or the logits).
+class NonFiniteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 /// Makes the KV policy once the model's cache exists.
 using KVPolicyFactory =
     std::function<std::unique_ptr<KVPolicy>(const AttentionShape& shape, const InplaceKVCache<bf16>& cache)>;
@@ -71,6 +77,10 @@ struct ModelOptions {
   /// Page-lock the routed experts' host store (for policies that copy experts
   /// to the GPU; copies from pageable memory run at the pageable rate).
   bool pin_experts = true;
+  /// Check each layer's output for NaN and Inf (NonFiniteError naming the
+  /// first such layer): one small kernel and a synchronisation per layer, so
+  /// for generation, not for measurements (which check the logits alone).
+  bool check_finite = false;
   KVPolicyFactory kv_policy;        // required
   std::shared_ptr<ExpertPolicy> experts = std::make_shared<CpuExpertPolicy>();
   /// Routed experts already in pinned memory from a model of the same config

@@ -2,12 +2,15 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
+
+#include "framework/config.hpp"
 
 namespace writescope {
 namespace {
@@ -93,6 +96,20 @@ std::int64_t TensorInfo::elements() const {
   return n;
 }
 
+namespace {
+
+/// A non-negative integer of a header field; `where` names the file and tensor.
+template <class Integer>
+Integer header_integer(const YAML::Node& node, const std::string& where, const char* field) {
+  Integer value{};
+  if (!node.IsScalar() || !YAML::convert<Integer>::decode(node, value) || value < 0)
+    throw CheckpointError(where + ": " + field + " holds '" + (node.IsScalar() ? node.Scalar() : "a non-number") +
+                          "', not a non-negative integer");
+  return value;
+}
+
+}  // namespace
+
 SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& folder) : folder_(folder) {
   if (!fs::is_directory(folder_)) throw CheckpointError("checkpoint " + folder_ + ": no such folder");
   const fs::path index = fs::path(folder_) / "model.safetensors.index.json";
@@ -103,10 +120,15 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& folder) : folder
     } catch (const YAML::Exception& e) {
       throw CheckpointError(index.string() + ": malformed JSON: " + e.what());
     }
+    if (const auto duplicate = duplicate_key(root)) throw CheckpointError(index.string() + ": " + *duplicate);
     const YAML::Node map = root["weight_map"];
     if (!map || !map.IsMap()) throw CheckpointError(index.string() + ": no 'weight_map' object");
     std::set<std::string> files;
-    for (const auto& entry : map) files.insert(entry.second.as<std::string>());
+    for (const auto& entry : map) {
+      if (!entry.first.IsScalar() || !entry.second.IsScalar())
+        throw CheckpointError(index.string() + ": weight_map entries must map a tensor name to a file name");
+      files.insert(entry.second.Scalar());
+    }
     for (const auto& file : files) add_file(file);
     for (const auto& entry : map) {
       const auto name = entry.first.as<std::string>();
@@ -142,20 +164,29 @@ void SafetensorsCheckpoint::add_file(const std::string& file_name) {
     throw CheckpointError(path + ": malformed header: " + e.what());
   }
   if (!root.IsMap()) throw CheckpointError(path + ": the header is not a JSON object");
+  if (const auto duplicate = duplicate_key(root)) throw CheckpointError(path + ": header: " + *duplicate);
   const std::uint64_t data_start = 8 + header_length;
   for (const auto& entry : root) {
-    const auto name = entry.first.as<std::string>();
+    const std::string name = entry.first.IsScalar() ? entry.first.Scalar() : "?";
     if (name == "__metadata__") continue;
     const std::string where = path + ": tensor '" + name + "'";
     const YAML::Node node = entry.second;
-    if (!node["dtype"] || !node["shape"] || !node["data_offsets"] || node["data_offsets"].size() != 2)
+    if (!node.IsMap() || !node["dtype"] || !node["shape"] || !node["data_offsets"] ||
+        !node["data_offsets"].IsSequence() || node["data_offsets"].size() != 2 || !node["shape"].IsSequence())
       throw CheckpointError(where + ": needs dtype, shape and data_offsets [begin, end]");
     TensorInfo info;
     info.file = path;
-    info.dtype = parse_dtype(node["dtype"].as<std::string>(), where);
-    for (const auto& d : node["shape"]) info.shape.push_back(d.as<std::int64_t>());
-    info.begin = data_start + node["data_offsets"][0].as<std::uint64_t>();
-    info.end = data_start + node["data_offsets"][1].as<std::uint64_t>();
+    if (!node["dtype"].IsScalar()) throw CheckpointError(where + ": dtype is not a string");
+    info.dtype = parse_dtype(node["dtype"].Scalar(), where);
+    for (const auto& d : node["shape"]) info.shape.push_back(header_integer<std::int64_t>(d, where, "shape"));
+    const std::uint64_t offsets[2] = {header_integer<std::uint64_t>(node["data_offsets"][0], where, "data_offsets"),
+                                      header_integer<std::uint64_t>(node["data_offsets"][1], where, "data_offsets")};
+    if (offsets[1] > size || std::any_of(info.shape.begin(), info.shape.end(), [](std::int64_t d) { return d < 0; }))
+      throw CheckpointError(where + ": shape " + shape_text(info.shape) + " or data_offsets [" +
+                            std::to_string(offsets[0]) + ", " + std::to_string(offsets[1]) + "] impossible for a file of " +
+                            std::to_string(size) + " bytes");
+    info.begin = data_start + offsets[0];
+    info.end = data_start + offsets[1];
     if (info.end < info.begin || info.end - info.begin != static_cast<std::uint64_t>(info.elements()) * dtype_bytes(info.dtype))
       throw CheckpointError(where + ": data_offsets hold " + std::to_string(info.end - info.begin) +
                             " bytes, shape " + shape_text(info.shape) + " of " + dtype_name(info.dtype) + " needs " +
@@ -207,6 +238,9 @@ std::vector<Scalar> SafetensorsCheckpoint::read(const std::string& tensor,
       std::memcpy(&half, raw.data() + 2 * i, 2);
       value = t.dtype == TensorDType::bf16 ? to_float(bf16{half}) : half_to_float(half);
     }
+    if (!std::isfinite(value))
+      throw CheckpointError(t.file + ": tensor '" + tensor + "': element " + std::to_string(i) + " is " +
+                            (std::isnan(value) ? "NaN" : "Inf") + "; the checkpoint is damaged or was saved from a diverged model");
     out[i] = from_float<Scalar>(value);
   }
   return out;

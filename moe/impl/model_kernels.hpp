@@ -20,6 +20,17 @@ struct EmbedRows {
   KOKKOS_INLINE_FUNCTION void operator()(int b, int c) const { x(b, c) = to_float(embedding(tokens(b), c)); }
 };
 
+/// found() = 1 if any x(b, c) is NaN or Inf (v - v is 0 for finite v only).
+template <class MemSpace>
+struct FlagNonFinite {
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> x;
+  Kokkos::View<int, MemSpace> found;
+  KOKKOS_INLINE_FUNCTION void operator()(int b, int c) const {
+    const float v = x(b, c);
+    if (!(v - v == 0.0f)) found() = 1;
+  }
+};
+
 /// packed(b, c) = bf16(x(b, c)): one token's keys or values per row, as the cache stores them.
 template <class MemSpace>
 struct PackBf16 {

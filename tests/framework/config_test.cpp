@@ -118,6 +118,34 @@ TEST(Config, UnreadableFileIsNamed) {
   EXPECT_EQ(e.reason(), "cannot open the file for reading");
 }
 
+TEST(Config, ADuplicateKeyIsAnErrorNotFirstValueWins) {
+  const auto top = expect_config_error([] { ConfigNode::parse("seed: 1\nsteps: 4\nseed: 2\n", "dup.yaml"); });
+  EXPECT_EQ(top.reason(), "key 'seed' (line 3) appears twice in one mapping");
+  const auto nested = expect_config_error(
+      [] { ConfigNode::parse("models:\n  - name: a\n    layers: 2\n    layers: 3\n", "dup.yaml"); });
+  EXPECT_EQ(nested.reason(), "key 'models[0].layers' (line 4) appears twice in one mapping");
+  // JSON (config.json) goes through the same parser.
+  const auto json = expect_config_error([] { ConfigNode::parse(R"({"a": {"b": 1, "b": 1}})", "config.json"); });
+  EXPECT_EQ(json.reason(), "key 'a.b' (line 1) appears twice in one mapping");
+  // The same key in two different mappings is fine.
+  EXPECT_EQ(ConfigNode::parse("a: {x: 1}\nb: {x: 2}\n", "ok.yaml").child("b").get<int>("x"), 2);
+}
+
+TEST(Config, NumbersOutsideTheirTypesRangeAreErrors) {
+  const auto config = ConfigNode::parse("layers: 4294967297\nbig: 1e400\nnan: .nan\nfine: 2147483647\n", "c.yaml");
+  EXPECT_EQ(expect_config_error([&] { config.get<int>("layers"); }).reason(),
+            "expected an integer in [-2147483648, 2147483647], got '4294967297'");
+  EXPECT_EQ(config.get<long>("layers"), 4294967297L);
+  EXPECT_EQ(expect_config_error([&] { config.get<double>("big"); }).reason(), "expected a number, got '1e400'");
+  EXPECT_EQ(expect_config_error([&] { config.get<double>("nan"); }).reason(), "expected a finite number, got '.nan'");
+  EXPECT_EQ(config.get<int>("fine"), 2147483647);
+}
+
+TEST(Config, AFolderIsNotAConfigFile) {
+  const auto e = expect_config_error([] { ConfigNode::load_file(::testing::TempDir()); });
+  EXPECT_EQ(e.reason(), "is a directory, not a config file");
+}
+
 TEST(Config, LoadsFromFile) {
   const std::string path = ::testing::TempDir() + "writescope_config_test.yaml";
   std::ofstream(path) << "steps: 12\n";

@@ -2,11 +2,15 @@
 // and the file readable.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <numeric>
 #include <thread>
 
@@ -80,6 +84,83 @@ TEST(ResultsStoreKill, KilledWriterLeavesCommittedGroupsIntact) {
   txn.commit();
   EXPECT_EQ(store.groups().back(), "after_kills");
   EXPECT_EQ(static_cast<int>(store.groups().size()), next_index + 1);
+  fs::remove_all(dir);
+}
+
+/// Child process: commits groups of `values` doubles into `path` with files
+/// limited to `file_limit` bytes, as on a filesystem that fills up (small
+/// groups fail when the commit flushes, large ones when they are written);
+/// exits 0 when the
+/// store reported the failure as one ResultsError naming the cause and the
+/// file (the message goes to `message_path`), 4 for any other outcome.
+[[noreturn]] void write_until_full(const std::string& path, rlim_t file_limit, std::size_t values,
+                                   const std::string& message_path) {
+  signal(SIGXFSZ, SIG_IGN);  // writes past the limit fail with EFBIG instead of killing the process
+  const rlimit limit{file_limit, file_limit};
+  setrlimit(RLIMIT_FSIZE, &limit);
+  try {
+    ResultsStore store(path);
+    for (auto index = static_cast<std::int64_t>(store.groups().size());; ++index) {
+      auto txn = store.begin();
+      auto group = txn.root().create_group("run_" + std::to_string(index));
+      group.set_attribute("index", std::int64_t{index});
+      auto written = group_values(static_cast<int>(index));
+      written.resize(values);
+      group.write("values", written);
+      txn.commit();
+    }
+  } catch (const ResultsError& e) {
+    std::FILE* out = std::fopen(message_path.c_str(), "w");
+    std::fputs(e.what(), out);
+    std::fclose(out);
+    _exit(0);
+  } catch (...) {
+    _exit(4);
+  }
+}
+
+// A full filesystem during a commit is one clear error, not a crash: the
+// committed runs stay intact and no partial copy is left behind.
+TEST(ResultsStoreKill, AFullFilesystemIsOneErrorAndKeepsCommittedGroups) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("writescope_full_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string path = (dir / "results.h5").string(), message_path = (dir / "message.txt").string();
+  {
+    ResultsStore store(path);
+    auto txn = store.begin();
+    auto group = txn.root().create_group("run_0");
+    group.set_attribute("index", std::int64_t{0});
+    group.write("values", group_values(0));
+    txn.commit();
+  }
+  // Room beyond the committed file for nothing (the copy fails), a part of a
+  // group or a few groups, at several points of a write.
+  const std::pair<long, std::size_t> cases[] = {{-1000, 4},     {1000, values_per_group}, {400'000, values_per_group},
+                                                {5'000'000, values_per_group}, {1000, 4}, {20'000, 4}};
+  for (const auto& [room, values] : cases) {
+    const auto limit = static_cast<rlim_t>(static_cast<long>(fs::file_size(path)) + room);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) write_until_full(path, limit, values, message_path);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status)) << "the writer crashed (signal " << WTERMSIG(status) << ") at room " << room;
+    ASSERT_EQ(WEXITSTATUS(status), 0) << "the writer did not report one ResultsError at room " << room;
+    std::ifstream in(message_path);
+    const std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+    EXPECT_NE(message.find("File too large"), std::string::npos) << message;
+    EXPECT_FALSE(fs::exists(path + ".partial")) << "room " << room << ": " << message;
+    ResultsReader reader(path);
+    for (const auto& name : reader.list("/")) {
+      const std::int64_t index = reader.int_attribute("/" + name, "index");
+      auto expected = group_values(static_cast<int>(index));
+      expected.resize(reader.shape("/" + name + "/values").at(0));
+      EXPECT_EQ(reader.read<double>("/" + name + "/values"), expected) << name;
+    }
+    EXPECT_TRUE(reader.exists("/run_0"));
+  }
   fs::remove_all(dir);
 }
 

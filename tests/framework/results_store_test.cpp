@@ -155,5 +155,75 @@ TEST_F(ResultsStoreTest, ErrorsNameTheObject) {
   }
 }
 
+/// The message of the ResultsError that `body` throws ("" if none).
+template <class Body>
+std::string results_error(Body&& body) {
+  try {
+    body();
+  } catch (const ResultsError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(ResultsStoreTest, PathsThatCannotHoldResultsAreNamedErrors) {
+  EXPECT_NE(results_error([&] { ResultsStore{dir_.string()}; }).find("is a folder; give a results file name"),
+            std::string::npos);
+  EXPECT_NE(results_error([&] { ResultsReader{dir_.string()}; }).find("is a folder"), std::string::npos);
+  EXPECT_NE(results_error([&] { ResultsStore{(dir_ / "missing" / "r.h5").string()}; }).find("does not exist"),
+            std::string::npos);
+  // A truncated HDF5 file: the signature is there, the rest is not.
+  {
+    ResultsStore store(path_);
+    auto txn = store.begin();
+    txn.root().create_group("run").write("values", std::vector<double>(1000, 1.0));
+    txn.commit();
+  }
+  fs::resize_file(path_, 1200);
+  const std::string truncated = results_error([&] { ResultsStore{path_}; });
+  EXPECT_NE(truncated.find(path_ + ": has an HDF5 signature but does not open"), std::string::npos) << truncated;
+  EXPECT_NE(truncated.find("truncated or damaged"), std::string::npos) << truncated;
+  EXPECT_FALSE(fs::exists(path_ + ".partial"));
+}
+
+// Writing through a symbolic link writes the file it points to; the link stays
+// a link, and the lock covers the real file (a second writer through the real
+// name is refused).
+TEST_F(ResultsStoreTest, ASymbolicLinkWritesTheRealFile) {
+  const fs::path real = dir_ / "data" / "results.h5", link = dir_ / "link.h5";
+  fs::create_directories(real.parent_path());
+  fs::create_symlink(real, link);
+  {
+    ResultsStore store(link.string());
+    EXPECT_NE(results_error([&] { ResultsStore{real.string()}; }).find("another process is writing"),
+              std::string::npos);
+    auto txn = store.begin();
+    txn.root().create_group("run_0");
+    txn.commit();
+  }
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_TRUE(fs::is_regular_file(real));
+  EXPECT_EQ(ResultsReader(real.string()).list("/"), std::vector<std::string>{"run_0"});
+  EXPECT_FALSE(fs::exists(dir_ / "link.h5.partial"));
+  EXPECT_FALSE(fs::exists(dir_ / "link.h5.lock"));
+}
+
+TEST_F(ResultsStoreTest, AppendsRowsStepByStep) {
+  ResultsStore store(path_);
+  auto txn = store.begin();
+  auto run = txn.root().create_group("run");
+  run.append("logits", std::vector<float>{1, 2, 3}, 3);
+  run.append("logits", std::vector<float>{4, 5, 6, 7, 8, 9}, 3);
+  run.append("tokens", std::vector<std::int32_t>{7});
+  run.append("tokens", std::vector<std::int32_t>{8, 9});
+  EXPECT_NE(results_error([&] { run.append("logits", std::vector<float>{1, 2}, 2); }).find("another shape"),
+            std::string::npos);
+  txn.commit();
+  const ResultsReader reader(path_);
+  EXPECT_EQ(reader.shape("/run/logits"), (std::vector<std::size_t>{3, 3}));
+  EXPECT_EQ(reader.read<float>("/run/logits"), (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(reader.read<std::int32_t>("/run/tokens"), (std::vector<std::int32_t>{7, 8, 9}));
+}
+
 }  // namespace
 }  // namespace writescope

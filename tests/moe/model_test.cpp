@@ -407,6 +407,33 @@ TEST(MoeModel, LoadsACheckpointAndNamesWhatIsMissing) {
 }
 
 
+// NaN or Inf in a forward pass stops it with an error naming where: the first
+// such layer when each layer is checked (generate), else the logits.
+TEST(MoeModel, NonFiniteValuesAreNamedByLayerOrLogits) {
+  const ModelConfig config = model_preset("tiny-qwen3-moe");
+  // Layer 1's output projection at the largest bf16 overflows its attention output.
+  const MoeModel::TensorSource overflowing = [](const TensorSpec& spec) {
+    auto values = synthetic_tensor<bf16>(spec, 3);
+    if (spec.name == "model.layers.1.self_attn.o_proj.weight")
+      for (bf16& v : values) v = from_float<bf16>(3e38f);
+    return values;
+  };
+  for (bool check_finite : {true, false}) {
+    ModelOptions options = options_with(every_region, mixed_experts());
+    options.check_finite = check_finite;
+    MoeModel model(config, overflowing, options);
+    try {
+      model.prefill(model.add_sequence(), {1, 2, 3});
+      ADD_FAILURE() << "no NonFiniteError";
+    } catch (const NonFiniteError& e) {
+      EXPECT_NE(std::string(e.what()).find(check_finite ? "the output of layer 1 holds NaN or Inf"
+                                                        : "the logits of row 2 hold NaN or Inf"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 // Checkpoints store weights as F32, F16 or BF16; the runtime keeps bf16. An
 // F32 checkpoint rounds to exactly the synthetic bf16 weights; an F16 one
 // (rounded twice) runs as the reference does on the same file.

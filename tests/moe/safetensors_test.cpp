@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -89,6 +90,33 @@ TEST_F(SafetensorsTest, ErrorsNameFileTensorAndExpectation) {
   expect_error([&] { SafetensorsCheckpoint missing((dir_ / "nowhere").string()); }, {"no such folder"});
   fs::remove(file);
   expect_error([&] { SafetensorsCheckpoint empty(dir_.string()); }, {"neither model.safetensors"});
+}
+
+// Non-finite weights are found on loading, named; so are duplicate header keys
+// and header values of the wrong kind (not "bad conversion").
+TEST_F(SafetensorsTest, DamagedValuesAndHeadersAreNamed) {
+  const std::string file = (dir_ / "model.safetensors").string();
+  for (TensorDType dtype : {TensorDType::f32, TensorDType::f16, TensorDType::bf16}) {
+    for (float bad : {std::nanf(""), INFINITY}) {
+      std::vector<float> values(12, 0.5f);
+      values[7] = bad;
+      write_safetensors(file, {{"layers.3.w", {dtype, {3, 4}, values}}});
+      const SafetensorsCheckpoint checkpoint(dir_.string());
+      expect_error([&] { checkpoint.read<bf16>("layers.3.w", {3, 4}); },
+                   {file, "'layers.3.w'", std::string("element 7 is ") + (std::isnan(bad) ? "NaN" : "Inf")});
+    }
+  }
+  auto write_header = [&](const std::string& header) {
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    std::ofstream(file, std::ios::binary) << bytes << header << std::string(64, '\0');
+  };
+  write_header(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}})");
+  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "key 'w' (line 1) appears twice"});
+  write_header(R"({"w": {"dtype": "F32", "shape": ["two"], "data_offsets": [0, 8]}})");
+  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "tensor 'w'", "shape holds 'two'"});
+  write_header(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, -8]}})");
+  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "tensor 'w'", "data_offsets holds '-8'"});
 }
 
 TEST_F(SafetensorsTest, IndexMustMatchTheShards) {
