@@ -373,7 +373,7 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
       continue;
     }
     m.routers.emplace_back(m.weight(p + "gate.weight"), config_.experts_per_token,
-                           config_.normalize_topk ? RouterKind::normalized_topk : RouterKind::scaled_topk,
+                           config_.router_normalizes() ? RouterKind::normalized_topk : RouterKind::scaled_topk,
                            config_.routed_scaling_factor);
     m.shared.emplace_back();
     if (config_.shared_experts > 0)
@@ -617,7 +617,7 @@ struct ModelForward {
     if (c.q_lora_rank > 0) {
       const auto q_a = impl::scratch(m.q_a, "writescope::moe::q_a", rows, c.q_lora_rank);
       linear<Gpu, bf16>(gpu, h, w.q_a, q_a);
-      rms_norm(gpu, q_a, w.q_a_norm, c.q_lora_rank, c.rms_eps);
+      rms_norm(gpu, q_a, w.q_a_norm, c.q_lora_rank, mla_inner_norm_eps);
       linear<Gpu, bf16>(gpu, q_a, w.q_b, q);
     } else {
       linear<Gpu, bf16>(gpu, h, w.q, q);
@@ -626,7 +626,7 @@ struct ModelForward {
     const auto normed = impl::scratch(m.latent, "writescope::moe::latent", rows, latent);
     linear<Gpu, bf16>(gpu, h, w.kv_a, compressed);
     Kokkos::deep_copy(gpu, normed, Kokkos::subview(compressed, Kokkos::ALL, std::make_pair(0, latent)));
-    rms_norm(gpu, normed, w.kv_a_norm, latent, c.rms_eps);
+    rms_norm(gpu, normed, w.kv_a_norm, latent, mla_inner_norm_eps);
     apply_rope(gpu, q, pass.device_positions, m.inverse_frequencies, m.rope_scale, nope, nope + rope, rope, true);
     apply_rope(gpu, compressed, pass.device_positions, m.inverse_frequencies, m.rope_scale, latent, latent + rope, rope, true);
     const TokenRows keys = scratch3(m.keys, "writescope::moe::latent_rows", rows, 1, latent + rope);

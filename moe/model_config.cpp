@@ -306,6 +306,21 @@ void read_rope(const ConfigNode& root, double default_theta, ModelConfig& c) {
   c.rope_scaling.beta_slow = scaling->get_or<double>("beta_slow", 1.0);
   c.rope_scaling.mscale = scaling->get_or<double>("mscale", 1.0);
   c.rope_scaling.mscale_all_dim = scaling->get_or<double>("mscale_all_dim", 0.0);
+  // transformers' newer YaRN options that DeepSeek's reference YaRN does not have.
+  if (scaling->has("attention_factor"))
+    scaling->fail("attention_factor", "is not supported: the attention factor follows from mscale and mscale_all_dim "
+                                      "as in DeepSeek's reference YaRN");
+  if (!scaling->get_or<bool>("truncate", true))
+    scaling->fail("truncate", "false is not supported: DeepSeek's reference YaRN rounds the correction range");
+}
+
+/// `key`, when the config gives it, must hold `supported` (what the runtime
+/// computes): settings of architecture variants it does not implement are
+/// errors, not silently different models.
+template <class T>
+void require_supported(const ConfigNode& root, const char* key, T supported, const std::string& what) {
+  if (root.has(key) && !root.yaml()[key].IsNull() && root.get<T>(key) != supported)
+    root.fail(key, "is not supported (only " + what + " is implemented)");
 }
 
 }  // namespace
@@ -325,12 +340,22 @@ ModelConfig load_hf_config(const std::string& config_json) {
   c.q_heads = root.get<int>("num_attention_heads");
   c.kv_heads = root.get_or<int>("num_key_value_heads", c.q_heads);
   c.experts_per_token = root.get<int>("num_experts_per_tok");
+  require_supported<std::string>(root, "hidden_act", "silu", "SwiGLU with silu");
+  require_supported(root, "attention_bias", false, "attention without biases");
   // Published defaults, where a config may leave a field out, are those of the
-  // architectures' transformers configuration classes (configuration_*.py).
+  // architectures' configuration classes: DeepSeek's configuration_deepseek.py
+  // (the Hub's remote code), transformers' configuration_qwen3_moe.py and
+  // configuration_mixtral.py.
   if (kind == "DeepseekV2ForCausalLM") {
     c.architecture = Architecture::deepseek_v2;
     read_rope(root, 10000.0, c);  // DeepseekV2Config: rope_theta=10000.0
-    c.q_lora_rank = root.has("q_lora_rank") && !root.yaml()["q_lora_rank"].IsNull() ? root.get<int>("q_lora_rank") : 0;
+    require_supported<std::string>(root, "topk_method", "greedy", "greedy top-k routing");
+    require_supported<std::string>(root, "scoring_func", "softmax", "softmax router scores");
+    require_supported(root, "moe_layer_freq", 1, "an MoE block in every layer after the dense ones");
+    // DeepseekV2Config: q_lora_rank=1536; null (DeepSeek-V2-Lite) means no query LoRA.
+    c.q_lora_rank = !root.has("q_lora_rank")                ? 1536
+                    : root.yaml()["q_lora_rank"].IsNull() ? 0
+                                                            : root.get<int>("q_lora_rank");
     c.kv_lora_rank = root.get<int>("kv_lora_rank");
     c.qk_nope_head_dim = root.get<int>("qk_nope_head_dim");
     c.qk_rope_head_dim = root.get<int>("qk_rope_head_dim");
@@ -338,11 +363,12 @@ ModelConfig load_hf_config(const std::string& config_json) {
     c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
     c.experts = root.get<int>("n_routed_experts");
     c.expert_intermediate = root.get<int>("moe_intermediate_size");
-    // DeepseekV2Config: n_shared_experts=None (none), norm_topk_prob=False,
+    // Required: DeepSeek's DeepseekV2Config defaults to none, transformers' to 2.
+    // null means none. DeepseekV2Config: norm_topk_prob=False,
     // routed_scaling_factor=1.0, first_k_dense_replace=0.
-    c.shared_experts = root.has("n_shared_experts") && !root.yaml()["n_shared_experts"].IsNull()
-                           ? root.get<int>("n_shared_experts")
-                           : 0;
+    if (!root.has("n_shared_experts"))
+      root.fail("n_shared_experts", "is required (DeepSeek's configuration defaults to none, transformers' to 2)");
+    c.shared_experts = root.yaml()["n_shared_experts"].IsNull() ? 0 : root.get<int>("n_shared_experts");
     c.normalize_topk = root.get_or<bool>("norm_topk_prob", false);
     c.routed_scaling_factor = root.get_or<double>("routed_scaling_factor", 1.0);
     c.dense_layers = root.get_or<int>("first_k_dense_replace", 0);
@@ -352,6 +378,11 @@ ModelConfig load_hf_config(const std::string& config_json) {
     read_rope(root, 10000.0, c);  // Qwen3MoeConfig: rope_theta=10000.0
     c.head_dim = root.get<int>("head_dim");
     c.qk_norm = true;
+    require_supported(root, "decoder_sparse_step", 1, "an MoE block in every layer");
+    if (root.has("mlp_only_layers") && root.yaml()["mlp_only_layers"].IsSequence() &&
+        root.yaml()["mlp_only_layers"].size() > 0)
+      root.fail("mlp_only_layers", "is not supported (only an MoE block in every layer is implemented)");
+    require_supported(root, "use_sliding_window", false, "full attention");
     // The Hub writes num_experts, transformers 5 num_local_experts.
     c.experts = one_of_two(root, "num_experts", "num_local_experts");
     c.expert_intermediate = root.get<int>("moe_intermediate_size");
@@ -364,6 +395,12 @@ ModelConfig load_hf_config(const std::string& config_json) {
     c.experts = root.get<int>("num_local_experts");
     c.expert_intermediate = root.get<int>("intermediate_size");
     c.normalize_topk = true;  // Mixtral's router always renormalises its top-k
+    // A window at least as long as the context changes nothing.
+    if (root.has("sliding_window") && !root.yaml()["sliding_window"].IsNull() &&
+        root.get<long>("sliding_window") < c.max_position)
+      root.fail("sliding_window", "is not supported (only full attention is implemented; a window of " +
+                                      std::to_string(root.get<long>("sliding_window")) +
+                                      " tokens changes attention beyond it)");
   } else {
     root.fail("architectures", "unsupported architecture '" + kind +
                                    "' (expected DeepseekV2ForCausalLM, Qwen3MoeForCausalLM or MixtralForCausalLM)");

@@ -30,6 +30,11 @@ struct RopeScaling {
   double mscale_all_dim = 0.0;
 };
 
+/// Epsilon of MLA's inner norms (q_a_layernorm, kv_a_layernorm): DeepSeek's
+/// modeling_deepseek.py builds them with DeepseekV2RMSNorm's default 1e-6,
+/// whatever rms_norm_eps says.
+inline constexpr double mla_inner_norm_eps = 1e-6;
+
 struct ModelConfig {
   std::string name;
   /// Where a config.json's rotary settings came from: "hub" (top-level
@@ -69,6 +74,12 @@ struct ModelConfig {
   int dense_intermediate = 0;
 
   bool mla() const { return kv_lora_rank > 0; }
+  /// Whether the router renormalises its top-k weights (else it scales them
+  /// by routed_scaling_factor). DeepSeek's MoEGate renormalises only for
+  /// top_k > 1 ("if self.top_k > 1 and self.norm_topk_prob").
+  bool router_normalizes() const {
+    return normalize_topk && (architecture != Architecture::deepseek_v2 || experts_per_token > 1);
+  }
   /// The decode attention this model runs: GQA, or MLA in absorbed form
   /// (latent + rope dims per token, output in the latent), with the model's
   /// softmax scale (YaRN's mscale included).

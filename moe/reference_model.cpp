@@ -190,10 +190,10 @@ std::vector<float> ReferenceModel::mla_attention(int layer, const std::vector<fl
   std::vector<float> q = c.q_lora_rank > 0
                              ? matvec(weight(p + "q_b_proj.weight"),
                                       rms_normed(matvec(weight(p + "q_a_proj.weight"), x),
-                                                 weight(p + "q_a_layernorm.weight"), c.rms_eps))
+                                                 weight(p + "q_a_layernorm.weight"), mla_inner_norm_eps))
                              : matvec(weight(p + "q_proj.weight"), x);
   std::vector<float> compressed = matvec(weight(p + "kv_a_proj_with_mqa.weight"), x);  // latent | k_pe
-  rms_norm(compressed.data(), weight(p + "kv_a_layernorm.weight").data(), latent, c.rms_eps);
+  rms_norm(compressed.data(), weight(p + "kv_a_layernorm.weight").data(), latent, mla_inner_norm_eps);
   deinterleave(compressed.data() + latent, rope);
   rope_.apply(compressed.data() + latent, rope, position);
   auto& cache = keys_[layer];
@@ -293,7 +293,7 @@ std::vector<float> ReferenceModel::mlp(int layer, const std::vector<float>& x) c
     weights.push_back(std::exp(logits[e] - m) / total);
     chosen += weights.back();
   }
-  for (double& w : weights) w = c.normalize_topk ? w / chosen : w * c.routed_scaling_factor;
+  for (double& w : weights) w = c.router_normalizes() ? w / chosen : w * c.routed_scaling_factor;
   std::vector<double> out(x.size(), 0.0);
   for (std::size_t k = 0; k < order.size(); ++k) {
     const std::string expert = moe + "experts." + std::to_string(order[k]) + ".";

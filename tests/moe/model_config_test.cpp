@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include "moe/weights.hpp"
@@ -197,6 +198,62 @@ TEST_F(HfConfigTest, RotarySpellingsAndDefaultsAreExplicit) {
     "rope_parameters": {"rope_theta": 1e4, "rope_type": "default"}})").first, "rope_theta");
   EXPECT_EQ(error_of("{" + qwen + R"(, "num_experts": 8, "norm_topk_prob": true,
     "rope_scaling": {"factor": 4}})").first, "rope_scaling.rope_type");
+}
+
+// Settings of architecture variants the runtime does not implement are errors
+// naming the field, not silently another model (cross-check against the
+// architectures' reference code, moe/README.md).
+TEST_F(HfConfigTest, UnimplementedVariantsAreRefused) {
+  const std::string deepseek = hf_config_json(model_preset("tiny-deepseek-v2"), ConfigFormat::hub);
+  const std::string qwen = hf_config_json(model_preset("tiny-qwen3-moe"), ConfigFormat::hub);
+  const std::string mixtral = hf_config_json(model_preset("tiny-mixtral"), ConfigFormat::hub);
+  // One more field after the opening brace.
+  auto with = [](const std::string& json, const std::string& field) { return "{" + field + "," + json.substr(1); };
+  auto error_of = [&](const std::string& json) -> std::string {
+    try {
+      load_hf_config(write(json));
+    } catch (const ConfigError& e) {
+      return e.field() + ": " + e.reason();
+    }
+    return "accepted";
+  };
+  EXPECT_EQ(error_of(with(deepseek, R"("topk_method": "group_limited_greedy")")),
+            "topk_method: is not supported (only greedy top-k routing is implemented)");
+  EXPECT_EQ(error_of(with(deepseek, R"("moe_layer_freq": 2)")).substr(0, 16), "moe_layer_freq: ");
+  EXPECT_EQ(error_of(with(deepseek, R"("scoring_func": "sigmoid")")).substr(0, 14), "scoring_func: ");
+  EXPECT_EQ(error_of(with(qwen, R"("decoder_sparse_step": 2)")).substr(0, 21), "decoder_sparse_step: ");
+  EXPECT_EQ(error_of(with(qwen, R"("mlp_only_layers": [1])")).substr(0, 17), "mlp_only_layers: ");
+  EXPECT_EQ(error_of(with(qwen, R"("use_sliding_window": true)")).substr(0, 20), "use_sliding_window: ");
+  EXPECT_EQ(error_of(with(qwen, R"("attention_bias": true)")).substr(0, 16), "attention_bias: ");
+  EXPECT_EQ(error_of(with(mixtral, R"("hidden_act": "gelu")")),
+            "hidden_act: is not supported (only SwiGLU with silu is implemented)");
+  EXPECT_EQ(error_of(with(mixtral, R"("sliding_window": 4)")).substr(0, 16), "sliding_window: ");
+  // The values that leave the math as implemented are fine.
+  for (const std::string& json :
+       {with(deepseek, R"("topk_method": "greedy", "moe_layer_freq": 1, "scoring_func": "softmax")"),
+        with(qwen, R"("decoder_sparse_step": 1, "mlp_only_layers": [], "use_sliding_window": false)"),
+        with(mixtral, R"("sliding_window": null, "hidden_act": "silu", "attention_bias": false)"),
+        with(mixtral, R"("sliding_window": 1000000)")})
+    EXPECT_EQ(error_of(json), "accepted") << json;
+  // n_shared_experts must be given (the two published defaults differ); a
+  // missing q_lora_rank is DeepseekV2Config's 1536, null none.
+  const std::string no_shared = std::regex_replace(deepseek, std::regex(R"("n_shared_experts": [0-9]+,)"), "");
+  EXPECT_EQ(error_of(no_shared).substr(0, 18), "n_shared_experts: ");
+  const std::string no_q_lora = std::regex_replace(deepseek, std::regex(R"("q_lora_rank": [a-z0-9]+,)"), "");
+  ASSERT_NE(no_q_lora, deepseek);
+  EXPECT_EQ(load_hf_config(write(no_q_lora)).q_lora_rank, 1536);
+}
+
+// DeepSeek's MoEGate renormalises only for top_k > 1; the other routers whenever asked.
+TEST(ModelConfig, DeepSeekRenormalisesOnlyAboveTopOne) {
+  for (const char* name : {"tiny-deepseek-v2", "tiny-qwen3-moe", "tiny-mixtral"}) {
+    ModelConfig c = model_preset(name);
+    c.normalize_topk = true;
+    c.experts_per_token = 1;
+    EXPECT_EQ(c.router_normalizes(), c.architecture != Architecture::deepseek_v2) << name;
+    c.experts_per_token = 2;
+    EXPECT_TRUE(c.router_normalizes()) << name;
+  }
 }
 
 }  // namespace
