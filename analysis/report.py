@@ -11,8 +11,10 @@ import argparse
 import math
 import os
 import re
+import struct
 import sys
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 
 import h5py
 import matplotlib
@@ -108,6 +110,8 @@ class Results:
     git_revision: str
     profile: Profile
     runs: list
+    damaged: list = field(default_factory=list)  # [(run group, why)]: left out of every figure and table
+    unverified: int = 0  # runs written before runs carried checksums
 
 
 def _as_string(value):
@@ -247,6 +251,65 @@ def read_run(group):
     )
 
 
+# ---------------------------------------------------------------- checksums
+
+
+def _attribute_bytes(value):
+    """An attribute as ResultsGroup::checksum serialises it (framework/results_store.cpp)."""
+    if isinstance(value, (str, bytes)):
+        data = value.encode() if isinstance(value, str) else value
+        return b"s" + struct.pack("<Q", len(data)) + data
+    array = np.asarray(value).ravel()
+    if array.dtype.kind in "iu":
+        return b"i" + struct.pack("<Q", array.size) + array.astype("<i8").tobytes()
+    return b"f" + struct.pack("<Q", array.size) + array.astype("<f8").tobytes()
+
+
+def _dataset_bytes(dataset):
+    kind, size = dataset.dtype.kind, dataset.dtype.itemsize
+    if kind == "f":
+        code, dtype = (b"f", "<f4") if size == 4 else (b"d", "<f8")
+    elif kind in "iu":
+        code, dtype = (b"i", "<i4") if size == 4 else (b"l", "<i8") if kind == "i" else (b"u", "<u8")
+    else:
+        raise InputError(dataset.name, f"dataset of type {dataset.dtype} in a run")
+    values = np.asarray(dataset[()], dtype=dtype)
+    return (b"D" + code + struct.pack("<Q", len(dataset.shape)) +
+            b"".join(struct.pack("<Q", d) for d in dataset.shape) + values.tobytes())
+
+
+def results_checksum(group):
+    """"crc32:xxxxxxxx" of everything in `group` but its own checksum attribute, as `writescope` computes it."""
+    items = []
+
+    def walk(g, prefix):
+        for name in g.attrs:
+            if not (prefix == "" and name == "checksum"):
+                items.append(((prefix + "@" + name).encode(), _attribute_bytes(g.attrs[name])))
+        for name, child in g.items():
+            if isinstance(child, h5py.Group):
+                walk(child, prefix + name + "/")
+            else:
+                items.append(((prefix + name).encode(), _dataset_bytes(child)))
+
+    walk(group, "")
+    crc = 0
+    for key, data in sorted(items):
+        crc = zlib.crc32(key + b"\0" + data, crc)
+    return f"crc32:{crc:08x}"
+
+
+def run_damage(group):
+    """Why a run group cannot be trusted ("" if it can, or if it predates checksums)."""
+    if "checksum" not in group.attrs:
+        return ""
+    try:
+        stored, now = _as_string(group.attrs["checksum"]), results_checksum(group)
+    except (OSError, KeyError, ValueError, TypeError, InputError) as error:
+        return f"unreadable ({error})"
+    return "" if stored == now else f"checksum mismatch (stored {stored}, contents {now})"
+
+
 def load(path):
     """Everything the report needs from the results file at `path`."""
     if not os.path.exists(path):
@@ -259,11 +322,21 @@ def load(path):
             if found != FORMAT:
                 raise InputError(root.name, f"attribute 'format' is '{found}', expected '{FORMAT}'")
             runs = member(root, "runs", h5py.Group)
+            intact, damaged = [], []
+            for name in runs:
+                group = member(runs, name, h5py.Group)
+                damage = run_damage(group)
+                if damage:
+                    damaged.append((group.name, damage))
+                else:
+                    intact.append(group)
             return Results(
                 experiment=attribute(root, "experiment", str),
                 git_revision=attribute(root, "git_revision", str),
                 profile=read_profile(root),
-                runs=sorted((read_run(member(runs, name, h5py.Group)) for name in runs), key=Run.sort_key),
+                runs=sorted((read_run(group) for group in intact), key=Run.sort_key),
+                damaged=damaged,
+                unverified=sum("checksum" not in group.attrs for group in intact),
             )
     except OSError as error:
         raise InputError("", f"cannot read: {error}") from None
@@ -675,6 +748,12 @@ def summary_lines(results, min_context):
     counts = {status: sum(run.status == status for run in runs) for status in STATUSES}
     lines = [f"- {len(runs)} runs: {counts['complete']} complete, {counts['does_not_fit']} did not fit, "
              f"{counts['failed']} failed."]
+    if results.damaged:
+        lines.append(f"- **{len(results.damaged)} damaged runs left out** (their contents do not match their "
+                     "checksums): see [Damaged runs](#damaged-runs); `writescope run` measures them again.")
+    if results.unverified:
+        lines.append(f"- {results.unverified} runs carry no checksum (written by an older WriteScope) and were "
+                     "taken as they are.")
     if not complete(runs):
         lines.append("- No run completed, so there are no speedup, α, breakdown or prediction figures.")
     if counts["does_not_fit"] or counts["failed"]:
@@ -762,6 +841,9 @@ def report_markdown(results, figures, min_context):
                     "tokens/s or reason", "pinned (GiB)", "host (GiB)"), run_rows(results.runs))
     lines += ["", "## Not run / did not fit", ""]
     lines += not_run_section(results.runs)
+    if results.damaged:
+        lines += ["", "## Damaged runs", ""]
+        lines += [f"- `{name}`: {cell(why)}" for name, why in results.damaged]
     return "\n".join(lines) + "\n"
 
 
@@ -791,6 +873,8 @@ def main(argv=None):
     except InputError as error:
         print(f"report: {args.results}: {error}", file=sys.stderr)
         return 2
+    for name, why in results.damaged:
+        print(f"report: {args.results}: {name}: {why}; left out of the report", file=sys.stderr)
     try:
         os.makedirs(args.output, exist_ok=True)
         figures = write_figures(results, args.output)

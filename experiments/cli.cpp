@@ -51,9 +51,12 @@ constexpr const char* usage_text =
     "                  [--config-format hub|transformers5]\n"
     "                              write a synthetic Hugging Face checkpoint (config.json +\n"
     "                              model.safetensors) of a preset, e.g. a tiny test model\n"
-    "  run CONFIG.yaml [--output FILE.h5] [--profile FILE|NAME]\n"
+    "  run CONFIG.yaml [--output FILE.h5] [--profile FILE|NAME] [--allow-different-machine]\n"
     "                              run an experiment (experiments/configs/*.yaml) into an\n"
     "                              HDF5 results file; runs already in the file are skipped\n"
+    "                              (damaged ones measured again); a file of another machine\n"
+    "                              setup is refused unless --allow-different-machine\n"
+    "  verify FILE.h5              check every run of a results file against its checksum\n"
     "  help                        this text\n"
     "\n"
     "Kokkos options (--kokkos-threads=N, --kokkos-device=N, ...) may be given anywhere.\n";
@@ -363,7 +366,12 @@ int make_checkpoint_command(const std::vector<std::string>& args) {
 
 int run_command(const std::vector<std::string>& args, std::ostream& out) {
   if (args.empty() || args.front().rfind("--", 0) == 0) throw UsageError("run: the experiment config is required");
-  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  RunOptions run_options;
+  if (const auto flag = std::find(rest.begin(), rest.end(), "--allow-different-machine"); flag != rest.end()) {
+    run_options.allow_different_machine = true;
+    rest.erase(flag);
+  }
   auto options = parse_options("run", rest, {"--output", "--profile"});
   ExperimentConfig config = ExperimentConfig::load(args.front());
   if (options.count("--output")) config.output = options["--output"];
@@ -371,10 +379,36 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
   const MachineProfile profile = find_profile(config.profile);
   const auto runs = expand_runs(config, profile);
   log_info("run: ", config.name, ": ", runs.size(), " runs into ", config.output, " (profile ", profile.name, ")");
-  const ExperimentSummary summary = run_experiment(config, profile, std::cerr, isatty(STDERR_FILENO) != 0);
+  const ExperimentSummary summary = run_experiment(config, profile, std::cerr, isatty(STDERR_FILENO) != 0, run_options);
   out << config.output << ": " << summary.complete << " complete, " << summary.did_not_fit << " did not fit, "
       << summary.failed << " failed, " << summary.skipped << " already in the file\n";
   return summary.failed > 0 ? 1 : 0;
+}
+
+/// Checks every run group against its checksum; prints one line per damaged
+/// or unverifiable run and a summary; exit status 1 when any is damaged.
+int verify_command(const std::vector<std::string>& args, std::ostream& out) {
+  if (args.size() != 1 || args.front().rfind("--", 0) == 0) throw UsageError("verify: give one results file");
+  const std::string& file = args.front();
+  const ResultsReader reader(file);
+  for (const char* attribute : {"format", "config", "machine"})
+    if (!reader.has_attribute("/", attribute))
+      throw std::runtime_error(file + ": not a WriteScope results file (no '" + std::string(attribute) + "' attribute)");
+  const std::vector<std::string> runs = reader.exists("/runs") ? reader.list("/runs") : std::vector<std::string>{};
+  int damaged = 0, unverified = 0;
+  for (const std::string& run : runs) {
+    const std::string group = "/runs/" + run;
+    if (const std::string damage = run_damage(file, group); !damage.empty()) {
+      out << "DAMAGED " << run << ": " << damage << "\n";
+      ++damaged;
+    } else if (!reader.has_attribute(group, "checksum")) {
+      out << "unverified " << run << ": written before runs carried checksums\n";
+      ++unverified;
+    }
+  }
+  out << file << ": " << runs.size() << " runs, " << runs.size() - damaged - unverified << " verified, " << damaged
+      << " damaged, " << unverified << " without a checksum\n";
+  return damaged > 0 ? 1 : 0;
 }
 
 }  // namespace
@@ -391,6 +425,7 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     if (command == "generate") return generate_command(rest, out);
     if (command == "make-checkpoint") return make_checkpoint_command(rest);
     if (command == "run") return run_command(rest, out);
+    if (command == "verify") return verify_command(rest, out);
     // Internal: one CPU attention measurement at this process' thread count.
     if (command == "calibrate-attention") return calibrate_attention_command(rest, out);
     if (command == "help" || command == "--help" || command == "-h") {

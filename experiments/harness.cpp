@@ -115,6 +115,7 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
                    "options"});
   ExperimentConfig c;
   c.name = root.get<std::string>("name");
+  c.canonical = YAML::Dump(root.yaml());
   c.output = root.get<std::string>("output");
   c.profile = root.get<std::string>("profile");
   for (const ConfigNode& model : root.elements("models")) c.models.push_back(parse_model(model));
@@ -559,7 +560,7 @@ std::string run_yaml(const ExperimentConfig& config, const RunSpec& run) {
 }
 
 void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec& run, const std::string& profile_name,
-               const std::optional<RunResult>& result, const RunFailure& failure) {
+               const std::string& machine_yaml, const std::optional<RunResult>& result, const RunFailure& failure) {
   ResultsGroup g = runs.create_group(run.id());
   const ModelConfig& m = run.model->config;
   g.set_attribute("model", run.model->preset);
@@ -580,6 +581,7 @@ void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec
   g.set_attribute("config", run_yaml(config, run));
   g.set_attribute("git_revision", git_revision());
   g.set_attribute("profile", profile_name);
+  g.set_attribute("machine", machine_yaml);
   if (!result) return;
   const RunResult& r = *result;
   const std::size_t steps = r.step_seconds.size(), layers = static_cast<std::size_t>(m.layers);
@@ -611,14 +613,19 @@ void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec
   for (int region = 0; region < 4; ++region) regions.write(region_names[region], r.region_bytes[region]);
 }
 
-void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& config, const MachineProfile& p) {
+/// What a results file says about its experiment, written while it holds no
+/// runs: a resumed file keeps the record of its first runs (each run records its own).
+void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& config, const MachineProfile& p,
+                                 const std::string& machine_yaml) {
   root.set_attribute("format", "writescope-results-1");
   root.set_attribute("experiment", config.name);
-  root.set_attribute("config", config.text);
+  root.set_attribute("config", config.text.empty() ? config.canonical : config.text);
+  root.set_attribute("config_canonical", config.canonical);
   root.set_attribute("git_revision", git_revision());
   root.set_attribute("kokkos_configuration", kokkos_configuration());
-  root.set_attribute("machine", MachineDescription::detect().to_yaml());
-  ResultsGroup profile = root.has("profile") ? root.open_group("profile") : root.create_group("profile");
+  root.set_attribute("machine", machine_yaml);
+  if (root.has("profile")) root.remove("profile");
+  ResultsGroup profile = root.create_group("profile");
   profile.set_attribute("name", p.name);
   profile.set_attribute("yaml", p.to_yaml());
   profile.set_attribute("has_gpu", static_cast<std::int64_t>(p.has_gpu));
@@ -633,10 +640,62 @@ void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& conf
   if (!root.has("runs")) root.create_group("runs");
 }
 
+/// Resuming mixes runs into a file only of the same experiment (comments and
+/// layout aside), machine profile and machine setup; with
+/// allow_different_machine another setup is recorded beside the first
+/// (/other_machines) and every run keeps its own. Returns whether the file
+/// still needs its experiment attributes (it holds no runs yet).
+bool check_resume(ResultsStore& store, const ExperimentConfig& config, const MachineProfile& profile,
+                  const RunOptions& options, const std::string& machine_yaml, const MachineDescription& machine) {
+  const ResultsReader reader(config.output);
+  if (!reader.exists("/runs") || reader.list("/runs").empty()) return true;  // nothing measured yet
+  const bool same_config = reader.has_attribute("/", "config_canonical")
+                               ? reader.string_attribute("/", "config_canonical") == config.canonical
+                               : reader.string_attribute("/", "config") == config.text;
+  const bool same_profile = reader.string_attribute("/profile", "yaml") == profile.to_yaml();
+  if (!same_config || !same_profile)
+    throw std::invalid_argument(config.output + " holds runs of " +
+                                (same_config ? "another machine profile" : "another experiment config") +
+                                "; write to another --output, or remove the file to start over");
+  std::vector<std::string> recorded{reader.string_attribute("/", "machine")};
+  if (reader.exists("/other_machines"))
+    for (const std::string& name : reader.list("/other_machines"))
+      recorded.push_back(reader.string_attribute("/other_machines/" + name, "machine"));
+  for (const std::string& yaml : recorded)
+    if (machine.setup_differences(yaml).empty()) return false;
+  const std::vector<std::string> differences = machine.setup_differences(recorded.front());
+  std::string listed;
+  for (const std::string& d : differences) listed += "\n  " + d;
+  if (!options.allow_different_machine)
+    throw std::invalid_argument(config.output + " holds runs measured with another machine setup:" + listed +
+                                "\nresume with the same setup, write to another --output, or pass "
+                                "--allow-different-machine to add runs of this setup (each run records its own)");
+  log_info("run: ", config.output, ": adding runs of another machine setup (allowed):", listed);
+  auto txn = store.begin();
+  ResultsGroup root = txn.root();
+  ResultsGroup others = root.has("other_machines") ? root.open_group("other_machines")
+                                                   : root.create_group("other_machines");
+  others.create_group("machine_" + std::to_string(recorded.size())).set_attribute("machine", machine_yaml);
+  txn.commit();
+  return false;
+}
+
 }  // namespace
 
+std::string run_damage(const std::string& file, const std::string& group) {
+  try {
+    const ResultsReader reader(file);
+    if (!reader.has_attribute(group, "checksum")) return "";  // written before runs carried checksums
+    const std::string stored = reader.string_attribute(group, "checksum"), now = reader.checksum(group);
+    if (stored != now) return "checksum mismatch (stored " + stored + ", contents " + now + "): the run is damaged";
+    return "";
+  } catch (const ResultsError& e) {
+    return std::string("unreadable (") + e.what() + ")";
+  }
+}
+
 ExperimentSummary run_experiment(const ExperimentConfig& config, const MachineProfile& profile,
-                                 std::ostream& progress_out, bool tty) {
+                                 std::ostream& progress_out, bool tty, const RunOptions& options) {
   if (!has_gpu && profile.has_gpu)
     log_info("run: profile '", profile.name, "' describes a GPU machine but this build has no GPU; ",
              "the systems plan for that machine and run on the host");
@@ -646,21 +705,12 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
              "; its CPU rates do not describe these kernels (re-run writescope calibrate)");
   if (const auto parent = std::filesystem::path(config.output).parent_path(); !parent.empty())
     std::filesystem::create_directories(parent);
+  const MachineDescription machine = MachineDescription::detect();
+  const std::string machine_yaml = machine.to_yaml();
   ResultsStore store(config.output);
-  // Resuming mixes runs of one file only when they come from the same
-  // experiment and machine profile.
-  if (store.contains("runs") && !ResultsReader(config.output).list("/runs").empty()) {
-    const ResultsReader reader(config.output);
-    const bool same_config = reader.string_attribute("/", "config") == config.text;
-    const bool same_profile = reader.string_attribute("/profile", "yaml") == profile.to_yaml();
-    if (!same_config || !same_profile)
-      throw std::invalid_argument(config.output + " holds runs of " +
-                                  (same_config ? "another machine profile" : "another experiment config") +
-                                  "; write to another --output, or remove the file to start over");
-  }
-  {
+  if (check_resume(store, config, profile, options, machine_yaml, machine)) {
     auto txn = store.begin();
-    write_experiment_attributes(txn.root(), config, profile);
+    write_experiment_attributes(txn.root(), config, profile, machine_yaml);
     txn.commit();
   }
   const std::vector<RunSpec> runs = expand_runs(config, profile);
@@ -673,12 +723,17 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     // Resume: a run already in the file with the same definition is kept,
     // unless it failed; a changed definition is measured again.
     if (store.contains("runs/" + id)) {
-      const ResultsReader reader(config.output);
       const std::string g = "/runs/" + id;
-      if (reader.string_attribute(g, "status") != "failed" &&
-          reader.string_attribute(g, "config") == run_yaml(config, run)) {
-        ++summary.skipped;
-        continue;
+      const std::string damage = run_damage(config.output, g);
+      if (!damage.empty()) {
+        log_info("run: ", id, ": ", damage, "; measuring it again");
+      } else {
+        const ResultsReader reader(config.output);
+        if (reader.string_attribute(g, "status") != "failed" &&
+            reader.string_attribute(g, "config") == run_yaml(config, run)) {
+          ++summary.skipped;
+          continue;
+        }
       }
     }
     progress.start_run(i, run);
@@ -698,7 +753,9 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     auto txn = store.begin();
     ResultsGroup runs_group = txn.root().open_group("runs");
     if (runs_group.has(id)) runs_group.remove(id);
-    write_run(runs_group, config, run, profile.name, result, failure);
+    write_run(runs_group, config, run, profile.name, machine_yaml, result, failure);
+    ResultsGroup written = runs_group.open_group(id);
+    written.set_attribute("checksum", written.checksum());
     txn.commit();
     std::ostringstream outcome;
     if (result) {

@@ -31,6 +31,7 @@ struct ModelSpec {
 struct ExperimentConfig {
   std::string name;
   std::string text;          // the YAML it was read from (load() only)
+  std::string canonical;     // the parsed YAML re-emitted (no comments, one layout): what identifies it
   std::string output;        // results file
   std::string profile;       // machine profile: a file, or a bundled profile's name
   std::vector<ModelSpec> models;
@@ -95,9 +96,21 @@ struct ExperimentSummary {
   int complete = 0, did_not_fit = 0, failed = 0, skipped = 0;  // skipped: already in the file
 };
 
+struct RunOptions {
+  /// Resume a file whose runs were measured with another machine setup
+  /// (MachineDescription::setup_differences); the new setup is recorded beside the old.
+  bool allow_different_machine = false;
+};
+
 /// Runs the experiment into config.output; progress goes to `progress`
-/// (a bar with ETA when `tty`, plain lines otherwise).
+/// (a bar with ETA when `tty`, plain lines otherwise). Runs already in the
+/// file with the same definition are kept unless failed or damaged
+/// (checksum mismatch: measured again, saying so).
 ExperimentSummary run_experiment(const ExperimentConfig& config, const MachineProfile& profile,
-                                 std::ostream& progress, bool tty);
+                                 std::ostream& progress, bool tty, const RunOptions& options = {});
+
+/// Why the run group `group` of results file `file` cannot be trusted (its
+/// checksum does not match its contents, or it does not read); "" if it can.
+std::string run_damage(const std::string& file, const std::string& group);
 
 }  // namespace writescope

@@ -1,16 +1,15 @@
 #include "framework/machine.hpp"
 
-#include "framework/cpu_path.hpp"
-
 #include <Kokkos_Core.hpp>
 #include <sys/utsname.h>
 #include <unistd.h>
-
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
+#include "framework/cpu_path.hpp"
 #include "framework/results_store.hpp"
 #include "framework/runtime.hpp"
 #include "framework/spaces.hpp"
@@ -152,6 +151,23 @@ std::string MachineDescription::to_yaml() const {
   }
   yaml << YAML::EndMap;
   return yaml.c_str();
+}
+
+std::vector<std::string> MachineDescription::setup_differences(const std::string& stored_yaml) const {
+  static const char* const setup[] = {"cpu_model",       "cpu_paths",          "cpu_path",        "logical_cpus",
+                                      "host_threads",    "openmp_environment", "thread_placement", "memory_bytes",
+                                      "gpu_name",        "gpu_memory_bytes",   "gpu_compute_capability",
+                                      "kokkos_version",  "enabled_exec_spaces", "compiler",        "build_type"};
+  const YAML::Node stored = YAML::Load(stored_yaml);
+  std::vector<std::string> differences;
+  for (const auto& [name, value] : fields()) {
+    if (std::find(std::begin(setup), std::end(setup), name) == std::end(setup)) continue;
+    const std::string now =
+        std::holds_alternative<std::string>(value) ? std::get<std::string>(value) : std::to_string(std::get<std::int64_t>(value));
+    const std::string then = stored[name] && stored[name].IsScalar() ? stored[name].Scalar() : "(not recorded)";
+    if (then != now) differences.push_back(name + ": '" + then + "' -> '" + now + "'");
+  }
+  return differences;
 }
 
 }  // namespace writescope

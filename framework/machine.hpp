@@ -45,6 +45,12 @@ struct MachineDescription {
   void store(ResultsGroup& group) const;
   /// The fields as a YAML mapping.
   std::string to_yaml() const;
+  /// Where the setup that decides measurements (CPU, its paths, thread count
+  /// and OpenMP settings and placement, memory, GPU, Kokkos, compiler, build
+  /// type) differs from `stored_yaml` (a to_yaml() of another run), one
+  /// "field: 'then' -> 'now'" each; empty when the same. Host name and git
+  /// revision are not setup: containers rename hosts, and runs record their revision.
+  std::vector<std::string> setup_differences(const std::string& stored_yaml) const;
 };
 
 /// The revision this binary was built from (see cmake/GitRevision.cmake).

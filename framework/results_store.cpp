@@ -4,7 +4,10 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -182,6 +185,118 @@ std::vector<std::string> list_members(const H5::Group& group) {
   return names;
 }
 
+// ----------------------------------------------------------------- checksums
+
+/// CRC-32 (IEEE 802.3, reflected; zlib's crc32 and Python's zlib.crc32).
+std::uint32_t crc32(std::uint32_t crc, const std::string& bytes) {
+  static const auto table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  crc = ~crc;
+  for (unsigned char b : bytes) crc = table[(crc ^ b) & 0xffu] ^ (crc >> 8);
+  return ~crc;
+}
+
+template <class T>
+void append_le(std::string& out, T value) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  char raw[sizeof(T)];
+  std::memcpy(raw, &value, sizeof(T));  // x86-64 and aarch64 are little-endian, as the format is
+  out.append(raw, sizeof(T));
+}
+
+/// One attribute as the checksum sees it: kind 's' (string), 'i' (int64
+/// values) or 'f' (float64 values), a uint64 count, the values little-endian.
+std::string attribute_bytes(const H5::Attribute& attribute) {
+  std::string out;
+  const H5T_class_t kind = attribute.getTypeClass();
+  if (kind == H5T_STRING) {
+    std::string value;
+    attribute.read(attribute.getStrType(), value);
+    out += 's';
+    append_le<std::uint64_t>(out, value.size());
+    out += value;
+    return out;
+  }
+  const auto n = static_cast<std::size_t>(attribute.getSpace().getSimpleExtentNpoints());
+  if (kind == H5T_INTEGER) {
+    std::vector<std::int64_t> values(n);
+    attribute.read(H5::PredType::NATIVE_INT64, values.data());
+    out += 'i';
+    append_le<std::uint64_t>(out, n);
+    for (auto v : values) append_le(out, v);
+  } else {
+    std::vector<double> values(n);
+    attribute.read(H5::PredType::NATIVE_DOUBLE, values.data());
+    out += 'f';
+    append_le<std::uint64_t>(out, n);
+    for (auto v : values) append_le(out, v);
+  }
+  return out;
+}
+
+/// One dataset: 'D', its element kind ('d' float64, 'f' float32, 'i' int32,
+/// 'l' int64, 'u' uint64), a uint64 rank and dims, the values little-endian.
+std::string dataset_bytes(const H5::DataSet& dataset) {
+  const H5::DataSpace space = dataset.getSpace();
+  std::vector<hsize_t> dims(static_cast<std::size_t>(space.getSimpleExtentNdims()));
+  space.getSimpleExtentDims(dims.data());
+  const auto n = static_cast<std::size_t>(space.getSimpleExtentNpoints());
+  const H5T_class_t kind = dataset.getTypeClass();
+  const std::size_t size = dataset.getDataType().getSize();
+  std::string out = "D";
+  char code = 'd';
+  const H5::PredType* type = &H5::PredType::NATIVE_DOUBLE;
+  if (kind == H5T_FLOAT && size == 4) code = 'f', type = &H5::PredType::NATIVE_FLOAT;
+  if (kind == H5T_INTEGER) {
+    const bool is_signed = dataset.getIntType().getSign() != H5T_SGN_NONE;
+    if (size == 4) code = 'i', type = &H5::PredType::NATIVE_INT32;
+    else if (is_signed) code = 'l', type = &H5::PredType::NATIVE_INT64;
+    else code = 'u', type = &H5::PredType::NATIVE_UINT64;
+  }
+  out += code;
+  append_le<std::uint64_t>(out, dims.size());
+  for (hsize_t d : dims) append_le<std::uint64_t>(out, d);
+  std::string values(n * type->getSize(), '\0');
+  if (n > 0) dataset.read(values.data(), *type);
+  return out + values;
+}
+
+/// (key, bytes) of every attribute and dataset under `group`: keys are
+/// "path@attribute" and "path" relative to the checksummed group.
+void checksum_items(const H5::Group& group, const std::string& prefix,
+                    std::vector<std::pair<std::string, std::string>>& items) {
+  for (int i = 0; i < group.getNumAttrs(); ++i) {
+    const H5::Attribute attribute = group.openAttribute(static_cast<unsigned>(i));
+    const std::string name = attribute.getName();
+    if (prefix.empty() && name == "checksum") continue;
+    items.emplace_back(prefix + "@" + name, attribute_bytes(attribute));
+  }
+  for (const std::string& name : list_members(group)) {
+    if (group.childObjType(name) == H5O_TYPE_GROUP)
+      checksum_items(group.openGroup(name), prefix + name + "/", items);
+    else
+      items.emplace_back(prefix + name, dataset_bytes(group.openDataSet(name)));
+  }
+}
+
+std::string group_checksum(const H5::Group& group) {
+  std::vector<std::pair<std::string, std::string>> items;
+  checksum_items(group, "", items);
+  std::sort(items.begin(), items.end());
+  std::uint32_t crc = 0;
+  for (const auto& [key, bytes] : items) crc = crc32(crc, key + '\0' + bytes);
+  char text[16];
+  std::snprintf(text, sizeof text, "%08x", crc);
+  return std::string("crc32:") + text;
+}
+
 void require_hdf5(const std::string& path) {
   if (!guarded(path, [&] { return H5::H5File::isHdf5(path); }))
     throw ResultsError(path + ": exists but is not an HDF5 file; refusing to touch it");
@@ -241,6 +356,10 @@ void ResultsGroup::write(const std::string& name, const std::vector<T>& values,
     H5::DataSet dataset = group_.createDataSet(name, native_type<T>(), space);
     if (!values.empty()) dataset.write(values.data(), native_type<T>());
   });
+}
+
+std::string ResultsGroup::checksum() const {
+  return guarded(file_ + ": " + path_, [&] { return group_checksum(group_); });
 }
 
 template <class T>
@@ -431,6 +550,12 @@ bool ResultsReader::exists(const std::string& object_path) const {
   return true;
 }
 
+bool ResultsReader::has_attribute(const std::string& object_path, const std::string& name) const {
+  return guarded(path_ + ": " + object_path + "@" + name, [&] {
+    return H5Aexists_by_name(file_.getId(), object_path.c_str(), name.c_str(), H5P_DEFAULT) > 0;
+  });
+}
+
 std::vector<std::string> ResultsReader::list(const std::string& group_path) const {
   return guarded(path_ + ": " + group_path, [&] { return list_members(file_.openGroup(group_path)); });
 }
@@ -459,6 +584,10 @@ template std::vector<float> ResultsReader::read(const std::string&) const;
 template std::vector<std::int32_t> ResultsReader::read(const std::string&) const;
 template std::vector<std::int64_t> ResultsReader::read(const std::string&) const;
 template std::vector<std::uint64_t> ResultsReader::read(const std::string&) const;
+
+std::string ResultsReader::checksum(const std::string& group_path) const {
+  return guarded(path_ + ": " + group_path, [&] { return group_checksum(file_.openGroup(group_path)); });
+}
 
 H5::Attribute ResultsReader::attribute(const std::string& object_path, const std::string& name) const {
   const std::string context = path_ + ": " + object_path + "@" + name;

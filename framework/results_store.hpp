@@ -52,6 +52,11 @@ class ResultsGroup {
 
   const std::string& path() const noexcept { return path_; }
 
+  /// Checksum of everything in this group (attributes other than its own
+  /// "checksum", datasets, subgroups): "crc32:" and 8 hex digits over a
+  /// canonical serialisation that analysis/report.py repeats (results_checksum).
+  std::string checksum() const;
+
  private:
   friend class ResultsTransaction;
   ResultsGroup(H5::Group group, std::string path, std::string file);
@@ -106,6 +111,7 @@ class ResultsReader {
   explicit ResultsReader(const std::string& path);
 
   bool exists(const std::string& object_path) const;
+  bool has_attribute(const std::string& object_path, const std::string& name) const;
   /// Member names of a group ("/" for the root), in creation order.
   std::vector<std::string> list(const std::string& group_path) const;
   std::vector<std::size_t> shape(const std::string& dataset_path) const;
@@ -116,6 +122,9 @@ class ResultsReader {
   double double_attribute(const std::string& object_path, const std::string& name) const;
   std::int64_t int_attribute(const std::string& object_path, const std::string& name) const;
   std::vector<double> doubles_attribute(const std::string& object_path, const std::string& name) const;
+  /// ResultsGroup::checksum of a committed group, computed from what is in the
+  /// file now; ResultsError when the group cannot be read at all.
+  std::string checksum(const std::string& group_path) const;
 
  private:
   H5::Attribute attribute(const std::string& object_path, const std::string& name) const;

@@ -348,6 +348,31 @@ class ReportWithoutCompleteRuns(unittest.TestCase):
             self.assertFalse([name for name in os.listdir(output) if name.startswith(("speedup_", "alpha_"))])
 
 
+class DamagedRuns(unittest.TestCase):
+    """Runs whose contents no longer match their checksum are left out and named; runs without one are counted."""
+
+    def test_flags_damaged_runs(self):
+        sys.path.insert(0, os.path.dirname(REPORT))
+        import report  # noqa: E402  (the module under test, for its checksum)
+        with tempfile.TemporaryDirectory() as tmp:
+            path, output = os.path.join(tmp, "results.h5"), os.path.join(tmp, "report")
+            write_results(path, run_specs())
+            with h5py.File(path, "r+") as root:
+                runs = root["runs"]
+                for name in list(runs)[:-1]:  # the last run predates checksums
+                    runs[name].attrs["checksum"] = report.results_checksum(runs[name])
+                runs["r0"].attrs["context"] = np.int64(12345)
+            result = run_report(path, output)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn("/runs/r0: checksum mismatch", result.stderr)
+            with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
+                markdown = md.read()
+            self.assertIn("**1 damaged runs left out**", markdown)
+            self.assertIn("1 runs carry no checksum", markdown)
+            self.assertIn("`/runs/r0`: checksum mismatch", section(markdown, "Damaged runs"))
+            self.assertNotIn("12345", markdown)
+
+
 class InvalidInput(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()

@@ -36,4 +36,36 @@ file(READ ${FOLDER}/report/report.md report)
 if(NOT report MATCHES "same expert policy" OR NOT report MATCHES "System against system")
   message(FATAL_ERROR "report.md lacks the two comparison tables:\n${report}")
 endif()
+# Every run carries a checksum that `writescope verify` and report.py agree on;
+# a run damaged behind it is found by both and measured again by `run`.
+execute_process(COMMAND ${COMMAND} verify ${FOLDER}/tiny.h5 RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT status EQUAL 0 OR NOT out MATCHES "32 runs, 32 verified, 0 damaged, 0 without a checksum")
+  message(FATAL_ERROR "verify of the intact file (${status}): ${out}\n${err}")
+endif()
+if(report MATCHES "damaged")
+  message(FATAL_ERROR "report.py found damage in an intact file:\n${report}")
+endif()
+execute_process(COMMAND ${PYTHON} -c "
+import sys, h5py
+with h5py.File(sys.argv[1], 'r+') as f:
+    run = f['runs'][sorted(f['runs'])[0]]
+    run['step_seconds'][0] *= 0.5
+    print(run.name)
+" ${FOLDER}/tiny.h5 RESULT_VARIABLE status OUTPUT_VARIABLE damaged ERROR_VARIABLE err)
+string(STRIP "${damaged}" damaged)
+execute_process(COMMAND ${COMMAND} verify ${FOLDER}/tiny.h5 RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT status EQUAL 1 OR NOT out MATCHES "DAMAGED .*checksum mismatch.*32 runs, 31 verified, 1 damaged")
+  message(FATAL_ERROR "verify of the damaged file (${status}): ${out}\n${err}")
+endif()
+execute_process(COMMAND ${PYTHON} ${SOURCE}/analysis/report.py ${FOLDER}/tiny.h5 -o ${FOLDER}/report
+  RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+file(READ ${FOLDER}/report/report.md report)
+if(NOT status EQUAL 0 OR NOT err MATCHES "${damaged}: checksum mismatch" OR NOT report MATCHES "1 damaged runs left out")
+  message(FATAL_ERROR "report.py did not flag ${damaged} (${status}): ${err}")
+endif()
+execute_process(COMMAND ${COMMAND} run ${config} --profile ${profile} --output ${FOLDER}/tiny.h5
+  RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT status EQUAL 0 OR NOT out MATCHES "31 already in the file" OR NOT err MATCHES "checksum mismatch.*measuring it again")
+  message(FATAL_ERROR "run did not measure the damaged run again (${status}): ${out}\n${err}")
+endif()
 file(REMOVE_RECURSE "${FOLDER}")

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "experiments/calibration.hpp"
+#include "framework/machine.hpp"
 #include "framework/results_store.hpp"
 #include "test_profile.hpp"
 
@@ -176,6 +177,78 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("holds runs of another machine profile"), std::string::npos) << e.what();
   }
+}
+
+// Resume keeps a file honest: a comment-only edit is the same experiment and
+// the file does not grow; a damaged run is measured again; another machine
+// setup is refused unless allowed, and then recorded beside the first.
+TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
+  const std::string yaml = "name: resume\noutput: " + output_ +
+                           "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers, gpu-only]\n"
+                           "batch_sizes: [1]\ncontexts: [16]\nbudgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
+                           "steps: {warmup: 1, measured: 2}\nblock_tokens: 8\n";
+  const auto experiment = [&](const std::string& text) {
+    return ExperimentConfig::from_config(ConfigNode::parse(text, "resume.yaml"));
+  };
+  std::ostringstream progress;
+  const ExperimentSummary first = run_experiment(experiment(yaml), test::tiny_profile(), progress, false);
+  ASSERT_EQ(first.complete, 2) << progress.str();
+  const auto size = fs::file_size(output_);
+  std::ostringstream quiet;
+  const ExperimentSummary again =
+      run_experiment(experiment("# a comment\n" + yaml + "# the end\n"), test::tiny_profile(), quiet, false);
+  EXPECT_EQ(again.skipped, 2);
+  EXPECT_THROW(run_experiment(experiment(yaml + "seed: 2\n"), test::tiny_profile(), quiet, false),
+               std::invalid_argument);
+  EXPECT_EQ(fs::file_size(output_), size) << "resuming grew the file";
+
+  // Damage one run's data behind its checksum: verify-style check and re-measurement.
+  const std::string damaged = ResultsReader(output_).list("/runs").front();
+  {
+    ResultsStore store(output_);
+    auto txn = store.begin();
+    ResultsGroup run = txn.root().open_group("runs").open_group(damaged);
+    const auto steps = ResultsReader(output_).read<double>("/runs/" + damaged + "/step_seconds");
+    run.remove("step_seconds");
+    run.write("step_seconds", std::vector<double>(steps.size(), 1e-9));
+    txn.commit();
+  }
+  EXPECT_NE(run_damage(output_, "/runs/" + damaged).find("checksum mismatch"), std::string::npos);
+  EXPECT_EQ(run_damage(output_, "/runs/" + ResultsReader(output_).list("/runs").back()), "");
+  const ExperimentSummary repaired = run_experiment(experiment(yaml), test::tiny_profile(), quiet, false);
+  EXPECT_EQ(repaired.complete, 1);
+  EXPECT_EQ(repaired.skipped, 1);
+  EXPECT_EQ(run_damage(output_, "/runs/" + damaged), "");
+
+  // The file's runs came from another thread setup.
+  {
+    ResultsStore store(output_);
+    auto txn = store.begin();
+    std::string machine = ResultsReader(output_).string_attribute("/", "machine");
+    const auto at = machine.find("host_threads: ");
+    machine.replace(at, machine.find('\n', at) - at, "host_threads: 977");
+    txn.root().set_attribute("machine", machine);
+    txn.commit();
+  }
+  try {
+    run_experiment(experiment(yaml), test::tiny_profile(), quiet, false);
+    FAIL() << "another machine setup accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("another machine setup:\n  host_threads: '977' -> '"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("--allow-different-machine"), std::string::npos);
+  }
+  RunOptions allow;
+  allow.allow_different_machine = true;
+  EXPECT_EQ(run_experiment(experiment(yaml), test::tiny_profile(), quiet, false, allow).skipped, 2);
+  const ResultsReader reader(output_);
+  EXPECT_NE(reader.string_attribute("/", "machine").find("host_threads: 977"), std::string::npos);
+  ASSERT_EQ(reader.list("/other_machines").size(), 1u);
+  EXPECT_EQ(MachineDescription::detect().setup_differences(
+                reader.string_attribute("/other_machines/" + reader.list("/other_machines").front(), "machine")),
+            std::vector<std::string>{});
+  // Now recorded, the second setup resumes without the flag.
+  EXPECT_EQ(run_experiment(experiment(yaml), test::tiny_profile(), quiet, false).skipped, 2);
 }
 
 TEST_F(HarnessTest, FailedRunsAreRecordedAndTheExperimentGoesOn) {
