@@ -100,12 +100,9 @@ std::vector<T> positive_list(const ConfigNode& root, const std::string& key) {
 }  // namespace
 
 ExperimentConfig ExperimentConfig::load(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) throw ConfigError(path, "", "cannot read the file");
-  std::ostringstream text;
-  text << file.rdbuf();
-  ExperimentConfig config = from_config(ConfigNode::parse(text.str(), path));
-  config.text = text.str();
+  const ConfigNode root = ConfigNode::load_file(path);
+  ExperimentConfig config = from_config(root);
+  config.text = root.text();
   return config;
 }
 
@@ -750,13 +747,20 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
       failure = {"failed", e.what()};
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    auto txn = store.begin();
-    ResultsGroup runs_group = txn.root().open_group("runs");
-    if (runs_group.has(id)) runs_group.remove(id);
-    write_run(runs_group, config, run, profile.name, machine_yaml, result, failure);
-    ResultsGroup written = runs_group.open_group(id);
-    written.set_attribute("checksum", written.checksum());
-    txn.commit();
+    try {
+      auto txn = store.begin();
+      ResultsGroup runs_group = txn.root().open_group("runs");
+      if (runs_group.has(id)) runs_group.remove(id);
+      write_run(runs_group, config, run, profile.name, machine_yaml, result, failure);
+      ResultsGroup written = runs_group.open_group(id);
+      written.set_attribute("checksum", written.checksum());
+      txn.commit();
+    } catch (const ResultsError& e) {
+      // The committed runs stay as they were; the experiment cannot go on.
+      throw ResultsError(std::string(e.what()) + " (while writing run " + id + "; the " +
+                         std::to_string(summary.complete + summary.did_not_fit + summary.failed + summary.skipped) +
+                         " runs before it are in the file)");
+    }
     std::ostringstream outcome;
     if (result) {
       double total = 0;

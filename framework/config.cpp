@@ -139,8 +139,9 @@ std::optional<std::uint64_t> parse_byte_size(std::string_view text) {
   return std::nullopt;
 }
 
-ConfigNode::ConfigNode(YAML::Node node, std::string path, std::shared_ptr<const std::string> source)
-    : node_(std::move(node)), path_(std::move(path)), source_(std::move(source)) {}
+ConfigNode::ConfigNode(YAML::Node node, std::string path, std::shared_ptr<const std::string> source,
+                       std::shared_ptr<const std::string> text)
+    : node_(std::move(node)), path_(std::move(path)), source_(std::move(source)), text_(std::move(text)) {}
 
 ConfigNode ConfigNode::load_file(const std::string& path) {
   std::error_code ignored;
@@ -156,7 +157,7 @@ ConfigNode ConfigNode::parse(const std::string& text, const std::string& source)
   auto name = std::make_shared<const std::string>(source);
   try {
     YAML::Node root = YAML::Load(text);
-    ConfigNode node(root, "", name);
+    ConfigNode node(root, "", name, std::make_shared<const std::string>(text));
     if (!root.IsMap()) throw ConfigError(source, "", "expected a mapping at the top level, got " + describe(root));
     if (const auto duplicate = duplicate_key(root)) throw ConfigError(source, "", *duplicate);
     return node;
@@ -192,7 +193,7 @@ YAML::Node ConfigNode::required(const std::string& key) const {
 }
 
 ConfigNode ConfigNode::child(const std::string& key) const {
-  return ConfigNode(required(key), child_path(key), source_);
+  return ConfigNode(required(key), child_path(key), source_, text_);
 }
 
 std::optional<ConfigNode> ConfigNode::optional_child(const std::string& key) const {
@@ -206,7 +207,7 @@ std::vector<ConfigNode> ConfigNode::elements(const std::string& key) const {
   if (list.size() == 0) fail(key, "must not be empty");
   std::vector<ConfigNode> out;
   for (std::size_t i = 0; i < list.size(); ++i)
-    out.push_back(ConfigNode(list[i], child_path(key) + "[" + std::to_string(i) + "]", source_));
+    out.push_back(ConfigNode(list[i], child_path(key) + "[" + std::to_string(i) + "]", source_, text_));
   return out;
 }
 

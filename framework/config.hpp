@@ -51,6 +51,8 @@ class ConfigNode {
 
   const std::string& path() const noexcept { return path_; }
   const std::string& source() const noexcept { return *source_; }
+  /// The whole document's text as read (comments included).
+  const std::string& text() const noexcept { return *text_; }
   bool has(const std::string& key) const;
 
   /// Required mapping or sequence child.
@@ -87,7 +89,8 @@ class ConfigNode {
   const YAML::Node& yaml() const noexcept { return node_; }
 
  private:
-  ConfigNode(YAML::Node node, std::string path, std::shared_ptr<const std::string> source);
+  ConfigNode(YAML::Node node, std::string path, std::shared_ptr<const std::string> source,
+             std::shared_ptr<const std::string> text);
   std::string child_path(const std::string& key) const;
   YAML::Node required(const std::string& key) const;
   void require_mapping() const;
@@ -95,6 +98,7 @@ class ConfigNode {
   YAML::Node node_;
   std::string path_;
   std::shared_ptr<const std::string> source_;
+  std::shared_ptr<const std::string> text_;
 };
 
 }  // namespace writescope
