@@ -11,6 +11,7 @@
 
 #include "attention/decode.hpp"
 #include "experiments/impl/product_peaks.hpp"
+#include "framework/concurrent.hpp"
 #include "moe/experts.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/launch.hpp"
@@ -326,7 +327,8 @@ double attention_in_child(const std::string& executable, const AttentionShape& s
   std::ostringstream command;
   command << "OMP_NUM_THREADS=" << threads << " OMP_PROC_BIND=spread OMP_PLACES=threads '" << executable
           << "' calibrate-attention --shape " << shape.name << " --tokens " << tokens << " 2>&1";
-  std::FILE* pipe = popen(command.str().c_str(), "r");
+  std::FILE* pipe = nullptr;
+  with_startup_affinity([&] { pipe = popen(command.str().c_str(), "r"); });
   if (pipe == nullptr) throw std::runtime_error("calibrate: cannot start '" + command.str() + "'");
   std::string output;
   char buffer[4096];

@@ -160,6 +160,21 @@ long worker_threads_started() { return threads_started.load(); }
 
 std::vector<int> startup_cpus() { return startup_mask; }
 
+void with_startup_affinity(const std::function<void()>& body) {
+  cpu_set_t saved, startup;
+  CPU_ZERO(&startup);
+  for (int cpu : startup_mask) CPU_SET(cpu, &startup);
+  const bool widened = pthread_getaffinity_np(pthread_self(), sizeof(saved), &saved) == 0 &&
+                       pthread_setaffinity_np(pthread_self(), sizeof(startup), &startup) == 0;
+  try {
+    body();
+  } catch (...) {
+    if (widened) pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
+    throw;
+  }
+  if (widened) pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
+}
+
 int gpu_driver_cpu() {
   if (const char* value = std::getenv("WRITESCOPE_GPU_DRIVER_CPU")) {
     const std::string text(value);

@@ -73,6 +73,11 @@ int gpu_driver_cpu();
 /// The CPUs of the process' affinity mask at start-up (before OpenMP binds
 /// the main thread), in increasing order.
 std::vector<int> startup_cpus();
+/// Runs `body` with this thread's CPU affinity widened to startup_cpus() and
+/// restores it after: a process started inside (calibration's measurements
+/// in child processes) inherits every CPU, not the one CPU that OpenMP's main
+/// thread is pinned to.
+void with_startup_affinity(const std::function<void()>& body);
 /// OpenMP places of every CPU in `cpus` except `excluded`, e.g. "{0},{1},{2}".
 std::string openmp_places_without(const std::vector<int>& cpus, int excluded);
 

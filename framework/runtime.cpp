@@ -19,8 +19,9 @@ namespace {
 
 std::string placement = "OpenMP placement from the environment";
 
-/// Gives OpenMP every start-up CPU but the GPU driver's, one thread pinned to
-/// each, before Kokkos starts its thread pool (which then reuses these threads).
+/// Gives OpenMP every start-up CPU but the GPU driver's (-1: none), one
+/// thread pinned to each, before Kokkos starts its thread pool (which then
+/// reuses these threads).
 void place_openmp_threads(int driver_cpu) {
   std::vector<int> cpus;
   for (int cpu : startup_cpus())
@@ -33,8 +34,8 @@ void place_openmp_threads(int driver_cpu) {
     CPU_SET(cpus[static_cast<std::size_t>(omp_get_thread_num()) % cpus.size()], &set);
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
   }
-  placement = "GPU driver on CPU " + std::to_string(driver_cpu) + "; OpenMP threads pinned to " +
-              openmp_places_without(startup_cpus(), driver_cpu);
+  placement = "OpenMP threads pinned by WriteScope to " + openmp_places_without(startup_cpus(), driver_cpu);
+  if (driver_cpu >= 0) placement = "GPU driver on CPU " + std::to_string(driver_cpu) + "; " + placement;
 }
 
 }  // namespace
@@ -43,9 +44,10 @@ std::string thread_placement() { return placement; }
 
 Runtime::Runtime(int& argc, char* argv[]) {
   const int driver_cpu = gpu_driver_cpu();  // a bad WRITESCOPE_GPU_DRIVER_CPU stops here, named
-  if (has_gpu && driver_cpu >= 0 && std::getenv("OMP_PLACES") == nullptr && std::getenv("OMP_PROC_BIND") == nullptr)
-    place_openmp_threads(driver_cpu);
-  else if (driver_cpu >= 0)
+  const bool placed_here = std::getenv("OMP_PLACES") == nullptr && std::getenv("OMP_PROC_BIND") == nullptr;
+  if (placed_here)
+    place_openmp_threads(has_gpu ? driver_cpu : -1);
+  else if (has_gpu && driver_cpu >= 0)
     placement += "; GPU driver on CPU " + std::to_string(driver_cpu);
 #ifdef KOKKOS_ENABLE_CUDA
   int devices = 0;
@@ -55,7 +57,12 @@ Runtime::Runtime(int& argc, char* argv[]) {
                        (status != cudaSuccess ? cudaGetErrorString(status) : "no devices") +
                        "); run the host build (scripts/build.sh host) on machines without a GPU");
 #endif
+  // Kokkos warns when OMP_PROC_BIND is unset; the threads are pinned above,
+  // so it sees the variable while it starts (OpenMP read its environment
+  // long before; this changes nothing else) and the environment is restored.
+  if (placed_here) setenv("OMP_PROC_BIND", "true", 1);
   guard_.emplace(argc, argv);
+  if (placed_here) unsetenv("OMP_PROC_BIND");
 }
 
 std::string kokkos_configuration() {

@@ -3,12 +3,13 @@
 // whole main(). A CUDA build checks for a usable GPU first, so a machine
 // without one gets a clear error instead of an abort inside Kokkos.
 //
-// Thread placement in a CUDA build: the host thread that drives the GPU's
-// share of a step (framework/concurrent.hpp) gets a CPU of its own,
-// gpu_driver_cpu(), and, unless OMP_PLACES or OMP_PROC_BIND say otherwise,
-// OpenMP gets the other CPUs, one thread pinned to each (OMP_NUM_THREADS, if
-// set, still chooses how many). Host-only builds leave OpenMP to its
-// environment.
+// Thread placement: unless OMP_PLACES or OMP_PROC_BIND say otherwise, the
+// program places OpenMP itself: one thread pinned to each CPU of its start-up
+// affinity mask (OMP_NUM_THREADS, if set, still chooses how many), except, in
+// a CUDA build, the CPU of the host thread that drives the GPU's share of a
+// step (framework/concurrent.hpp, gpu_driver_cpu()). Kokkos' advice to set
+// OMP_PROC_BIND is then not printed: the threads are placed. thread_placement()
+// says which placement holds (`writescope info`, every results file).
 
 #include <Kokkos_Core.hpp>
 
