@@ -6,6 +6,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
+#include <limits>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -71,6 +74,29 @@ std::string compiler_description() {
 }  // namespace
 
 const char* git_revision() { return writescope_git_revision_string(); }
+
+std::uint64_t available_host_memory() {
+  std::uint64_t available = std::numeric_limits<std::uint64_t>::max();
+  const std::string mem_available = proc_field("/proc/meminfo", "MemAvailable");  // "20123456 kB"
+  if (!mem_available.empty()) available = std::stoull(mem_available) * 1024;
+  // cgroup v2, then v1: the limit less what the group already uses ("max" or a huge v1 value: no limit).
+  auto read_number = [](const char* path) -> std::optional<std::uint64_t> {
+    std::ifstream in(path);
+    std::string text;
+    if (!(in >> text) || text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return std::nullopt;
+    return std::stoull(text);
+  };
+  for (const auto& [limit_path, usage_path] :
+       {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+        std::pair{"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+    const auto limit = read_number(limit_path), usage = read_number(usage_path);
+    if (limit && usage) {
+      available = std::min(available, *limit > *usage ? *limit - *usage : 0);
+      break;
+    }
+  }
+  return available;
+}
 
 MachineDescription MachineDescription::detect() {
   MachineDescription m;

@@ -53,6 +53,12 @@ struct MachineDescription {
   std::vector<std::string> setup_differences(const std::string& stored_yaml) const;
 };
 
+/// Bytes of memory this process can still allocate without the kernel
+/// killing it: /proc/meminfo's MemAvailable, or less when a cgroup (a
+/// container, a batch job) limits the process to less. Only for checks made
+/// before allocating; it changes as other processes run.
+std::uint64_t available_host_memory();
+
 /// The revision this binary was built from (see cmake/GitRevision.cmake).
 const char* git_revision();
 

@@ -9,6 +9,7 @@
 #include "framework/config.hpp"
 #include "framework/host_pinning.hpp"
 #include "framework/launch.hpp"
+#include "framework/machine.hpp"
 #include "framework/streams.hpp"
 #include "framework/timer.hpp"
 #include "moe/impl/model_kernels.hpp"
@@ -40,8 +41,6 @@ void copy_expert(const ExecSpace& space, const Into& into, const From& from) {
   start_expert_copy(space, into, from);
   space.fence();
 }
-
-bool is_routed_expert(const std::string& name) { return name.find(".experts.") != std::string::npos; }
 
 std::string layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
 
@@ -210,9 +209,10 @@ std::uint64_t MoeModel::kv_vram(const ModelConfig& config, const ModelOptions& o
 
 VramUse MoeModel::fixed_vram(const ModelConfig& config, const ModelOptions& options) {
   VramUse use;
-  for (const TensorSpec& spec : weight_specs(config))
-    if (!is_routed_expert(spec.name))
-      use.weights += static_cast<std::uint64_t>(spec.elements()) * (spec.is_norm ? sizeof(float) : sizeof(bf16));
+  const auto norms = static_cast<std::uint64_t>(config.norm_parameters());
+  use.weights = (static_cast<std::uint64_t>(config.parameters() - config.routed_expert_parameters()) - norms) *
+                    sizeof(bf16) +
+                norms * sizeof(float);
   // Activations of max_rows tokens (the widest matrices of a layer), attention
   // buffers of one step, two streaming landing buffers and the staging expert.
   const AttentionShape shape = config.attention();
@@ -267,6 +267,20 @@ std::uint64_t MoeModel::pinned_staging_bytes(const ModelConfig& config, const Mo
   return static_cast<std::uint64_t>(options.max_rows) * (2ull * config.hidden + config.vocab) * sizeof(float);
 }
 
+std::uint64_t MoeModel::host_bytes_needed(const ModelConfig& config, const ModelOptions& options) {
+  const VramUse vram = vram_plan(config, options);
+  // In a host-only build the "GPU" is the host: its weights, slots and KV live in host memory too.
+  const std::uint64_t gpu_side = has_gpu ? 0 : vram.weights + vram.workspace + vram.expert_slots + vram.kv;
+  // Tensors arrive one at a time: the largest (the embeddings or an expert matrix) is held once more.
+  const std::uint64_t loading =
+      std::max<std::uint64_t>(static_cast<std::uint64_t>(config.vocab) * config.hidden,
+                              static_cast<std::uint64_t>(config.hidden) *
+                                  std::max(config.dense_intermediate, config.expert_intermediate)) *
+      sizeof(bf16);
+  return (options.host_experts ? 0 : expert_store_bytes(config)) + options.pinned_kv_budget +
+         options.host_kv_budget + pinned_staging_bytes(config, options) + gpu_side + loading;
+}
+
 HostUse MoeModel::host_use() const {
   const Impl& m = *impl_;
   HostUse use;
@@ -299,6 +313,18 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
                                 "expert policy must keep every expert on the GPU");
   const int moe_layers = config_.layers - config_.dense_layers;
   vram_ = vram_plan(config_, options_);
+  // Decided before anything is allocated: a model too large for the machine
+  // is a ModelBudgetError naming the bytes, not an out-of-memory kill.
+  if (const std::uint64_t needed = host_bytes_needed(config_, options_), available = available_host_memory();
+      needed > available)
+    throw ModelBudgetError("host memory: " + config_.name + " with these budgets needs " + format_byte_size(needed) +
+                           " of host memory (routed experts " +
+                           format_byte_size(options_.host_experts ? 0 : expert_store_bytes(config_)) + ", KV pools " +
+                           format_byte_size(options_.pinned_kv_budget + options_.host_kv_budget) +
+                           (has_gpu ? std::string() : ", the host build's GPU side " +
+                                                          format_byte_size(vram_.weights + vram_.workspace +
+                                                                           vram_.expert_slots + vram_.kv)) +
+                           ") but this machine has " + format_byte_size(available) + " available");
   const int slots = static_cast<int>(vram_.expert_slots / std::max<std::uint64_t>(1, expert_bytes(config_)));
 
   // Every routed expert lives in host memory, page-locked when the expert

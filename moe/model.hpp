@@ -151,6 +151,11 @@ class MoeModel {
   static std::uint64_t kv_vram(const ModelConfig& config, const ModelOptions& options, std::uint64_t blocks_per_layer);
   /// Bytes of one routed expert's weights.
   static std::uint64_t expert_bytes(const ModelConfig& config);
+  /// Host memory a model of `options` allocates at most: the expert store
+  /// (unless shared), KV pools, staging, in a host-only build the GPU side, and
+  /// the largest tensor while loading. The constructor compares it with
+  /// available_host_memory() before allocating anything.
+  static std::uint64_t host_bytes_needed(const ModelConfig& config, const ModelOptions& options);
 
   const ModelConfig& config() const noexcept { return config_; }
   const AttentionShape& attention_shape() const noexcept { return shape_; }

@@ -181,6 +181,17 @@ std::int64_t ModelConfig::parameters() const {
   return layer_sum + embeddings + h;
 }
 
+std::int64_t ModelConfig::norm_parameters() const {
+  // Per layer: input and post-attention norms; Qwen3's q/k norms; MLA's q_a and kv_a norms. Then the final norm.
+  const std::int64_t per_layer = 2 * std::int64_t{hidden} + (qk_norm ? 2 * head_dim : 0) +
+                                 (mla() ? std::int64_t{q_lora_rank} + kv_lora_rank : 0);
+  return std::int64_t{layers} * per_layer + hidden;
+}
+
+std::int64_t ModelConfig::routed_expert_parameters() const {
+  return std::int64_t{layers - dense_layers} * experts * 3 * std::int64_t{hidden} * expert_intermediate;
+}
+
 void ModelConfig::validate() const {
   const std::string source = "model " + name;
   auto require = [&](bool ok, const char* field, const std::string& reason) {

@@ -88,6 +88,10 @@ struct ModelConfig {
   std::int64_t kv_elements_per_token() const;
   /// Parameters of the whole model (embeddings, layers, final norm, LM head).
   std::int64_t parameters() const;
+  /// Of those, the norms' scale vectors (kept in fp32) and the routed experts'
+  /// weights: closed forms, so that memory plans never list every tensor.
+  std::int64_t norm_parameters() const;
+  std::int64_t routed_expert_parameters() const;
   /// Throws ConfigError (source "model <name>") naming the first inconsistent field.
   void validate() const;
   /// Every resolved setting that changes the math, one "name: value" line

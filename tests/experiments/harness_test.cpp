@@ -251,6 +251,23 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
   EXPECT_EQ(run_experiment(experiment(yaml), test::tiny_profile(), quiet, false).skipped, 2);
 }
 
+// A context larger than the machine can hold is a "does not fit" record that
+// names the bytes, decided before any pool is allocated or filled.
+TEST_F(HarnessTest, AContextBeyondTheMachinesMemoryDoesNotFit) {
+  const std::string yaml = "name: huge\noutput: " + output_ +
+                           "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers]\n"
+                           "batch_sizes: [1]\ncontexts: [1099511627776]\n"
+                           "budgets: {vram: 12MiB, pinned: 1024TiB, host: 4096TiB}\n";
+  std::ostringstream progress;
+  const ExperimentSummary summary = run_experiment(ExperimentConfig::from_config(ConfigNode::parse(yaml, "huge.yaml")),
+                                                   test::tiny_profile(), progress, false);
+  EXPECT_EQ(summary.did_not_fit, 1) << progress.str();
+  const ResultsReader reader(output_);
+  const std::string reason = reader.string_attribute("/runs/" + reader.list("/runs").front(), "reason");
+  EXPECT_NE(reason.find("of host memory"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("available"), std::string::npos) << reason;
+}
+
 TEST_F(HarnessTest, FailedRunsAreRecordedAndTheExperimentGoesOn) {
   // The VRAM budget cannot hold the weights of either model: every run is "does not fit".
   std::string yaml = "name: tight\noutput: " + output_ +

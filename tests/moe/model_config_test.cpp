@@ -244,6 +244,23 @@ TEST_F(HfConfigTest, UnimplementedVariantsAreRefused) {
   EXPECT_EQ(load_hf_config(write(no_q_lora)).q_lora_rank, 1536);
 }
 
+// Memory plans use closed forms; they must count what the tensor list holds.
+TEST(ModelConfig, ClosedFormCountsMatchTheTensorList) {
+  for (const std::string& name : model_preset_names()) {
+    SCOPED_TRACE(name);
+    const ModelConfig c = model_preset(name);
+    std::int64_t total = 0, norms = 0, routed = 0;
+    for (const TensorSpec& spec : weight_specs(c)) {
+      total += spec.elements();
+      if (spec.is_norm) norms += spec.elements();
+      if (spec.name.find(".experts.") != std::string::npos) routed += spec.elements();
+    }
+    EXPECT_EQ(c.parameters(), total);
+    EXPECT_EQ(c.norm_parameters(), norms);
+    EXPECT_EQ(c.routed_expert_parameters(), routed);
+  }
+}
+
 // DeepSeek's MoEGate renormalises only for top_k > 1; the other routers whenever asked.
 TEST(ModelConfig, DeepSeekRenormalisesOnlyAboveTopOne) {
   for (const char* name : {"tiny-deepseek-v2", "tiny-qwen3-moe", "tiny-mixtral"}) {

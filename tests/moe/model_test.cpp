@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "framework/concurrent.hpp"
+#include "framework/machine.hpp"
 #include "model_reference.hpp"
 
 namespace writescope {
@@ -406,6 +407,31 @@ TEST(MoeModel, LoadsACheckpointAndNamesWhatIsMissing) {
   fs::remove_all(dir);
 }
 
+
+// A model too large for the machine is refused before anything is allocated,
+// naming the bytes, and quickly even for 100,000 layers (no tensor lists).
+TEST(MoeModel, HostMemoryBeyondTheMachineIsAClearErrorBeforeAllocating) {
+  ModelConfig config = model_preset("tiny-qwen3-moe");
+  config.layers = 100'000;
+  ModelOptions options = options_with(every_region, mixed_experts());
+  options.vram_budget = std::uint64_t{1} << 50;
+  options.host_kv_budget = std::uint64_t{1} << 50;  // a pebibyte of KV pool
+  EXPECT_GT(MoeModel::host_bytes_needed(config, options), available_host_memory());
+  try {
+    MoeModel model = MoeModel::synthetic(config, 1, options);
+    FAIL() << "no error";
+  } catch (const ModelBudgetError& e) {
+    EXPECT_NE(std::string(e.what()).find("host memory: tiny-qwen3-moe with these budgets needs"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("available"), std::string::npos) << e.what();
+  }
+  // What a tiny model needs is what it allocates at most.
+  const ModelConfig tiny = model_preset("tiny-qwen3-moe");
+  MoeModel model = MoeModel::synthetic(tiny, 1, options_with(every_region, mixed_experts()));
+  const HostUse use = model.host_use();
+  EXPECT_GE(MoeModel::host_bytes_needed(tiny, options_with(every_region, mixed_experts())),
+            use.total() + (has_gpu ? 0 : model.vram_use().weights + model.vram_use().kv));
+}
 
 // NaN or Inf in a forward pass stops it with an error naming where: the first
 // such layer when each layer is checked (generate), else the logits.
