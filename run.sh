@@ -12,7 +12,6 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 build=$("$repo/scripts/build.sh" host)
 cd "$repo"
 mkdir -p results
-export OMP_PROC_BIND=${OMP_PROC_BIND:-spread} OMP_PLACES=${OMP_PLACES:-threads}
 "$build/experiments/writescope" info
 "$build/experiments/writescope" info --format yaml >results/machine.yaml
 [ -f results/profile.yaml ] || "$build/experiments/writescope" calibrate --output results/profile.yaml

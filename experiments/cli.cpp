@@ -321,6 +321,9 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
       }
       if (steps < new_tokens) logits = model.step({sequence}, {next}).front();
     }
+  } catch (const ResultsError&) {
+    out << "\n";
+    throw;  // the logits file itself failed (e.g. no space): nothing more can be committed to it
   } catch (const std::exception& e) {
     out << "\n";
     const std::string error = "generate: " +
