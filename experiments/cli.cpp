@@ -56,6 +56,10 @@ constexpr const char* usage_text =
     "                              HDF5 results file; runs already in the file are skipped\n"
     "                              (damaged ones measured again); a file of another machine\n"
     "                              setup is refused unless --allow-different-machine\n"
+    "      [--shard K/N]           run share K (0-based) of N shares balanced by predicted cost,\n"
+    "                              into CONFIG's output with .shard-K-of-N before .h5\n"
+    "  merge OUT.h5 IN.h5... [--allow-different-machine]\n"
+    "                              merge shards' results files of one experiment into a new file\n"
     "  verify FILE.h5              check every run of a results file against its checksum\n"
     "  help                        this text\n"
     "\n"
@@ -375,17 +379,44 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
     run_options.allow_different_machine = true;
     rest.erase(flag);
   }
-  auto options = parse_options("run", rest, {"--output", "--profile"});
+  auto options = parse_options("run", rest, {"--output", "--profile", "--shard"});
   ExperimentConfig config = ExperimentConfig::load(args.front());
+  if (options.count("--shard")) {
+    try {
+      run_options.shard = Shard::parse(options["--shard"]);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("run: ") + e.what());
+    }
+    // Each share into a file of its own: results/x.h5 -> results/x.shard-2-of-8.h5.
+    const std::filesystem::path output = config.output;
+    config.output = (output.parent_path() / (output.stem().string() + ".shard-" + std::to_string(run_options.shard.index) +
+                                             "-of-" + std::to_string(run_options.shard.count) + output.extension().string()))
+                        .string();
+  }
   if (options.count("--output")) config.output = options["--output"];
   if (options.count("--profile")) config.profile = options["--profile"];
   const MachineProfile profile = find_profile(config.profile);
-  const auto runs = expand_runs(config, profile);
-  log_info("run: ", config.name, ": ", runs.size(), " runs into ", config.output, " (profile ", profile.name, ")");
+  log_info("run: ", config.name, ": ", expand_runs(config, profile).size(), " runs", 
+           run_options.shard.count > 1 ? " (shard " + run_options.shard.text() + " of them)" : std::string(), " into ",
+           config.output, " (profile ", profile.name, ")");
   const ExperimentSummary summary = run_experiment(config, profile, std::cerr, isatty(STDERR_FILENO) != 0, run_options);
   out << config.output << ": " << summary.complete << " complete, " << summary.did_not_fit << " did not fit, "
       << summary.failed << " failed, " << summary.skipped << " already in the file\n";
   return summary.failed > 0 ? 1 : 0;
+}
+
+int merge_command(const std::vector<std::string>& args, std::ostream& out) {
+  std::vector<std::string> files;
+  bool allow_different_machine = false;
+  for (const std::string& arg : args) {
+    if (arg == "--allow-different-machine") allow_different_machine = true;
+    else if (arg.rfind("--", 0) == 0) throw UsageError("merge: unknown option '" + arg + "'");
+    else files.push_back(arg);
+  }
+  if (files.size() < 2) throw UsageError("merge: give the output file and at least one input file");
+  const std::vector<std::string> inputs(files.begin() + 1, files.end());
+  for (const std::string& line : merge_results(files.front(), inputs, allow_different_machine)) out << line << "\n";
+  return 0;
 }
 
 /// Checks every run group against its checksum; prints one line per damaged
@@ -429,6 +460,7 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     if (command == "make-checkpoint") return make_checkpoint_command(rest);
     if (command == "run") return run_command(rest, out);
     if (command == "verify") return verify_command(rest, out);
+    if (command == "merge") return merge_command(rest, out);
     // Internal: one CPU attention measurement at this process' thread count.
     if (command == "calibrate-attention") return calibrate_attention_command(rest, out);
     if (command == "help" || command == "--help" || command == "-h") {

@@ -14,6 +14,7 @@
 #include <ostream>
 #include <random>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "attention/decode.hpp"
@@ -246,6 +247,57 @@ std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachinePr
               runs.push_back(RunSpec{&model, "writescope", policy, policy == choice, batch, context, vram, rep});
         }
   return runs;
+}
+
+Shard Shard::parse(const std::string& text) {
+  Shard shard;
+  const auto slash = text.find('/');
+  std::size_t used_index = 0, used_count = 0;
+  try {
+    if (slash == std::string::npos) throw std::invalid_argument("no slash");
+    shard.index = std::stoi(text.substr(0, slash), &used_index);
+    shard.count = std::stoi(text.substr(slash + 1), &used_count);
+  } catch (const std::exception&) {
+    used_index = 0;
+  }
+  if (used_index == 0 || used_index != slash || used_count != text.size() - slash - 1 || shard.count < 1 ||
+      shard.index < 0 || shard.index >= shard.count)
+    throw std::invalid_argument("--shard must be K/N with 0 <= K < N (K as a Slurm array task id), got '" + text + "'");
+  return shard;
+}
+
+double predicted_run_seconds(const ExperimentConfig& config, const RunSpec& run, const MachineProfile& profile) {
+  const ModelConfig& m = run.model->config;
+  const double dram = std::max(1.0, profile.cpu_dram_read_gbps) * 1e9;
+  const double experts_rate = (profile.cpu_expert_gbps > 0 ? profile.cpu_expert_gbps : profile.cpu_dram_read_gbps) * 1e9;
+  const double kv_per_token = static_cast<double>(m.kv_elements_per_token()) * sizeof(bf16) * m.layers;
+  const double steps = config.warmup_steps + config.measured_steps;
+  const double context_tokens = static_cast<double>(run.batch) * static_cast<double>(run.context);
+  const double active_experts = std::min<double>(static_cast<double>(run.batch) * m.experts_per_token, m.experts);
+  const double build = static_cast<double>(MoeModel::expert_store_bytes(m)) / dram;
+  const double fill = context_tokens * kv_per_token / dram;
+  const double attention = steps * (context_tokens + run.batch * steps / 2) * kv_per_token / dram;
+  const double experts = steps * (m.layers - m.dense_layers) * active_experts *
+                         static_cast<double>(MoeModel::expert_bytes(m)) / std::max(1.0, experts_rate);
+  return build + fill + attention + experts;
+}
+
+std::vector<RunSpec> shard_runs(const std::vector<RunSpec>& runs, const ExperimentConfig& config,
+                                const MachineProfile& profile, Shard shard) {
+  std::vector<std::pair<double, std::size_t>> by_cost;
+  for (std::size_t i = 0; i < runs.size(); ++i) by_cost.emplace_back(predicted_run_seconds(config, runs[i], profile), i);
+  std::stable_sort(by_cost.begin(), by_cost.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<double> load(static_cast<std::size_t>(shard.count), 0.0);
+  std::vector<bool> mine(runs.size(), false);
+  for (const auto& [cost, i] : by_cost) {
+    const auto least = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[static_cast<std::size_t>(least)] += cost;
+    mine[i] = least == shard.index;
+  }
+  std::vector<RunSpec> share;
+  for (std::size_t i = 0; i < runs.size(); ++i)
+    if (mine[i]) share.push_back(runs[i]);
+  return share;
 }
 
 std::vector<std::filesystem::path> shipped_profile_folders() {
@@ -613,7 +665,7 @@ void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec
 /// What a results file says about its experiment, written while it holds no
 /// runs: a resumed file keeps the record of its first runs (each run records its own).
 void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& config, const MachineProfile& p,
-                                 const std::string& machine_yaml) {
+                                 const std::string& machine_yaml, Shard shard) {
   root.set_attribute("format", "writescope-results-1");
   root.set_attribute("experiment", config.name);
   root.set_attribute("config", config.text.empty() ? config.canonical : config.text);
@@ -635,6 +687,7 @@ void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& conf
   profile.set_attribute("cpu_threads", static_cast<std::int64_t>(p.cpu_threads));
   profile.set_attribute("cpu_path", p.cpu_path);
   if (!root.has("runs")) root.create_group("runs");
+  if (shard.count > 1) root.set_attribute("shard", shard.text());
 }
 
 /// Resuming mixes runs into a file only of the same experiment (comments and
@@ -654,6 +707,10 @@ bool check_resume(ResultsStore& store, const ExperimentConfig& config, const Mac
     throw std::invalid_argument(config.output + " holds runs of " +
                                 (same_config ? "another machine profile" : "another experiment config") +
                                 "; write to another --output, or remove the file to start over");
+  const std::string shard = reader.has_attribute("/", "shard") ? reader.string_attribute("/", "shard") : "0/1";
+  if (shard != options.shard.text())
+    throw std::invalid_argument(config.output + " holds the runs of shard " + shard + ", not of shard " +
+                                options.shard.text() + "; give the same --shard or another --output");
   std::vector<std::string> recorded{reader.string_attribute("/", "machine")};
   if (reader.exists("/other_machines"))
     for (const std::string& name : reader.list("/other_machines"))
@@ -707,10 +764,14 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
   ResultsStore store(config.output);
   if (check_resume(store, config, profile, options, machine_yaml, machine)) {
     auto txn = store.begin();
-    write_experiment_attributes(txn.root(), config, profile, machine_yaml);
+    write_experiment_attributes(txn.root(), config, profile, machine_yaml, options.shard);
     txn.commit();
   }
-  const std::vector<RunSpec> runs = expand_runs(config, profile);
+  const std::vector<RunSpec> all_runs = expand_runs(config, profile);
+  const std::vector<RunSpec> runs =
+      options.shard.count > 1 ? shard_runs(all_runs, config, profile, options.shard) : all_runs;
+  if (options.shard.count > 1)
+    log_info("run: shard ", options.shard.text(), ": ", runs.size(), " of the experiment's ", all_runs.size(), " runs");
   Progress progress(progress_out, tty, runs.size());
   ExpertCache expert_cache;
   ExperimentSummary summary;
@@ -775,6 +836,99 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     progress.finish_run(seconds, outcome.str());
   }
   return summary;
+}
+
+std::vector<std::string> merge_results(const std::string& output, const std::vector<std::string>& inputs,
+                                       bool allow_different_machine) {
+  if (inputs.empty()) throw std::invalid_argument("merge: no input files");
+  if (std::filesystem::exists(output))
+    throw std::invalid_argument("merge: " + output + " exists; merge writes a new file");
+  std::vector<ResultsReader> readers;
+  for (const std::string& input : inputs) readers.emplace_back(input);
+  const ResultsReader& first = readers.front();
+  auto text = [](const ResultsReader& r, const std::string& object, const std::string& name) {
+    return r.has_attribute(object, name) ? r.string_attribute(object, name) : std::string("(none)");
+  };
+  // The same experiment, build and profile, named where they differ.
+  for (std::size_t i = 1; i < readers.size(); ++i) {
+    const ResultsReader& r = readers[i];
+    for (const auto& [object, name, what] :
+         {std::tuple<const char*, const char*, const char*>{"/", "format", "results format"},
+          {"/", "config_canonical", "experiment config"},
+          {"/", "git_revision", "git revision"},
+          {"/profile", "yaml", "machine profile"}})
+      if (text(r, object, name) != text(first, object, name))
+        throw std::invalid_argument("merge: " + inputs[i] + " and " + inputs[0] + " differ in their " + what +
+                                    (std::string(name) == "git_revision" || std::string(name) == "format"
+                                         ? " ('" + text(r, object, name) + "' and '" + text(first, object, name) + "')"
+                                         : std::string()));
+  }
+  // Every machine setup of the inputs, once.
+  std::vector<std::string> machines;
+  for (const ResultsReader& r : readers) {
+    std::vector<std::string> of_file{r.string_attribute("/", "machine")};
+    if (r.exists("/other_machines"))
+      for (const std::string& name : r.list("/other_machines"))
+        of_file.push_back(r.string_attribute("/other_machines/" + name, "machine"));
+    for (const std::string& machine : of_file)
+      if (std::none_of(machines.begin(), machines.end(),
+                       [&](const std::string& m) { return machine_setup_differences(m, machine).empty(); }))
+        machines.push_back(machine);
+  }
+  if (machines.size() > 1 && !allow_different_machine) {
+    std::string listed;
+    for (const std::string& d : machine_setup_differences(machines.front(), machines[1])) listed += "\n  " + d;
+    throw std::invalid_argument("merge: the inputs were measured with different machine setups:" + listed +
+                                "\npass --allow-different-machine to merge them (each run records its own)");
+  }
+  // The experiment's runs, in its order: every input run must be one of them.
+  const ExperimentConfig config = ExperimentConfig::from_config(
+      ConfigNode::parse(first.string_attribute("/", "config_canonical"), inputs[0] + ":/@config_canonical"));
+  const MachineProfile profile = MachineProfile::from_config(
+      ConfigNode::parse(first.string_attribute("/profile", "yaml"), inputs[0] + ":/profile@yaml"));
+  const std::vector<RunSpec> runs = expand_runs(config, profile);
+  std::map<std::string, std::size_t> source;  // run id -> input holding it
+  for (std::size_t i = 0; i < readers.size(); ++i) {
+    for (const std::string& id : readers[i].list("/runs")) {
+      const std::string group = "/runs/" + id;
+      if (std::none_of(runs.begin(), runs.end(), [&](const RunSpec& run) { return run.id() == id; }))
+        throw std::invalid_argument("merge: " + inputs[i] + ": run '" + id + "' is not a run of the experiment");
+      if (const std::string damage = run_damage(inputs[i], group); !damage.empty())
+        throw std::invalid_argument("merge: " + inputs[i] + ": run '" + id + "' is " + damage +
+                                    "; run its shard again (it measures damaged runs again)");
+      const auto [at, added] = source.emplace(id, i);
+      if (!added && text(readers[at->second], group, "checksum") != text(readers[i], group, "checksum"))
+        throw std::invalid_argument("merge: run '" + id + "' is in " + inputs[at->second] + " and " + inputs[i] +
+                                    " with different results");
+    }
+  }
+  ResultsStore store(output);
+  auto txn = store.begin();
+  ResultsGroup root = txn.root();
+  for (const char* name : {"format", "experiment", "config", "config_canonical", "git_revision", "kokkos_configuration"})
+    root.set_attribute(name, first.string_attribute("/", name));
+  root.set_attribute("machine", machines.front());
+  root.copy_group(first, "/profile", "profile");
+  if (machines.size() > 1) {
+    ResultsGroup others = root.create_group("other_machines");
+    for (std::size_t m = 1; m < machines.size(); ++m)
+      others.create_group("machine_" + std::to_string(m)).set_attribute("machine", machines[m]);
+  }
+  ResultsGroup merged = root.create_group("runs");
+  std::vector<std::string> missing;
+  for (const RunSpec& run : runs) {
+    const auto found = source.find(run.id());
+    if (found == source.end()) {
+      missing.push_back(run.id());
+      continue;
+    }
+    merged.copy_group(readers[found->second], "/runs/" + run.id(), run.id());
+  }
+  txn.commit();
+  std::vector<std::string> lines{"merged " + std::to_string(source.size()) + " runs of " + std::to_string(runs.size()) +
+                                 " from " + std::to_string(inputs.size()) + " files into " + output};
+  for (const std::string& id : missing) lines.push_back("missing: " + id);
+  return lines;
 }
 
 }  // namespace writescope

@@ -96,10 +96,32 @@ struct ExperimentSummary {
   int complete = 0, did_not_fit = 0, failed = 0, skipped = 0;  // skipped: already in the file
 };
 
+/// Share `index` (0-based, as a Slurm array task id) of `count` shares of an
+/// experiment's runs.
+struct Shard {
+  int index = 0, count = 1;
+  /// "K/N" with 0 <= K < N; std::invalid_argument says what is wrong otherwise.
+  static Shard parse(const std::string& text);
+  std::string text() const { return std::to_string(index) + "/" + std::to_string(count); }
+};
+
+/// Seconds a run should take on `profile` by the roofline (building the
+/// model's expert store, filling the context, the warm-up and measured
+/// steps' KV and expert reads): what balances shards. Not a measurement.
+double predicted_run_seconds(const ExperimentConfig& config, const RunSpec& run, const MachineProfile& profile);
+
+/// The runs of `shard`, in `runs` order: every run goes, largest predicted
+/// cost first, to the share with the least predicted time so far (ties to the
+/// lower share). Deterministic; the shares are disjoint and cover `runs`.
+std::vector<RunSpec> shard_runs(const std::vector<RunSpec>& runs, const ExperimentConfig& config,
+                                const MachineProfile& profile, Shard shard);
+
 struct RunOptions {
   /// Resume a file whose runs were measured with another machine setup
-  /// (MachineDescription::setup_differences); the new setup is recorded beside the old.
+  /// (machine_setup_differences); the new setup is recorded beside the old.
   bool allow_different_machine = false;
+  /// Run only this share of the runs (the file records it; resume needs the same share).
+  Shard shard;
 };
 
 /// Runs the experiment into config.output; progress goes to `progress`
@@ -108,6 +130,16 @@ struct RunOptions {
 /// (checksum mismatch: measured again, saying so).
 ExperimentSummary run_experiment(const ExperimentConfig& config, const MachineProfile& profile,
                                  std::ostream& progress, bool tty, const RunOptions& options = {});
+
+/// Merges results files of shards of one experiment into `output` (a new
+/// file) as if one process had run them: every input must hold the same
+/// experiment config, git revision and machine profile, and the same machine
+/// setup unless `allow_different_machine` (differences are named); every run
+/// must match its checksum and belong to the experiment; a run in two inputs
+/// must have the same checksum. Runs are written in the experiment's order.
+/// Returns one line per fact worth saying (runs merged, runs missing).
+std::vector<std::string> merge_results(const std::string& output, const std::vector<std::string>& inputs,
+                                       bool allow_different_machine);
 
 /// Why the run group `group` of results file `file` cannot be trusted (its
 /// checksum does not match its contents, or it does not read); "" if it can.

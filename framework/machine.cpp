@@ -180,19 +180,22 @@ std::string MachineDescription::to_yaml() const {
 }
 
 std::vector<std::string> MachineDescription::setup_differences(const std::string& stored_yaml) const {
+  return machine_setup_differences(stored_yaml, to_yaml());
+}
+
+std::vector<std::string> machine_setup_differences(const std::string& then_yaml, const std::string& now_yaml) {
   static const char* const setup[] = {"cpu_model",       "cpu_paths",          "cpu_path",        "logical_cpus",
                                       "host_threads",    "openmp_environment", "thread_placement", "memory_bytes",
                                       "gpu_name",        "gpu_memory_bytes",   "gpu_compute_capability",
                                       "kokkos_version",  "enabled_exec_spaces", "compiler",        "build_type"};
-  const YAML::Node stored = YAML::Load(stored_yaml);
+  const YAML::Node then = YAML::Load(then_yaml), now = YAML::Load(now_yaml);
+  auto value = [](const YAML::Node& machine, const char* name) {
+    return machine[name] && machine[name].IsScalar() ? machine[name].Scalar() : std::string("(not recorded)");
+  };
   std::vector<std::string> differences;
-  for (const auto& [name, value] : fields()) {
-    if (std::find(std::begin(setup), std::end(setup), name) == std::end(setup)) continue;
-    const std::string now =
-        std::holds_alternative<std::string>(value) ? std::get<std::string>(value) : std::to_string(std::get<std::int64_t>(value));
-    const std::string then = stored[name] && stored[name].IsScalar() ? stored[name].Scalar() : "(not recorded)";
-    if (then != now) differences.push_back(name + ": '" + then + "' -> '" + now + "'");
-  }
+  for (const char* name : setup)
+    if (value(then, name) != value(now, name))
+      differences.push_back(std::string(name) + ": '" + value(then, name) + "' -> '" + value(now, name) + "'");
   return differences;
 }
 

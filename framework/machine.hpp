@@ -45,13 +45,17 @@ struct MachineDescription {
   void store(ResultsGroup& group) const;
   /// The fields as a YAML mapping.
   std::string to_yaml() const;
-  /// Where the setup that decides measurements (CPU, its paths, thread count
-  /// and OpenMP settings and placement, memory, GPU, Kokkos, compiler, build
-  /// type) differs from `stored_yaml` (a to_yaml() of another run), one
-  /// "field: 'then' -> 'now'" each; empty when the same. Host name and git
-  /// revision are not setup: containers rename hosts, and runs record their revision.
+  /// machine_setup_differences(stored_yaml, to_yaml()).
   std::vector<std::string> setup_differences(const std::string& stored_yaml) const;
 };
+
+/// Where the setup that decides measurements (CPU, its paths, thread count
+/// and OpenMP settings and placement, memory, GPU, Kokkos, compiler, build
+/// type) of machine description `now_yaml` differs from `then_yaml` (both
+/// MachineDescription::to_yaml()), one "field: 'then' -> 'now'" each; empty
+/// when the same. Host name and git revision are not setup: containers and
+/// cluster nodes differ in names, and runs record their revision.
+std::vector<std::string> machine_setup_differences(const std::string& then_yaml, const std::string& now_yaml);
 
 /// Bytes of memory this process can still allocate without the kernel
 /// killing it: /proc/meminfo's MemAvailable, or less when a cgroup (a

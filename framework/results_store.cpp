@@ -336,6 +336,14 @@ void ResultsGroup::remove(const std::string& name) {
   guarded(where(name), [&] { group_.unlink(name); });
 }
 
+void ResultsGroup::copy_group(const ResultsReader& from, const std::string& group_path, const std::string& name) {
+  if (has(name)) throw ResultsError(where(name) + ": already exists");
+  guarded(where(name) + " (from " + from.path_ + ": " + group_path + ")", [&] {
+    if (H5Ocopy(from.file_.getId(), group_path.c_str(), group_.getId(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT) < 0)
+      throw H5::GroupIException("H5Ocopy", "cannot copy the group");
+  });
+}
+
 ResultsGroup ResultsGroup::open_group(const std::string& name) {
   return guarded(where(name), [&] {
     return ResultsGroup(group_.openGroup(name), path_ == "/" ? "/" + name : path_ + "/" + name, file_);

@@ -25,6 +25,8 @@ class ResultsError : public std::runtime_error {
 
 /// A group inside an open transaction. Datasets are row-major with the given
 /// shape (empty shape: one dimension of values.size()).
+class ResultsReader;
+
 class ResultsGroup {
  public:
   /// Creates a subgroup; it must not exist yet.
@@ -34,6 +36,8 @@ class ResultsGroup {
   bool has(const std::string& name) const;
   /// Removes a subgroup or dataset.
   void remove(const std::string& name);
+  /// Copies group `group_path` of a committed file, with everything in it, here as `name`.
+  void copy_group(const ResultsReader& from, const std::string& group_path, const std::string& name);
 
   template <class T>
   void write(const std::string& name, const std::vector<T>& values, const std::vector<std::size_t>& shape = {});
@@ -127,6 +131,7 @@ class ResultsReader {
   std::string checksum(const std::string& group_path) const;
 
  private:
+  friend class ResultsGroup;  // copy_group reads the file
   H5::Attribute attribute(const std::string& object_path, const std::string& name) const;
   std::string path_;
   H5::H5File file_;

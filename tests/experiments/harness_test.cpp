@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -266,6 +267,125 @@ TEST_F(HarnessTest, AContextBeyondTheMachinesMemoryDoesNotFit) {
   const std::string reason = reader.string_attribute("/runs/" + reader.list("/runs").front(), "reason");
   EXPECT_NE(reason.find("of host memory"), std::string::npos) << reason;
   EXPECT_NE(reason.find("available"), std::string::npos) << reason;
+}
+
+TEST(Shard, SharesAreDisjointCoverTheRunsAndBalanceTheirPredictedCost) {
+  EXPECT_EQ(Shard::parse("2/8").text(), "2/8");
+  for (const char* bad : {"8/8", "-1/4", "1", "1/0", "a/4", "1/4x", "/4"})
+    EXPECT_THROW(Shard::parse(bad), std::invalid_argument) << bad;
+  const ExperimentConfig config = ExperimentConfig::from_config(ConfigNode::parse(
+      "name: s\noutput: s.h5\nprofile: p\nmodels: [{preset: tiny-mixtral}, {preset: tiny-deepseek-v2}]\n"
+      "systems: [ktransformers, fiddler, writescope]\nbatch_sizes: [1, 4]\n"
+      "contexts: [1024, 4096, 16384, 65536]\nbudgets: {vram: 12MiB, pinned: 1GiB, host: 2GiB}\n",
+      "s.yaml"));
+  const MachineProfile profile = test::tiny_profile();
+  const std::vector<RunSpec> runs = expand_runs(config, profile);
+  for (int count : {1, 3, 5}) {
+    std::multiset<std::string> seen;
+    std::vector<double> load;
+    double largest = 0;
+    for (int index = 0; index < count; ++index) {
+      load.push_back(0);
+      std::string previous;
+      std::size_t position = 0;
+      for (const RunSpec& run : shard_runs(runs, config, profile, Shard{index, count})) {
+        seen.insert(run.id());
+        load.back() += predicted_run_seconds(config, run, profile);
+        largest = std::max(largest, predicted_run_seconds(config, run, profile));
+        // In the experiment's order.
+        while (position < runs.size() && runs[position].id() != run.id()) ++position;
+        EXPECT_LT(position, runs.size()) << run.id() << " out of order";
+      }
+    }
+    EXPECT_EQ(seen.size(), runs.size());
+    for (const RunSpec& run : runs) EXPECT_EQ(seen.count(run.id()), 1u) << run.id();
+    // Greedy by cost: no share exceeds another by more than one run's cost.
+    EXPECT_LE(*std::max_element(load.begin(), load.end()) - *std::min_element(load.begin(), load.end()), largest);
+  }
+  // Cost, not count: a 64K-token run predicts more than a 1K one.
+  RunSpec small = runs.front(), large = runs.front();
+  small.context = 1024;
+  large.context = 65536;
+  EXPECT_GT(predicted_run_seconds(config, large, profile), 10 * predicted_run_seconds(config, small, profile));
+}
+
+// Three shards of an experiment merged: the same runs and schema as one
+// process running it all; inputs that do not belong together are refused.
+TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
+  const std::string yaml = "name: shards\noutput: " + output_ +
+                           "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers, writescope]\n"
+                           "batch_sizes: [1]\ncontexts: [16, 24, 32]\nbudgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
+                           "steps: {warmup: 1, measured: 2}\nblock_tokens: 8\n";
+  ExperimentConfig whole = ExperimentConfig::from_config(ConfigNode::parse(yaml, "shards.yaml"));
+  std::ostringstream progress;
+  run_experiment(whole, test::tiny_profile(), progress, false);
+  std::vector<std::string> shards;
+  for (int k = 0; k < 3; ++k) {
+    ExperimentConfig share = whole;
+    share.output = (dir_ / ("shard" + std::to_string(k) + ".h5")).string();
+    RunOptions options;
+    options.shard = Shard{k, 3};
+    run_experiment(share, test::tiny_profile(), progress, false, options);
+    shards.push_back(share.output);
+    // A shard resumes as itself only.
+    RunOptions other = options;
+    other.shard = Shard{(k + 1) % 3, 3};
+    EXPECT_THROW(run_experiment(share, test::tiny_profile(), progress, false, other), std::invalid_argument);
+  }
+  const std::string merged = (dir_ / "merged.h5").string();
+  const auto lines = merge_results(merged, shards, false);
+  EXPECT_EQ(lines.front(), "merged " + std::to_string(expand_runs(whole, test::tiny_profile()).size()) + " runs of " +
+                               std::to_string(expand_runs(whole, test::tiny_profile()).size()) + " from 3 files into " +
+                               merged);
+  const ResultsReader one(output_), many(merged);
+  EXPECT_EQ(many.list("/runs"), one.list("/runs"));
+  for (const char* attribute : {"format", "experiment", "config_canonical", "git_revision", "machine"})
+    EXPECT_EQ(many.string_attribute("/", attribute), one.string_attribute("/", attribute)) << attribute;
+  EXPECT_FALSE(many.has_attribute("/", "shard"));
+  for (const std::string& run : one.list("/runs")) {
+    const std::string g = "/runs/" + run;
+    EXPECT_EQ(many.list(g), one.list(g)) << g;
+    EXPECT_EQ(many.string_attribute(g, "status"), one.string_attribute(g, "status")) << g;
+    EXPECT_EQ(run_damage(merged, g), "") << g;
+    if (one.string_attribute(g, "status") == "complete") {
+      EXPECT_EQ(many.shape(g + "/alpha"), one.shape(g + "/alpha")) << g;
+    }
+  }
+  auto merge_error = [&](const std::vector<std::string>& inputs) {
+    std::filesystem::remove(dir_ / "refused.h5");
+    try {
+      merge_results((dir_ / "refused.h5").string(), inputs, false);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("merged");
+  };
+  EXPECT_NE(merge_error({shards[0], output_}).find("with different results"), std::string::npos);
+  ExperimentConfig another = ExperimentConfig::from_config(ConfigNode::parse(yaml + "seed: 5\n", "other.yaml"));
+  another.output = (dir_ / "another.h5").string();
+  RunOptions first_share;
+  first_share.shard = Shard{0, 3};
+  run_experiment(another, test::tiny_profile(), progress, false, first_share);
+  EXPECT_NE(merge_error({shards[1], another.output}).find("differ in their experiment config"), std::string::npos);
+  {  // Shard 2 measured with another thread count.
+    ResultsStore store(shards[2]);
+    auto txn = store.begin();
+    std::string machine = ResultsReader(shards[2]).string_attribute("/", "machine");
+    const auto at = machine.find("host_threads: ");
+    machine.replace(at, machine.find('\n', at) - at, "host_threads: 977");
+    txn.root().set_attribute("machine", machine);
+    txn.commit();
+  }
+  EXPECT_NE(merge_error(shards).find("different machine setups:\n  host_threads:"), std::string::npos);
+  std::filesystem::remove(dir_ / "refused.h5");
+  merge_results((dir_ / "refused.h5").string(), shards, true);
+  EXPECT_EQ(ResultsReader((dir_ / "refused.h5").string()).list("/other_machines").size(), 1u);
+  try {
+    merge_results(merged, shards, false);
+    ADD_FAILURE() << "merged into an existing file";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(merged + " exists"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(HarnessTest, FailedRunsAreRecordedAndTheExperimentGoesOn) {
