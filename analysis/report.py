@@ -301,9 +301,9 @@ def results_checksum(group):
 
 def run_damage(group):
     """Why a run group cannot be trusted ("" if it can, or if it predates checksums)."""
-    if "checksum" not in group.attrs:
-        return ""
     try:
+        if "checksum" not in group.attrs:
+            return ""
         stored, now = _as_string(group.attrs["checksum"]), results_checksum(group)
     except (OSError, KeyError, ValueError, TypeError, InputError) as error:
         return f"unreadable ({error})"

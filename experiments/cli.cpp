@@ -302,6 +302,10 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   };
   const auto started = std::chrono::steady_clock::now();
   auto last_commit = started;
+  // Each commit copies the file: commit at most every minute and at most a
+  // tenth of the time, so long generations do not spend it copying.
+  std::chrono::steady_clock::duration commit_interval = std::chrono::minutes(1);
+  std::int64_t committed_steps = 0;
   std::chrono::steady_clock::time_point prefilled;
   bool prefilling = true;
   try {
@@ -316,25 +320,37 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
         group->append("generated", std::vector<std::int32_t>{next});
       }
       ++steps;
-      // A killed process keeps what was committed: commit every minute.
-      if (group && steps < new_tokens && std::chrono::steady_clock::now() - last_commit > std::chrono::minutes(1)) {
+      // A killed process keeps what was committed.
+      if (group && steps < new_tokens && std::chrono::steady_clock::now() - last_commit > commit_interval) {
+        const auto begin = std::chrono::steady_clock::now();
         commit("");
+        committed_steps = steps;
         txn.emplace(store->begin());
         group.emplace(txn->root().open_group(group_name));
         last_commit = std::chrono::steady_clock::now();
+        commit_interval = std::max<std::chrono::steady_clock::duration>(std::chrono::minutes(1),
+                                                                          10 * (last_commit - begin));
       }
       if (steps < new_tokens) logits = model.step({sequence}, {next}).front();
     }
-  } catch (const ResultsError&) {
+  } catch (const ResultsError& e) {
+    // The logits file itself failed (e.g. no space): nothing more can be committed to it.
     out << "\n";
-    throw;  // the logits file itself failed (e.g. no space): nothing more can be committed to it
+    throw ResultsError(std::string(e.what()) + " (the logits file keeps the " + std::to_string(committed_steps) +
+                       " tokens committed before)");
   } catch (const std::exception& e) {
     out << "\n";
     const std::string error = "generate: " +
                               (prefilling ? std::string("prefill") : "decoding token " + std::to_string(steps + 1)) +
                               ": " + e.what();
     if (!group) throw std::runtime_error(error);
-    commit(error);
+    try {
+      commit(error);
+    } catch (const ResultsError& stored) {
+      throw std::runtime_error(error + "; and its logits could not be stored: " + stored.what() +
+                               " (the logits file keeps the " + std::to_string(committed_steps) +
+                               " tokens committed before)");
+    }
     throw std::runtime_error(error + " (the " + std::to_string(steps) + " tokens before it and their logits are in " +
                              options["--logits"] + ":/" + group_name + ")");
   }
@@ -427,7 +443,8 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
   const ResultsReader reader(file);
   for (const char* attribute : {"format", "config", "machine"})
     if (!reader.has_attribute("/", attribute))
-      throw std::runtime_error(file + ": not a WriteScope results file (no '" + std::string(attribute) + "' attribute)");
+      throw std::runtime_error(file + ": not an experiment's results file (no '" + std::string(attribute) +
+                               "' attribute); verify checks files that `writescope run` wrote");
   const std::vector<std::string> runs = reader.exists("/runs") ? reader.list("/runs") : std::vector<std::string>{};
   int damaged = 0, unverified = 0;
   for (const std::string& run : runs) {

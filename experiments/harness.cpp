@@ -787,8 +787,11 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
         log_info("run: ", id, ": ", damage, "; measuring it again");
       } else {
         const ResultsReader reader(config.output);
-        if (reader.string_attribute(g, "status") != "failed" &&
-            reader.string_attribute(g, "config") == run_yaml(config, run)) {
+        // A run the machine's free memory refused may fit another time: measured again, as failed runs are.
+        const std::string status = reader.string_attribute(g, "status");
+        const bool retry = status == "failed" ||
+                           (status == "does_not_fit" && reader.string_attribute(g, "reason").rfind("host memory:", 0) == 0);
+        if (!retry && reader.string_attribute(g, "config") == run_yaml(config, run)) {
           ++summary.skipped;
           continue;
         }

@@ -32,10 +32,11 @@ const std::vector<int> startup_mask = [] {
   return cpus;
 }();
 
-void pin_to(int cpu) {
+/// Restricts the calling thread to `cpus`.
+void pin_to(const std::vector<int>& cpus) {
   cpu_set_t set;
   CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
+  for (int cpu : cpus) CPU_SET(cpu, &set);
   pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
@@ -71,11 +72,16 @@ class Worker {
 
  private:
   void loop() {
+    // A GPU driver gets its CPU of its own; otherwise (host builds, or no CPU
+    // to spare) the worker may run on any start-up CPU, not only on the one
+    // OpenMP's main thread, which started it, is pinned to.
+    int cpu = -1;
     try {
-      if (const int cpu = gpu_driver_cpu(); cpu >= 0) pin_to(cpu);
+      if (has_gpu) cpu = gpu_driver_cpu();
     } catch (const std::invalid_argument&) {
-      // Runtime reports a bad WRITESCOPE_GPU_DRIVER_CPU at start-up; unpinned here.
+      // Runtime reports a bad WRITESCOPE_GPU_DRIVER_CPU at start-up.
     }
+    pin_to(cpu >= 0 ? std::vector<int>{cpu} : startup_mask);
 #ifdef KOKKOS_ENABLE_CUDA
     cudaSetDevice(Kokkos::Cuda().cuda_device());
 #endif

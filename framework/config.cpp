@@ -8,6 +8,7 @@
 #include <iomanip>
 #include <limits>
 #include <sstream>
+#include <unordered_set>
 #include <utility>
 
 namespace writescope {
@@ -75,13 +76,11 @@ std::optional<std::string> first_duplicate_key(const YAML::Node& node, const std
     for (std::size_t i = 0; i < node.size(); ++i)
       if (auto found = first_duplicate_key(node[i], path + "[" + std::to_string(i) + "]")) return found;
   } else if (node.IsMap()) {
-    std::vector<std::string> seen;
+    std::unordered_set<std::string> seen;  // safetensors indexes list tens of thousands of tensors
     for (const auto& entry : node) {
       const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : "?";
       const std::string key_path = path.empty() ? key : path + "." + key;
-      if (std::find(seen.begin(), seen.end(), key) != seen.end())
-        return key_path + "' (line " + std::to_string(entry.first.Mark().line + 1) + ")";
-      seen.push_back(key);
+      if (!seen.insert(key).second) return key_path + "' (line " + std::to_string(entry.first.Mark().line + 1) + ")";
       if (auto found = first_duplicate_key(entry.second, key_path)) return found;
     }
   }

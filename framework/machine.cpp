@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <fstream>
@@ -75,27 +76,60 @@ std::string compiler_description() {
 
 const char* git_revision() { return writescope_git_revision_string(); }
 
+namespace {
+
+std::optional<std::uint64_t> read_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return std::nullopt;
+  return std::stoull(text);  // "max" (no limit) is not a number
+}
+
+/// The value of `key` in a memory.stat file ("inactive_file 123").
+std::uint64_t stat_value(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string name;
+  std::uint64_t value = 0;
+  while (in >> name >> value)
+    if (name == key) return value;
+  return 0;
+}
+
+/// What the memory cgroups of this process (and their ancestors, up to the
+/// mount) still allow it: limit less use, reclaimable page cache counted free.
+std::uint64_t cgroup_room() {
+  std::uint64_t room = std::numeric_limits<std::uint64_t>::max();
+  std::ifstream self("/proc/self/cgroup");
+  for (std::string line; std::getline(self, line);) {
+    // v2: "0::/path"; v1: "7:memory:/path".
+    const auto first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const bool v2 = controllers.empty(), v1 = controllers.find("memory") != std::string::npos;
+    if (!v2 && !v1) continue;
+    const std::string mount = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
+    for (std::filesystem::path group = line.substr(second + 1);; group = group.parent_path()) {
+      const std::string dir = mount + (group == "/" ? std::string() : group.string());
+      const auto limit = read_number(dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes"));
+      const auto usage = read_number(dir + (v2 ? "/memory.current" : "/memory.usage_in_bytes"));
+      if (limit && usage) {
+        const std::uint64_t cache = stat_value(dir + "/memory.stat", v2 ? "inactive_file" : "total_inactive_file");
+        const std::uint64_t used = *usage > cache ? *usage - cache : 0;
+        room = std::min(room, *limit > used ? *limit - used : 0);
+      }
+      if (group == "/" || group.empty() || group == group.parent_path()) break;
+    }
+  }
+  return room;
+}
+
+}  // namespace
+
 std::uint64_t available_host_memory() {
   std::uint64_t available = std::numeric_limits<std::uint64_t>::max();
   const std::string mem_available = proc_field("/proc/meminfo", "MemAvailable");  // "20123456 kB"
   if (!mem_available.empty()) available = std::stoull(mem_available) * 1024;
-  // cgroup v2, then v1: the limit less what the group already uses ("max" or a huge v1 value: no limit).
-  auto read_number = [](const char* path) -> std::optional<std::uint64_t> {
-    std::ifstream in(path);
-    std::string text;
-    if (!(in >> text) || text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return std::nullopt;
-    return std::stoull(text);
-  };
-  for (const auto& [limit_path, usage_path] :
-       {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
-        std::pair{"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
-    const auto limit = read_number(limit_path), usage = read_number(usage_path);
-    if (limit && usage) {
-      available = std::min(available, *limit > *usage ? *limit - *usage : 0);
-      break;
-    }
-  }
-  return available;
+  return std::min(available, cgroup_room());
 }
 
 MachineDescription MachineDescription::detect() {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -71,18 +72,6 @@ auto guarded(const std::string& context, Body&& body) -> decltype(body()) {
   }
 }
 
-/// Closes `file` once. After a failed close HDF5 has released the file's
-/// state but the id stays valid, and closing it again (H5File's destructor
-/// would) crashes inside HDF5: the object is given up instead.
-void close_once(std::unique_ptr<H5::H5File>& file) {
-  try {
-    file->close();
-  } catch (const H5::Exception&) {
-    (void)file.release();
-    throw;
-  }
-  file.reset();
-}
 
 void fsync_path(const std::string& path, int flags) {
   const int fd = ::open(path.c_str(), flags);
@@ -92,37 +81,59 @@ void fsync_path(const std::string& path, int flags) {
   if (rc != 0) throw ResultsError(path + ": fsync failed: " + std::strerror(errno));
 }
 
-/// Copies `from` to `to` (replacing it); returns the system's reason on
-/// failure ("No space left on device", "File too large"), empty on success.
-std::string copy_file(const std::string& from, const std::string& to) {
-  const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
-  if (in < 0) return std::strerror(errno);
-  const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (out < 0) {
-    const int error = errno;
-    ::close(in);
-    return std::strerror(error);
+/// The bytes of the file at `path`; `error` gets the system's reason on failure.
+std::string read_bytes(const std::string& path, std::string& error) {
+  std::string bytes;
+  const int in = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) {
+    error = std::strerror(errno);
+    return bytes;
   }
-  std::vector<char> buffer(1 << 20);
-  int error = 0;
+  char buffer[1 << 16];
   for (;;) {
-    const ssize_t got = ::read(in, buffer.data(), buffer.size());
+    const ssize_t got = ::read(in, buffer, sizeof buffer);
     if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      if (got < 0) error = errno;
-      break;
-    }
-    for (ssize_t written = 0; written < got && error == 0;) {
-      const ssize_t n = ::write(out, buffer.data() + written, static_cast<std::size_t>(got - written));
-      if (n < 0 && errno != EINTR) error = errno;
-      if (n > 0) written += n;
-    }
-    if (error != 0) break;
+    if (got < 0) error = std::strerror(errno);
+    if (got <= 0) break;
+    bytes.append(buffer, static_cast<std::size_t>(got));
   }
   ::close(in);
+  return bytes;
+}
+
+/// Writes `bytes` to a new file `path` with permissions `mode` and makes them
+/// durable; returns the system's reason on failure ("No space left on
+/// device", "File too large"), empty on success.
+std::string write_bytes(const std::string& path, const std::string& bytes, mode_t mode) {
+  const int out = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (out < 0) return std::strerror(errno);
+  int error = ::fchmod(out, mode) == 0 ? 0 : errno;
+  for (std::size_t written = 0; written < bytes.size() && error == 0;) {
+    const ssize_t n = ::write(out, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno != EINTR) error = errno;
+    if (n > 0) written += static_cast<std::size_t>(n);
+  }
+  if (error == 0 && ::fsync(out) != 0) error = errno;
   if (::close(out) != 0 && error == 0) error = errno;
   return error == 0 ? std::string() : std::strerror(error);
 }
+
+/// HDF5 file access through memory only (the core driver without a backing
+/// store), starting from `image` when it is not empty.
+class MemoryFileAccess {
+ public:
+  explicit MemoryFileAccess(const std::string& image) : id_(H5Pcreate(H5P_FILE_ACCESS)) {
+    H5Pset_fapl_core(id_, std::size_t{1} << 20, 0);
+    if (!image.empty()) H5Pset_file_image(id_, const_cast<char*>(image.data()), image.size());
+  }
+  ~MemoryFileAccess() { H5Pclose(id_); }
+  MemoryFileAccess(const MemoryFileAccess&) = delete;
+  MemoryFileAccess& operator=(const MemoryFileAccess&) = delete;
+  hid_t id() const noexcept { return id_; }
+
+ private:
+  hid_t id_;
+};
 
 /// The file a results path names, checked for writing: a symbolic link's
 /// target (so that the lock, the partial copy and the rename act on the real
@@ -389,9 +400,10 @@ void ResultsGroup::append(const std::string& name, const std::vector<T>& values,
     }
     H5::DataSpace file_space = dataset.getSpace();
     hsize_t dims[2] = {0, 0};
-    if (file_space.getSimpleExtentNdims() != rank || file_space.getSimpleExtentDims(dims) < 0 ||
-        (rank == 2 && dims[1] != row_length))
-      throw ResultsError(where(name) + ": exists with another shape than rows of " + std::to_string(row_length));
+    const bool same_rank = file_space.getSimpleExtentNdims() == rank;
+    if (same_rank) file_space.getSimpleExtentDims(dims);
+    if (!same_rank || (rank == 2 && dims[1] != row_length) || !(dataset.getDataType() == native_type<T>()))
+      throw ResultsError(where(name) + ": exists with another shape or type than rows of " + std::to_string(row_length));
     const hsize_t added[2] = {rank == 1 ? values.size() : values.size() / row_length, row_length};
     const hsize_t start[2] = {dims[0], 0};
     const hsize_t grown[2] = {dims[0] + added[0], row_length};
@@ -442,43 +454,73 @@ template void ResultsGroup::write(const std::string&, const std::vector<std::uin
 
 // ---------------------------------------------------------- ResultsTransaction
 
-ResultsTransaction::ResultsTransaction(std::string path, std::string partial_path)
-    : path_(std::move(path)), partial_path_(std::move(partial_path)) {
-  file_ = guarded(partial_path_, [&] { return std::make_unique<H5::H5File>(partial_path_, H5F_ACC_RDWR); });
+ResultsTransaction::ResultsTransaction(std::string path, const std::string& image, unsigned mode)
+    : path_(std::move(path)), partial_path_(path_ + ".partial"), mode_(mode) {
+  // In memory: HDF5 never writes to the disk, so a full disk cannot leave its
+  // state half-closed (closing such a file again crashes inside HDF5); commit()
+  // writes the image itself.
+  const std::string name = path_ + " (in memory)";
+  file_ = guarded(path_, [&] {
+    const MemoryFileAccess access(image);
+    hid_t id = -1;
+    if (image.empty()) {
+      const CreationOrderPlist creation(H5P_FILE_CREATE);
+      id = H5Fcreate(name.c_str(), H5F_ACC_TRUNC, creation.id(), access.id());
+    } else {
+      id = H5Fopen(name.c_str(), H5F_ACC_RDWR, access.id());
+    }
+    if (id < 0) throw H5::FileIException("H5Fopen", "cannot open the results file's copy in memory");
+    auto file = std::make_unique<H5::H5File>(id);  // takes its own reference
+    H5Fclose(id);
+    return file;
+  });
 }
 
 ResultsTransaction::ResultsTransaction(ResultsTransaction&& other) noexcept
-    : path_(std::move(other.path_)), partial_path_(std::move(other.partial_path_)), file_(std::move(other.file_)) {
+    : path_(std::move(other.path_)),
+      partial_path_(std::move(other.partial_path_)),
+      mode_(other.mode_),
+      file_(std::move(other.file_)) {
   other.partial_path_.clear();
 }
 
 ResultsTransaction::~ResultsTransaction() {
-  if (partial_path_.empty()) return;  // committed or moved from
   if (file_) {
     try {
-      close_once(file_);
+      file_->close();
     } catch (const H5::Exception&) {
     }
   }
-  std::error_code ignored;
-  fs::remove(partial_path_, ignored);
 }
 
 ResultsGroup ResultsTransaction::root() {
-  if (!file_) throw ResultsError(path_ + ": transaction already committed");
+  if (!file_) throw ResultsError(path_ + ": transaction already committed or failed");
   return guarded(path_, [&] { return ResultsGroup(file_->openGroup("/"), "/", path_); });
 }
 
 void ResultsTransaction::commit() {
   if (!file_) throw ResultsError(path_ + ": transaction already committed or failed");
-  guarded(partial_path_, [&] {
+  const std::string image = guarded(path_, [&] {
     file_->flush(H5F_SCOPE_GLOBAL);
-    close_once(file_);
+    const ssize_t size = H5Fget_file_image(file_->getId(), nullptr, 0);
+    std::string bytes(size > 0 ? static_cast<std::size_t>(size) : 0, '\0');
+    if (size < 0 || H5Fget_file_image(file_->getId(), bytes.data(), bytes.size()) != size)
+      throw H5::FileIException("H5Fget_file_image", "cannot take the image of the results file");
+    file_->close();
+    file_.reset();
+    return bytes;
   });
-  fsync_path(partial_path_, O_RDONLY);
-  if (std::rename(partial_path_.c_str(), path_.c_str()) != 0)
-    throw ResultsError(path_ + ": cannot replace with the committed copy: " + std::strerror(errno));
-  partial_path_.clear();
+  if (const std::string error = write_bytes(partial_path_, image, mode_); !error.empty()) {
+    std::error_code ignored;
+    fs::remove(partial_path_, ignored);
+    throw ResultsError(partial_path_ + ": cannot write the committed copy: " + error);
+  }
+  if (std::rename(partial_path_.c_str(), path_.c_str()) != 0) {
+    const int error = errno;
+    std::error_code ignored;
+    fs::remove(partial_path_, ignored);
+    throw ResultsError(path_ + ": cannot replace with the committed copy: " + std::strerror(error));
+  }
   const fs::path parent = fs::absolute(fs::path(path_)).parent_path();
   fsync_path(parent.string(), O_RDONLY | O_DIRECTORY);
 }
@@ -498,14 +540,9 @@ ResultsStore::ResultsStore(std::string path) : path_(writable_results_path(path)
     if (fs::exists(path_)) {
       ResultsReader{path_};  // an HDF5 file that opens
     } else {
-      const std::string partial = path_ + ".partial";
-      guarded(partial, [&] {
-        const CreationOrderPlist plist(H5P_FILE_CREATE);
-        const hid_t id = H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, plist.id(), H5P_DEFAULT);
-        if (id < 0) throw H5::FileIException("H5Fcreate", "cannot create the file");
-        H5Fclose(id);
-      });
-      ResultsTransaction(path_, partial).commit();
+      const mode_t mask = ::umask(0);
+      ::umask(mask);
+      ResultsTransaction(path_, std::string(), 0666 & ~mask).commit();
     }
   } catch (...) {
     ::close(lock_fd_);
@@ -522,13 +559,12 @@ std::vector<std::string> ResultsStore::groups() const { return ResultsReader(pat
 bool ResultsStore::contains(const std::string& group) const { return ResultsReader(path_).exists("/" + group); }
 
 ResultsTransaction ResultsStore::begin() {
-  const std::string partial = path_ + ".partial";
-  if (const std::string error = copy_file(path_, partial); !error.empty()) {
-    std::error_code ignored;
-    fs::remove(partial, ignored);
-    throw ResultsError(partial + ": cannot copy the results file: " + error);
-  }
-  return ResultsTransaction(path_, partial);
+  std::string error;
+  const std::string image = read_bytes(path_, error);
+  struct stat status {};
+  if (error.empty() && ::stat(path_.c_str(), &status) != 0) error = std::strerror(errno);
+  if (!error.empty()) throw ResultsError(path_ + ": cannot read the results file: " + error);
+  return ResultsTransaction(path_, image, status.st_mode & 07777);
 }
 
 // --------------------------------------------------------------- ResultsReader
@@ -560,7 +596,9 @@ bool ResultsReader::exists(const std::string& object_path) const {
 
 bool ResultsReader::has_attribute(const std::string& object_path, const std::string& name) const {
   return guarded(path_ + ": " + object_path + "@" + name, [&] {
-    return H5Aexists_by_name(file_.getId(), object_path.c_str(), name.c_str(), H5P_DEFAULT) > 0;
+    const htri_t found = H5Aexists_by_name(file_.getId(), object_path.c_str(), name.c_str(), H5P_DEFAULT);
+    if (found < 0) throw H5::AttributeIException("H5Aexists_by_name", "cannot read the object's attributes");
+    return found > 0;
   });
 }
 

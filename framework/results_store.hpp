@@ -1,9 +1,9 @@
 #pragma once
 // HDF5 results store that a killed run can never corrupt.
 //
-// Writes are copy-on-write transactions: begin() copies the committed file to
-// "<path>.partial", all writes go there, and commit() flushes, fsyncs and
-// atomically renames it over "<path>". A process killed at any moment leaves
+// Writes are copy-on-write transactions: begin() reads the committed file into
+// memory, all writes go to that copy, and commit() writes it to
+// "<path>.partial", fsyncs it and atomically renames it over "<path>". A process killed at any moment leaves
 // "<path>" exactly as the last commit left it; a transaction that is dropped
 // without commit() changes nothing. An exclusive lock ("<path>.lock") keeps a
 // second writer out with a clear error instead of a corrupted file.
@@ -82,8 +82,11 @@ class ResultsTransaction {
 
  private:
   friend class ResultsStore;
-  ResultsTransaction(std::string path, std::string partial_path);
+  /// An in-memory copy of `image` (an empty image: a new file); commit()
+  /// writes it to the file with permissions `mode`.
+  ResultsTransaction(std::string path, const std::string& image, unsigned mode);
   std::string path_, partial_path_;
+  unsigned mode_;
   std::unique_ptr<H5::H5File> file_;
 };
 

@@ -167,6 +167,7 @@ struct MoeModel::Impl {
   Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> host_queries;
   PartialState<GpuMem> merged, earlier;
   Kokkos::View<int*, GpuMem> tokens;
+  Kokkos::View<int, GpuMem> non_finite;  // ModelOptions::check_finite's flag
   Kokkos::View<std::int64_t*, GpuMem> positions;
 
   const Weight& weight(const std::string& name) const { return weights.at(name); }
@@ -316,15 +317,16 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
   // Decided before anything is allocated: a model too large for the machine
   // is a ModelBudgetError naming the bytes, not an out-of-memory kill.
   if (const std::uint64_t needed = host_bytes_needed(config_, options_), available = available_host_memory();
-      needed > available)
-    throw ModelBudgetError("host memory: " + config_.name + " with these budgets needs " + format_byte_size(needed) +
-                           " of host memory (routed experts " +
-                           format_byte_size(options_.host_experts ? 0 : expert_store_bytes(config_)) + ", KV pools " +
-                           format_byte_size(options_.pinned_kv_budget + options_.host_kv_budget) +
-                           (has_gpu ? std::string() : ", the host build's GPU side " +
-                                                          format_byte_size(vram_.weights + vram_.workspace +
-                                                                           vram_.expert_slots + vram_.kv)) +
-                           ") but this machine has " + format_byte_size(available) + " available");
+      needed > available) {
+    const std::uint64_t gpu_side = vram_.weights + vram_.workspace + vram_.expert_slots + vram_.kv;
+    throw ModelBudgetError(
+        "host memory: " + config_.name + " with these budgets needs " + format_byte_size(needed) +
+        " of host memory (routed experts " + format_byte_size(options_.host_experts ? 0 : expert_store_bytes(config_)) +
+        ", KV pools " + format_byte_size(options_.pinned_kv_budget + options_.host_kv_budget) + ", staging " +
+        format_byte_size(pinned_staging_bytes(config_, options_)) +
+        (has_gpu ? std::string() : ", the host build's GPU side " + format_byte_size(gpu_side)) +
+        ", loading the rest) but this machine has " + format_byte_size(available) + " available");
+  }
   const int slots = static_cast<int>(vram_.expert_slots / std::max<std::uint64_t>(1, expert_bytes(config_)));
 
   // Every routed expert lives in host memory, page-locked when the expert
@@ -902,7 +904,9 @@ struct ModelForward {
   }
 
   bool all_finite(const Gpu& gpu, const Matrix<GpuMem>& x) {
-    const Kokkos::View<int, GpuMem> found("writescope::moe::non_finite");
+    if (!m.non_finite.is_allocated()) m.non_finite = Kokkos::View<int, GpuMem>("writescope::moe::non_finite");
+    const Kokkos::View<int, GpuMem> found = m.non_finite;
+    Kokkos::deep_copy(gpu, found, 0);
     launch_parallel_for("writescope::moe::flag_non_finite", impl::rows_by_columns(gpu, x.extent_int(0), x.extent_int(1)),
                         impl::FlagNonFinite<GpuMem>{x, found});
     int host_found = 0;

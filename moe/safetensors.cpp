@@ -2,7 +2,6 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -181,19 +180,19 @@ void SafetensorsCheckpoint::add_file(const std::string& file_name) {
     for (const auto& d : node["shape"]) info.shape.push_back(header_integer<std::int64_t>(d, where, "shape"));
     const std::uint64_t offsets[2] = {header_integer<std::uint64_t>(node["data_offsets"][0], where, "data_offsets"),
                                       header_integer<std::uint64_t>(node["data_offsets"][1], where, "data_offsets")};
-    if (offsets[1] > size || std::any_of(info.shape.begin(), info.shape.end(), [](std::int64_t d) { return d < 0; }))
-      throw CheckpointError(where + ": shape " + shape_text(info.shape) + " or data_offsets [" +
-                            std::to_string(offsets[0]) + ", " + std::to_string(offsets[1]) + "] impossible for a file of " +
-                            std::to_string(size) + " bytes");
+    if (offsets[0] > offsets[1])
+      throw CheckpointError(where + ": data_offsets [" + std::to_string(offsets[0]) + ", " +
+                            std::to_string(offsets[1]) + "] run backwards");
+    if (offsets[1] > size - data_start)  // compared before adding data_start: no wrap-around
+      throw CheckpointError(where + ": data [" + std::to_string(data_start + offsets[0]) + ", " +
+                            std::to_string(data_start + offsets[1]) + ") lies beyond the end of the file (" +
+                            std::to_string(size) + " bytes): truncated");
     info.begin = data_start + offsets[0];
     info.end = data_start + offsets[1];
-    if (info.end < info.begin || info.end - info.begin != static_cast<std::uint64_t>(info.elements()) * dtype_bytes(info.dtype))
+    if (info.end - info.begin != static_cast<std::uint64_t>(info.elements()) * dtype_bytes(info.dtype))
       throw CheckpointError(where + ": data_offsets hold " + std::to_string(info.end - info.begin) +
                             " bytes, shape " + shape_text(info.shape) + " of " + dtype_name(info.dtype) + " needs " +
                             std::to_string(info.elements() * static_cast<std::int64_t>(dtype_bytes(info.dtype))));
-    if (info.end > size)
-      throw CheckpointError(where + ": data [" + std::to_string(info.begin) + ", " + std::to_string(info.end) +
-                            ") lies beyond the end of the file (" + std::to_string(size) + " bytes): truncated");
     if (!tensors_.emplace(name, info).second)
       throw CheckpointError(where + ": also present in " + tensors_.at(name).file);
   }

@@ -208,6 +208,16 @@ TEST_F(ResultsStoreTest, ASymbolicLinkWritesTheRealFile) {
   EXPECT_FALSE(fs::exists(dir_ / "link.h5.lock"));
 }
 
+TEST_F(ResultsStoreTest, CommitsKeepTheFilesPermissions) {
+  { ResultsStore created(path_); }
+  fs::permissions(path_, fs::perms::owner_read | fs::perms::owner_write);
+  ResultsStore store(path_);
+  auto txn = store.begin();
+  txn.root().create_group("run");
+  txn.commit();
+  EXPECT_EQ(fs::status(path_).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+}
+
 TEST_F(ResultsStoreTest, AppendsRowsStepByStep) {
   ResultsStore store(path_);
   auto txn = store.begin();
