@@ -58,7 +58,7 @@ constexpr const char* usage_text =
     "                              setup is refused unless --allow-different-machine\n"
     "      [--shard K/N]           run share K (0-based) of N shares balanced by predicted cost,\n"
     "                              into CONFIG's output with .shard-K-of-N before .h5\n"
-    "  merge OUT.h5 IN.h5... [--allow-different-machine]\n"
+    "  merge OUT.h5 IN.h5... [--allow-different-machine] [--allow-missing]\n"
     "                              merge shards' results files of one experiment into a new file\n"
     "  verify FILE.h5              check every run of a results file against its checksum\n"
     "  help                        this text\n"
@@ -423,15 +423,16 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
 
 int merge_command(const std::vector<std::string>& args, std::ostream& out) {
   std::vector<std::string> files;
-  bool allow_different_machine = false;
+  MergeOptions merge;
   for (const std::string& arg : args) {
-    if (arg == "--allow-different-machine") allow_different_machine = true;
+    if (arg == "--allow-different-machine") merge.allow_different_machine = true;
+    else if (arg == "--allow-missing") merge.allow_missing = true;
     else if (arg.rfind("--", 0) == 0) throw UsageError("merge: unknown option '" + arg + "'");
     else files.push_back(arg);
   }
   if (files.size() < 2) throw UsageError("merge: give the output file and at least one input file");
   const std::vector<std::string> inputs(files.begin() + 1, files.end());
-  for (const std::string& line : merge_results(files.front(), inputs, allow_different_machine)) out << line << "\n";
+  for (const std::string& line : merge_results(files.front(), inputs, merge)) out << line << "\n";
   return 0;
 }
 

@@ -688,6 +688,7 @@ void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& conf
   profile.set_attribute("cpu_path", p.cpu_path);
   if (!root.has("runs")) root.create_group("runs");
   if (shard.count > 1) root.set_attribute("shard", shard.text());
+  else if (root.has_attribute("shard")) root.remove_attribute("shard");
 }
 
 /// Resuming mixes runs into a file only of the same experiment (comments and
@@ -841,8 +842,36 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
   return summary;
 }
 
+namespace {
+
+/// Writes the merged file: `first`'s experiment attributes and profile, every
+/// machine setup, and each run from the input `source` names, in `runs` order.
+void write_merged(const std::string& output, const ResultsReader& first, const std::vector<ResultsReader>& readers,
+                  const std::vector<RunSpec>& runs, const std::map<std::string, std::size_t>& source,
+                  const std::vector<std::string>& machines) {
+  ResultsStore store(output);
+  auto txn = store.begin();
+  ResultsGroup root = txn.root();
+  for (const char* name : {"format", "experiment", "config", "config_canonical", "git_revision", "kokkos_configuration"})
+    root.set_attribute(name, first.string_attribute("/", name));
+  root.set_attribute("machine", machines.front());
+  root.copy_group(first, "/profile", "profile");
+  if (machines.size() > 1) {
+    ResultsGroup others = root.create_group("other_machines");
+    for (std::size_t m = 1; m < machines.size(); ++m)
+      others.create_group("machine_" + std::to_string(m)).set_attribute("machine", machines[m]);
+  }
+  ResultsGroup merged = root.create_group("runs");
+  for (const RunSpec& run : runs)
+    if (const auto found = source.find(run.id()); found != source.end())
+      merged.copy_group(readers[found->second], "/runs/" + run.id(), run.id());
+  txn.commit();
+}
+
+}  // namespace
+
 std::vector<std::string> merge_results(const std::string& output, const std::vector<std::string>& inputs,
-                                       bool allow_different_machine) {
+                                       const MergeOptions& options) {
   if (inputs.empty()) throw std::invalid_argument("merge: no input files");
   if (std::filesystem::exists(output))
     throw std::invalid_argument("merge: " + output + " exists; merge writes a new file");
@@ -878,7 +907,7 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
                        [&](const std::string& m) { return machine_setup_differences(m, machine).empty(); }))
         machines.push_back(machine);
   }
-  if (machines.size() > 1 && !allow_different_machine) {
+  if (machines.size() > 1 && !options.allow_different_machine) {
     std::string listed;
     for (const std::string& d : machine_setup_differences(machines.front(), machines[1])) listed += "\n  " + d;
     throw std::invalid_argument("merge: the inputs were measured with different machine setups:" + listed +
@@ -905,29 +934,24 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
                                     " with different results");
     }
   }
-  ResultsStore store(output);
-  auto txn = store.begin();
-  ResultsGroup root = txn.root();
-  for (const char* name : {"format", "experiment", "config", "config_canonical", "git_revision", "kokkos_configuration"})
-    root.set_attribute(name, first.string_attribute("/", name));
-  root.set_attribute("machine", machines.front());
-  root.copy_group(first, "/profile", "profile");
-  if (machines.size() > 1) {
-    ResultsGroup others = root.create_group("other_machines");
-    for (std::size_t m = 1; m < machines.size(); ++m)
-      others.create_group("machine_" + std::to_string(m)).set_attribute("machine", machines[m]);
-  }
-  ResultsGroup merged = root.create_group("runs");
   std::vector<std::string> missing;
-  for (const RunSpec& run : runs) {
-    const auto found = source.find(run.id());
-    if (found == source.end()) {
-      missing.push_back(run.id());
-      continue;
-    }
-    merged.copy_group(readers[found->second], "/runs/" + run.id(), run.id());
+  for (const RunSpec& run : runs)
+    if (!source.count(run.id())) missing.push_back(run.id());
+  if (!missing.empty() && !options.allow_missing) {
+    std::string listed;
+    for (const std::string& id : missing) listed += "\n  " + id;
+    throw std::invalid_argument("merge: " + std::to_string(missing.size()) + " of the experiment's " +
+                                std::to_string(runs.size()) + " runs are in no input (a shard did not finish?):" +
+                                listed + "\npass --allow-missing to merge what there is");
   }
-  txn.commit();
+  try {
+    write_merged(output, first, readers, runs, source, machines);
+  } catch (...) {
+    std::error_code ignored;  // no half-written output to refuse the next try
+    std::filesystem::remove(output, ignored);
+    std::filesystem::remove(output + ".lock", ignored);
+    throw;
+  }
   std::vector<std::string> lines{"merged " + std::to_string(source.size()) + " runs of " + std::to_string(runs.size()) +
                                  " from " + std::to_string(inputs.size()) + " files into " + output};
   for (const std::string& id : missing) lines.push_back("missing: " + id);

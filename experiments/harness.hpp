@@ -134,12 +134,18 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
 /// Merges results files of shards of one experiment into `output` (a new
 /// file) as if one process had run them: every input must hold the same
 /// experiment config, git revision and machine profile, and the same machine
-/// setup unless `allow_different_machine` (differences are named); every run
+/// setup unless allowed (differences are named); every run
 /// must match its checksum and belong to the experiment; a run in two inputs
-/// must have the same checksum. Runs are written in the experiment's order.
-/// Returns one line per fact worth saying (runs merged, runs missing).
+/// must have the same checksum; every run of the experiment must be in some
+/// input unless `allow_missing`. Runs are written in the experiment's order;
+/// nothing is left at `output` when it fails. Returns one line per fact worth
+/// saying (runs merged, runs missing).
+struct MergeOptions {
+  bool allow_different_machine = false;  // inputs of several machine setups (each run records its own)
+  bool allow_missing = false;            // write even when runs of the experiment are in no input
+};
 std::vector<std::string> merge_results(const std::string& output, const std::vector<std::string>& inputs,
-                                       bool allow_different_machine);
+                                       const MergeOptions& options = {});
 
 /// Why the run group `group` of results file `file` cannot be trusted (its
 /// checksum does not match its contents, or it does not read); "" if it can.

@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <numeric>
+#include <optional>
 
 namespace writescope {
 namespace {
@@ -101,13 +103,13 @@ std::string read_bytes(const std::string& path, std::string& error) {
   return bytes;
 }
 
-/// Writes `bytes` to a new file `path` with permissions `mode` and makes them
-/// durable; returns the system's reason on failure ("No space left on
+/// Writes `bytes` to a new file `path` with permissions `mode` (none: as the
+/// umask allows) and makes them durable; returns the system's reason on failure ("No space left on
 /// device", "File too large"), empty on success.
-std::string write_bytes(const std::string& path, const std::string& bytes, mode_t mode) {
-  const int out = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+std::string write_bytes(const std::string& path, const std::string& bytes, std::optional<mode_t> mode) {
+  const int out = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode ? 0600 : 0666);
   if (out < 0) return std::strerror(errno);
-  int error = ::fchmod(out, mode) == 0 ? 0 : errno;
+  int error = !mode || ::fchmod(out, *mode) == 0 ? 0 : errno;
   for (std::size_t written = 0; written < bytes.size() && error == 0;) {
     const ssize_t n = ::write(out, bytes.data() + written, bytes.size() - written);
     if (n < 0 && errno != EINTR) error = errno;
@@ -417,6 +419,14 @@ void ResultsGroup::append(const std::string& name, const std::vector<T>& values,
 template void ResultsGroup::append(const std::string&, const std::vector<float>&, std::size_t);
 template void ResultsGroup::append(const std::string&, const std::vector<std::int32_t>&, std::size_t);
 
+bool ResultsGroup::has_attribute(const std::string& name) const {
+  return guarded(where("@" + name), [&] { return group_.attrExists(name); });
+}
+
+void ResultsGroup::remove_attribute(const std::string& name) {
+  guarded(where("@" + name), [&] { group_.removeAttr(name); });
+}
+
 void ResultsGroup::set_attribute(const std::string& name, const std::string& value) {
   guarded(where("@" + name), [&] {
     const char* text = value.c_str();
@@ -454,12 +464,15 @@ template void ResultsGroup::write(const std::string&, const std::vector<std::uin
 
 // ---------------------------------------------------------- ResultsTransaction
 
-ResultsTransaction::ResultsTransaction(std::string path, const std::string& image, unsigned mode)
+ResultsTransaction::ResultsTransaction(std::string path, const std::string& image, std::optional<unsigned> mode)
     : path_(std::move(path)), partial_path_(path_ + ".partial"), mode_(mode) {
   // In memory: HDF5 never writes to the disk, so a full disk cannot leave its
   // state half-closed (closing such a file again crashes inside HDF5); commit()
   // writes the image itself.
-  const std::string name = path_ + " (in memory)";
+  // A name of its own: without a file descriptor HDF5 matches open in-memory
+  // files by name and would hand back a copy a lingering group still holds.
+  static std::atomic<unsigned long> transactions{0};
+  const std::string name = path_ + " (in memory, transaction " + std::to_string(++transactions) + ")";
   file_ = guarded(path_, [&] {
     const MemoryFileAccess access(image);
     hid_t id = -1;
@@ -540,9 +553,7 @@ ResultsStore::ResultsStore(std::string path) : path_(writable_results_path(path)
     if (fs::exists(path_)) {
       ResultsReader{path_};  // an HDF5 file that opens
     } else {
-      const mode_t mask = ::umask(0);
-      ::umask(mask);
-      ResultsTransaction(path_, std::string(), 0666 & ~mask).commit();
+      ResultsTransaction(path_, std::string(), std::nullopt).commit();
     }
   } catch (...) {
     ::close(lock_fd_);
@@ -564,7 +575,7 @@ ResultsTransaction ResultsStore::begin() {
   struct stat status {};
   if (error.empty() && ::stat(path_.c_str(), &status) != 0) error = std::strerror(errno);
   if (!error.empty()) throw ResultsError(path_ + ": cannot read the results file: " + error);
-  return ResultsTransaction(path_, image, status.st_mode & 07777);
+  return ResultsTransaction(path_, image, static_cast<unsigned>(status.st_mode & 07777));
 }
 
 // --------------------------------------------------------------- ResultsReader

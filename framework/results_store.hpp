@@ -3,7 +3,9 @@
 //
 // Writes are copy-on-write transactions: begin() reads the committed file into
 // memory, all writes go to that copy, and commit() writes it to
-// "<path>.partial", fsyncs it and atomically renames it over "<path>". A process killed at any moment leaves
+// "<path>.partial", fsyncs it and atomically renames it over "<path>". A
+// transaction holds the whole file in memory (two to three copies while it
+// starts or commits): results files are small; logits files grow with steps x vocab. A process killed at any moment leaves
 // "<path>" exactly as the last commit left it; a transaction that is dropped
 // without commit() changes nothing. An exclusive lock ("<path>.lock") keeps a
 // second writer out with a clear error instead of a corrupted file.
@@ -12,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -53,6 +56,8 @@ class ResultsGroup {
   void set_attribute(const std::string& name, double value);
   void set_attribute(const std::string& name, std::int64_t value);
   void set_attribute(const std::string& name, const std::vector<double>& values);
+  bool has_attribute(const std::string& name) const;
+  void remove_attribute(const std::string& name);
 
   const std::string& path() const noexcept { return path_; }
 
@@ -83,10 +88,10 @@ class ResultsTransaction {
  private:
   friend class ResultsStore;
   /// An in-memory copy of `image` (an empty image: a new file); commit()
-  /// writes it to the file with permissions `mode`.
-  ResultsTransaction(std::string path, const std::string& image, unsigned mode);
+  /// writes it to the file with permissions `mode` (none: as the umask allows).
+  ResultsTransaction(std::string path, const std::string& image, std::optional<unsigned> mode);
   std::string path_, partial_path_;
-  unsigned mode_;
+  std::optional<unsigned> mode_;
   std::unique_ptr<H5::H5File> file_;
 };
 

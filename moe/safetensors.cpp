@@ -101,7 +101,10 @@ namespace {
 template <class Integer>
 Integer header_integer(const YAML::Node& node, const std::string& where, const char* field) {
   Integer value{};
-  if (!node.IsScalar() || !YAML::convert<Integer>::decode(node, value) || value < 0)
+  const bool read = node.IsScalar() && YAML::convert<Integer>::decode(node, value);
+  bool negative = false;
+  if constexpr (std::is_signed_v<Integer>) negative = value < 0;
+  if (!read || negative)
     throw CheckpointError(where + ": " + field + " holds '" + (node.IsScalar() ? node.Scalar() : "a non-number") +
                           "', not a non-negative integer");
   return value;

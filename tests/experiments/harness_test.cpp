@@ -333,7 +333,7 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
     EXPECT_THROW(run_experiment(share, test::tiny_profile(), progress, false, other), std::invalid_argument);
   }
   const std::string merged = (dir_ / "merged.h5").string();
-  const auto lines = merge_results(merged, shards, false);
+  const auto lines = merge_results(merged, shards);
   EXPECT_EQ(lines.front(), "merged " + std::to_string(expand_runs(whole, test::tiny_profile()).size()) + " runs of " +
                                std::to_string(expand_runs(whole, test::tiny_profile()).size()) + " from 3 files into " +
                                merged);
@@ -354,13 +354,16 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
   auto merge_error = [&](const std::vector<std::string>& inputs) {
     std::filesystem::remove(dir_ / "refused.h5");
     try {
-      merge_results((dir_ / "refused.h5").string(), inputs, false);
+      merge_results((dir_ / "refused.h5").string(), inputs);
     } catch (const std::invalid_argument& e) {
       return std::string(e.what());
     }
     return std::string("merged");
   };
   EXPECT_NE(merge_error({shards[0], output_}).find("with different results"), std::string::npos);
+  // A shard missing: refused (nothing written) unless asked to merge what there is.
+  EXPECT_NE(merge_error({shards[0], shards[1]}).find("are in no input (a shard did not finish?)"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "refused.h5"));
   ExperimentConfig another = ExperimentConfig::from_config(ConfigNode::parse(yaml + "seed: 5\n", "other.yaml"));
   another.output = (dir_ / "another.h5").string();
   RunOptions first_share;
@@ -378,10 +381,12 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
   }
   EXPECT_NE(merge_error(shards).find("different machine setups:\n  host_threads:"), std::string::npos);
   std::filesystem::remove(dir_ / "refused.h5");
-  merge_results((dir_ / "refused.h5").string(), shards, true);
+  MergeOptions mixed;
+  mixed.allow_different_machine = true;
+  merge_results((dir_ / "refused.h5").string(), shards, mixed);
   EXPECT_EQ(ResultsReader((dir_ / "refused.h5").string()).list("/other_machines").size(), 1u);
   try {
-    merge_results(merged, shards, false);
+    merge_results(merged, shards);
     ADD_FAILURE() << "merged into an existing file";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find(merged + " exists"), std::string::npos) << e.what();

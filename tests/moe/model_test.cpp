@@ -543,18 +543,25 @@ TEST(MoeModel, Bf16StorageErrorAgainstFp32Math) {
 // weights, the config reader) fails here although they still agree. After an
 // intended change, rewrite the file and say why in the commit:
 //   WRITESCOPE_WRITE_GOLDEN=1 ./tests/writescope_tests --gtest_filter=MoeModel.ReproducesTheGoldenLogits
+}  // namespace
+namespace test {
+extern const char* const golden_logits_text;  // tests/data/golden_logits.txt
+}  // namespace test
+namespace {
+
 struct GoldenCase {
   std::string model;
   std::vector<int> prompt, decoded;        // decoded: the tokens fed after the prompt
   std::vector<std::vector<float>> logits;  // after the prompt, then after each decoded token
 };
 
+// Where WRITESCOPE_WRITE_GOLDEN rewrites the file; the tests read the copy
+// built into the binary (tests/golden_logits.cpp.in).
 const char* const golden_path = WRITESCOPE_TEST_DATA_DIR "/golden_logits.txt";
 constexpr std::uint64_t golden_seed = 2026;
 
 std::vector<GoldenCase> read_golden() {
-  std::ifstream in(golden_path);
-  if (!in) throw std::runtime_error(std::string(golden_path) + ": cannot open");
+  std::istringstream in(test::golden_logits_text);
   std::vector<GoldenCase> cases;
   std::string line;
   while (std::getline(in, line)) {
