@@ -450,7 +450,7 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
   int damaged = 0, unverified = 0;
   for (const std::string& run : runs) {
     const std::string group = "/runs/" + run;
-    if (const std::string damage = run_damage(file, group); !damage.empty()) {
+    if (const std::string damage = run_damage(reader, group); !damage.empty()) {
       out << "DAMAGED " << run << ": " << damage << "\n";
       ++damaged;
     } else if (!reader.has_attribute(group, "checksum")) {

@@ -691,6 +691,15 @@ void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& conf
   else if (root.has_attribute("shard")) root.remove_attribute("shard");
 }
 
+/// The machine setups a results file records: the first, then /other_machines.
+std::vector<std::string> recorded_machines(const ResultsReader& reader) {
+  std::vector<std::string> machines{reader.string_attribute("/", "machine")};
+  if (reader.exists("/other_machines"))
+    for (const std::string& name : reader.list("/other_machines"))
+      machines.push_back(reader.string_attribute("/other_machines/" + name, "machine"));
+  return machines;
+}
+
 /// Resuming mixes runs into a file only of the same experiment (comments and
 /// layout aside), machine profile and machine setup; with
 /// allow_different_machine another setup is recorded beside the first
@@ -712,10 +721,7 @@ bool check_resume(ResultsStore& store, const ExperimentConfig& config, const Mac
   if (shard != options.shard.text())
     throw std::invalid_argument(config.output + " holds the runs of shard " + shard + ", not of shard " +
                                 options.shard.text() + "; give the same --shard or another --output");
-  std::vector<std::string> recorded{reader.string_attribute("/", "machine")};
-  if (reader.exists("/other_machines"))
-    for (const std::string& name : reader.list("/other_machines"))
-      recorded.push_back(reader.string_attribute("/other_machines/" + name, "machine"));
+  const std::vector<std::string> recorded = recorded_machines(reader);
   for (const std::string& yaml : recorded)
     if (machine.setup_differences(yaml).empty()) return false;
   const std::vector<std::string> differences = machine.setup_differences(recorded.front());
@@ -737,9 +743,8 @@ bool check_resume(ResultsStore& store, const ExperimentConfig& config, const Mac
 
 }  // namespace
 
-std::string run_damage(const std::string& file, const std::string& group) {
+std::string run_damage(const ResultsReader& reader, const std::string& group) {
   try {
-    const ResultsReader reader(file);
     if (!reader.has_attribute(group, "checksum")) return "";  // written before runs carried checksums
     const std::string stored = reader.string_attribute(group, "checksum"), now = reader.checksum(group);
     if (stored != now) return "checksum mismatch (stored " + stored + ", contents " + now + "): the run is damaged";
@@ -783,11 +788,11 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     // unless it failed; a changed definition is measured again.
     if (store.contains("runs/" + id)) {
       const std::string g = "/runs/" + id;
-      const std::string damage = run_damage(config.output, g);
+      const ResultsReader reader(config.output);
+      const std::string damage = run_damage(reader, g);
       if (!damage.empty()) {
         log_info("run: ", id, ": ", damage, "; measuring it again");
       } else {
-        const ResultsReader reader(config.output);
         // A run the machine's free memory refused may fit another time: measured again, as failed runs are.
         const std::string status = reader.string_attribute(g, "status");
         const bool retry = status == "failed" ||
@@ -898,11 +903,7 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
   // Every machine setup of the inputs, once.
   std::vector<std::string> machines;
   for (const ResultsReader& r : readers) {
-    std::vector<std::string> of_file{r.string_attribute("/", "machine")};
-    if (r.exists("/other_machines"))
-      for (const std::string& name : r.list("/other_machines"))
-        of_file.push_back(r.string_attribute("/other_machines/" + name, "machine"));
-    for (const std::string& machine : of_file)
+    for (const std::string& machine : recorded_machines(r))
       if (std::none_of(machines.begin(), machines.end(),
                        [&](const std::string& m) { return machine_setup_differences(m, machine).empty(); }))
         machines.push_back(machine);
@@ -925,7 +926,7 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
       const std::string group = "/runs/" + id;
       if (std::none_of(runs.begin(), runs.end(), [&](const RunSpec& run) { return run.id() == id; }))
         throw std::invalid_argument("merge: " + inputs[i] + ": run '" + id + "' is not a run of the experiment");
-      if (const std::string damage = run_damage(inputs[i], group); !damage.empty())
+      if (const std::string damage = run_damage(readers[i], group); !damage.empty())
         throw std::invalid_argument("merge: " + inputs[i] + ": run '" + id + "' is " + damage +
                                     "; run its shard again (it measures damaged runs again)");
       const auto [at, added] = source.emplace(id, i);

@@ -147,8 +147,10 @@ struct MergeOptions {
 std::vector<std::string> merge_results(const std::string& output, const std::vector<std::string>& inputs,
                                        const MergeOptions& options = {});
 
-/// Why the run group `group` of results file `file` cannot be trusted (its
+class ResultsReader;
+
+/// Why the run group `group` of the file `reader` reads cannot be trusted (its
 /// checksum does not match its contents, or it does not read); "" if it can.
-std::string run_damage(const std::string& file, const std::string& group);
+std::string run_damage(const ResultsReader& reader, const std::string& group);
 
 }  // namespace writescope
