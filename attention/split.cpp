@@ -40,16 +40,16 @@ double SplitDecode<Scalar>::run_gpu_share(const InplaceKVCache<Scalar>& cache, c
   timer.start();
   FencedTimer<GpuExecSpace> resident_timer(resident);
   resident_timer.start();
-  decode_attention<GpuExecSpace, Scalar, GpuMemSpace>(resident, shape_, geometry_, BlockOrder::token_major,
-                                                      gpu_queries_, cache.vram_pool(), plan.gpu_resident,
-                                                      resident_workspace_, resident_out_);
+  attend_segments<GpuExecSpace, Scalar, GpuMemSpace>(pass_, resident, shape_, geometry_, BlockOrder::token_major,
+                                                     gpu_queries_, cache.vram_pool(), plan.gpu_resident,
+                                                     resident_workspace_, resident_prefill_workspace_, resident_out_);
   // A host build runs its instances one after the other: the kernel is done here.
   if constexpr (!has_gpu) resident_seconds_ = plan.gpu_resident.empty() ? 0.0 : resident_timer.seconds();
   // The streamed path alone (its copies precede its kernels on `compute`),
   // beside the resident kernel on its own stream.
   FencedTimer<GpuExecSpace> streamed_timer(compute);
   streamed_timer.start();
-  streamed_.run(copy, compute, gpu_queries_, cache.pinned_pool(), plan.gpu_streamed, out);
+  streamed_.run(copy, compute, gpu_queries_, cache.pinned_pool(), plan.gpu_streamed, out, pass_);
   streamed_seconds_ = plan.gpu_streamed.empty() ? 0.0 : streamed_timer.seconds();
   if constexpr (has_gpu) {
     // Fenced after the streamed path: exact only if the resident kernel ended last.
@@ -64,19 +64,21 @@ double SplitDecode<Scalar>::run_cpu_share(const InplaceKVCache<Scalar>& cache, c
                                           const SplitPlan& plan) {
   const HostExecSpace host;
   return time_fenced(host, [&](const HostExecSpace& space) {
-    decode_attention<HostExecSpace, Scalar, HostMemSpace>(space, shape_, geometry_, BlockOrder::head_major, queries,
-                                                          cache.host_pool(), plan.cpu_resident, cpu_workspace_[0],
-                                                          cpu_out_[0]);
-    decode_attention<HostExecSpace, Scalar, PinnedMemSpace>(space, shape_, geometry_, BlockOrder::token_major,
-                                                            queries, cache.pinned_pool(), plan.cpu_pinned,
-                                                            cpu_workspace_[1], cpu_out_[1]);
+    attend_segments<HostExecSpace, Scalar, HostMemSpace>(pass_, space, shape_, geometry_, BlockOrder::head_major,
+                                                         queries, cache.host_pool(), plan.cpu_resident,
+                                                         cpu_workspace_[0], cpu_prefill_workspace_[0], cpu_out_[0]);
+    attend_segments<HostExecSpace, Scalar, PinnedMemSpace>(pass_, space, shape_, geometry_, BlockOrder::token_major,
+                                                           queries, cache.pinned_pool(), plan.cpu_pinned,
+                                                           cpu_workspace_[1], cpu_prefill_workspace_[1], cpu_out_[1]);
     merge_into(space, cpu_out_[0], cpu_out_[1]);
   });
 }
 
 template <class Scalar>
 SplitTimings SplitDecode<Scalar>::run(const InplaceKVCache<Scalar>& cache, const HostQueries& queries,
-                                      const SplitPlan& plan, const PartialState<GpuMemSpace>& out) {
+                                      const SplitPlan& plan, const PartialState<GpuMemSpace>& out,
+                                      AttentionPass pass) {
+  pass_ = pass;
   SplitTimings timings;
   const GpuExecSpace& compute = streams_[1];
   FencedTimer<GpuExecSpace> step(compute);

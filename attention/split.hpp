@@ -55,8 +55,11 @@ class SplitDecode {
 
   /// Attends queries (batch, q_heads, key_dim) over the plan's segments of
   /// `cache` (layer fixed by the plan) into `out` (batch, q_heads, value_dim).
+  /// With AttentionPass::prompt the queries are one prompt chunk's rows and
+  /// every row reads every segment of the plan (the sequence's earlier
+  /// tokens), once per query tile.
   SplitTimings run(const InplaceKVCache<Scalar>& cache, const HostQueries& queries, const SplitPlan& plan,
-                   const PartialState<GpuMemSpace>& out);
+                   const PartialState<GpuMemSpace>& out, AttentionPass pass = AttentionPass::decode);
 
  private:
   double run_gpu_share(const InplaceKVCache<Scalar>& cache, const SplitPlan& plan, const PartialState<GpuMemSpace>& out);
@@ -64,12 +67,15 @@ class SplitDecode {
 
   AttentionShape shape_;
   BlockGeometry geometry_;
+  AttentionPass pass_ = AttentionPass::decode;  // of the run in progress
   GpuStreams streams_{3};  // copy, compute, resident
   double streamed_seconds_ = 0;  // of the last run_gpu_share
   double resident_seconds_ = 0;  // of the last run_gpu_share, where exact
   StreamedDecode<Scalar> streamed_;
   DecodeWorkspace<GpuMemSpace> resident_workspace_;
   DecodeWorkspace<HostMemSpace> cpu_workspace_[2];
+  PrefillWorkspace<GpuMemSpace> resident_prefill_workspace_;
+  PrefillWorkspace<HostMemSpace> cpu_prefill_workspace_[2];
   Kokkos::View<float***, Kokkos::LayoutRight, GpuMemSpace> gpu_queries_;
   PartialState<GpuMemSpace> resident_out_, cpu_on_gpu_;
   PartialState<HostMemSpace> cpu_out_[2];

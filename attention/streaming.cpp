@@ -91,7 +91,8 @@ void StreamedDecode<Scalar>::copy(const GpuExecSpace& space, const PinnedPool& p
 template <class Scalar>
 void StreamedDecode<Scalar>::run(const GpuExecSpace& copy_space, const GpuExecSpace& compute_space,
                                  const Queries& queries, const PinnedPool& pool,
-                                 const std::vector<BlockSegment>& segments, const PartialState<GpuMemSpace>& out) {
+                                 const std::vector<BlockSegment>& segments, const PartialState<GpuMemSpace>& out,
+                                 AttentionPass pass) {
   bytes_copied_ = 0;
   copies_issued_ = 0;
   clear(compute_space, out);
@@ -118,9 +119,9 @@ void StreamedDecode<Scalar>::run(const GpuExecSpace& copy_space, const GpuExecSp
       cudaEventRecord(events_->filled[next], copy_stream);
     }
     cudaStreamWaitEvent(compute_stream, events_->filled[buffer], 0);
-    decode_attention<GpuExecSpace, Scalar, GpuMemSpace>(compute_space, shape_, geometry_, BlockOrder::token_major,
-                                                        queries, landing_[buffer], chunks[i].segments, workspace_,
-                                                        chunk_out_);
+    attend_segments<GpuExecSpace, Scalar, GpuMemSpace>(pass, compute_space, shape_, geometry_, BlockOrder::token_major,
+                                                       queries, landing_[buffer], chunks[i].segments, workspace_,
+                                                       prefill_workspace_, chunk_out_);
     merge_into(compute_space, out, chunk_out_);
     cudaEventRecord(events_->read[buffer], compute_stream);
   }
@@ -130,9 +131,9 @@ void StreamedDecode<Scalar>::run(const GpuExecSpace& copy_space, const GpuExecSp
     copy_space.fence();     // chunk i has landed
     compute_space.fence();  // the kernel on chunk i - 1 no longer reads the other buffer
     if (i + 1 < chunks.size()) copy(copy_space, pool, chunks[i + 1], static_cast<int>((i + 1) % 2));
-    decode_attention<GpuExecSpace, Scalar, GpuMemSpace>(compute_space, shape_, geometry_, BlockOrder::token_major,
-                                                        queries, landing_[i % 2], chunks[i].segments, workspace_,
-                                                        chunk_out_);
+    attend_segments<GpuExecSpace, Scalar, GpuMemSpace>(pass, compute_space, shape_, geometry_, BlockOrder::token_major,
+                                                       queries, landing_[i % 2], chunks[i].segments, workspace_,
+                                                       prefill_workspace_, chunk_out_);
     merge_into(compute_space, out, chunk_out_);
   }
 #endif

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention/decode.hpp"
+#include "attention/prefill.hpp"
 #include "framework/spaces.hpp"
 
 namespace writescope {
@@ -34,9 +35,12 @@ class StreamedDecode {
   /// (sorted by batch_index) into `out` (batch, q_heads, value_dim). Copies run
   /// on `copy_space`, kernels on `compute_space`; the call returns once both
   /// have been issued and the last chunk's kernel is enqueued (fence
-  /// compute_space before reading `out`).
+  /// compute_space before reading `out`). With AttentionPass::prompt the
+  /// queries are one prompt chunk's rows (rows, q_heads, key_dim) and every
+  /// row reads every segment.
   void run(const GpuExecSpace& copy_space, const GpuExecSpace& compute_space, const Queries& queries,
-           const PinnedPool& pool, const std::vector<BlockSegment>& segments, const PartialState<GpuMemSpace>& out);
+           const PinnedPool& pool, const std::vector<BlockSegment>& segments, const PartialState<GpuMemSpace>& out,
+           AttentionPass pass = AttentionPass::decode);
 
   /// Bytes copied host -> device by the last run (whole blocks).
   std::uint64_t bytes_copied() const noexcept { return bytes_copied_; }
@@ -56,6 +60,7 @@ class StreamedDecode {
   int chunk_blocks_;
   Kokkos::View<Scalar**, Kokkos::LayoutRight, GpuMemSpace> landing_[2];
   DecodeWorkspace<GpuMemSpace> workspace_;
+  PrefillWorkspace<GpuMemSpace> prefill_workspace_;
   PartialState<GpuMemSpace> chunk_out_;
   std::uint64_t bytes_copied_ = 0;
   int copies_issued_ = 0;

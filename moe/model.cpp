@@ -166,6 +166,7 @@ struct MoeModel::Impl {
   Queries queries;
   Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> host_queries;
   PartialState<GpuMem> merged, earlier;
+  PrefillWorkspace<GpuMem> prefill_workspace;
   Kokkos::View<int*, GpuMem> tokens;
   Kokkos::View<int, GpuMem> non_finite;  // ModelOptions::check_finite's flag
   Kokkos::View<std::int64_t*, GpuMem> positions;
@@ -224,7 +225,10 @@ VramUse MoeModel::fixed_vram(const ModelConfig& config, const ModelOptions& opti
        static_cast<std::uint64_t>(std::max(config.dense_intermediate, config.expert_intermediate)) *
            std::max(1, config.shared_experts)});
   const std::uint64_t activations = rows * (4ull * config.hidden + 4 * widest) * sizeof(float);
-  const std::uint64_t attention = rows * config.q_heads * (shape.key_dim + 3ull * shape.value_dim + 3) * sizeof(float);
+  // Queries, partial states and the prefill kernel's query tiles (queries and
+  // accumulators) for max_rows rows.
+  const std::uint64_t attention =
+      rows * config.q_heads * (2ull * shape.key_dim + 4ull * shape.value_dim + 3) * sizeof(float);
   const std::uint64_t streaming = 2ull * options.stream_chunk_blocks * geometry.block_elements() * sizeof(bf16);
   use.workspace = activations + attention + streaming + (config.experts > 0 ? expert_bytes(config) : 0);
   return use;
@@ -526,28 +530,42 @@ struct ModelForward {
   const Gpu& attention_gpu;
   const Gpu& ffn_gpu;
 
-  /// Attention of the pass' queries (rows, q_heads, key_dim) over tokens
-  /// ranges[i] of row i's sequence, through the KV policy's split plan, into `out`.
-  void split_attention(int layer, const Pass& pass, const std::vector<TokenRange>& ranges,
+  /// Attention of the pass' queries (rows, q_heads, key_dim) through the KV
+  /// policy's split plan, into `out`: a decode step's rows over ranges[i] of
+  /// sequences[i], or (AttentionPass::prompt) a prompt chunk's rows over
+  /// ranges[0] of sequences[0], its earlier tokens.
+  void split_attention(int layer, AttentionPass kind, const std::vector<int>& sequences,
+                       const std::vector<TokenRange>& ranges,
                        const Kokkos::View<const float***, Kokkos::LayoutRight, GpuMem>& queries,
                        const PartialState<GpuMem>& out, LayerRecord& record) {
-    const int rows = pass.rows();
+    const int rows = static_cast<int>(queries.extent(0));
     SplitPrediction prediction;
-    const SplitPlan plan = kv_policy.plan(layer, pass.sequences, ranges, prediction);
+    SplitPlan plan = kv_policy.plan(layer, sequences, ranges, prediction);
+    if (kind == AttentionPass::prompt) {
+      // A prompt chunk is compute-bound (every block is read by a whole query
+      // tile), and the GPU computes orders of magnitude faster than the CPU:
+      // the pinned band goes to the GPU, only host-resident blocks (not
+      // pinned, so not streamable) are read in place by the CPU. The decode
+      // model's prediction and feedback do not apply to such a pass.
+      plan.gpu_streamed.insert(plan.gpu_streamed.end(), plan.cpu_pinned.begin(), plan.cpu_pinned.end());
+      plan.cpu_pinned.clear();
+    }
     // SplitDecode takes the queries in host memory (the CPU reads them in place).
     const auto host_queries = scratch3(m.host_queries, "writescope::moe::host_queries", rows, shape.q_heads,
                                        shape.key_dim);
     Kokkos::deep_copy(attention_gpu, host_queries, queries);
     attention_gpu.fence();
-    const SplitTimings timings =
-        m.split_for(shape, cache.geometry(), rows, options.stream_chunk_blocks).run(cache, host_queries, plan, out);
-    kv_policy.observe(plan, timings);
+    const SplitTimings timings = m.split_for(shape, cache.geometry(), rows, options.stream_chunk_blocks)
+                                     .run(cache, host_queries, plan, out, kind);
+    if (kind == AttentionPass::decode) {
+      kv_policy.observe(plan, timings);
+      record.predicted_attention += prediction.step_seconds;
+    }
     record.streamed_bytes += static_cast<double>(timings.streamed_bytes);
     record.streamed_seconds += timings.streamed_seconds;
     record.attention_gpu += timings.gpu_seconds;
     record.attention_cpu += timings.cpu_seconds;
     record.attention += timings.step_seconds;
-    record.predicted_attention += prediction.step_seconds;
     record.region_bytes[int(Region::gpu_resident)] += kv_policy.segment_bytes(plan.gpu_resident);
     record.region_bytes[int(Region::gpu_streamed)] += kv_policy.segment_bytes(plan.gpu_streamed);
     record.region_bytes[int(Region::cpu_resident)] += kv_policy.segment_bytes(plan.cpu_resident);
@@ -557,7 +575,7 @@ struct ModelForward {
   /// Writes the pass' keys (rows, kv_heads, key_dim) and values into the cache
   /// and attends: decode over each sequence's whole cache; a prompt chunk
   /// through the prefill kernel over its own keys, merged with the sequence's
-  /// earlier tokens read from the cache.
+  /// earlier tokens read from the cache once per query tile.
   void attend_and_append(int layer, const Pass& pass, const TokenRows& keys, const TokenRows& values,
                          const Queries& queries, const PartialState<GpuMem>& out, LayerRecord& record) {
     const Gpu& gpu = attention_gpu;
@@ -578,23 +596,21 @@ struct ModelForward {
         append(pass.sequences[r], r, 1, true);
         ranges.push_back(TokenRange{0, cache.length(layer, pass.sequences[r])});
       }
-      split_attention(layer, pass, ranges, queries, out, record);
+      split_attention(layer, AttentionPass::decode, pass.sequences, ranges, queries, out, record);
       return;
     }
     const int sequence = pass.sequences.front();
     const std::int64_t earlier = pass.positions.front();
     const double chunk_seconds = gpu_seconds(gpu, [&] {
-      prefill_attention<Gpu, bf16>(gpu, shape, queries, keys, g.values_in_keys ? keys : values, 0, 0, rows, out);
+      prefill_attention<Gpu, bf16>(gpu, shape, queries, keys, g.values_in_keys ? keys : values, 0, 0, rows,
+                                   m.prefill_workspace, out);
     });
     record.attention_gpu += chunk_seconds;
     record.attention += chunk_seconds;
     if (earlier > 0) {
-      // Each query row reads the earlier tokens through the decode path:
-      // O(rows x earlier) KV reads, fine for prompts; long decode contexts
-      // come from fill_context instead.
       const auto& part = m.partial(m.earlier, "writescope::moe::earlier_attention", rows, shape.q_heads,
                                    shape.value_dim);
-      split_attention(layer, pass, std::vector<TokenRange>(rows, TokenRange{0, earlier}), queries, part, record);
+      split_attention(layer, AttentionPass::prompt, {sequence}, {TokenRange{0, earlier}}, queries, part, record);
       record.attention += gpu_seconds(gpu, [&] { merge_into(gpu, out, part); });
     }
     append(sequence, 0, rows, false);

@@ -1,0 +1,25 @@
+#pragma once
+// The innermost product of host prefill attention (prefill.hpp): a small fp32
+// GEMM on tiles staged in L1/L2, C += A · B, with 4 x 16 register tiles of
+// 8-wide FMAs (8 accumulators, 2 loads of B and 4 broadcasts of A per 8 FMAs,
+// so the product is FMA-bound on Zen 3/4/5 and Intel cores). The path is
+// chosen at run time (framework/cpu_path.hpp); the scalar loop is the fallback.
+
+#include <cstdint>
+
+#include "framework/cpu_path.hpp"
+
+namespace writescope::impl {
+
+/// The path host_tile_gemm takes when `active` is allowed: avx2 where it is
+/// compiled and allowed (every faster path includes AVX2 + FMA), else scalar.
+CpuPath host_tile_product_path(CpuPath active);
+
+/// c (m, n) += a (m, k) · b (k, n).
+///   a: element (i, p) at a[i * a_row + p * a_col] (either orientation of a staged tile)
+///   b: row-major, leading dimension ldb; c: row-major, leading dimension ldc
+/// The avx2 path needs m % 4 == 0 and n % 16 == 0 (callers pad their tiles).
+void host_tile_gemm(CpuPath path, int m, int n, int k, const float* a, std::int64_t a_row, std::int64_t a_col,
+                    const float* b, int ldb, float* c, int ldc);
+
+}  // namespace writescope::impl
