@@ -175,10 +175,6 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
         !error.empty())
       root.fail("block_tokens", error);
   c.context_fill = root.has("context_fill") ? root.get_choice("context_fill", {"synthetic", "prefill"}) : "synthetic";
-  constexpr std::int64_t longest_prefill = 16384;
-  if (c.context_fill == "prefill" && *std::max_element(c.contexts.begin(), c.contexts.end()) > longest_prefill)
-    root.fail("context_fill", "prefill reads a prompt's earlier chunks once per query row, too slow beyond " +
-                                  std::to_string(longest_prefill) + " tokens; use synthetic for longer contexts");
   if (const auto options = root.optional_child("options")) {
     options->allow_only({"expert_vram_share", "score_decay", "prefetch_experts", "writescope_experts"});
     SystemOptions& o = c.system_options;

@@ -254,6 +254,40 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
 
 // A context larger than the machine can hold is a "does not fit" record that
 // names the bytes, decided before any pool is allocated or filled.
+// Contexts built from real prompts: accepted up to the paper's longest, and
+// a prompt longer than one chunk (256 rows) fills the context the decode
+// steps then read in full.
+TEST_F(HarnessTest, PromptsFillContextsThroughPrefill) {
+  const std::string yaml = "name: test\noutput: " + output_ +
+                           "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [writescope]\n"
+                           "batch_sizes: [1]\nbudgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
+                           "steps: {warmup: 1, measured: 2}\nblock_tokens: 8\ncontext_fill: prefill\n";
+  EXPECT_EQ(error_of(yaml + "contexts: [131072]\n"), "no error");
+  constexpr std::int64_t context = 300;
+  const ExperimentConfig experiment =
+      ExperimentConfig::from_config(ConfigNode::parse(yaml + "contexts: [300]\n", "prefill.yaml"));
+  std::ostringstream progress;
+  const ExperimentSummary summary = run_experiment(experiment, test::tiny_profile(), progress, false);
+  ASSERT_EQ(summary.failed, 0) << progress.str();
+  ASSERT_GT(summary.complete, 0) << progress.str();
+  const ResultsReader reader(output_);
+  for (const std::string& name : reader.list("/runs")) {
+    const std::string g = "/runs/" + name;
+    ASSERT_EQ(reader.string_attribute(g, "status"), "complete") << g;
+    EXPECT_EQ(reader.int_attribute(g, "context"), context);
+    const ModelConfig model = model_preset("tiny-mixtral");
+    const double bytes_per_token =
+        static_cast<double>(model.attention().block_geometry(8).block_elements()) * sizeof(bf16) / 8;
+    std::vector<double> read(2, 0.0);
+    for (const char* region : {"gpu_resident", "gpu_streamed", "cpu_resident", "cpu_streamed"}) {
+      const auto bytes = reader.read<double>(g + "/region_bytes/" + region);
+      for (std::size_t s = 0; s < 2; ++s) read[s] += bytes[s];
+    }
+    for (std::size_t s = 0; s < 2; ++s)
+      EXPECT_DOUBLE_EQ(read[s], static_cast<double>(model.layers * (context + 1 + s + 1)) * bytes_per_token) << g;
+  }
+}
+
 TEST_F(HarnessTest, AContextBeyondTheMachinesMemoryDoesNotFit) {
   const std::string yaml = "name: huge\noutput: " + output_ +
                            "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers]\n"

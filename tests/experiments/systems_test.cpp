@@ -214,6 +214,33 @@ TEST(WriteScopeWithAGpu, WritesVramFirstSpillsIntoEveryRegionAndSplitsEveryStep)
   }
 }
 
+// A prompt prefilled in chunks leaves the same four-region layout as the
+// synthetic fill of the same length: WriteScope's write policy places every
+// chunk as it is produced, and prompt passes give it no feedback.
+TEST(WriteScopeWithAGpu, APrefilledContextHasTheSyntheticFillsLayout) {
+  for (const char* model_name : {"tiny-qwen3-moe", "tiny-mixtral", "tiny-deepseek-v2"}) {
+    SCOPED_TRACE(model_name);
+    const ModelConfig config = model_preset(model_name);
+    constexpr int context_tokens = 45;  // chunks of 8 (max_rows), the last one partial
+    const SystemContext context{config, gpu_profile(), 1, context_tokens + 1, SystemOptions{}};
+    const System system = make_system("writescope", context);
+    MoeModel prefilled = MoeModel::synthetic(config, 4, options_for(config, system, 0, 3));
+    MoeModel filled = MoeModel::synthetic(config, 4, options_for(config, system, 0, 3));
+    const int a = prefilled.add_sequence(context.context), b = filled.add_sequence(context.context);
+    std::vector<int> prompt;
+    for (int t = 0; t < context_tokens; ++t) prompt.push_back((29 * t + 3) % config.vocab);
+    prefilled.prefill(a, prompt);
+    filled.fill_context(b, context_tokens, 1);
+    std::array<std::int64_t, region_count> total{};
+    for (int layer = 0; layer < config.layers; ++layer) {
+      EXPECT_EQ(prefilled.cache().block_regions(layer, a), filled.cache().block_regions(layer, b)) << "layer " << layer;
+      const auto blocks = blocks_per_region(prefilled.cache(), layer, {a});
+      for (int r = 0; r < region_count; ++r) total[r] += blocks[r];
+    }
+    for (Region region : all_regions) EXPECT_GT(total[int(region)], 0) << region_name(region);
+  }
+}
+
 /// Attention rates (GB/s) measured in a run: each device's bytes over its
 /// time, the median over every layer of every step (a few steps of a shared
 /// machine stall for milliseconds).

@@ -96,22 +96,27 @@ TEST(MoeModel, DecodeMatchesTheReferenceWhereverBlocksAndExpertsLive) {
 }
 
 TEST(MoeModel, ChunkedPrefillMatchesTheReference) {
-  for (const char* name : tiny_models) {
-    SCOPED_TRACE(name);
-    const ModelConfig config = model_preset(name);
-    // Chunks of 4 tokens: later chunks read earlier ones back from every region.
-    MoeModel model = MoeModel::synthetic(config, 3, options_with(every_region, mixed_experts(), 4));
-    ReferenceModel reference = reference_for(config, 3);
-    const std::vector<int> prompt{5, 17, 200, 3, 99, 42, 7, 8, 11, 250};
-    const int sequence = model.add_sequence();
-    expect_logits_near(model.prefill(sequence, prompt), reference.forward(prompt), test::model_logit_tolerance,
-                       "prefill");
-    EXPECT_EQ(model.cache().length(config.layers - 1, sequence), static_cast<std::int64_t>(prompt.size()));
-    for (int token : {9, 100, 2})
-      expect_logits_near(model.step({sequence}, {token}).front(), reference.forward({token}),
-                         test::model_logit_tolerance, "decode");
-    EXPECT_THROW(model.prefill(sequence, {1}), std::invalid_argument);
-  }
+  for (const char* name : tiny_models)
+    // Chunks of 3, 4 and 5 tokens over blocks of 4 (3 and 4 do not divide the
+    // prompt; 3 and 5 end inside blocks): later chunks read earlier ones back
+    // from every region, in the prompt pass' plan.
+    for (int chunk : {3, 4, 5}) {
+      SCOPED_TRACE(std::string(name) + ", chunks of " + std::to_string(chunk));
+      const ModelConfig config = model_preset(name);
+      MoeModel model = MoeModel::synthetic(config, 3, options_with(every_region, mixed_experts(), chunk));
+      ReferenceModel reference = reference_for(config, 3);
+      const std::vector<int> prompt{5, 17, 200, 3, 99, 42, 7, 8, 11, 250};
+      const int sequence = model.add_sequence();
+      expect_logits_near(model.prefill(sequence, prompt), reference.forward(prompt), test::model_logit_tolerance,
+                         "prefill");
+      EXPECT_EQ(model.cache().length(config.layers - 1, sequence), static_cast<std::int64_t>(prompt.size()));
+      for (Region region : all_regions)
+        EXPECT_GT(model.cache().region_bytes(region), 0u) << region_name(region);
+      for (int token : {9, 100, 2})
+        expect_logits_near(model.step({sequence}, {token}).front(), reference.forward({token}),
+                           test::model_logit_tolerance, "decode");
+      EXPECT_THROW(model.prefill(sequence, {1}), std::invalid_argument);
+    }
 }
 
 TEST(MoeModel, LogitsDoNotDependOnPlacement) {
