@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "attention/impl/decode_impl.hpp"
 #include "attention/impl/host_tile_product.hpp"
@@ -167,6 +168,7 @@ struct PrefillHostKernel {
     float* maxima = base + layout.stats;
     float* sums = maxima + mp;
     const bool transposed = d.source.tiled_keys();  // S = Q K^T (else S^T = K Q^T)
+    std::vector<int> seen(static_cast<std::size_t>(mp));
     // Query x = (row - r0) * group + g, scaled; padding rows are zero.
     for (int x = 0; x < mp; ++x)
       for (int c = 0; c < dk; ++c) {
@@ -191,29 +193,9 @@ struct PrefillHostKernel {
           host_tile_gemm(path, mp, tp, dk, q, dk, 1, k, tp, s, tp);
         else
           host_tile_gemm(path, tp, mp, dk, k, dk, 1, q, mp, s, mp);
-        // Online softmax per query; keys it does not see get p = 0.
-        for (int x = 0; x < m; ++x) {
-          const int seen = d.source.visible(span, first, n, r0 + x / d.group);
-          float* row = s + x * s_query;
-          float best = math::negative_infinity();
-          for (int j = 0; j < seen; ++j) best = std::max(best, row[j * s_key]);
-          if (seen == 0) {
-            for (int j = 0; j < tp; ++j) row[j * s_key] = 0;
-            continue;
-          }
-          const float updated = std::max(maxima[x], best);
-          const float correction = math::exp(maxima[x] - updated);  // 0 while nothing was seen yet
-          float sum = 0;
-          for (int j = 0; j < tp; ++j) {
-            const float p = j < seen ? math::exp(row[j * s_key] - updated) : 0.0f;
-            row[j * s_key] = p;
-            sum += p;
-          }
-          sums[x] = sums[x] * correction + sum;
-          maxima[x] = updated;
-          float* acc = o + std::size_t(x) * dvp;
-          for (int c = 0; c < dv; ++c) acc[c] *= correction;
-        }
+        // Online softmax per query; keys it does not see (and padding) get p = 0.
+        for (int x = 0; x < mp; ++x) seen[x] = x < m ? d.source.visible(span, first, n, r0 + x / d.group) : 0;
+        host_tile_softmax(path, s, s_query, s_key, mp, tp, seen.data(), maxima, sums, o, dvp, dv);
         host_tile_gemm(path, mp, dvp, tp, s, s_query, s_key, v, dvp, o, dvp);
       }
     }
