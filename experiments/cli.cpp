@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <limits>
@@ -40,13 +43,14 @@ constexpr const char* usage_text =
     "                              measure this machine and write its profile (YAML; stdout\n"
     "                              without --output): bandwidths, latencies, CPU attention\n"
     "                              per model shape and thread count, GEMV/GEMM throughput\n"
-    "  generate --model NAME|CHECKPOINT_DIR --prompt 1,2,3 --new-tokens N [--layers N]\n"
-    "           [--hidden-scale S] [--seed S] [--block-tokens N] [--vram-budget BYTES]\n"
-    "           [--host-budget BYTES] [--logits FILE.h5]\n"
-    "                              prefill the prompt, then greedy decoding, printing the\n"
-    "                              generated token ids; KV fills VRAM then host memory,\n"
-    "                              routed experts run on the CPU; --logits stores every\n"
-    "                              step's logits\n"
+    "  generate --model NAME|CHECKPOINT_DIR --prompt 1,2,3|--prompt-file FILE --new-tokens N\n"
+    "           [--layers N] [--hidden-scale S] [--seed S] [--block-tokens N] [--chunk-tokens N]\n"
+    "           [--vram-budget BYTES] [--host-budget BYTES] [--logits FILE.h5]\n"
+    "                              prefill the prompt in chunks (default 256 tokens), then\n"
+    "                              greedy decoding, printing the generated token ids; a prompt\n"
+    "                              file holds ids separated by commas or whitespace; KV fills\n"
+    "                              VRAM then host memory, routed experts run on the CPU;\n"
+    "                              --logits stores every step's logits\n"
     "  make-checkpoint --model NAME --output DIR [--seed S] [--dtype bf16|f16|f32]\n"
     "                  [--config-format hub|transformers5]\n"
     "                              write a synthetic Hugging Face checkpoint (config.json +\n"
@@ -197,27 +201,51 @@ int calibrate_attention_command(const std::vector<std::string>& args, std::ostre
   return 0;
 }
 
-/// Comma-separated token ids, each in [0, vocab).
-std::vector<int> token_list(const std::string& text, int vocab) {
+/// Token ids separated by commas (and, in a file, whitespace), each in [0,
+/// vocab); `source` names where they come from in errors.
+std::vector<int> token_list(const std::string& text, int vocab, const std::string& source) {
   std::vector<int> tokens;
-  std::stringstream list(text);
-  for (std::string item; std::getline(list, item, ',');) {
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t end = std::min(text.find_first_of(", \t\r\n", at), text.size());
+    const std::string item = text.substr(at, end - at);
+    at = end + 1;
+    if (item.empty() && (end == text.size() || text[end] != ',')) continue;  // whitespace runs
     int value = -1;
-    const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), value);
-    if (error != std::errc() || end != item.data() + item.size() || value < 0 || value >= vocab)
-      throw UsageError("generate: --prompt must be comma-separated token ids in [0, " + std::to_string(vocab) +
-                       ") (the model's vocabulary), got '" + item + "'");
+    const auto [stop, error] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (error != std::errc() || stop != item.data() + item.size() || value < 0 || value >= vocab)
+      throw UsageError("generate: " + source + " must be token ids in [0, " + std::to_string(vocab) +
+                       ") (the model's vocabulary) separated by commas" +
+                       (source == "--prompt" ? "" : " or whitespace") + "; token " +
+                       std::to_string(tokens.size() + 1) + " is '" + item + "'");
     tokens.push_back(value);
   }
-  if (tokens.empty()) throw UsageError("generate: --prompt is empty");
+  if (tokens.empty()) throw UsageError("generate: " + source + " holds no token");
   return tokens;
+}
+
+/// The prompt of --prompt or --prompt-file (exactly one of them).
+std::vector<int> prompt_tokens(std::map<std::string, std::string>& options, int vocab) {
+  if (options.count("--prompt") == options.count("--prompt-file"))
+    throw UsageError("generate: give the prompt with exactly one of --prompt and --prompt-file");
+  if (options.count("--prompt")) return token_list(options["--prompt"], vocab, "--prompt");
+  const std::string& path = options["--prompt-file"];
+  std::ifstream file(path, std::ios::binary);
+  if (std::filesystem::is_directory(path) || !file)
+    throw UsageError("generate: --prompt-file " + path + " cannot be read (" +
+                     (std::filesystem::is_directory(path) ? std::string("it is a folder") : std::strerror(errno)) +
+                     ")");
+  std::ostringstream text;
+  text << file.rdbuf();
+  return token_list(text.str(), vocab, "--prompt-file " + path);
 }
 
 int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   auto options = parse_options("generate", args,
-                               {"--model", "--prompt", "--new-tokens", "--layers", "--hidden-scale", "--seed",
-                                "--block-tokens", "--host-budget", "--vram-budget", "--logits"});
-  for (const char* required : {"--model", "--prompt", "--new-tokens"})
+                               {"--model", "--prompt", "--prompt-file", "--new-tokens", "--layers", "--hidden-scale",
+                                "--seed", "--block-tokens", "--chunk-tokens", "--host-budget", "--vram-budget",
+                                "--logits"});
+  for (const char* required : {"--model", "--new-tokens"})
     if (!options.count(required)) throw UsageError(std::string("generate: ") + required + " is required");
   const int new_tokens = positive_integer("generate", "--new-tokens", options["--new-tokens"]);
   const std::string& model_name = options["--model"];
@@ -237,7 +265,9 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   if (from_checkpoint && (overrides.layers || overrides.hidden_scale != 1.0))
     throw UsageError("generate: --layers and --hidden-scale apply to synthetic models, not to checkpoint " + model_name);
   config = apply_overrides(config, overrides);
-  const std::vector<int> prompt = token_list(options["--prompt"], config.vocab);
+  const std::vector<int> prompt = prompt_tokens(options, config.vocab);
+  const int chunk_tokens =
+      options.count("--chunk-tokens") ? positive_integer("generate", "--chunk-tokens", options["--chunk-tokens"]) : 256;
   const int block_tokens =
       options.count("--block-tokens") ? positive_integer("generate", "--block-tokens", options["--block-tokens"]) : 256;
   if (const std::string error = gpu_decode_block_tokens_error(config.attention(), block_tokens); !error.empty())
@@ -258,6 +288,7 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   model_options.vram_budget = vram_budget;
   model_options.host_kv_budget = host_budget;
   model_options.block_tokens = block_tokens;
+  model_options.max_rows = chunk_tokens;
   model_options.kv_policy = [](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
     return std::make_unique<FirstFitKVPolicy>(std::nullopt, shape, cache, Region::cpu_resident);
   };
@@ -309,7 +340,15 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   std::chrono::steady_clock::time_point prefilled;
   bool prefilling = true;
   try {
-    std::vector<float> logits = model.prefill(sequence, prompt);
+    // A long prompt says how far it got, at most every 5 seconds.
+    auto last_report = started;
+    std::vector<float> logits = model.prefill(sequence, prompt, [&](std::int64_t done, std::int64_t total) {
+      const auto now = std::chrono::steady_clock::now();
+      if (done == total || now - last_report < std::chrono::seconds(5)) return;
+      last_report = now;
+      const double seconds = std::chrono::duration<double>(now - started).count();
+      log_info("generate: prefill ", done, "/", total, " tokens (", done / seconds, " tokens/s)");
+    });
     prefilled = std::chrono::steady_clock::now();
     prefilling = false;
     while (steps < new_tokens) {

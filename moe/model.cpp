@@ -992,7 +992,8 @@ std::vector<std::vector<float>> MoeModel::step(const std::vector<int>& sequences
   return forward().run(pass, tokens, 0, options_.micro_batches, records_);
 }
 
-std::vector<float> MoeModel::prefill(int sequence, const std::vector<int>& prompt) {
+std::vector<float> MoeModel::prefill(int sequence, const std::vector<int>& prompt,
+                                     const std::function<void(std::int64_t done, std::int64_t total)>& progress) {
   if (prompt.empty()) throw std::invalid_argument("model: prefill needs at least one prompt token");
   if (cache_->length(0, sequence) != 0)
     throw std::invalid_argument("model: prefill starts an empty sequence; sequence " + std::to_string(sequence) +
@@ -1009,6 +1010,7 @@ std::vector<float> MoeModel::prefill(int sequence, const std::vector<int>& promp
     const std::vector<int> tokens(prompt.begin() + begin, prompt.begin() + end);
     logits = forward().run(pass, tokens, static_cast<int>(end - begin) - 1, 1, chunk_records).front();
     for (std::size_t l = 0; l < records_.size(); ++l) accumulate(records_[l], chunk_records[l]);
+    if (progress) progress(static_cast<std::int64_t>(end), static_cast<std::int64_t>(prompt.size()));
   }
   // The chunks' attention buffers are sized for chunk rows, not decode batches: free them.
   impl_->split.clear();

@@ -176,11 +176,12 @@ class MoeModel {
 
   /// Runs `prompt` of an empty `sequence` through the prefill path, in chunks
   /// of at most max_rows tokens; returns the logits of its last token (vocab).
-  /// A chunk attends to its own tokens through the prefill kernel and to the
-  /// earlier chunks through the decode path, once per query row, so prompts
-  /// of many chunks cost O(rows x tokens) KV reads per chunk; long contexts
-  /// for decode measurements come from fill_context.
-  std::vector<float> prefill(int sequence, const std::vector<int>& prompt);
+  /// A chunk attends to its own tokens causally and to the earlier chunks
+  /// where the KV policy placed them, once per query tile (prefill.hpp), and
+  /// is written through the policy as it is produced. `progress` (optional)
+  /// hears the tokens done after each chunk.
+  std::vector<float> prefill(int sequence, const std::vector<int>& prompt,
+                             const std::function<void(std::int64_t done, std::int64_t total)>& progress = {});
   /// Appends `tokens` tokens of synthetic keys and values (seeded; uniform in
   /// [-1, 1)) to every layer of `sequence`, placed by the KV policy as a
   /// prefill would place them: a long context for decode measurements, whose
