@@ -5,9 +5,9 @@
 // in rotated copies that together exceed the last-level cache.
 //
 // Reported as a FLOP rate (2 per multiply-add of QK^T and P·V) and as
-// fraction_of_compute_bound: that rate over the multiply-add peak of the
-// instruction path the tile products run (measured in the same process right
-// after the kernel; the label names the path). Per-token time at 4K, 16K and
+// fraction_of_compute_bound: that rate over the peak of the fp32 FMA the tile
+// products run (8 or 16 lanes: the label names the path), measured in the
+// same process right after the kernel. Per-token time at 4K, 16K and
 // 64K shows the cost growing with position (linear per token, quadratic in
 // total), not with rows x tokens of memory traffic.
 #include <benchmark/benchmark.h>
@@ -71,7 +71,7 @@ void prefill(benchmark::State& state, AttentionShape shape) {
   const double query_keys = static_cast<double>(chunk_rows) * earlier + chunk_rows * (chunk_rows + 1) / 2.0;
   const double gflops = 2 * prefill_macs_per_query_key(shape) * query_keys * n / total / 1e9;
   const CpuPath path = impl::host_tile_product_path(active_cpu_path());
-  const double bound_gflops = 2 * measure_host_product_gmacs(path);
+  const double bound_gflops = 2 * measure_host_fp32_fma_gmacs(path);
   state.SetLabel(cpu_path_name(path));
   state.counters["GFLOP/s"] = gflops;
   state.counters["compute_bound_GFLOP/s"] = bound_gflops;

@@ -161,6 +161,10 @@ struct Bf16DotChains {
   float seed;
   void operator()(int, float& sink) const { sink += impl::bf16_dot_chains(seed, fma_iterations); }
 };
+struct Fma16Chains {
+  float seed;
+  void operator()(int, float& sink) const { sink += impl::fp32_fma16_chains(seed, fma_iterations); }
+};
 #endif
 
 template <class Chains>
@@ -176,6 +180,15 @@ double chains_rate(double multiply_adds_per_thread, Chains chains) {
 }
 
 }  // namespace
+
+double measure_host_fp32_fma_gmacs(CpuPath path) {
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+  if (path == CpuPath::avx512_bf16)
+    return chains_rate(static_cast<double>(fma_iterations) * fma_chains * 16, Fma16Chains{1.0f});
+#endif
+  // The decode products of the other paths are fp32 FMAs already.
+  return measure_host_product_gmacs(path);
+}
 
 double measure_host_product_gmacs(CpuPath path) {
   const double chained = static_cast<double>(fma_iterations) * fma_chains;

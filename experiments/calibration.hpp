@@ -34,6 +34,10 @@ double measure_host_dram_read_gbps(std::int64_t bytes = std::int64_t{1} << 30);
 /// vdpbf16ps, 32 bf16 multiply-adds each (avx512_bf16). The compute roof of
 /// the host kernels that run on that path.
 double measure_host_product_gmacs(CpuPath path);
+/// Multiply-adds per second (10^9) of the fp32 FMA that the prefill tile
+/// product runs on CPU path `path`, all host threads: scalar, 8-lane (avx2) or
+/// 16-lane AVX-512F (avx512_bf16). The compute roof of host prefill attention.
+double measure_host_fp32_fma_gmacs(CpuPath path);
 /// Smallest time of an empty parallel_for over the host threads.
 double measure_host_launch_latency_s();
 /// The project's bf16 SwiGLU expert kernel on the host, from DRAM: weight

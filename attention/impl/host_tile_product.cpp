@@ -1,4 +1,6 @@
 // Built by the host compiler alone in both variants (writescope_host_kernels).
+#include "framework/avx512_diagnostics.hpp"  // first: before <immintrin.h>
+
 #include "attention/impl/host_tile_product.hpp"
 
 #include <algorithm>
@@ -10,6 +12,9 @@
 namespace writescope::impl {
 
 CpuPath host_tile_product_path(CpuPath active) {
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+  if (active >= CpuPath::avx512_bf16) return CpuPath::avx512_bf16;
+#endif
 #ifdef WRITESCOPE_HOST_AVX2
   if (active >= CpuPath::avx2) return CpuPath::avx2;
 #endif
@@ -153,6 +158,50 @@ WRITESCOPE_UNROLL(4)
 }
 #endif
 
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+// 16-lane fp32 FMAs on CPUs with AVX-512 (the avx512_bf16 path implies
+// AVX-512F): 8 rows x 2 vectors = 16 accumulators of the 32 zmm registers,
+// 2 loads of B and 8 broadcasts per 16 FMAs.
+#pragma GCC push_options
+#pragma GCC target("avx512f,fma")
+template <int Vectors>
+inline void tile_gemm_avx512_block(int k, const float* a, std::int64_t a_row, std::int64_t a_col, const float* b,
+                                   int ldb, float* c, int ldc) {
+  __m512 acc[8 * Vectors];
+WRITESCOPE_UNROLL(8)
+  for (int r = 0; r < 8; ++r)
+WRITESCOPE_UNROLL(2)
+    for (int v = 0; v < Vectors; ++v) acc[r * Vectors + v] = _mm512_loadu_ps(c + r * ldc + 16 * v);
+  for (int p = 0; p < k; ++p, b += ldb) {
+    __m512 bv[Vectors];
+WRITESCOPE_UNROLL(2)
+    for (int v = 0; v < Vectors; ++v) bv[v] = _mm512_loadu_ps(b + 16 * v);
+    const float* ap = a + p * a_col;
+WRITESCOPE_UNROLL(8)
+    for (int r = 0; r < 8; ++r) {
+      const __m512 x = _mm512_set1_ps(ap[r * a_row]);
+WRITESCOPE_UNROLL(2)
+      for (int v = 0; v < Vectors; ++v) acc[r * Vectors + v] = _mm512_fmadd_ps(x, bv[v], acc[r * Vectors + v]);
+    }
+  }
+WRITESCOPE_UNROLL(8)
+  for (int r = 0; r < 8; ++r)
+WRITESCOPE_UNROLL(2)
+    for (int v = 0; v < Vectors; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r * Vectors + v]);
+}
+
+void tile_gemm_avx512(int m, int n, int k, const float* a, std::int64_t a_row, std::int64_t a_col, const float* b,
+                      int ldb, float* c, int ldc) {
+  for (int i = 0; i < m; i += 8) {
+    int j = 0;
+    for (; j + 32 <= n; j += 32)
+      tile_gemm_avx512_block<2>(k, a + i * a_row, a_row, a_col, b + j, ldb, c + i * ldc + j, ldc);
+    if (j < n) tile_gemm_avx512_block<1>(k, a + i * a_row, a_row, a_col, b + j, ldb, c + i * ldc + j, ldc);
+  }
+}
+#pragma GCC pop_options
+#endif
+
 }  // namespace
 
 void host_tile_softmax(CpuPath path, float* scores, std::int64_t query_stride, std::int64_t key_stride, int queries,
@@ -182,6 +231,12 @@ void host_tile_softmax(CpuPath path, float* scores, std::int64_t query_stride, s
 
 void host_tile_gemm(CpuPath path, int m, int n, int k, const float* a, std::int64_t a_row, std::int64_t a_col,
                     const float* b, int ldb, float* c, int ldc) {
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+  if (path >= CpuPath::avx512_bf16) {
+    tile_gemm_avx512(m, n, k, a, a_row, a_col, b, ldb, c, ldc);
+    return;
+  }
+#endif
 #ifdef WRITESCOPE_HOST_AVX2
   if (path >= CpuPath::avx2) {
     tile_gemm_avx2(m, n, k, a, a_row, a_col, b, ldb, c, ldc);

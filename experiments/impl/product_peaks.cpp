@@ -28,5 +28,23 @@ float bf16_dot_chains(float seed, std::int64_t iterations) {
 }
 #pragma GCC pop_options
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,fma")
+float fp32_fma16_chains(float seed, std::int64_t iterations) {
+  __m512 acc[peak_chains];
+  for (int c = 0; c < peak_chains; ++c) acc[c] = _mm512_set1_ps(seed + c);
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (std::int64_t i = 0; i < iterations; ++i)
+    for (int c = 0; c < peak_chains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+  float sum = 0;
+  alignas(64) float lanes[16];
+  for (int c = 0; c < peak_chains; ++c) {
+    _mm512_store_ps(lanes, acc[c]);
+    for (float lane : lanes) sum += lane;
+  }
+  return sum;
+}
+#pragma GCC pop_options
+
 }  // namespace writescope::impl
 #endif

@@ -1,5 +1,5 @@
 #pragma once
-// The AVX-512 BF16 multiply-add peak's workload for writescope calibrate,
+// The AVX-512 multiply-add peaks' workloads for writescope calibrate,
 // without Kokkos: product_peaks.cpp is built by the host compiler alone in
 // both variants (writescope_host_kernels in cmake/WriteScopeTarget.cmake).
 
@@ -15,5 +15,9 @@ inline constexpr int peak_chains = 12;
 /// multiply-adds apiece), started at seed + chain; returns the sum of their
 /// lanes so that the work cannot be dropped. Only on CPUs with AVX-512 BF16.
 float bf16_dot_chains(float seed, std::int64_t iterations);
+
+/// The same with 16-lane fp32 FMAs (vfmadd on zmm registers, 16
+/// multiply-adds apiece). Only on CPUs with AVX-512F.
+float fp32_fma16_chains(float seed, std::int64_t iterations);
 
 }  // namespace writescope::impl

@@ -249,5 +249,10 @@ TYPED_TEST(PrefillSegmentsTest, NoSegmentsGiveTheEmptyState) {
   for (int r = 0; r < 3; ++r) EXPECT_EQ(state.lse(r, 0), -INFINITY) << r;
 }
 
+// A faster path compiled in but not taken would still pass every accuracy test.
+TEST(PrefillDispatch, TheTileProductTakesTheBestCpuPath) {
+  EXPECT_EQ(impl::host_tile_product_path(best_cpu_path()), best_cpu_path());
+}
+
 }  // namespace
 }  // namespace writescope
