@@ -16,7 +16,7 @@
 #include <memory>
 #include <vector>
 
-#include "attention/impl/host_tile_product.hpp"
+#include "framework/host_gemm.hpp"
 #include "attention/prefill.hpp"
 #include "bounds.hpp"
 #include "framework/cpu_path.hpp"
@@ -70,7 +70,7 @@ void prefill(benchmark::State& state, AttentionShape shape) {
   // Row i sees the earlier tokens and i + 1 of its chunk's.
   const double query_keys = static_cast<double>(chunk_rows) * earlier + chunk_rows * (chunk_rows + 1) / 2.0;
   const double gflops = 2 * prefill_macs_per_query_key(shape) * query_keys * n / total / 1e9;
-  const CpuPath path = impl::host_tile_product_path(active_cpu_path());
+  const CpuPath path = host_gemm_path(active_cpu_path());
   const double bound_gflops = 2 * measure_host_fp32_fma_gmacs(path);
   state.SetLabel(cpu_path_name(path));
   state.counters["GFLOP/s"] = gflops;

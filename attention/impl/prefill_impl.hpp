@@ -9,6 +9,7 @@
 
 #include "attention/impl/decode_impl.hpp"
 #include "attention/impl/host_tile_product.hpp"
+#include "framework/host_gemm.hpp"
 #include "framework/launch.hpp"
 #include "framework/math.hpp"
 #include "framework/spaces.hpp"
@@ -190,13 +191,13 @@ struct PrefillHostKernel {
         stage_keys(span, first, n, kv_head, k, v);
         std::fill(s, s + std::size_t(mp) * tp, 0.0f);
         if (transposed)
-          host_tile_gemm(path, mp, tp, dk, q, dk, 1, k, tp, s, tp);
+          host_gemm(path, mp, tp, dk, q, dk, 1, k, tp, s, tp);
         else
-          host_tile_gemm(path, tp, mp, dk, k, dk, 1, q, mp, s, mp);
+          host_gemm(path, tp, mp, dk, k, dk, 1, q, mp, s, mp);
         // Online softmax per query; keys it does not see (and padding) get p = 0.
         for (int x = 0; x < mp; ++x) seen[x] = x < m ? d.source.visible(span, first, n, r0 + x / d.group) : 0;
         host_tile_softmax(path, s, s_query, s_key, mp, tp, seen.data(), maxima, sums, o, dvp, dv);
-        host_tile_gemm(path, mp, dvp, tp, s, s_query, s_key, v, dvp, o, dvp);
+        host_gemm(path, mp, dvp, tp, s, s_query, s_key, v, dvp, o, dvp);
       }
     }
     for (int x = 0; x < m; ++x) {
@@ -362,7 +363,7 @@ void launch_prefill(const ExecSpace& space, const AttentionShape& shape, const S
       grow(workspace.items, "writescope::attention::prefill_items", work_items, layout.total);
       data.items = workspace.items;
       launch_parallel_for("writescope::attention::prefill_host", Kokkos::RangePolicy<ExecSpace>(space, 0, work_items),
-                          PrefillHostKernel<ExecSpace, Source>{data, layout, host_tile_product_path(active_cpu_path())});
+                          PrefillHostKernel<ExecSpace, Source>{data, layout, host_gemm_path(active_cpu_path())});
       return;
     }
   }

@@ -109,10 +109,25 @@ void linear_features_host(const float* x, std::int64_t x_stride, int rows, int i
     }
 }
 
+/// Output features per work item of the many-rows path.
+inline constexpr int gemm_linear_features = 64;
+
+/// More than max_linear_rows rows (prompt chunks): y(r, f) for `features` <=
+/// gemm_linear_features weight rows as a GEMM, x against blocks of W^T
+/// staged in fp32 (256 input columns x 64 features, in L1/L2), on
+/// host_gemm's `path` (framework/host_gemm.hpp).
+template <class Scalar>
+void linear_features_gemm(const float* x, std::int64_t x_stride, int rows, int in, const Scalar* w,
+                          std::int64_t w_stride, int features, float* y, std::int64_t y_stride, CpuPath path);
+
 extern template void linear_features_host<float>(const float*, std::int64_t, int, int, const float*, std::int64_t,
                                                  int, float*, std::int64_t, bool);
 extern template void linear_features_host<bf16>(const float*, std::int64_t, int, int, const bf16*, std::int64_t, int,
                                                 float*, std::int64_t, bool);
+extern template void linear_features_gemm<float>(const float*, std::int64_t, int, int, const float*, std::int64_t, int,
+                                                 float*, std::int64_t, CpuPath);
+extern template void linear_features_gemm<bf16>(const float*, std::int64_t, int, int, const bf16*, std::int64_t, int,
+                                                float*, std::int64_t, CpuPath);
 
 }  // namespace impl
 }  // namespace writescope

@@ -10,6 +10,7 @@
 #include "framework/cpu_path.hpp"
 #include "framework/launch.hpp"
 #include "framework/spaces.hpp"
+#include "framework/host_gemm.hpp"
 #include "moe/impl/linear_host.hpp"
 
 namespace writescope {
@@ -51,6 +52,24 @@ struct LinearHostKernel {
   }
 };
 
+/// Host work item of the many-rows path: gemm_linear_features weight rows.
+template <class Scalar>
+struct LinearGemmHostKernel {
+  Kokkos::View<const float**, Kokkos::LayoutRight, HostMemSpace> x;
+  Kokkos::View<const Scalar**, Kokkos::LayoutRight, HostMemSpace> w;
+  Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> y;
+  CpuPath path;  // host_gemm_path, once per launch
+
+  void operator()(int block) const {
+    const int out = static_cast<int>(w.extent(0));
+    const int j0 = block * gemm_linear_features;
+    linear_features_gemm(x.data(), static_cast<std::int64_t>(x.stride(0)), static_cast<int>(x.extent(0)),
+                         static_cast<int>(w.extent(1)), &w(j0, 0), static_cast<std::int64_t>(w.stride(0)),
+                         std::min(gemm_linear_features, out - j0), &y(0, j0), static_cast<std::int64_t>(y.stride(0)),
+                         path);
+  }
+};
+
 /// Portable: one team per output feature, its threads over input rows and
 /// vector lanes over the reduction (coalesced reads of the weight row).
 template <class ExecSpace, class Scalar>
@@ -85,6 +104,14 @@ void linear(const ExecSpace& space,
   const int out = static_cast<int>(w.extent(0));
   if constexpr (is_host_exec_space<ExecSpace>) {
     const int rows = static_cast<int>(x.extent(0)), in = static_cast<int>(x.extent(1));
+    if (rows > impl::max_linear_rows) {
+      // Prompt chunks: weights are reused by many rows, so the layer is a GEMM, not a stream of weights.
+      launch_parallel_for(
+          "writescope::moe::linear_host_gemm",
+          Kokkos::RangePolicy<ExecSpace>(space, 0, (out + impl::gemm_linear_features - 1) / impl::gemm_linear_features),
+          impl::LinearGemmHostKernel<Scalar>{x, w, y, host_gemm_path(active_cpu_path())});
+      return;
+    }
     const CpuPath path = impl::linear_path(active_cpu_path(), rows, in, std::is_same_v<Scalar, bf16>);
 #ifdef WRITESCOPE_HOST_AVX512_BF16
     if constexpr (std::is_same_v<Scalar, bf16>) {

@@ -251,7 +251,7 @@ TYPED_TEST(PrefillSegmentsTest, NoSegmentsGiveTheEmptyState) {
 
 // A faster path compiled in but not taken would still pass every accuracy test.
 TEST(PrefillDispatch, TheTileProductTakesTheBestCpuPath) {
-  EXPECT_EQ(impl::host_tile_product_path(best_cpu_path()), best_cpu_path());
+  EXPECT_EQ(host_gemm_path(best_cpu_path()), best_cpu_path());
 }
 
 }  // namespace

@@ -21,9 +21,18 @@ TYPED_TEST_SUITE(LinearTest, Cases, test::SpaceAndScalarName);
 /// y = x W^T against a double reference for a set of shapes.
 template <class ExecSpace, class Scalar, class Mem>
 void expect_reference() {
-  // Shapes with and without the vector fast paths: in % 32, in % 8, out % 16, out % 4, 1 to 9 rows.
-  for (const auto& [rows, in, out] : std::vector<std::tuple<int, int, int>>{
-           {1, 64, 12}, {5, 128, 36}, {3, 20, 7}, {8, 96, 35}, {2, 32, 16}, {7, 64, 18}, {9, 64, 20}}) {
+  // Shapes with and without the vector fast paths: in % 32, in % 8, out % 16, out % 4, 1 to 9 rows;
+  // beyond max_linear_rows the GEMM path, with tail rows, a partial feature
+  // block and more than one 256-column block.
+  for (const auto& [rows, in, out] : std::vector<std::tuple<int, int, int>>{{1, 64, 12},
+                                                                            {5, 128, 36},
+                                                                            {3, 20, 7},
+                                                                            {8, 96, 35},
+                                                                            {2, 32, 16},
+                                                                            {7, 64, 18},
+                                                                            {9, 64, 20},
+                                                                            {37, 300, 70},
+                                                                            {64, 64, 130}}) {
     const auto x_values = test::random_values<float>(rows * in, 1);
     const auto w_values = test::random_values<Scalar>(out * in, 2);
     Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> x_host("writescope::test::x", rows, in);
