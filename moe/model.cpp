@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 
 #include "attention/prefill.hpp"
 #include "framework/concurrent.hpp"
@@ -167,6 +168,14 @@ struct MoeModel::Impl {
   Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> host_queries;
   PartialState<GpuMem> merged, earlier;
   PrefillWorkspace<GpuMem> prefill_workspace;
+  // MLA prompt chunks in the decompressed form: a span of latent rows, widened,
+  // expanded, split into per-head keys and values, and the span's state.
+  Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMem> latent_span;
+  Kokkos::View<bf16**, Kokkos::LayoutRight, HostMemSpace> latent_span_host;  // host-pool rows of CUDA builds
+  Matrix<GpuMem> widened, expanded;
+  Queries keys_d, values_d;
+  PartialState<GpuMem> span_state, prompt_values;
+  Kokkos::View<std::int64_t*, GpuMem> span_starts;
   Kokkos::View<int*, GpuMem> tokens;
   Kokkos::View<int, GpuMem> non_finite;  // ModelOptions::check_finite's flag
   Kokkos::View<std::int64_t*, GpuMem> positions;
@@ -227,8 +236,18 @@ VramUse MoeModel::fixed_vram(const ModelConfig& config, const ModelOptions& opti
   const std::uint64_t activations = rows * (4ull * config.hidden + 4 * widest) * sizeof(float);
   // Queries, partial states and the prefill kernel's query tiles (queries and
   // accumulators) for max_rows rows.
-  const std::uint64_t attention =
+  std::uint64_t attention =
       rows * config.q_heads * (2ull * shape.key_dim + 4ull * shape.value_dim + 3) * sizeof(float);
+  if (config.mla()) {
+    // Decompressed prompt chunks: a span of latent rows, widened, expanded,
+    // per-head keys and values, two states and the prefill kernel's tiles.
+    const std::uint64_t heads = config.q_heads, nope = config.qk_nope_head_dim, rope = config.qk_rope_head_dim,
+                        vdim = config.v_head_dim, latent = config.kv_lora_rank;
+    attention += rows * ((latent + rope) * sizeof(bf16) + sizeof(std::int64_t) +
+                         (latent + heads * (nope + vdim) + heads * (nope + rope + vdim) +
+                          2 * heads * (vdim + 1) + heads * (nope + rope + vdim)) *
+                             sizeof(float));
+  }
   const std::uint64_t streaming = 2ull * options.stream_chunk_blocks * geometry.block_elements() * sizeof(bf16);
   use.workspace = activations + attention + streaming + (config.experts > 0 ? expert_bytes(config) : 0);
   return use;
@@ -442,6 +461,15 @@ MoeModel::~MoeModel() {
   if (impl_) impl_->streams[2].fence();  // no prefetch may land in freed slots
 }
 
+bool mla_prompt_decompressed(const ModelConfig& config, int rows) {
+  if (!config.mla()) return false;
+  const double heads = config.q_heads, latent = config.kv_lora_rank;
+  const double absorbed = heads * (2 * latent + config.qk_rope_head_dim);
+  const double decompressed = heads * (config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim);
+  const double expansion = heads * (config.qk_nope_head_dim + config.v_head_dim) * latent;
+  return rows * (absorbed - decompressed) > expansion;
+}
+
 MoeModel MoeModel::synthetic(const ModelConfig& config, std::uint64_t seed, ModelOptions options) {
   return MoeModel(config, [seed](const TensorSpec& spec) { return synthetic_tensor<bf16>(spec, seed); },
                   std::move(options));
@@ -572,6 +600,20 @@ struct ModelForward {
     record.region_bytes[int(Region::cpu_streamed)] += kv_policy.segment_bytes(plan.cpu_pinned);
   }
 
+  /// Rows [first_row, first_row + count) of keys (rows, kv_heads, key_dim) and
+  /// values into the cache, where the KV policy places them.
+  void append_rows(int layer, int sequence, const TokenRows& keys, const TokenRows& values, int first_row, int count,
+                   bool decode) {
+    using Token = Kokkos::View<const bf16***, Kokkos::LayoutRight, GpuMem>;
+    const BlockGeometry& g = cache.geometry();
+    const std::vector<Region> regions = kv_policy.place(
+        layer, sequence, count, std::max(expected_tokens[sequence], cache.length(layer, sequence) + count), decode);
+    const bf16* k = keys.data() + std::int64_t{first_row} * g.kv_heads * g.key_dim;
+    const bf16* v = g.values_in_keys ? k : values.data() + std::int64_t{first_row} * g.kv_heads * g.value_dim;
+    cache.append<Gpu, GpuMem>(attention_gpu, layer, sequence, Token(k, count, g.kv_heads, g.key_dim),
+                              Token(v, count, g.kv_heads, g.value_dim), regions);
+  }
+
   /// Writes the pass' keys (rows, kv_heads, key_dim) and values into the cache
   /// and attends: decode over each sequence's whole cache; a prompt chunk
   /// through the prefill kernel over its own keys, merged with the sequence's
@@ -580,15 +622,9 @@ struct ModelForward {
                          const Queries& queries, const PartialState<GpuMem>& out, LayerRecord& record) {
     const Gpu& gpu = attention_gpu;
     const int rows = pass.rows();
-    using Token = Kokkos::View<const bf16***, Kokkos::LayoutRight, GpuMem>;
     const BlockGeometry& g = cache.geometry();
     auto append = [&](int sequence, int first_row, int count, bool decode) {
-      const std::vector<Region> regions = kv_policy.place(
-          layer, sequence, count, std::max(expected_tokens[sequence], cache.length(layer, sequence) + count), decode);
-      const bf16* k = keys.data() + std::int64_t{first_row} * g.kv_heads * g.key_dim;
-      const bf16* v = g.values_in_keys ? k : values.data() + std::int64_t{first_row} * g.kv_heads * g.value_dim;
-      cache.append<Gpu, GpuMem>(gpu, layer, sequence, Token(k, count, g.kv_heads, g.key_dim),
-                                Token(v, count, g.kv_heads, g.value_dim), regions);
+      append_rows(layer, sequence, keys, values, first_row, count, decode);
     };
     if (!pass.prefill) {
       std::vector<TokenRange> ranges;
@@ -678,6 +714,17 @@ struct ModelForward {
                          impl::PackLatentRow<GpuMem>{Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMem>(
                                                          keys.data(), rows, latent + rope),
                                                      normed, compressed});
+    const bool decompressed =
+        pass.prefill && (options.mla_prompt_form == MlaPromptForm::decompressed ||
+                         (options.mla_prompt_form == MlaPromptForm::automatic && mla_prompt_decompressed(c, rows)));
+    if (decompressed) {
+      const auto& state = m.partial(m.prompt_values, "writescope::moe::mla_prompt", rows, heads, vdim);
+      mla_decompressed_prompt(layer, pass, q, keys, state, record);
+      append_rows(layer, pass.sequences.front(), keys, keys, 0, rows, false);
+      linear<Gpu, bf16>(gpu, Kokkos::View<const float**, Kokkos::LayoutRight, GpuMem>(state.o.data(), rows, heads * vdim),
+                        w.o, out);
+      return;
+    }
     const auto& kv_b = w.kv_b;
     const Queries queries = scratch3(m.queries, "writescope::moe::mla_queries", rows, heads, latent + rope);
     launch_parallel_for("writescope::moe::absorb_queries", impl::rows_by_columns(gpu, rows * heads, latent + rope),
@@ -689,6 +736,107 @@ struct ModelForward {
     launch_parallel_for("writescope::moe::expand_values", impl::rows_by_columns(gpu, rows * heads, vdim),
                          impl::ExpandValues<GpuMem>{values, merged.o, kv_b, heads, nope, vdim, latent});
     linear<Gpu, bf16>(gpu, values, w.o, out);
+  }
+
+  /// MLA, decompressed: the queries (rows, heads, nope + rope) against the
+  /// latent rows `rows` (tokens, latent + rope) expanded per head; query i
+  /// sees key t when t < first_position + i + 1 (first_position >= tokens: all).
+  /// Written into `out`, or merged into it when `merge`.
+  void decompressed_span(int layer, const Kokkos::View<const float***, Kokkos::LayoutRight, GpuMem>& queries,
+                         const Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMem>& rows,
+                         std::int64_t first_position, const PartialState<GpuMem>& out, bool merge) {
+    const Gpu& gpu = attention_gpu;
+    const int n = static_cast<int>(rows.extent(0));
+    const int heads = c.q_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vdim = c.v_head_dim,
+              latent = c.kv_lora_rank;
+    const auto widened = impl::scratch(m.widened, "writescope::moe::mla_widened", n, latent);
+    launch_parallel_for("writescope::moe::widen_latent", impl::rows_by_columns(gpu, n, latent),
+                         impl::WidenLatent<GpuMem>{widened, rows});
+    const auto expanded = impl::scratch(m.expanded, "writescope::moe::mla_expanded", n, heads * (nope + vdim));
+    linear<Gpu, bf16>(gpu, widened, m.layers[layer].kv_b, expanded);
+    const auto keys = scratch3(m.keys_d, "writescope::moe::mla_keys", n, heads, nope + rope);
+    const auto values = scratch3(m.values_d, "writescope::moe::mla_values_per_head", n, heads, vdim);
+    launch_parallel_for("writescope::moe::split_expanded", impl::rows_by_columns(gpu, n * heads, nope + rope + vdim),
+                         impl::SplitExpanded<GpuMem>{keys, values, expanded, rows, heads, nope, rope, vdim, latent});
+    const AttentionShape expanded_shape{shape.name + " decompressed", heads, heads, nope + rope, vdim, false,
+                                        shape.scale()};
+    const int query_rows = static_cast<int>(queries.extent(0));
+    const PartialState<GpuMem>& target =
+        merge ? m.partial(m.span_state, "writescope::moe::mla_span", query_rows, heads, vdim) : out;
+    prefill_attention<Gpu, float>(gpu, expanded_shape, queries, keys, values, first_position, 0, n,
+                                  m.prefill_workspace, target);
+    if (merge) merge_into(gpu, out, target);
+  }
+
+  /// Cached latent rows of `region` at pool element offsets starts[0, n) as a
+  /// (n, latent + rope) matrix on the GPU: gathered there when the GPU reads
+  /// the pool, else (host memory in CUDA builds) by the CPU and copied over.
+  Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMem> gather_latent_rows(Region region,
+                                                                              const std::int64_t* starts, int n) {
+    const Gpu& gpu = attention_gpu;
+    const int width = c.kv_lora_rank + c.qk_rope_head_dim;
+    const auto rows = impl::scratch(m.latent_span, "writescope::moe::mla_latent_span", n, width);
+    auto gather = [&](const auto& pool) {
+      using PoolSpace = typename std::decay_t<decltype(pool)>::memory_space;
+      if constexpr (Kokkos::SpaceAccessibility<Gpu, PoolSpace>::accessible) {
+        if (m.span_starts.extent(0) < static_cast<std::size_t>(n))
+          m.span_starts = Kokkos::View<std::int64_t*, GpuMem>(
+              Kokkos::view_alloc("writescope::moe::mla_span_starts", Kokkos::WithoutInitializing), n);
+        const auto device_starts = Kokkos::subview(m.span_starts, std::make_pair(0, n));
+        Kokkos::deep_copy(gpu, device_starts,
+                          Kokkos::View<const std::int64_t*, Kokkos::HostSpace,
+                                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>(starts, n));
+        launch_parallel_for("writescope::moe::gather_latent_rows", impl::rows_by_columns(gpu, n, width),
+                             impl::GatherLatentRows<GpuMem>{rows, pool.data(), device_starts});
+      } else {
+        const auto host_rows = impl::scratch(m.latent_span_host, "writescope::moe::mla_latent_span_host", n, width);
+        gpu.fence();  // earlier appends into the pool, and the last copy out of host_rows
+        for (int t = 0; t < n; ++t)
+          std::memcpy(&host_rows(t, 0), pool.data() + starts[t], sizeof(bf16) * static_cast<std::size_t>(width));
+        Kokkos::deep_copy(gpu, rows, host_rows);
+      }
+    };
+    if (region == Region::gpu_resident) gather(cache.vram_pool());
+    else if (region == Region::cpu_resident) gather(cache.host_pool());
+    else gather(cache.pinned_pool());
+    return rows;
+  }
+
+  /// An MLA prompt chunk in the decompressed form (mla_prompt_decompressed):
+  /// queries q (rows, heads * (nope + rope)), roped, against its own latent
+  /// rows (rows, 1, latent + rope) causally and against the sequence's
+  /// earlier rows, in spans of max_rows tokens; o (rows, heads, v) into `out`.
+  /// Every earlier key is expanded for the chunk, a GEMM the GPU runs far
+  /// faster than the CPU, so the GPU takes every region here (host-resident
+  /// rows are gathered by the CPU and copied, 1.1 KB a token).
+  void mla_decompressed_prompt(int layer, const Pass& pass, const Matrix<GpuMem>& q, const TokenRows& latent_rows,
+                               const PartialState<GpuMem>& out, LayerRecord& record) {
+    const Gpu& gpu = attention_gpu;
+    const int rows = pass.rows(), width = c.kv_lora_rank + c.qk_rope_head_dim;
+    const int sequence = pass.sequences.front();
+    const std::int64_t earlier = pass.positions.front();
+    const Kokkos::View<const float***, Kokkos::LayoutRight, GpuMem> queries(q.data(), rows, c.q_heads,
+                                                                            c.qk_nope_head_dim + c.qk_rope_head_dim);
+    using Rows = Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMem>;
+    const double seconds = gpu_seconds(gpu, [&] {
+      decompressed_span(layer, queries, Rows(latent_rows.data(), rows, width), 0, out, false);
+      const BlockGeometry& g = cache.geometry();
+      for (Region region : all_regions) {
+        const auto segments = cache.segments(layer, region, {sequence}, {TokenRange{0, earlier}});
+        record.region_bytes[int(region)] += kv_policy.segment_bytes(segments);
+        std::vector<std::int64_t> starts;
+        for (const BlockSegment& segment : segments)
+          for (int t = segment.token_begin; t < segment.token_begin + segment.token_count; ++t)
+            starts.push_back(std::int64_t{segment.slot} * g.block_elements() +
+                             g.key_offset(block_order(region), t, 0, 0));
+        for (std::size_t first = 0; first < starts.size(); first += static_cast<std::size_t>(options.max_rows)) {
+          const int n = static_cast<int>(std::min(starts.size() - first, static_cast<std::size_t>(options.max_rows)));
+          decompressed_span(layer, queries, gather_latent_rows(region, starts.data() + first, n), n, out, true);
+        }
+      }
+    });
+    record.attention_gpu += seconds;
+    record.attention += seconds;
   }
 
   void load(const ExpertLoad& load, const impl::ExpertBuffers<GpuMem>& into) {

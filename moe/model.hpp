@@ -64,6 +64,25 @@ class NonFiniteError : public std::runtime_error {
 using KVPolicyFactory =
     std::function<std::unique_ptr<KVPolicy>(const AttentionShape& shape, const InplaceKVCache<bf16>& cache)>;
 
+/// How MLA (DeepSeek) prompt chunks attend; decode steps always use the
+/// absorbed form (one row per sequence).
+enum class MlaPromptForm {
+  automatic,     // mla_prompt_decompressed() decides per chunk
+  absorbed,      // queries absorbed into the latent: keys and values are the cached latent rows
+  decompressed,  // keys and values expanded from the latent rows, per head (kv_b_proj)
+};
+
+/// Whether a prompt chunk of `rows` rows is cheaper in MLA's decompressed
+/// form, by the roofline of multiply-adds (both forms run on the same device
+/// at the same tile-GEMM rate, framework/host_gemm.hpp or the GPU's): per
+/// (row, earlier key) the absorbed form costs heads x (2 x kv_lora_rank +
+/// rope) and the decompressed form heads x (nope + rope + v); decompressing
+/// costs heads x (nope + v) x kv_lora_rank per key and chunk, shared by all
+/// of the chunk's rows. DeepSeek-V2-Lite: 17408 vs 5120 per pair, 2.1 M per
+/// key, so chunks of more than 170 rows are cheaper decompressed (256 rows:
+/// 0.76 of the absorbed form's multiply-adds).
+bool mla_prompt_decompressed(const ModelConfig& config, int rows);
+
 struct ModelOptions {
   std::uint64_t vram_budget = 0;    // bytes: GPU weights, workspace, expert slots and the KV VRAM pool
   std::uint64_t pinned_kv_budget = 0;  // bytes of pinned host memory for the KV cache's movable band
@@ -81,6 +100,7 @@ struct ModelOptions {
   /// first such layer): one small kernel and a synchronisation per layer, so
   /// for generation, not for measurements (which check the logits alone).
   bool check_finite = false;
+  MlaPromptForm mla_prompt_form = MlaPromptForm::automatic;
   KVPolicyFactory kv_policy;        // required
   std::shared_ptr<ExpertPolicy> experts = std::make_shared<CpuExpertPolicy>();
   /// Routed experts already in pinned memory from a model of the same config

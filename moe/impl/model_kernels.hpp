@@ -89,6 +89,42 @@ struct PackLatentRow {
   }
 };
 
+/// MLA, decompressed: rows(t, :) = the cached latent row t (latent + rope
+/// bf16 elements), gathered from a pool at element offset starts(t).
+template <class MemSpace>
+struct GatherLatentRows {
+  Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace> rows;  // (tokens, latent + rope)
+  const bf16* pool;
+  Kokkos::View<const std::int64_t*, MemSpace> starts;
+  KOKKOS_INLINE_FUNCTION void operator()(int t, int c) const { rows(t, c) = pool[starts(t) + c]; }
+};
+
+/// MLA, decompressed: latent(t, l) = rows(t, l) in float, l < latent.
+template <class MemSpace>
+struct WidenLatent {
+  Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> latent;
+  Kokkos::View<const bf16**, Kokkos::LayoutRight, MemSpace> rows;
+  KOKKOS_INLINE_FUNCTION void operator()(int t, int l) const { latent(t, l) = to_float(rows(t, l)); }
+};
+
+/// MLA, decompressed: per head, keys (t, h, :) = [k_nope, k_pe] and values
+/// (t, h, :) = v from expanded(t, h * (nope + v) + :) = kv_b_proj(latent) and
+/// the cached (roped) k_pe of rows(t, latent:).
+template <class MemSpace>
+struct SplitExpanded {
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> keys;    // (tokens, heads, nope + rope)
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> values;  // (tokens, heads, v)
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> expanded;
+  Kokkos::View<const bf16**, Kokkos::LayoutRight, MemSpace> rows;
+  int heads, nope, rope, value_dim, latent;
+  KOKKOS_INLINE_FUNCTION void operator()(int th, int c) const {
+    const int t = th / heads, h = th % heads;
+    if (c < nope) keys(t, h, c) = expanded(t, h * (nope + value_dim) + c);
+    else if (c < nope + rope) keys(t, h, c) = to_float(rows(t, latent + c - nope));
+    else values(t, h, c - nope - rope) = expanded(t, h * (nope + value_dim) + nope + (c - nope - rope));
+  }
+};
+
 /// rows(t, c) = a hash of (stream, first_token + t, c) mapped to [-1, 1).
 struct SyntheticRows {
   Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMemSpace> rows;

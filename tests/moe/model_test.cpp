@@ -96,27 +96,47 @@ TEST(MoeModel, DecodeMatchesTheReferenceWhereverBlocksAndExpertsLive) {
 }
 
 TEST(MoeModel, ChunkedPrefillMatchesTheReference) {
-  for (const char* name : tiny_models)
-    // Chunks of 3, 4 and 5 tokens over blocks of 4 (3 and 4 do not divide the
-    // prompt; 3 and 5 end inside blocks): later chunks read earlier ones back
-    // from every region, in the prompt pass' plan.
-    for (int chunk : {3, 4, 5}) {
-      SCOPED_TRACE(std::string(name) + ", chunks of " + std::to_string(chunk));
-      const ModelConfig config = model_preset(name);
-      MoeModel model = MoeModel::synthetic(config, 3, options_with(every_region, mixed_experts(), chunk));
-      ReferenceModel reference = reference_for(config, 3);
-      const std::vector<int> prompt{5, 17, 200, 3, 99, 42, 7, 8, 11, 250};
-      const int sequence = model.add_sequence();
-      expect_logits_near(model.prefill(sequence, prompt), reference.forward(prompt), test::model_logit_tolerance,
-                         "prefill");
-      EXPECT_EQ(model.cache().length(config.layers - 1, sequence), static_cast<std::int64_t>(prompt.size()));
-      for (Region region : all_regions)
-        EXPECT_GT(model.cache().region_bytes(region), 0u) << region_name(region);
-      for (int token : {9, 100, 2})
-        expect_logits_near(model.step({sequence}, {token}).front(), reference.forward({token}),
-                           test::model_logit_tolerance, "decode");
-      EXPECT_THROW(model.prefill(sequence, {1}), std::invalid_argument);
-    }
+  for (const char* name : tiny_models) {
+    const ModelConfig config = model_preset(name);
+    // MLA's prompt chunks in both forms (the others have one).
+    std::vector<MlaPromptForm> forms{MlaPromptForm::automatic};
+    if (config.mla()) forms = {MlaPromptForm::absorbed, MlaPromptForm::decompressed};
+    for (MlaPromptForm form : forms)
+      // Chunks of 3, 4 and 5 tokens over blocks of 4 (3 and 4 do not divide
+      // the prompt; 3 and 5 end inside blocks): later chunks read earlier ones
+      // back from every region, in the prompt pass' plan.
+      for (int chunk : {3, 4, 5}) {
+        SCOPED_TRACE(std::string(name) + ", chunks of " + std::to_string(chunk) +
+                     (form == MlaPromptForm::decompressed ? ", decompressed" : ""));
+        ModelOptions options = options_with(every_region, mixed_experts(), chunk);
+        options.mla_prompt_form = form;
+        MoeModel model = MoeModel::synthetic(config, 3, options);
+        ReferenceModel reference = reference_for(config, 3);
+        const std::vector<int> prompt{5, 17, 200, 3, 99, 42, 7, 8, 11, 250};
+        const int sequence = model.add_sequence();
+        expect_logits_near(model.prefill(sequence, prompt), reference.forward(prompt), test::model_logit_tolerance,
+                           "prefill");
+        EXPECT_EQ(model.cache().length(config.layers - 1, sequence), static_cast<std::int64_t>(prompt.size()));
+        for (Region region : all_regions)
+          EXPECT_GT(model.cache().region_bytes(region), 0u) << region_name(region);
+        for (int token : {9, 100, 2})
+          expect_logits_near(model.step({sequence}, {token}).front(), reference.forward({token}),
+                             test::model_logit_tolerance, "decode");
+        EXPECT_THROW(model.prefill(sequence, {1}), std::invalid_argument);
+      }
+  }
+}
+
+// DeepSeek-V2-Lite: 16 x (512 + 64 + 512) = 17408 multiply-adds per (row, key)
+// absorbed, 16 x (128 + 64 + 128) = 5120 decompressed, 16 x 256 x 512 =
+// 2097152 to decompress a key: from 2097152 / 12288 = 170.7 rows on.
+TEST(MlaPromptForm, DecompressedFromTheChunkSizeWhereItCostsFewerMultiplyAdds) {
+  const ModelConfig lite = model_preset("deepseek-v2-lite");
+  EXPECT_FALSE(mla_prompt_decompressed(lite, 1));
+  EXPECT_FALSE(mla_prompt_decompressed(lite, 170));
+  EXPECT_TRUE(mla_prompt_decompressed(lite, 171));
+  EXPECT_TRUE(mla_prompt_decompressed(lite, 256));
+  EXPECT_FALSE(mla_prompt_decompressed(model_preset("qwen3-30b-a3b"), 4096));
 }
 
 TEST(MoeModel, LogitsDoNotDependOnPlacement) {
