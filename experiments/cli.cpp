@@ -45,12 +45,14 @@ constexpr const char* usage_text =
     "                              per model shape and thread count, GEMV/GEMM throughput\n"
     "  generate --model NAME|CHECKPOINT_DIR --prompt 1,2,3|--prompt-file FILE --new-tokens N\n"
     "           [--layers N] [--hidden-scale S] [--seed S] [--block-tokens N] [--chunk-tokens N]\n"
-    "           [--vram-budget BYTES] [--host-budget BYTES] [--logits FILE.h5]\n"
+    "           [--mla-form automatic|absorbed|decompressed] [--vram-budget BYTES]\n"
+    "           [--host-budget BYTES] [--logits FILE.h5]\n"
     "                              prefill the prompt in chunks (default 256 tokens), then\n"
     "                              greedy decoding, printing the generated token ids; a prompt\n"
     "                              file holds ids separated by commas or whitespace; KV fills\n"
     "                              VRAM then host memory, routed experts run on the CPU;\n"
-    "                              --logits stores every step's logits\n"
+    "                              --logits stores every step's logits; --mla-form: how\n"
+    "                              DeepSeek's prompt chunks attend (automatic: by cost)\n"
     "  make-checkpoint --model NAME --output DIR [--seed S] [--dtype bf16|f16|f32]\n"
     "                  [--config-format hub|transformers5]\n"
     "                              write a synthetic Hugging Face checkpoint (config.json +\n"
@@ -243,8 +245,8 @@ std::vector<int> prompt_tokens(std::map<std::string, std::string>& options, int 
 int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   auto options = parse_options("generate", args,
                                {"--model", "--prompt", "--prompt-file", "--new-tokens", "--layers", "--hidden-scale",
-                                "--seed", "--block-tokens", "--chunk-tokens", "--host-budget", "--vram-budget",
-                                "--logits"});
+                                "--seed", "--block-tokens", "--chunk-tokens", "--mla-form", "--host-budget",
+                                "--vram-budget", "--logits"});
   for (const char* required : {"--model", "--new-tokens"})
     if (!options.count(required)) throw UsageError(std::string("generate: ") + required + " is required");
   const int new_tokens = positive_integer("generate", "--new-tokens", options["--new-tokens"]);
@@ -289,6 +291,13 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   model_options.host_kv_budget = host_budget;
   model_options.block_tokens = block_tokens;
   model_options.max_rows = chunk_tokens;
+  if (options.count("--mla-form")) {
+    const std::string& form = options["--mla-form"];
+    if (form == "automatic") model_options.mla_prompt_form = MlaPromptForm::automatic;
+    else if (form == "absorbed") model_options.mla_prompt_form = MlaPromptForm::absorbed;
+    else if (form == "decompressed") model_options.mla_prompt_form = MlaPromptForm::decompressed;
+    else throw UsageError("generate: --mla-form must be automatic, absorbed or decompressed, got '" + form + "'");
+  }
   model_options.kv_policy = [](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
     return std::make_unique<FirstFitKVPolicy>(std::nullopt, shape, cache, Region::cpu_resident);
   };
