@@ -530,7 +530,10 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
     if (config.context_fill == "prefill") {
       std::vector<int> prompt(static_cast<std::size_t>(run.context));
       for (int& t : prompt) t = static_cast<int>(random() % static_cast<std::uint64_t>(model_config.vocab));
-      const auto logits = model.prefill(sequence, prompt);
+      const auto logits = model.prefill(sequence, prompt, [&](std::int64_t done, std::int64_t total) {
+        progress.step("context " + std::to_string(b + 1) + "/" + std::to_string(run.batch) + ": prefill " +
+                      format_tokens(done) + "/" + format_tokens(total));
+      });
       tokens.push_back(static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
     } else {
       model.fill_context(sequence, run.context, seed + static_cast<std::uint64_t>(b));

@@ -146,7 +146,7 @@ struct HostPrefillLayout {
 
 /// Host work item: stages the query tile once and each key tile in fp32, in
 /// the orientation the keys are stored in (token rows: S^T = K Q^T; head-major
-/// tiles: S = Q K^T), and runs both products through host_tile_gemm.
+/// tiles: S = Q K^T), and runs both products through host_gemm.
 template <class ExecSpace, class Source>
 struct PrefillHostKernel {
   PrefillData<ExecSpace, Source> data;
@@ -233,6 +233,8 @@ struct PrefillHostKernel {
     }
     stage_values(span, first, n, kv_head, v);
   }
+
+  /// Values [first, first + n) of the span as V (tp, values_padded), padding zero.
   void stage_values(int span, int first, int n, int kv_head, float* v) const {
     const int tp = layout.keys_padded, dvp = layout.values_padded, dv = data.value_dim;
     for (int j = 0; j < n; ++j) {
