@@ -17,7 +17,8 @@ inline constexpr int peak_chains = 12;
 float bf16_dot_chains(float seed, std::int64_t iterations);
 
 /// The same with 16-lane fp32 FMAs (vfmadd on zmm registers, 16
-/// multiply-adds apiece). Only on CPUs with AVX-512F.
+/// multiply-adds apiece). Only on CPUs with AVX-512 BF16 (the avx512_bf16
+/// path, whose prefill products these are).
 float fp32_fma16_chains(float seed, std::int64_t iterations);
 
 }  // namespace writescope::impl
