@@ -92,7 +92,8 @@ void prefill_segments_attention(
 /// precede the rows).
 enum class AttentionPass { decode, prompt };
 
-/// decode_attention or prefill_segments_attention, as `pass` says.
+/// decode_attention or prefill_segments_attention, as `pass` says: queries
+/// (batch or rows, q_heads, key_dim), out (the same rows, q_heads, value_dim).
 template <class ExecSpace, class Scalar, class PoolSpace>
 void attend_segments(AttentionPass pass, const ExecSpace& space, const AttentionShape& shape,
                      const BlockGeometry& geometry, BlockOrder order,

@@ -16,10 +16,10 @@
 #include <memory>
 #include <vector>
 
-#include "framework/host_gemm.hpp"
 #include "attention/prefill.hpp"
 #include "bounds.hpp"
 #include "framework/cpu_path.hpp"
+#include "framework/host_gemm.hpp"
 #include "layouts/inplace_kv_cache.hpp"
 
 namespace writescope {

@@ -161,6 +161,7 @@ struct Bf16DotChains {
   float seed;
   void operator()(int, float& sink) const { sink += impl::bf16_dot_chains(seed, fma_iterations); }
 };
+/// Per thread: fma_iterations x fma_chains 16-lane fp32 FMAs (AVX-512F).
 struct Fma16Chains {
   float seed;
   void operator()(int, float& sink) const { sink += impl::fp32_fma16_chains(seed, fma_iterations); }

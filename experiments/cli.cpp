@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -203,24 +204,37 @@ int calibrate_attention_command(const std::vector<std::string>& args, std::ostre
   return 0;
 }
 
-/// Token ids separated by commas (and, in a file, whitespace), each in [0,
-/// vocab); `source` names where they come from in errors.
+/// Token ids separated by commas or whitespace (or both; a trailing comma is
+/// fine, two commas with nothing between them are not), each in [0, vocab);
+/// `source` names where they come from in errors.
 std::vector<int> token_list(const std::string& text, int vocab, const std::string& source) {
   std::vector<int> tokens;
+  auto fail = [&](const std::string& item) {
+    throw UsageError("generate: " + source + " must be token ids in [0, " + std::to_string(vocab) +
+                     ") (the model's vocabulary) separated by commas or whitespace; token " +
+                     std::to_string(tokens.size() + 1) + " is '" + item + "'");
+  };
+  bool after_comma = true;  // at the start, or since the last comma no id came
   std::size_t at = 0;
   while (at < text.size()) {
-    const std::size_t end = std::min(text.find_first_of(", \t\r\n", at), text.size());
+    if (std::isspace(static_cast<unsigned char>(text[at]))) {
+      ++at;
+      continue;
+    }
+    if (text[at] == ',') {
+      if (after_comma) fail("");
+      after_comma = true;
+      ++at;
+      continue;
+    }
+    const std::size_t end = std::min(text.find_first_of(", \t\r\n\v\f", at), text.size());
     const std::string item = text.substr(at, end - at);
-    at = end + 1;
-    if (item.empty() && (end == text.size() || text[end] != ',')) continue;  // whitespace runs
     int value = -1;
     const auto [stop, error] = std::from_chars(item.data(), item.data() + item.size(), value);
-    if (error != std::errc() || stop != item.data() + item.size() || value < 0 || value >= vocab)
-      throw UsageError("generate: " + source + " must be token ids in [0, " + std::to_string(vocab) +
-                       ") (the model's vocabulary) separated by commas" +
-                       (source == "--prompt" ? "" : " or whitespace") + "; token " +
-                       std::to_string(tokens.size() + 1) + " is '" + item + "'");
+    if (error != std::errc() || stop != item.data() + item.size() || value < 0 || value >= vocab) fail(item);
     tokens.push_back(value);
+    after_comma = false;
+    at = end;
   }
   if (tokens.empty()) throw UsageError("generate: " + source + " holds no token");
   return tokens;

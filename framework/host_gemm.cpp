@@ -116,7 +116,7 @@ void tile_gemm_avx512(int m, int n, int k, const float* a, std::int64_t a_row, s
 }  // namespace
 
 void host_gemm(CpuPath path, int m, int n, int k, const float* a, std::int64_t a_row, std::int64_t a_col,
-                    const float* b, int ldb, float* c, int ldc) {
+               const float* b, int ldb, float* c, int ldc) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
   if (path >= CpuPath::avx512_bf16) {
     tile_gemm_avx512(m, n, k, a, a_row, a_col, b, ldb, c, ldc);

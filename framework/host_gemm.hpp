@@ -25,7 +25,8 @@ CpuPath host_gemm_path(CpuPath active);
 void host_gemm(CpuPath path, int m, int n, int k, const float* a, std::int64_t a_row, std::int64_t a_col,
                const float* b, int ldb, float* c, int ldc);
 
-/// Rows of a that host_gemm's `path` takes at once (the rest go to scalar).
+/// The multiple of rows host_gemm's `path` needs; callers run any remaining
+/// rows on CpuPath::scalar (linear_features_gemm does).
 int host_gemm_row_multiple(CpuPath path);
 
 }  // namespace writescope

@@ -234,10 +234,13 @@ VramUse MoeModel::fixed_vram(const ModelConfig& config, const ModelOptions& opti
        static_cast<std::uint64_t>(std::max(config.dense_intermediate, config.expert_intermediate)) *
            std::max(1, config.shared_experts)});
   const std::uint64_t activations = rows * (4ull * config.hidden + 4 * widest) * sizeof(float);
-  // Queries, partial states and the prefill kernel's query tiles (queries and
-  // accumulators) for max_rows rows.
+  // Queries and partial states for max_rows rows, and the prefill kernels'
+  // query tiles (queries and accumulators) in their three GPU workspaces (the
+  // chunk's own keys, VRAM blocks, streamed blocks), each counted twice for
+  // rows rounded up to whole tiles and workspaces that grow by doubling.
+  const std::uint64_t prefill_tiles = 3 * 2 * rows * config.q_heads * (shape.key_dim + shape.value_dim) * sizeof(float);
   std::uint64_t attention =
-      rows * config.q_heads * (2ull * shape.key_dim + 4ull * shape.value_dim + 3) * sizeof(float);
+      rows * config.q_heads * (shape.key_dim + 3ull * shape.value_dim + 3) * sizeof(float) + prefill_tiles;
   if (config.mla()) {
     // Decompressed prompt chunks: a span of latent rows, widened, expanded,
     // per-head keys and values, two states and the prefill kernel's tiles.
@@ -461,7 +464,7 @@ MoeModel::~MoeModel() {
   if (impl_) impl_->streams[2].fence();  // no prefetch may land in freed slots
 }
 
-bool mla_prompt_decompressed(const ModelConfig& config, int rows) {
+bool mla_prompt_cheaper_decompressed(const ModelConfig& config, int rows) {
   if (!config.mla()) return false;
   const double heads = config.q_heads, latent = config.kv_lora_rank;
   const double absorbed = heads * (2 * latent + config.qk_rope_head_dim);
@@ -569,6 +572,11 @@ struct ModelForward {
     const int rows = static_cast<int>(queries.extent(0));
     SplitPrediction prediction;
     SplitPlan plan = kv_policy.plan(layer, sequences, ranges, prediction);
+    // Bytes by the region that holds them (a prompt pass moves the band's reader, not its blocks).
+    record.region_bytes[int(Region::gpu_resident)] += kv_policy.segment_bytes(plan.gpu_resident);
+    record.region_bytes[int(Region::gpu_streamed)] += kv_policy.segment_bytes(plan.gpu_streamed);
+    record.region_bytes[int(Region::cpu_resident)] += kv_policy.segment_bytes(plan.cpu_resident);
+    record.region_bytes[int(Region::cpu_streamed)] += kv_policy.segment_bytes(plan.cpu_pinned);
     if (kind == AttentionPass::prompt) {
       // A prompt chunk is compute-bound (every block is read by a whole query
       // tile), and the GPU computes orders of magnitude faster than the CPU:
@@ -594,14 +602,11 @@ struct ModelForward {
     record.attention_gpu += timings.gpu_seconds;
     record.attention_cpu += timings.cpu_seconds;
     record.attention += timings.step_seconds;
-    record.region_bytes[int(Region::gpu_resident)] += kv_policy.segment_bytes(plan.gpu_resident);
-    record.region_bytes[int(Region::gpu_streamed)] += kv_policy.segment_bytes(plan.gpu_streamed);
-    record.region_bytes[int(Region::cpu_resident)] += kv_policy.segment_bytes(plan.cpu_resident);
-    record.region_bytes[int(Region::cpu_streamed)] += kv_policy.segment_bytes(plan.cpu_pinned);
   }
 
   /// Rows [first_row, first_row + count) of keys (rows, kv_heads, key_dim) and
-  /// values into the cache, where the KV policy places them.
+  /// values (rows, kv_heads, value_dim; the keys when values_in_keys) into the
+  /// cache, where the KV policy places them.
   void append_rows(int layer, int sequence, const TokenRows& keys, const TokenRows& values, int first_row, int count,
                    bool decode) {
     using Token = Kokkos::View<const bf16***, Kokkos::LayoutRight, GpuMem>;
@@ -623,13 +628,10 @@ struct ModelForward {
     const Gpu& gpu = attention_gpu;
     const int rows = pass.rows();
     const BlockGeometry& g = cache.geometry();
-    auto append = [&](int sequence, int first_row, int count, bool decode) {
-      append_rows(layer, sequence, keys, values, first_row, count, decode);
-    };
     if (!pass.prefill) {
       std::vector<TokenRange> ranges;
       for (int r = 0; r < rows; ++r) {
-        append(pass.sequences[r], r, 1, true);
+        append_rows(layer, pass.sequences[r], keys, values, r, 1, true);
         ranges.push_back(TokenRange{0, cache.length(layer, pass.sequences[r])});
       }
       split_attention(layer, AttentionPass::decode, pass.sequences, ranges, queries, out, record);
@@ -649,7 +651,7 @@ struct ModelForward {
       split_attention(layer, AttentionPass::prompt, {sequence}, {TokenRange{0, earlier}}, queries, part, record);
       record.attention += gpu_seconds(gpu, [&] { merge_into(gpu, out, part); });
     }
-    append(sequence, 0, rows, false);
+    append_rows(layer, sequence, keys, values, 0, rows, false);
   }
 
   /// GQA attention of the pass' normalised rows h (rows, hidden) into out (rows, hidden).
@@ -716,7 +718,7 @@ struct ModelForward {
                                                      normed, compressed});
     const bool decompressed =
         pass.prefill && (options.mla_prompt_form == MlaPromptForm::decompressed ||
-                         (options.mla_prompt_form == MlaPromptForm::automatic && mla_prompt_decompressed(c, rows)));
+                         (options.mla_prompt_form == MlaPromptForm::automatic && mla_prompt_cheaper_decompressed(c, rows)));
     if (decompressed) {
       const auto& state = m.partial(m.prompt_values, "writescope::moe::mla_prompt", rows, heads, vdim);
       mla_decompressed_prompt(layer, pass, q, keys, state, record);
@@ -741,7 +743,7 @@ struct ModelForward {
   /// MLA, decompressed: the queries (rows, heads, nope + rope) against the
   /// latent rows `rows` (tokens, latent + rope) expanded per head; query i
   /// sees key t when t < first_position + i + 1 (first_position >= tokens: all).
-  /// Written into `out`, or merged into it when `merge`.
+  /// Written into `out` (rows, heads, v), or merged into it when `merge`.
   void decompressed_span(int layer, const Kokkos::View<const float***, Kokkos::LayoutRight, GpuMem>& queries,
                          const Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMem>& rows,
                          std::int64_t first_position, const PartialState<GpuMem>& out, bool merge) {
@@ -802,7 +804,7 @@ struct ModelForward {
     return rows;
   }
 
-  /// An MLA prompt chunk in the decompressed form (mla_prompt_decompressed):
+  /// An MLA prompt chunk in the decompressed form (mla_prompt_cheaper_decompressed):
   /// queries q (rows, heads * (nope + rope)), roped, against its own latent
   /// rows (rows, 1, latent + rope) causally and against the sequence's
   /// earlier rows, in spans of max_rows tokens; o (rows, heads, v) into `out`.

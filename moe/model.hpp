@@ -67,21 +67,19 @@ using KVPolicyFactory =
 /// How MLA (DeepSeek) prompt chunks attend; decode steps always use the
 /// absorbed form (one row per sequence).
 enum class MlaPromptForm {
-  automatic,     // mla_prompt_decompressed() decides per chunk
+  automatic,     // mla_prompt_cheaper_decompressed() decides per chunk
   absorbed,      // queries absorbed into the latent: keys and values are the cached latent rows
   decompressed,  // keys and values expanded from the latent rows, per head (kv_b_proj)
 };
 
-/// Whether a prompt chunk of `rows` rows is cheaper in MLA's decompressed
-/// form, by the roofline of multiply-adds (both forms run on the same device
-/// at the same tile-GEMM rate, framework/host_gemm.hpp or the GPU's): per
-/// (row, earlier key) the absorbed form costs heads x (2 x kv_lora_rank +
-/// rope) and the decompressed form heads x (nope + rope + v); decompressing
-/// costs heads x (nope + v) x kv_lora_rank per key and chunk, shared by all
-/// of the chunk's rows. DeepSeek-V2-Lite: 17408 vs 5120 per pair, 2.1 M per
-/// key, so chunks of more than 170 rows are cheaper decompressed (256 rows:
-/// 0.76 of the absorbed form's multiply-adds).
-bool mla_prompt_decompressed(const ModelConfig& config, int rows);
+/// Whether a prompt chunk of `rows` rows costs fewer multiply-adds in MLA's
+/// decompressed form (both forms are GEMM-shaped on the same device, so
+/// multiply-adds decide): per (row, key) the absorbed form does heads x
+/// (2 kv_lora_rank + rope), the decompressed form heads x (nope + rope + v),
+/// but it first expands every key, heads x (nope + v) x kv_lora_rank, once
+/// per chunk. Wide chunks spread that over more rows: DeepSeek-V2-Lite from
+/// 171 rows on.
+bool mla_prompt_cheaper_decompressed(const ModelConfig& config, int rows);
 
 struct ModelOptions {
   std::uint64_t vram_budget = 0;    // bytes: GPU weights, workspace, expert slots and the KV VRAM pool

@@ -86,8 +86,9 @@ void softmax_avx2_query_rows(float* scores, std::int64_t key_stride, int queries
     }
     const __m256 old = _mm256_loadu_ps(maxima + x);
     const __m256 any = _mm256_castsi256_ps(_mm256_cmpgt_epi32(limit, _mm256_setzero_si256()));
-    // Queries that see nothing keep their state (factor 1); exp8 turns the
-    // -inf - -inf of a query's first keys into 0, not NaN.
+    // Queries that see nothing keep their state (factor 1). A query's first
+    // keys give exp8(-inf) (or of NaN, for one that saw nothing): exp8 clamps
+    // to e^-87, a factor that only ever multiplies sums and accumulators of 0.
     const __m256 updated = _mm256_blendv_ps(old, _mm256_max_ps(old, best), any);
     const __m256 correction = _mm256_blendv_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(old, updated)), any);
     __m256 total = _mm256_setzero_ps();

@@ -12,7 +12,7 @@ namespace writescope::impl {
 /// query tile's accumulators. Query x's score for key j sits at
 /// scores[x * query_stride + j * key_stride] (one stride is 1); keys
 /// j >= seen[x] are masked (causal mask, padding).
-///   queries: rows of the tile (seen, maxima, sums, corrections and o hold that many);
+///   queries: rows of the tile (seen, maxima, sums and o hold that many);
 ///            the avx2 path needs a multiple of 8 when query_stride == 1
 ///   keys:    key columns, a multiple of 8 on the avx2 path
 /// Afterwards every score holds p = exp(score - new max) or 0; maxima and sums

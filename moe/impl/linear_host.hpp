@@ -116,6 +116,8 @@ inline constexpr int gemm_linear_features = 64;
 /// gemm_linear_features weight rows as a GEMM, x against blocks of W^T
 /// staged in fp32 (256 input columns x 64 features, in L1/L2), on
 /// host_gemm's `path` (framework/host_gemm.hpp).
+///   x: (rows, in), row stride x_stride; w: (features, in), row stride w_stride;
+///   y: (rows, features), row stride y_stride
 template <class Scalar>
 void linear_features_gemm(const float* x, std::int64_t x_stride, int rows, int in, const Scalar* w,
                           std::int64_t w_stride, int features, float* y, std::int64_t y_stride, CpuPath path);

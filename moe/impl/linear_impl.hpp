@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "framework/cpu_path.hpp"
+#include "framework/host_gemm.hpp"
 #include "framework/launch.hpp"
 #include "framework/spaces.hpp"
-#include "framework/host_gemm.hpp"
 #include "moe/impl/linear_host.hpp"
 
 namespace writescope {

@@ -95,7 +95,7 @@ template <class MemSpace>
 struct GatherLatentRows {
   Kokkos::View<bf16**, Kokkos::LayoutRight, MemSpace> rows;  // (tokens, latent + rope)
   const bf16* pool;
-  Kokkos::View<const std::int64_t*, MemSpace> starts;
+  Kokkos::View<const std::int64_t*, MemSpace> starts;  // (tokens): element offset of row t in the pool
   KOKKOS_INLINE_FUNCTION void operator()(int t, int c) const { rows(t, c) = pool[starts(t) + c]; }
 };
 

@@ -84,11 +84,18 @@ TYPED_TEST(PrefillAttentionTest, CausalChunkMatchesReference) {
       std::vector<double> reference;
       reference_prefill(shape, this->queries_.data(), chunk, first,
                         ReferenceKV{this->keys_.data(), this->values_.data(), tokens}, reference);
-      for (std::int64_t i = 0; i < chunk; ++i)
+      for (std::int64_t i = 0; i < chunk; ++i) {
         for (int h = 0; h < shape.q_heads; ++h)
           for (int d = 0; d < shape.value_dim; ++d)
             ASSERT_NEAR(state.o(i, h, d), reference[(i * shape.q_heads + h) * shape.value_dim + d], 3e-4)
                 << "query " << i << " head " << h << " d " << d;
+        // lse: query i over keys [0, first + i + 1), as one decode query.
+        std::vector<double> o, lse;
+        reference_decode(shape, this->queries_.data() + i * shape.q_heads * shape.key_dim,
+                         ReferenceKV{this->keys_.data(), this->values_.data(), tokens}, 0, first + i + 1, o, lse);
+        for (int h = 0; h < shape.q_heads; ++h)
+          ASSERT_NEAR(state.lse(i, h), lse[h], 1e-4 * (1 + std::abs(lse[h]))) << "query " << i << " head " << h;
+      }
     }
   };
   test::for_each_cpu_path([&](CpuPath) { check(BlockProduct::automatic); });
@@ -249,8 +256,10 @@ TYPED_TEST(PrefillSegmentsTest, NoSegmentsGiveTheEmptyState) {
   for (int r = 0; r < 3; ++r) EXPECT_EQ(state.lse(r, 0), -INFINITY) << r;
 }
 
-// A faster path compiled in but not taken would still pass every accuracy test.
-TEST(PrefillDispatch, TheTileProductTakesTheBestCpuPath) {
+// The prefill tiles and linear layers of many rows run host_gemm on the path
+// host_gemm_path picks: a faster path compiled in but not picked would still
+// pass every accuracy test.
+TEST(HostGemmDispatch, TakesTheBestCpuPath) {
   EXPECT_EQ(host_gemm_path(best_cpu_path()), best_cpu_path());
 }
 

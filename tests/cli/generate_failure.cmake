@@ -1,6 +1,6 @@
 # cmake -DCOMMAND=<writescope> -DPYTHON=<python3> -DFOLDER=<dir> -P generate_failure.cmake
 # A generation that fails part-way (here the KV cache runs out of room at the
-# 223th token) prints the tokens it made, says where it stopped, and keeps
+# 223rd token) prints the tokens it made, says where it stopped, and keeps
 # those tokens and their logits in the --logits file, committed with the error.
 file(REMOVE_RECURSE "${FOLDER}")
 file(MAKE_DIRECTORY "${FOLDER}")

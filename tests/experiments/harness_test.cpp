@@ -252,11 +252,10 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
   EXPECT_EQ(run_experiment(experiment(yaml), test::tiny_profile(), quiet, false).skipped, 2);
 }
 
-// A context larger than the machine can hold is a "does not fit" record that
-// names the bytes, decided before any pool is allocated or filled.
 // Contexts built from real prompts: accepted up to the paper's longest, and
-// a prompt longer than one chunk (256 rows) fills the context the decode
-// steps then read in full.
+// a prompt longer than one chunk (256 rows) goes through the prefill path
+// (its progress shows on a terminal) and fills the context the decode steps
+// then read in full.
 TEST_F(HarnessTest, PromptsFillContextsThroughPrefill) {
   const std::string yaml = "name: test\noutput: " + output_ +
                            "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [writescope]\n"
@@ -267,9 +266,10 @@ TEST_F(HarnessTest, PromptsFillContextsThroughPrefill) {
   const ExperimentConfig experiment =
       ExperimentConfig::from_config(ConfigNode::parse(yaml + "contexts: [300]\n", "prefill.yaml"));
   std::ostringstream progress;
-  const ExperimentSummary summary = run_experiment(experiment, test::tiny_profile(), progress, false);
+  const ExperimentSummary summary = run_experiment(experiment, test::tiny_profile(), progress, true);
   ASSERT_EQ(summary.failed, 0) << progress.str();
   ASSERT_GT(summary.complete, 0) << progress.str();
+  EXPECT_NE(progress.str().find("context 1/1: prefill 256/300"), std::string::npos) << progress.str();
   const ResultsReader reader(output_);
   for (const std::string& name : reader.list("/runs")) {
     const std::string g = "/runs/" + name;
@@ -288,6 +288,8 @@ TEST_F(HarnessTest, PromptsFillContextsThroughPrefill) {
   }
 }
 
+// A context larger than the machine can hold is a "does not fit" record that
+// names the bytes, decided before any pool is allocated or filled.
 TEST_F(HarnessTest, AContextBeyondTheMachinesMemoryDoesNotFit) {
   const std::string yaml = "name: huge\noutput: " + output_ +
                            "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers]\n"

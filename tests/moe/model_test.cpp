@@ -132,11 +132,11 @@ TEST(MoeModel, ChunkedPrefillMatchesTheReference) {
 // 2097152 to decompress a key: from 2097152 / 12288 = 170.7 rows on.
 TEST(MlaPromptForm, DecompressedFromTheChunkSizeWhereItCostsFewerMultiplyAdds) {
   const ModelConfig lite = model_preset("deepseek-v2-lite");
-  EXPECT_FALSE(mla_prompt_decompressed(lite, 1));
-  EXPECT_FALSE(mla_prompt_decompressed(lite, 170));
-  EXPECT_TRUE(mla_prompt_decompressed(lite, 171));
-  EXPECT_TRUE(mla_prompt_decompressed(lite, 256));
-  EXPECT_FALSE(mla_prompt_decompressed(model_preset("qwen3-30b-a3b"), 4096));
+  EXPECT_FALSE(mla_prompt_cheaper_decompressed(lite, 1));
+  EXPECT_FALSE(mla_prompt_cheaper_decompressed(lite, 170));
+  EXPECT_TRUE(mla_prompt_cheaper_decompressed(lite, 171));
+  EXPECT_TRUE(mla_prompt_cheaper_decompressed(lite, 256));
+  EXPECT_FALSE(mla_prompt_cheaper_decompressed(model_preset("qwen3-30b-a3b"), 4096));
 }
 
 TEST(MoeModel, LogitsDoNotDependOnPlacement) {
