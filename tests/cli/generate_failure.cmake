@@ -1,25 +1,25 @@
 # cmake -DCOMMAND=<writescope> -DPYTHON=<python3> -DFOLDER=<dir> -P generate_failure.cmake
 # A generation that fails part-way (here the KV cache runs out of room at the
-# 223rd token) prints the tokens it made, says where it stopped, and keeps
+# 271st token) prints the tokens it made, says where it stopped, and keeps
 # those tokens and their logits in the --logits file, committed with the error.
 file(REMOVE_RECURSE "${FOLDER}")
 file(MAKE_DIRECTORY "${FOLDER}")
 execute_process(COMMAND ${COMMAND} generate --model tiny-mixtral --prompt 1,2,3 --new-tokens 300 --block-tokens 16
-                        --vram-budget 270KiB --host-budget 4KiB --chunk-tokens 8 --logits ${FOLDER}/logits.h5
+                        --vram-budget 300KiB --host-budget 4KiB --chunk-tokens 8 --logits ${FOLDER}/logits.h5
   RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
 string(REGEX MATCHALL "[0-9]+" tokens "${out}")
 list(LENGTH tokens printed)
-if(NOT status EQUAL 1 OR NOT printed EQUAL 222 OR
-   NOT err MATCHES "decoding token 223: KV cache: no room.*the 222 tokens before it and their logits are in .*logits.h5:/generate_0")
+if(NOT status EQUAL 1 OR NOT printed EQUAL 270 OR
+   NOT err MATCHES "decoding token 271: KV cache: no room.*the 270 tokens before it and their logits are in .*logits.h5:/generate_0")
   message(FATAL_ERROR "status ${status}, ${printed} tokens printed; stderr:\n${err}")
 endif()
 execute_process(COMMAND ${PYTHON} -c "
 import sys, h5py
 g = h5py.File(sys.argv[1], 'r')['generate_0']
-assert g['logits'].shape == (222, 256), g['logits'].shape
+assert g['logits'].shape == (270, 256), g['logits'].shape
 assert list(g['generated'][:]) == [int(t) for t in sys.argv[2].split()], 'tokens differ from the printed ones'
-assert g.attrs['steps'] == 222 and g.attrs['complete'] == 0, dict(g.attrs)
-assert 'decoding token 223' in g.attrs['error'], g.attrs['error']
+assert g.attrs['steps'] == 270 and g.attrs['complete'] == 0, dict(g.attrs)
+assert 'decoding token 271' in g.attrs['error'], g.attrs['error']
 " ${FOLDER}/logits.h5 "${out}" RESULT_VARIABLE status ERROR_VARIABLE err)
 if(NOT status EQUAL 0)
   message(FATAL_ERROR "the logits file does not hold the steps before the failure:\n${err}")
