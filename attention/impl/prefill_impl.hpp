@@ -21,12 +21,19 @@ inline PrefillTiling prefill_tiling(const AttentionShape& shape, bool host) {
   // queries and accumulators, (key_dim + value_dim) floats per query, take
   // about 256 KiB: a tile and one staged key tile stay in a core's L2 while
   // the key tiles stream by. At most 128 queries: more buys no reuse of a key
-  // tile that already sits in L1. GPU: the same rows, score tiles of 32 keys.
+  // tile that already sits in L1. GPU: the same rows, key tiles of up to 32
+  // tokens, as many as let the team's scores and staged keys and values stay
+  // under 44 KiB of team scratch (48 KiB without opting in to more).
   const int per_query = 4 * (shape.key_dim + shape.value_dim);
   const int queries = std::max(shape.group(), std::min(128, (256 * 1024) / per_query));
   PrefillTiling tiling;
   tiling.rows = std::max(1, queries / shape.group());
   tiling.keys = host ? 64 : 32;
+  auto team_bytes = [&](int keys) {
+    return sizeof(float) * (static_cast<std::size_t>(tiling.rows) * shape.group() * (keys + 3) +
+                            static_cast<std::size_t>(keys) * (shape.key_dim + shape.value_dim));
+  };
+  while (!host && tiling.keys > 1 && team_bytes(tiling.keys) > 44 * 1024) tiling.keys /= 2;
   return tiling;
 }
 
@@ -248,9 +255,11 @@ struct PrefillHostKernel {
 };
 
 /// Portable work item as one team, shaped for GPUs: the query tile and its
-/// accumulators in the work item's global buffer, one score tile in team
-/// scratch; lanes take (query, key) scores with a vector reduction over dims,
-/// threads take a query's softmax, lanes take (query, value dim) items of P·V.
+/// accumulators in the work item's global buffer; each key tile's keys and
+/// values staged once in team scratch (every query of the tile reads them)
+/// beside its scores; lanes take (query, key) scores with a vector reduction
+/// over dims, threads take a query's softmax, lanes take (query, value dim)
+/// items of P·V.
 template <class ExecSpace, class Source>
 struct PrefillTeamKernel {
   using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
@@ -261,9 +270,11 @@ struct PrefillTeamKernel {
   KOKKOS_INLINE_FUNCTION std::size_t item_floats() const {
     return std::size_t(data.tiling.rows) * data.group * (data.key_dim + data.value_dim);
   }
-  /// Team scratch: scores (queries, keys), max, sum and correction per query.
+  /// Team scratch: scores (queries, keys), max, sum and correction per query,
+  /// then the key tile's keys (keys, key_dim) and values (keys, value_dim).
   KOKKOS_INLINE_FUNCTION std::size_t scratch_floats() const {
-    return std::size_t(data.tiling.rows) * data.group * (data.tiling.keys + 3);
+    return std::size_t(data.tiling.rows) * data.group * (data.tiling.keys + 3) +
+           std::size_t(data.tiling.keys) * (data.key_dim + data.value_dim);
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
@@ -279,6 +290,8 @@ struct PrefillTeamKernel {
     float* maxima = scores + m * tile;
     float* sums = maxima + m;
     float* corrections = sums + m;
+    float* keys = scratch.data() + std::size_t(d.tiling.rows) * d.group * (tile + 3);
+    float* values = keys + tile * d.key_dim;
     Kokkos::parallel_for(Kokkos::TeamVectorRange(team, m * d.key_dim), [&](int e) {
       const int x = e / d.key_dim, c = e % d.key_dim;
       q[e] = d.queries(r0 + x / d.group, kv_head * d.group + x % d.group, c) * d.scale;
@@ -293,13 +306,20 @@ struct PrefillTeamKernel {
       const int tokens = d.source.span_tokens(span, r1);
       for (int first = 0; first < tokens; first += tile) {
         const int n = tokens - first < tile ? tokens - first : tile;
+        Kokkos::parallel_for(Kokkos::TeamVectorRange(team, n * (d.key_dim + d.value_dim)), [&](int e) {
+          if (e < n * d.key_dim)
+            keys[e] = d.source.key(span, first + e / d.key_dim, kv_head, e % d.key_dim);
+          else
+            values[e - n * d.key_dim] =
+                d.source.value(span, first + (e - n * d.key_dim) / d.value_dim, kv_head, (e - n * d.key_dim) % d.value_dim);
+        });
+        team.team_barrier();
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, m * n), [&](int e) {
           const int x = e / n, j = e % n;
           float dot = 0;
           Kokkos::parallel_reduce(
               Kokkos::ThreadVectorRange(team, d.key_dim),
-              [&](int c, float& sum) { sum += q[x * d.key_dim + c] * d.source.key(span, first + j, kv_head, c); },
-              dot);
+              [&](int c, float& sum) { sum += q[x * d.key_dim + c] * keys[j * d.key_dim + c]; }, dot);
           Kokkos::single(Kokkos::PerThread(team), [&]() { scores[x * tile + j] = dot; });
         });
         team.team_barrier();
@@ -326,7 +346,7 @@ struct PrefillTeamKernel {
         Kokkos::parallel_for(Kokkos::TeamVectorRange(team, m * d.value_dim), [&](int e) {
           const int x = e / d.value_dim, c = e % d.value_dim;
           float sum = acc[e] * corrections[x];
-          for (int j = 0; j < n; ++j) sum += scores[x * tile + j] * d.source.value(span, first + j, kv_head, c);
+          for (int j = 0; j < n; ++j) sum += scores[x * tile + j] * values[j * d.value_dim + c];
           acc[e] = sum;
         });
         team.team_barrier();
