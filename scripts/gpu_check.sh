@@ -49,7 +49,7 @@ if [ "$mode" = gpu ]; then
   space=Cuda
   slice_config=$repo/experiments/configs/h200-slice.yaml
   profile_option=(--profile "$work/profile.yaml")
-  bench_filter="^(pcie/.*/1024/|hbm/.*/1024/|host_dram/read/1024/|gpu_decode/.*/(32768|131072)/|split_decode/.*/131072/(0|25|50|75|100)/|cpu_decode/qwen3.*/32768/|cpu_decode/.*/131072/)"
+  bench_filter="^(pcie/.*/1024/|hbm/.*/1024/|host_dram/read/1024/|gpu_decode/.*/(32768|131072)/|split_decode/.*/131072/(0|25|50|75|100)/|cpu_decode/qwen3.*/32768/|cpu_decode/.*/131072/|prefill/.*/16384/)"
   limits=(smoke:45 tests:120 calibrate:60 benchmarks:110 slice:170)
 else
   build=${WRITESCOPE_BUILD:-$repo/build/host}
