@@ -572,7 +572,8 @@ struct ModelForward {
     const int rows = static_cast<int>(queries.extent(0));
     SplitPrediction prediction;
     SplitPlan plan = kv_policy.plan(layer, sequences, ranges, prediction);
-    // Bytes by the region that holds them (a prompt pass moves the band's reader, not its blocks).
+    // Bytes as the KV policy's plan serves them, before a prompt pass hands
+    // the CPU's share of the band to the GPU.
     record.region_bytes[int(Region::gpu_resident)] += kv_policy.segment_bytes(plan.gpu_resident);
     record.region_bytes[int(Region::gpu_streamed)] += kv_policy.segment_bytes(plan.gpu_streamed);
     record.region_bytes[int(Region::cpu_resident)] += kv_policy.segment_bytes(plan.cpu_resident);
