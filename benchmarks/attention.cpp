@@ -10,9 +10,6 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cmath>
-#include <memory>
-#include <vector>
 
 #include "attention/decode.hpp"
 #include "attention/split.hpp"
@@ -24,12 +21,6 @@
 namespace writescope {
 namespace {
 
-/// KV bytes the rotated copies of a benchmark's cache add up to at least:
-/// several times any last-level cache of the machines at hand (32 MiB per
-/// Zen CCD, up to 105 MiB on the GPU machine's host), so every iteration
-/// reads its KV from DRAM.
-constexpr double rotated_kv_bytes = 512.0 * (1 << 20);
-
 /// `memory_bound()`: the memory bound in GB/s, called right after the timed
 /// iterations (a shared machine's rates drift between benchmarks).
 template <class ExecSpace, class PoolSpace, class MemoryBound>
@@ -38,15 +29,11 @@ void decode(benchmark::State& state, const AttentionShape& shape, Region region,
             MemoryBound memory_bound) {
   using MemSpace = typename ExecSpace::memory_space;
   const std::int64_t tokens = state.range(0);
-  const double kv_bytes = static_cast<double>(tokens) * shape.kv_heads *
-                          (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
-  const int copies = static_cast<int>(std::ceil(rotated_kv_bytes / kv_bytes));
-  std::vector<std::unique_ptr<InplaceKVCache<bf16>>> caches;
-  std::vector<std::vector<BlockSegment>> segments;
-  for (int c = 0; c < copies; ++c) {
-    caches.push_back(filled_cache(shape, region, tokens));
-    segments.push_back(caches.back()->segments(0, region, {0}, {TokenRange{0, tokens}}));
-  }
+  const double kv_bytes = bench::kv_bytes(shape, tokens);
+  const bench::RotatedCaches rotated = bench::rotated_caches(shape, region, tokens);
+  const int copies = rotated.copies();
+  const auto& caches = rotated.caches;
+  const auto& segments = rotated.segments;
   Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> queries("writescope::benchmarks::queries", 1, shape.q_heads,
                                                                 shape.key_dim);
   Kokkos::deep_copy(queries, 0.05f);
@@ -132,8 +119,7 @@ void split_decode(benchmark::State& state, AttentionShape shape) {
   Kokkos::deep_copy(queries, 0.05f);
   PartialState<GpuMemSpace> out("writescope::benchmarks::split_out", 1, shape.q_heads, shape.value_dim);
   SplitDecode<bf16> split(shape, cache->geometry(), 1, 16);
-  const double kv_bytes = static_cast<double>(tokens) * shape.kv_heads *
-                          (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
+  const double kv_bytes = bench::kv_bytes(shape, tokens);
   // Each path alone over the whole band (warm-up run first).
   SplitPlan gpu_alone, cpu_alone;
   gpu_alone.gpu_streamed = blocks;

@@ -12,10 +12,6 @@
 // total), not with rows x tokens of memory traffic.
 #include <benchmark/benchmark.h>
 
-#include <cmath>
-#include <memory>
-#include <vector>
-
 #include "attention/prefill.hpp"
 #include "bounds.hpp"
 #include "framework/cpu_path.hpp"
@@ -31,15 +27,10 @@ void prefill(benchmark::State& state, AttentionShape shape) {
   using MemSpace = HostMemSpace;
   const std::int64_t tokens = state.range(0);
   const std::int64_t earlier = tokens - chunk_rows;
-  const double kv_bytes = static_cast<double>(earlier) * shape.kv_heads *
-                          (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
-  const int copies = static_cast<int>(std::ceil(512.0 * (1 << 20) / kv_bytes));
-  std::vector<std::unique_ptr<InplaceKVCache<bf16>>> caches;
-  std::vector<std::vector<BlockSegment>> segments;
-  for (int c = 0; c < copies; ++c) {
-    caches.push_back(filled_cache(shape, Region::cpu_resident, earlier));
-    segments.push_back(caches.back()->segments(0, Region::cpu_resident, {0}, {TokenRange{0, earlier}}));
-  }
+  const bench::RotatedCaches rotated = bench::rotated_caches(shape, Region::cpu_resident, earlier);
+  const int copies = rotated.copies();
+  const auto& caches = rotated.caches;
+  const auto& segments = rotated.segments;
   // The chunk's own queries, keys and values (token rows, as the model produces them).
   Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> queries("writescope::benchmarks::queries", chunk_rows,
                                                                 shape.q_heads, shape.key_dim);
