@@ -5,7 +5,12 @@
 # again), runs the default experiment (experiments/configs/quick.yaml: every
 # system on scaled-down models) into results/quick.h5 and writes its report
 # to results/report/ (report.md and figures). A second run resumes: runs
-# already in results/quick.h5 are kept. The kernel benchmarks are separate:
+# already in results/quick.h5 are kept. Without a GPU it also projects the
+# same experiment onto the shipped GPU profiles with this machine's CPU
+# figures (writescope predict, results/projected.h5 and
+# results/projected-report/, every title "Projected (not measured)") and says
+# how far the projection is from this machine's measured runs
+# (results/prediction-error.txt). The kernel benchmarks are separate:
 # scripts/benchmarks.sh.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -21,4 +26,12 @@ status=0
   --output results/quick.h5 || status=$?
 /usr/bin/python3 analysis/report.py results/quick.h5 -o results/report
 echo "run: wrote results/quick.h5 and results/report/report.md" >&2
+if grep -q "^has_gpu: false" results/profile.yaml; then
+  "$build/experiments/writescope" predict --compare results/quick.h5 | tee results/prediction-error.txt
+  "$build/experiments/writescope" predict experiments/configs/quick.yaml --profile h200-pcie5,a100-pcie4,v100-pcie3 \
+    --cpu-from results/profile.yaml --output results/projected.h5
+  /usr/bin/python3 analysis/report.py results/projected.h5 -o results/projected-report
+  echo "run: projected (not measured) onto the shipped GPU profiles with this machine's CPU:" \
+    "results/projected.h5, results/projected-report/report.md" >&2
+fi
 exit $status

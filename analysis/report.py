@@ -32,6 +32,9 @@ EXPERT_BASELINES = ("fiddler", "ktransformers", "hybrimoe")  # the baselines who
 STATUSES = ("complete", "does_not_fit", "failed")
 NOT_RUN_MARKERS = {"does_not_fit": "x", "failed": "v"}
 COMPONENT_ORDER = ("attention_gpu", "attention_cpu", "experts_gpu", "experts_cpu", "transfers", "other")
+PROJECTED = "Projected (not measured)"  # the title of every figure and table of a `writescope predict` file
+# The paper's headline (seed abstract): WriteScope over the best baseline, by GPU.
+PAPER_HEADLINE = {"a100": "1.5–2.5×", "v100": "1.4–1.7×"}
 
 
 class InputError(Exception):
@@ -83,7 +86,9 @@ class Run:
     reason: str
     expert_policy: str | None  # None: a writescope run of a file that did not record it
     system_comparison: bool  # stands for its system in the system-against-system comparison
-    measured: Measurements | None = None
+    measured: Measurements | None = None  # a predicted run's figures are projections, not measurements
+    predicted: bool = False  # priced by `writescope predict` on `profile`, not measured
+    profile: str = ""
 
     @property
     def setting(self):
@@ -112,6 +117,7 @@ class Results:
     runs: list
     damaged: list = field(default_factory=list)  # [(run group, why)]: left out of every figure and table
     unverified: int = 0  # runs written before runs carried checksums
+    predicted: bool = False  # every run is a projection (`writescope predict`)
 
 
 def _as_string(value):
@@ -235,9 +241,14 @@ def read_run(group):
         raise InputError(group.name, f"attribute 'system_comparison' is {system_comparison}, expected 0 or 1")
     # Older files wrote expert_policy on complete runs only; a baseline's is its own, WriteScope's unknown.
     expert_policy = optional_attribute(group, "expert_policy", str, None if system == SUBJECT else system)
+    predicted = optional_attribute(group, "predicted", int, 0) == 1
+    profile = optional_attribute(group, "profile", str, "")
+    # A projection prices each run on one of several machine profiles: the model on that machine is what
+    # its figures and tables compare, never runs of two machines.
+    on = f" on {profile}" if predicted else ""
     return Run(
-        model=attribute(group, "model", str),
-        model_label=attribute(group, "model_label", str),
+        model=attribute(group, "model", str) + on,
+        model_label=attribute(group, "model_label", str) + on,
         system=system,
         batch=attribute(group, "batch", int),
         context=attribute(group, "context", int),
@@ -248,6 +259,8 @@ def read_run(group):
         expert_policy=expert_policy,
         system_comparison=system_comparison == 1,
         measured=read_measurements(group) if status == "complete" else None,
+        predicted=predicted,
+        profile=profile,
     )
 
 
@@ -330,13 +343,20 @@ def load(path):
                     damaged.append((group.name, damage))
                 else:
                     intact.append(group)
+            predicted = optional_attribute(root, "predicted", int, 0) == 1
+            read = sorted((read_run(group) for group in intact), key=Run.sort_key)
+            kinds = {run.predicted for run in read} | {predicted}
+            if len(kinds) > 1:
+                raise InputError(root.name, "mixes predicted runs (`writescope predict`) and measured runs; a "
+                                            "projection is never compared with a measurement in one report")
             return Results(
                 experiment=attribute(root, "experiment", str),
                 git_revision=attribute(root, "git_revision", str),
                 profile=read_profile(root),
-                runs=sorted((read_run(group) for group in intact), key=Run.sort_key),
+                runs=read,
                 damaged=damaged,
                 unverified=sum("checksum" not in group.attrs for group in intact),
+                predicted=predicted,
             )
     except OSError as error:
         raise InputError("", f"cannot read: {error}") from None
@@ -434,6 +454,27 @@ def prediction_errors(runs):
     return {system: (float(np.median(values)), len(values)) for system, values in sorted(errors.items()) if values}
 
 
+def best_baseline_speedups(runs):
+    """{profile: [(setting, context, speedup)]}: WriteScope (its own expert policy) over the fastest other
+    system at equal setting and context, wherever both have complete runs."""
+    points = {}
+    for profile in sorted({run.profile for run in runs}):
+        throughput = mean_throughput(system_runs([run for run in runs if run.profile == profile]))
+        best = {}
+        for (setting, system, context), tps in throughput.items():
+            if system != SUBJECT:
+                best[(setting, context)] = max(best.get((setting, context), 0.0), tps)
+        points[profile] = sorted((setting, context, tps / best[(setting, context)])
+                                 for (setting, system, context), tps in throughput.items()
+                                 if system == SUBJECT and best.get((setting, context)))
+    return points
+
+
+def paper_headline(profile):
+    """The paper's headline range for the GPU a profile names, or an em dash."""
+    return next((text for gpu, text in PAPER_HEADLINE.items() if gpu in profile.lower()), "—")
+
+
 def component_seconds(run):
     """{component: mean over steps of the sum over layers} of a complete run."""
     return {name: float(values.sum(axis=1).mean()) for name, values in run.measured.components.items()}
@@ -514,13 +555,21 @@ def system_colours(runs):
     return {system: palette[i % len(palette)] for i, system in enumerate(systems)}
 
 
+_projected = False  # set by write_figures for a file of predicted runs
+
+
+def titled(text):
+    """A figure title; a projection's says so first."""
+    return f"{PROJECTED}: {text}" if _projected else text
+
+
 def subplot_grid(count, title):
     columns = min(count, 3)
     rows = math.ceil(count / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(5.6 * columns, 4.4 * rows), squeeze=False)
     for unused in axes.flat[count:]:
         unused.set_visible(False)
-    figure.suptitle(title)
+    figure.suptitle(titled(title))
     return figure, list(axes.flat[:count])
 
 
@@ -641,7 +690,7 @@ def plot_predictions(runs, colours, path):
     ax.set_yscale("log")
     ax.set_xlabel("predicted attention time per step (s)")
     ax.set_ylabel("measured attention time per step (s)")
-    ax.set_title("Roofline prediction vs measurement of attention")
+    ax.set_title(titled("Roofline prediction vs measurement of attention"))
     ax.legend(fontsize="small")
     save(figure, path)
     return True
@@ -684,17 +733,40 @@ def plot_roofline(profile, runs, path):
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity I (multiply-adds per KV byte)")
     ax.set_ylabel("attainable KV read rate (GB/s)")
-    ax.set_title(f"Attention roofline of machine profile '{profile.name}'")
+    ax.set_title(titled(f"Attention roofline of machine profile '{profile.name}'"))
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    save(figure, path)
+
+
+def plot_projected_speedup(profile, points, path):
+    figure, ax = plt.subplots(figsize=(7.2, 4.8))
+    for setting in sorted({setting for setting, _, _ in points}):
+        line = sorted((context, speedup) for s, context, speedup in points if s == setting)
+        ax.plot([c for c, _ in line], [v for _, v in line], marker="o", label=setting_title(setting))
+    context_axis(ax, sorted({context for _, context, _ in points}))
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_ylabel(f"{SUBJECT} speedup over the best baseline (×)")
+    ax.set_title(titled(f"speedup vs context on {profile}"), fontsize="medium")
+    ax.legend(fontsize="small")
     save(figure, path)
 
 
 def write_figures(results, output):
     """Writes every figure that has data; returns [(file name, caption)]."""
+    global _projected
+    _projected = results.predicted
     runs = results.runs
+    written = []
+    if results.predicted:
+        profiles = best_baseline_speedups(runs)
+        names = file_names(profiles, "projected_speedup")
+        for profile, points in profiles.items():
+            if points:
+                plot_projected_speedup(profile, points, os.path.join(output, names[profile]))
+                written.append((names[profile], f"{PROJECTED}: {SUBJECT} over the fastest other system vs context "
+                                                f"on profile '{profile}', one line per model and setting."))
     colours = system_colours(runs)
     models = by_model(runs)
-    written = []
     speedup_names, alpha_names, breakdown_names = (file_names(models, p) for p in ("speedup", "alpha", "breakdown"))
     for model, all_model_runs in models.items():
         # WriteScope's same-expert-policy variants would be averaged with its own choice per system and context.
@@ -717,7 +789,8 @@ def write_figures(results, output):
             written.append((breakdown_names[model], f"{model}: time per step by component at the largest context "
                                                     "most systems completed (devices overlap, so bars may exceed "
                                                     "the step time)."))
-    if plot_predictions(complete(runs), colours, os.path.join(output, "predicted_vs_measured.png")):
+    if not results.predicted and plot_predictions(complete(runs), colours,
+                                                  os.path.join(output, "predicted_vs_measured.png")):
         written.append(("predicted_vs_measured.png", "Predicted vs measured attention time of every measured step."))
     plot_roofline(results.profile, complete(runs), os.path.join(output, "roofline.png"))
     written.append(("roofline.png", f"Roofline of machine profile '{results.profile.name}' with each model's "
@@ -812,7 +885,22 @@ def not_run_section(runs):
             for run in missing]
 
 
+def projected_section(runs, min_context):
+    rows = []
+    for profile, points in best_baseline_speedups(runs).items():
+        for model in sorted({setting[0] for setting, _, _ in points}):
+            values = [v for setting, context, v in points if setting[0] == model and context >= min_context]
+            if values:
+                rows.append((profile, model, f"{math.exp(np.mean(np.log(values))):.2f}",
+                             f"{min(values):.2f}–{max(values):.2f}", len(values), paper_headline(profile)))
+    if not rows:
+        return ["No setting where WriteScope and another system both fit."]
+    return table(("profile", "model", "geomean speedup (×)", "range (×)", "points", "paper's headline"), rows)
+
+
 def report_markdown(results, figures, min_context):
+    if results.predicted:
+        return projected_markdown(results, figures, min_context)
     lines = [f"# WriteScope report: {results.experiment}", "",
              f"- Experiment: `{results.experiment}`",
              f"- Git revision: `{results.git_revision}`",
@@ -844,6 +932,35 @@ def report_markdown(results, figures, min_context):
     if results.damaged:
         lines += ["", "## Damaged runs", ""]
         lines += [f"- `{name}`: {cell(why)}" for name, why in results.damaged]
+    return "\n".join(lines) + "\n"
+
+
+def projected_markdown(results, figures, min_context):
+    """The report of a `writescope predict` file: every heading says it is a projection."""
+    profiles = ", ".join(f"`{p}`" for p in sorted({run.profile for run in results.runs}))
+    contexts = f"geometric-mean speedup, contexts ≥ {context_label(min_context)}"
+    lines = [f"# {PROJECTED}: WriteScope report: {results.experiment}", "",
+             f"**{PROJECTED}.** Every figure and table below is a roofline projection by `writescope predict`: "
+             "each system's own placement and scheduling decisions, priced with the rates of the machine profiles "
+             f"{profiles}; no kernel ran. Compare it with measurements only through `writescope predict --compare`.",
+             "",
+             f"- Experiment: `{results.experiment}`",
+             f"- Git revision: `{results.git_revision}`", "",
+             f"## {PROJECTED}: speedup over the best baseline ({contexts})", "",
+             f"{SUBJECT} with its own expert policy over the fastest other system at each setting and context, "
+             "beside the paper's headline for that GPU.", ""]
+    lines += projected_section(results.runs, min_context)
+    lines += ["", f"## {PROJECTED}: KV format and split alone (same expert policy; {contexts})", ""]
+    lines += same_policy_section(results.runs, min_context)
+    lines += ["", f"## {PROJECTED}: system against system ({contexts})", ""]
+    lines += geomean_section(results.runs, min_context)
+    lines += ["", f"## {PROJECTED}: figures", ""]
+    lines += [f"- [{name}]({name}): {caption}" for name, caption in figures]
+    lines += ["", f"## {PROJECTED}: runs", ""]
+    lines += table(("model", "system", "batch", "VRAM (GiB)", "context", "repetition", "status",
+                    "projected tokens/s or reason", "pinned (GiB)", "host (GiB)"), run_rows(results.runs))
+    lines += ["", f"## {PROJECTED}: did not fit", ""]
+    lines += not_run_section(results.runs)
     return "\n".join(lines) + "\n"
 
 

@@ -33,18 +33,8 @@ double run_fenced_iterations(benchmark::State& state, const ExecSpace& space, Wo
 /// Bytes of bf16 keys and values of `tokens` tokens of `shape`.
 double kv_bytes(const AttentionShape& shape, std::int64_t tokens);
 
-/// Copies of one sequence of `tokens` tokens filled into `region`
-/// (filled_cache), with each copy's segments over the whole sequence, that
-/// together hold at least 512 MiB of KV: several times any last-level cache
-/// of the machines at hand (32 MiB per Zen CCD, up to 105 MiB on the GPU
-/// machine's host), so a benchmark that rotates through them reads its KV from
-/// DRAM every iteration.
-struct RotatedCaches {
-  std::vector<std::unique_ptr<InplaceKVCache<bf16>>> caches;
-  std::vector<std::vector<BlockSegment>> segments;
-  int copies() const { return static_cast<int>(caches.size()); }
-};
-RotatedCaches rotated_caches(const AttentionShape& shape, Region region, std::int64_t tokens);
+using writescope::rotated_caches;  // experiments/calibration.hpp
+using writescope::RotatedCaches;
 
 /// Host DRAM read bandwidth (GB/s), all host threads, 1 GiB.
 double host_dram_read_gbps();

@@ -215,25 +215,30 @@ double measure_host_product_gmacs(CpuPath path) {
 
 namespace {
 
-/// An empty host work item: what launching a parallel region costs.
-struct EmptyHostWork {
-  void operator()(int) const {}
+/// A small host kernel: one store per element.
+struct SmallHostWork {
+  Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> rows;
+  void operator()(int row, int column) const { rows(row, column) = static_cast<float>(row + column); }
 };
 
 constexpr std::int64_t fill_chunk = 4096;
-constexpr int attention_block_tokens = 256;
 
 }  // namespace
 
 double measure_host_launch_latency_s() {
+  // The model's small kernels (norms, residuals, gathers of a few rows) are
+  // two-dimensional launches each waited for: the median of such a kernel
+  // over a few rows, not the best case of an empty one.
   const HostExecSpace space;
-  double best = 1e9;
-  for (int r = 0; r < 200; ++r)
-    best = std::min(best, time_fenced(space, [](const HostExecSpace& s) {
-                      launch_parallel_for("writescope::experiments::empty",
-                                           Kokkos::RangePolicy<HostExecSpace>(s, 0, s.concurrency()), EmptyHostWork{});
-                    }));
-  return best;
+  const Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> rows("writescope::experiments::rows", 4, 64);
+  std::vector<double> seconds;
+  for (int r = 0; r < 201; ++r)
+    seconds.push_back(time_fenced(space, [&](const HostExecSpace& s) {
+      launch_parallel_for("writescope::experiments::small",
+                           Kokkos::MDRangePolicy<HostExecSpace, Kokkos::Rank<2>>(s, {0, 0}, {4, 64}), SmallHostWork{rows});
+    }));
+  std::nth_element(seconds.begin(), seconds.begin() + 100, seconds.end());
+  return seconds[100];
 }
 
 ExpertKernelRates measure_cpu_expert_rates() {
@@ -269,8 +274,8 @@ ExpertKernelRates measure_cpu_expert_rates() {
 }
 
 std::unique_ptr<InplaceKVCache<bf16>> filled_cache(const AttentionShape& shape, Region region, std::int64_t tokens) {
-  const BlockGeometry g = shape.block_geometry(attention_block_tokens);
-  const std::int64_t blocks = (tokens + attention_block_tokens - 1) / attention_block_tokens;
+  const BlockGeometry g = shape.block_geometry(calibration_block_tokens);
+  const std::int64_t blocks = (tokens + calibration_block_tokens - 1) / calibration_block_tokens;
   const std::uint64_t bytes = static_cast<std::uint64_t>(blocks * g.block_elements()) * sizeof(bf16);
   KVCacheBudgets budgets;
   if (region == Region::gpu_resident) budgets.vram_bytes = bytes;
@@ -298,27 +303,50 @@ std::unique_ptr<InplaceKVCache<bf16>> filled_cache(const AttentionShape& shape, 
 
 namespace {
 
+double decode_kv_bytes(const AttentionShape& shape, std::int64_t tokens) {
+  return static_cast<double>(tokens) * shape.kv_heads *
+         (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
+}
+
+}  // namespace
+
+RotatedCaches rotated_caches(const AttentionShape& shape, Region region, std::int64_t tokens) {
+  constexpr double rotated_bytes = 512.0 * (1 << 20);
+  // At most 64 copies: short sequences (a quick calibration) stay quick and still exceed the LLC.
+  const int copies = std::min(64, static_cast<int>(std::ceil(rotated_bytes / decode_kv_bytes(shape, tokens))));
+  RotatedCaches rotated;
+  for (int c = 0; c < copies; ++c) {
+    rotated.caches.push_back(filled_cache(shape, region, tokens));
+    rotated.segments.push_back(rotated.caches.back()->segments(0, region, {0}, {TokenRange{0, tokens}}));
+  }
+  return rotated;
+}
+
+namespace {
+
 /// Decode attention of one query over `tokens` tokens, all in `region` of a
 /// one-layer cache, read by ExecSpace from `pool` in `order`: KV bytes per
 /// second, best of five.
 template <class ExecSpace, class MemSpace, class PoolOf>
 double measure_decode_gbps(const AttentionShape& shape, std::int64_t tokens, Region region, BlockOrder order,
                            PoolOf pool_of) {
-  const auto cache = filled_cache(shape, region, tokens);
-  const auto segments = cache->segments(0, region, {0}, {TokenRange{0, tokens}});
+  // Copies rotated past the last-level cache: the rate of KV read from
+  // DRAM, as a long context's decode step reads it.
+  const RotatedCaches rotated = rotated_caches(shape, region, tokens);
   Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> queries("writescope::experiments::queries", 1, shape.q_heads,
                                                                 shape.key_dim);
   Kokkos::deep_copy(queries, 0.05f);
   PartialState<MemSpace> out("writescope::experiments::out", 1, shape.q_heads, shape.value_dim);
   DecodeWorkspace<MemSpace> workspace;
+  int next = 0;
   auto run = [&](const ExecSpace& space) {
-    decode_attention<ExecSpace, bf16, MemSpace>(space, shape, cache->geometry(), order, queries,
-                                                ((*cache).*pool_of)(), segments, workspace, out);
+    const InplaceKVCache<bf16>& cache = *rotated.caches[next];
+    decode_attention<ExecSpace, bf16, MemSpace>(space, shape, cache.geometry(), order, queries, (cache.*pool_of)(),
+                                                rotated.segments[next], workspace, out);
+    next = (next + 1) % rotated.copies();
   };
   run(ExecSpace());
-  const double kv_bytes = static_cast<double>(tokens) * shape.kv_heads *
-                          (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
-  return best_rate(ExecSpace(), kv_bytes, run);
+  return best_rate(ExecSpace(), decode_kv_bytes(shape, tokens), run);
 }
 
 }  // namespace
@@ -367,6 +395,8 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
   gethostname(host, sizeof host - 1);
   p.name = options.name.empty() ? std::string(host) : options.name;
   p.has_gpu = has_gpu;
+  for (const char* section : {"gpu", "link", "cpu"})
+    if (has_gpu || std::string(section) == "cpu") p.sources[section] = "measured by writescope calibrate on " + p.name;
   const HostExecSpace space;
   p.cpu_threads = space.concurrency();
   auto step = [&](const std::string& what, double& field, auto measure) {

@@ -38,7 +38,7 @@ double measure_host_product_gmacs(CpuPath path);
 /// product runs on CPU path `path`, all host threads: scalar, 8-lane (avx2) or
 /// 16-lane AVX-512F (avx512_bf16). The compute roof of host prefill attention.
 double measure_host_fp32_fma_gmacs(CpuPath path);
-/// Smallest time of an empty parallel_for over the host threads.
+/// Median time of a small two-dimensional host kernel, launched and fenced.
 double measure_host_launch_latency_s();
 /// The project's bf16 SwiGLU expert kernel on the host, from DRAM: weight
 /// bytes per second (10^9) at one token, FLOP per second (10^9) at 64 tokens.
@@ -47,9 +47,30 @@ struct ExpertKernelRates {
 };
 ExpertKernelRates measure_cpu_expert_rates();
 
+/// Tokens per KV block of the caches the CPU attention rates are measured on
+/// (the paper's configs use it); smaller blocks run the kernels slower.
+inline constexpr int calibration_block_tokens = 256;
+
 /// A one-layer bf16 cache holding one sequence of `tokens` tokens, all in `region`.
 std::unique_ptr<InplaceKVCache<bf16>> filled_cache(const AttentionShape& shape, Region region, std::int64_t tokens);
-/// CPU decode attention over `tokens` CpuResident tokens: KV bytes per second, best of five.
+
+/// Copies of one sequence of `tokens` tokens filled into `region`
+/// (filled_cache), with each copy's segments over the whole sequence, that
+/// together hold at least 512 MiB of KV: several times any last-level cache
+/// of the machines at hand (32 MiB per Zen CCD, up to 105 MiB on the GPU
+/// machine's host), so a measurement that rotates through them (the
+/// calibration's CPU attention, the benchmarks) reads its KV from DRAM every
+/// iteration. At most 64 copies: a short sequence (a quick calibration's
+/// --tokens) stays quick and may partly hit the cache.
+struct RotatedCaches {
+  std::vector<std::unique_ptr<InplaceKVCache<bf16>>> caches;
+  std::vector<std::vector<BlockSegment>> segments;
+  int copies() const { return static_cast<int>(caches.size()); }
+};
+RotatedCaches rotated_caches(const AttentionShape& shape, Region region, std::int64_t tokens);
+
+/// CPU decode attention over `tokens` CpuResident tokens read from DRAM
+/// (rotated_caches): KV bytes per second, best of five.
 double measure_cpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens);
 
 /// GPU decode attention over `tokens` VRAM-resident tokens (the kernel the

@@ -23,6 +23,7 @@
 #include "attention/impl/host_block_attention.hpp"
 #include "experiments/calibration.hpp"
 #include "experiments/harness.hpp"
+#include "experiments/predict.hpp"
 #include "moe/model.hpp"
 #include "framework/config.hpp"
 #include "framework/cpu_path.hpp"
@@ -65,6 +66,15 @@ constexpr const char* usage_text =
     "                              setup is refused unless --allow-different-machine\n"
     "      [--shard K/N]           run share K (0-based) of N shares balanced by predicted cost,\n"
     "                              into CONFIG's output with .shard-K-of-N before .h5\n"
+    "  predict CONFIG.yaml --profile NAME|FILE[,NAME|FILE...] [--cpu-from PROFILE] [--output FILE.h5]\n"
+    "                              price every run of the experiment on each profile's roofline\n"
+    "                              (no kernels, nothing allocated per token or weight) into a\n"
+    "                              results file marked predicted (default: CONFIG's output with\n"
+    "                              -predicted before .h5); --cpu-from takes the CPU figures from\n"
+    "                              another profile, e.g. this machine's calibration\n"
+    "  predict --compare FILE.h5 [--cpu-from PROFILE]\n"
+    "                              price a file's measured runs with the profile they used and\n"
+    "                              print the error per system and component\n"
     "  merge OUT.h5 IN.h5... [--allow-different-machine] [--allow-missing]\n"
     "                              merge shards' results files of one experiment into a new file\n"
     "  verify FILE.h5              check every run of a results file against its checksum\n"
@@ -483,6 +493,43 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
   return summary.failed > 0 ? 1 : 0;
 }
 
+int predict_command(const std::vector<std::string>& args, std::ostream& out) {
+  const bool compare = !args.empty() && args.front() == "--compare";
+  if (args.empty() || (args.front().rfind("--", 0) == 0 && !compare))
+    throw UsageError("predict: give an experiment config, or --compare FILE.h5");
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  std::optional<MachineProfile> cpu;
+  if (compare) {
+    if (rest.empty() || rest.front().rfind("--", 0) == 0) throw UsageError("predict: --compare needs a results file");
+    const std::string file = rest.front();
+    auto options = parse_options("predict", std::vector<std::string>(rest.begin() + 1, rest.end()), {"--cpu-from"});
+    if (options.count("--cpu-from")) cpu = find_profile(options["--cpu-from"]);
+    out << format_comparison(compare_predictions(file, cpu ? &*cpu : nullptr));
+    return 0;
+  }
+  auto options = parse_options("predict", rest, {"--profile", "--cpu-from", "--output"});
+  const ExperimentConfig config = ExperimentConfig::load(args.front());
+  if (!options.count("--profile")) throw UsageError("predict: --profile is required (a shipped name or a profile file)");
+  if (options.count("--cpu-from")) cpu = find_profile(options["--cpu-from"]);
+  std::vector<MachineProfile> profiles;
+  const std::string& listed = options["--profile"];
+  for (std::size_t begin = 0, end = 0; end != std::string::npos; begin = end + 1) {
+    end = listed.find(',', begin);
+    const std::string name = listed.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    if (name.empty()) throw UsageError("predict: --profile: empty name in '" + listed + "'");
+    profiles.push_back(cpu ? with_cpu_of(find_profile(name), *cpu) : find_profile(name));
+  }
+  std::string output = options.count("--output") ? options["--output"] : "";
+  if (output.empty()) {
+    const std::filesystem::path measured = config.output;
+    output = (measured.parent_path() / (measured.stem().string() + "-predicted" + measured.extension().string())).string();
+  }
+  const ExperimentSummary summary = predict_experiment(config, profiles, output, std::cerr);
+  out << output << ": " << summary.complete << " predicted, " << summary.did_not_fit << " do not fit, "
+      << summary.failed << " failed (projected, not measured)\n";
+  return summary.failed > 0 ? 1 : 0;
+}
+
 int merge_command(const std::vector<std::string>& args, std::ostream& out) {
   std::vector<std::string> files;
   MergeOptions merge;
@@ -536,6 +583,7 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     const std::vector<std::string> rest(args.begin() + 1, args.end());
     if (command == "info") return info_command(rest, out);
     if (command == "calibrate") return calibrate_command(rest, out);
+    if (command == "predict") return predict_command(rest, out);
     if (command == "generate") return generate_command(rest, out);
     if (command == "make-checkpoint") return make_checkpoint_command(rest);
     if (command == "run") return run_command(rest, out);

@@ -23,9 +23,19 @@
 #include "framework/machine.hpp"
 #include "framework/results_store.hpp"
 #include "framework/runtime.hpp"
+#include "experiments/impl/run_record.hpp"
 #include "layouts/inplace_kv_cache.hpp"
 
 namespace writescope {
+
+using impl::prepare_run;
+using impl::run_yaml;
+using impl::RunFailure;
+using impl::RunResult;
+using impl::RunSetup;
+using impl::write_experiment_attributes;
+using impl::write_run;
+
 namespace {
 
 /// "32GiB", "256MiB", or the exact byte count: run ids must not round.
@@ -320,29 +330,6 @@ MachineProfile find_profile(const std::string& name_or_path) {
 
 namespace {
 
-/// Why a run did not complete.
-struct RunFailure {
-  std::string status;  // "does_not_fit" or "failed"
-  std::string reason;
-};
-
-/// The measurements of one completed run.
-struct RunResult {
-  std::vector<double> step_seconds, predicted_attention, attention;
-  std::vector<double> alpha;                            // (steps, layers)
-  std::map<std::string, std::vector<double>> components;  // each (steps, layers)
-  std::vector<double> region_bytes[4];                  // each (steps)
-  std::vector<double> streamed_gbps;                    // (steps): the GPU's streamed path, all layers
-  int micro_batches = 1;
-  std::int64_t planned_sequence_tokens = 0;  // the length the policies planned each sequence for
-  VramUse vram;
-  HostUse host;
-  double attention_fmas_per_byte = 0, cpu_attention_gbps = 0;
-};
-
-constexpr const char* component_names[] = {"attention_gpu", "attention_cpu", "experts_gpu",
-                                           "experts_cpu",   "transfers",     "other"};
-
 class Progress {
  public:
   Progress(std::ostream& out, bool tty, std::size_t runs) : out_(out), tty_(tty), runs_(runs) {}
@@ -449,14 +436,37 @@ HostMemoryPlan plan_host_memory(const System& system, const ModelConfig& c, cons
   return plan;
 }
 
-RunResult measure(const ExperimentConfig& config, const RunSpec& run, const MachineProfile& profile,
-                  ExpertCache& cache, Progress& progress) {
+}  // namespace
+
+namespace impl {
+
+void RunResult::add_step(const std::vector<LayerRecord>& layers) {
+  double predicted = 0, wall = 0, bytes[4] = {0, 0, 0, 0}, streamed_bytes = 0, streamed_seconds = 0;
+  for (const LayerRecord& r : layers) {
+    predicted += r.predicted_attention;
+    wall += r.attention;
+    alpha.push_back(r.alpha);
+    const double values[] = {r.attention_gpu, r.attention_cpu, r.experts_gpu, r.experts_cpu, r.transfers, r.other};
+    for (int k = 0; k < 6; ++k) components[component_names[k]].push_back(values[k]);
+    for (int region = 0; region < 4; ++region) bytes[region] += r.region_bytes[region];
+    streamed_bytes += r.streamed_bytes;
+    streamed_seconds += r.streamed_seconds;
+  }
+  streamed_gbps.push_back(streamed_seconds > 0 ? streamed_bytes / streamed_seconds / 1e9 : 0.0);
+  predicted_attention.push_back(predicted);
+  attention.push_back(wall);
+  for (int region = 0; region < 4; ++region) region_bytes[region].push_back(bytes[region]);
+}
+
+RunSetup prepare_run(const ExperimentConfig& config, const RunSpec& run, const MachineProfile& profile) {
+  RunSetup setup{system_context(config, run, profile), {}, {}, false};
   const ModelConfig& model_config = run.model->config;
-  SystemContext context = system_context(config, run, profile);
-  System system = make_system(run.system, context);
+  SystemContext& context = setup.context;
+  System& system = setup.system;
+  ModelOptions& options = setup.options;
+  system = make_system(run.system, context);
   const std::int64_t final_tokens = run.context + config.warmup_steps + config.measured_steps;
 
-  ModelOptions options;
   options.vram_budget = run.vram_budget;
   options.block_tokens = config.block_tokens;
   options.max_rows = std::max(run.batch, config.context_fill == "prefill" ? 256 : 1);
@@ -473,7 +483,8 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
                                      ((config.max_sequence_tokens + config.block_tokens - 1) / config.block_tokens);
   options.stream_chunk_blocks = static_cast<int>(
       std::clamp<std::uint64_t>((profile.link_chunk_bytes + kv_block_bytes - 1) / kv_block_bytes, 1, layer_blocks));
-  const bool profiles = system.experts->profiles_routing();
+  setup.profiles = system.experts->profiles_routing();
+  const bool profiles = setup.profiles;
   const HostMemoryPlan memory =
       plan_host_memory(system, model_config, options, run.batch, config.max_sequence_tokens,
                        profiles ? config.profile_tokens : 0, final_tokens, config.host_budget, config.pinned_limit);
@@ -500,6 +511,21 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
                              ", workspace " + format_byte_size(fixed.workspace) + ") but the budget is " +
                              format_byte_size(run.vram_budget));
   }
+  return setup;
+}
+
+}  // namespace impl
+
+namespace {
+
+RunResult measure(const ExperimentConfig& config, const RunSpec& run, const MachineProfile& profile,
+                  ExpertCache& cache, Progress& progress) {
+  const ModelConfig& model_config = run.model->config;
+  RunSetup setup = prepare_run(config, run, profile);
+  const SystemContext& context = setup.context;
+  const System& system = setup.system;
+  ModelOptions& options = setup.options;
+  const bool profiles = setup.profiles;
   progress.step("building");
   // Every run of a model has the same weights (step times do not depend on
   // them), so its routed experts are generated once and shared (page-locked
@@ -560,25 +586,15 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
       tokens[b] = static_cast<int>(std::max_element(logits[b].begin(), logits[b].end()) - logits[b].begin());
     if (!measured) continue;
     result.step_seconds.push_back(seconds);
-    double predicted = 0, attention = 0, bytes[4] = {0, 0, 0, 0}, streamed_bytes = 0, streamed_seconds = 0;
-    for (const LayerRecord& r : model.last_records()) {
-      predicted += r.predicted_attention;
-      attention += r.attention;
-      result.alpha.push_back(r.alpha);
-      const double values[] = {r.attention_gpu, r.attention_cpu, r.experts_gpu, r.experts_cpu, r.transfers, r.other};
-      for (int k = 0; k < 6; ++k) result.components[component_names[k]].push_back(values[k]);
-      for (int region = 0; region < 4; ++region) bytes[region] += r.region_bytes[region];
-      streamed_bytes += r.streamed_bytes;
-      streamed_seconds += r.streamed_seconds;
-    }
-    result.streamed_gbps.push_back(streamed_seconds > 0 ? streamed_bytes / streamed_seconds / 1e9 : 0.0);
-    result.predicted_attention.push_back(predicted);
-    result.attention.push_back(attention);
-    for (int region = 0; region < 4; ++region) result.region_bytes[region].push_back(bytes[region]);
+    result.add_step(model.last_records());
   }
   result.host = model.host_use();
   return result;
 }
+
+}  // namespace
+
+namespace impl {
 
 /// Everything that defines `run` (the resume key compares it), as YAML.
 std::string run_yaml(const ExperimentConfig& config, const RunSpec& run) {
@@ -607,9 +623,10 @@ std::string run_yaml(const ExperimentConfig& config, const RunSpec& run) {
   return yaml.c_str();
 }
 
-void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec& run, const std::string& profile_name,
-               const std::string& machine_yaml, const std::optional<RunResult>& result, const RunFailure& failure) {
-  ResultsGroup g = runs.create_group(run.id());
+void write_run(ResultsGroup& runs, const std::string& name, const ExperimentConfig& config, const RunSpec& run,
+               const std::string& profile_name, const std::string& machine_yaml, const std::optional<RunResult>& result,
+               const RunFailure& failure) {
+  ResultsGroup g = runs.create_group(name);
   const ModelConfig& m = run.model->config;
   g.set_attribute("model", run.model->preset);
   g.set_attribute("model_label", run.model->label);
@@ -655,7 +672,7 @@ void write_run(ResultsGroup& runs, const ExperimentConfig& config, const RunSpec
   g.write("streamed_gbps", r.streamed_gbps);
   g.write("alpha", r.alpha, {steps, layers});
   ResultsGroup components = g.create_group("components");
-  for (const auto& [name, values] : r.components) components.write(name, values, {steps, layers});
+  for (const auto& [component, values] : r.components) components.write(component, values, {steps, layers});
   ResultsGroup regions = g.create_group("region_bytes");
   const char* region_names[] = {"gpu_resident", "gpu_streamed", "cpu_resident", "cpu_streamed"};  // Region order
   for (int region = 0; region < 4; ++region) regions.write(region_names[region], r.region_bytes[region]);
@@ -690,6 +707,10 @@ void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& conf
   else if (root.has_attribute("shard")) root.remove_attribute("shard");
 }
 
+}  // namespace impl
+
+namespace {
+
 /// The machine setups a results file records: the first, then /other_machines.
 std::vector<std::string> recorded_machines(const ResultsReader& reader) {
   std::vector<std::string> machines{reader.string_attribute("/", "machine")};
@@ -707,6 +728,9 @@ std::vector<std::string> recorded_machines(const ResultsReader& reader) {
 bool check_resume(ResultsStore& store, const ExperimentConfig& config, const MachineProfile& profile,
                   const RunOptions& options, const std::string& machine_yaml, const MachineDescription& machine) {
   const ResultsReader reader(config.output);
+  if (reader.has_attribute("/", "predicted"))
+    throw std::invalid_argument(config.output + " holds predicted runs (writescope predict); measured runs go to "
+                                "another --output, never beside projections");
   if (!reader.exists("/runs") || reader.list("/runs").empty()) return true;  // nothing measured yet
   const bool same_config = reader.has_attribute("/", "config_canonical")
                                ? reader.string_attribute("/", "config_canonical") == config.canonical
@@ -820,7 +844,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
       auto txn = store.begin();
       ResultsGroup runs_group = txn.root().open_group("runs");
       if (runs_group.has(id)) runs_group.remove(id);
-      write_run(runs_group, config, run, profile.name, machine_yaml, result, failure);
+      write_run(runs_group, id, config, run, profile.name, machine_yaml, result, failure);
       ResultsGroup written = runs_group.open_group(id);
       written.set_attribute("checksum", written.checksum());
       txn.commit();
@@ -880,7 +904,12 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
   if (std::filesystem::exists(output))
     throw std::invalid_argument("merge: " + output + " exists; merge writes a new file");
   std::vector<ResultsReader> readers;
-  for (const std::string& input : inputs) readers.emplace_back(input);
+  for (const std::string& input : inputs) {
+    readers.emplace_back(input);
+    if (readers.back().has_attribute("/", "predicted"))
+      throw std::invalid_argument("merge: " + input + " holds predicted runs (writescope predict); merge combines "
+                                  "measured shards, and a projection is written whole");
+  }
   const ResultsReader& first = readers.front();
   auto text = [](const ResultsReader& r, const std::string& object, const std::string& name) {
     return r.has_attribute(object, name) ? r.string_attribute(object, name) : std::string("(none)");

@@ -29,7 +29,7 @@ double non_negative_micros(const ConfigNode& node, const std::string& key) {
 MachineProfile MachineProfile::load(const std::string& path) { return from_config(ConfigNode::load_file(path)); }
 
 MachineProfile MachineProfile::from_config(const ConfigNode& root) {
-  root.allow_only({"name", "has_gpu", "gpu", "link", "cpu"});
+  root.allow_only({"name", "has_gpu", "gpu", "link", "cpu", "sources"});
   MachineProfile p;
   p.name = root.get<std::string>("name");
   p.has_gpu = root.get_or<bool>("has_gpu", true);
@@ -88,6 +88,11 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     }
   }
   if (p.cpu_attention_gbps.empty()) cpu.fail("attention_gbps", "must list at least one attention shape");
+  if (const auto sources = root.optional_child("sources")) {
+    sources->allow_only({"gpu", "link", "cpu"});
+    for (const char* section : {"gpu", "link", "cpu"})
+      if (sources->has(section)) p.sources[section] = sources->get<std::string>(section);
+  }
   return p;
 }
 
@@ -122,7 +127,13 @@ std::string MachineProfile::to_yaml() const {
     for (const auto& [threads, gbps] : per_threads) out << YAML::Key << threads << YAML::Value << gbps;
     out << YAML::EndMap;
   }
-  out << YAML::EndMap << YAML::EndMap << YAML::EndMap;
+  out << YAML::EndMap << YAML::EndMap;
+  if (!sources.empty()) {
+    out << YAML::Key << "sources" << YAML::Value << YAML::BeginMap;
+    for (const auto& [section, source] : sources) out << YAML::Key << section << YAML::Value << source;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }
 
@@ -144,6 +155,11 @@ double MachineProfile::cpu_attention(const std::string& shape, int threads) cons
   auto at = found->second.upper_bound(threads);
   if (at != found->second.begin()) --at;
   return at->second;
+}
+
+std::string MachineProfile::source_of(const std::string& section) const {
+  const auto found = sources.find(section);
+  return found == sources.end() ? "not stated" : found->second;
 }
 
 double MachineProfile::gpu_attention(const std::string& shape) const {

@@ -47,6 +47,12 @@ struct MachineProfile {
   double cpu_expert_gflops = 0;
   /// CPU decode attention, per attention shape name, per thread count.
   std::map<std::string, std::map<int, double>> cpu_attention_gbps;
+  /// Where each section's figures come from ("gpu", "link", "cpu" -> e.g.
+  /// "measured by writescope calibrate", "published: datasheet ...",
+  /// "assumed: ..."), so that a projection says what it rests on.
+  std::map<std::string, std::string> sources;
+  /// sources[section], or "not stated".
+  std::string source_of(const std::string& section) const;
 
   /// Reads and validates a profile; errors name the file and the field.
   static MachineProfile load(const std::string& path);

@@ -1,6 +1,7 @@
 #include "layouts/inplace_kv_cache.hpp"
 
 #include <algorithm>
+#include <limits>
 
 namespace writescope {
 
@@ -39,8 +40,9 @@ Pool allocate_pool(const char* label, std::uint64_t budget, std::uint64_t block_
 }  // namespace
 
 template <class Scalar>
-InplaceKVCache<Scalar>::InplaceKVCache(const KVCacheShape& shape, const KVCacheBudgets& budgets, BudgetPolicy policy)
-    : shape_(shape), policy_(policy) {
+InplaceKVCache<Scalar>::InplaceKVCache(const KVCacheShape& shape, const KVCacheBudgets& budgets, BudgetPolicy policy,
+                                       KVStorage storage)
+    : shape_(shape), policy_(policy), storage_(storage) {
   const BlockGeometry& g = shape_.block;
   if (shape_.layers < 1) throw KVCacheError("KV cache: layers must be at least 1, got " + std::to_string(shape_.layers));
   if (g.block_tokens < 1 || g.kv_heads < 1 || g.key_dim < 1 || g.value_dim < 1)
@@ -49,17 +51,33 @@ InplaceKVCache<Scalar>::InplaceKVCache(const KVCacheShape& shape, const KVCacheB
     throw KVCacheError("KV cache: values stored in keys need value_dim <= key_dim, got " +
                        std::to_string(g.value_dim) + " > " + std::to_string(g.key_dim));
   const std::uint64_t bytes = block_bytes();
+  const std::uint64_t budget[3] = {budgets.vram_bytes, budgets.pinned_bytes, budgets.host_bytes};
+  for (int pool = 0; pool < 3; ++pool) {
+    const std::uint64_t slots = budget[pool] / bytes;
+    if (slots > static_cast<std::uint64_t>(std::numeric_limits<int>::max()))
+      throw KVCacheError("KV cache: a budget of " + std::to_string(budget[pool]) + " bytes holds " +
+                         std::to_string(slots) + " blocks, more than a pool can index");
+    free_slots_[pool].capacity = static_cast<int>(slots);
+  }
+  if (storage_ == KVStorage::bookkeeping) return;
   vram_pool_ = allocate_pool<Pool<GpuMemSpace>>("writescope::layouts::vram_pool", budgets.vram_bytes, bytes,
                                                 g.block_elements());
   pinned_pool_ = allocate_pool<Pool<PinnedMemSpace>>("writescope::layouts::pinned_pool", budgets.pinned_bytes, bytes,
                                                      g.block_elements());
   host_pool_ = allocate_pool<Pool<HostMemSpace>>("writescope::layouts::host_pool", budgets.host_bytes, bytes,
                                                  g.block_elements());
-  const std::int64_t slots[3] = {static_cast<std::int64_t>(vram_pool_.extent(0)),
-                                 static_cast<std::int64_t>(pinned_pool_.extent(0)),
-                                 static_cast<std::int64_t>(host_pool_.extent(0))};
-  for (int pool = 0; pool < 3; ++pool)
-    for (int slot = 0; slot < slots[pool]; ++slot) free_slots_[pool].insert(free_slots_[pool].end(), slot);
+}
+
+template <class Scalar>
+int InplaceKVCache<Scalar>::FreeSlots::take(int preferred) {
+  if (freed.erase(preferred) == 1) return preferred;
+  if (preferred == next_unused && next_unused < capacity) return next_unused++;
+  if (!freed.empty() && (next_unused >= capacity || *freed.begin() < next_unused)) {
+    const int lowest = *freed.begin();
+    freed.erase(freed.begin());
+    return lowest;
+  }
+  return next_unused++;
 }
 
 template <class Scalar>
@@ -109,7 +127,7 @@ void InplaceKVCache<Scalar>::free_sequence(int sequence) {
   check_sequence(sequence);
   for (const auto& layer : blocks_[sequence]) {
     for (const Block& block : layer) {
-      free_slots_[pool_of(block.region)].insert(block.slot);
+      free_slots_[pool_of(block.region)].give(block.slot);
       region_blocks_[static_cast<int>(block.region)] -= 1;
       region_tokens_[static_cast<int>(block.region)] -= block.tokens;
     }
@@ -123,6 +141,14 @@ std::int64_t InplaceKVCache<Scalar>::length(int layer, int sequence) const {
   std::int64_t tokens = 0;
   for (const Block& block : blocks(layer, sequence)) tokens += block.tokens;
   return tokens;
+}
+
+template <class Scalar>
+void InplaceKVCache<Scalar>::record_append(int layer, int sequence, std::int64_t tokens,
+                                          const std::vector<Region>& new_block_regions) {
+  if (storage_ != KVStorage::bookkeeping)
+    throw KVCacheError("record_append: only a bookkeeping cache takes tokens without data; use append()");
+  place_tokens(layer, sequence, tokens, new_block_regions, [](const Block&, int, std::int64_t, std::int64_t) {});
 }
 
 template <class Scalar>
@@ -143,13 +169,8 @@ typename InplaceKVCache<Scalar>::Block InplaceKVCache<Scalar>::allocate_block(Re
     if (!free.empty()) {
       // Prefer the slot after the sequence's previous block in the same pool,
       // so consecutive blocks form one contiguous run for streaming copies.
-      auto chosen = free.begin();
-      if (!list.empty() && pool_of(list.back().region) == pool_of(region)) {
-        const auto next = free.find(list.back().slot + 1);
-        if (next != free.end()) chosen = next;
-      }
-      const int slot = *chosen;
-      free.erase(chosen);
+      const bool follows = !list.empty() && pool_of(list.back().region) == pool_of(region);
+      const int slot = free.take(follows ? list.back().slot + 1 : -1);
       region_blocks_[static_cast<int>(region)] += 1;
       return Block{region, slot, 0};
     }
@@ -207,11 +228,7 @@ std::uint64_t InplaceKVCache<Scalar>::region_token_bytes(Region region) const {
 
 template <class Scalar>
 std::int64_t InplaceKVCache<Scalar>::capacity_blocks(Region region) const {
-  switch (pool_of(region)) {
-    case vram: return static_cast<std::int64_t>(vram_pool_.extent(0));
-    case pinned: return static_cast<std::int64_t>(pinned_pool_.extent(0));
-    default: return static_cast<std::int64_t>(host_pool_.extent(0));
-  }
+  return free_slots_[pool_of(region)].capacity;
 }
 
 template <class Scalar>

@@ -56,6 +56,12 @@ struct KVCacheBudgets {
 ///    block_regions() and region_bytes().
 enum class BudgetPolicy { strict, fall_back };
 
+/// Whether the pools hold data. A bookkeeping cache allocates no pool: it
+/// places blocks and enumerates segments exactly as an allocated one (so the
+/// KV policies can plan on it, as `writescope predict` does for full-size
+/// models) but takes only record_append(), never append().
+enum class KVStorage { allocated, bookkeeping };
+
 /// Tokens [begin, end) of one sequence.
 struct TokenRange {
   std::int64_t begin = 0;
@@ -71,7 +77,8 @@ class InplaceKVCache {
   template <class MemSpace>
   using TokenView = Kokkos::View<const Scalar***, Kokkos::LayoutRight, MemSpace>;
 
-  InplaceKVCache(const KVCacheShape& shape, const KVCacheBudgets& budgets, BudgetPolicy policy);
+  InplaceKVCache(const KVCacheShape& shape, const KVCacheBudgets& budgets, BudgetPolicy policy,
+                 KVStorage storage = KVStorage::allocated);
 
   const KVCacheShape& shape() const noexcept { return shape_; }
   const BlockGeometry& geometry() const noexcept { return shape_.block; }
@@ -95,6 +102,11 @@ class InplaceKVCache {
   void append(const ExecSpace& space, int layer, int sequence, const TokenView<MemSpace>& keys,
               const TokenView<MemSpace>& values, const std::vector<Region>& new_block_regions);
 
+  /// The bookkeeping of append() without data: the tokens count as written
+  /// and new blocks are placed as append() would place them. Only for a
+  /// KVStorage::bookkeeping cache (KVCacheError otherwise: an allocated
+  /// cache would hold tokens nobody wrote).
+  void record_append(int layer, int sequence, std::int64_t tokens, const std::vector<Region>& new_block_regions);
   /// Number of new blocks an append of `tokens` tokens would open.
   int new_blocks_needed(int layer, int sequence, std::int64_t tokens) const;
 
@@ -135,6 +147,10 @@ class InplaceKVCache {
   const std::vector<Block>& blocks(int layer, int sequence) const;
   void check_sequence(int sequence) const;
   Block allocate_block(Region requested, int layer, int sequence);
+  /// Appends `tokens` tokens' bookkeeping; write(block, token_in_block, first, count) copies the data.
+  template <class Write>
+  void place_tokens(int layer, int sequence, std::int64_t tokens, const std::vector<Region>& new_block_regions,
+                    const Write& write);
 
   template <class ExecSpace, class MemSpace>
   void write_tokens(const ExecSpace& space, const Block& block, int token_in_block, const TokenView<MemSpace>& keys,
@@ -145,7 +161,17 @@ class InplaceKVCache {
   Pool<GpuMemSpace> vram_pool_;
   Pool<PinnedMemSpace> pinned_pool_;
   Pool<HostMemSpace> host_pool_;
-  std::array<std::set<int>, 3> free_slots_;
+  /// A pool's free slots: every slot from next_unused on, and those freed below it.
+  struct FreeSlots {
+    int capacity = 0, next_unused = 0;
+    std::set<int> freed;
+    bool empty() const { return freed.empty() && next_unused >= capacity; }
+    /// `preferred` if free, else the lowest free slot.
+    int take(int preferred);
+    void give(int slot) { freed.insert(slot); }
+  };
+  KVStorage storage_;
+  std::array<FreeSlots, 3> free_slots_;
   std::array<std::int64_t, region_count> region_blocks_{};
   std::array<std::int64_t, region_count> region_tokens_{};
   // blocks_[sequence][layer]; a freed sequence has no layers.

@@ -218,6 +218,24 @@ std::uint64_t MoeModel::kv_vram(const ModelConfig& config, const ModelOptions& o
   return blocks_per_layer * (static_cast<std::uint64_t>(config.layers) * block_bytes + state_bytes);
 }
 
+void LayerRecord::add(const LayerRecord& part) {
+  attention_gpu += part.attention_gpu;
+  attention_cpu += part.attention_cpu;
+  experts_gpu += part.experts_gpu;
+  experts_cpu += part.experts_cpu;
+  transfers += part.transfers;
+  other += part.other;
+  attention += part.attention;
+  feed_forward += part.feed_forward;
+  predicted_attention += part.predicted_attention;
+  for (int r = 0; r < 4; ++r) region_bytes[r] += part.region_bytes[r];
+  streamed_bytes += part.streamed_bytes;
+  streamed_seconds += part.streamed_seconds;
+  const double bytes = region_bytes[0] + region_bytes[1] + region_bytes[2] + region_bytes[3];
+  const double cpu = region_bytes[int(Region::cpu_resident)] + region_bytes[int(Region::cpu_streamed)];
+  alpha = bytes > 0 ? cpu / bytes : 0;
+}
+
 VramUse MoeModel::fixed_vram(const ModelConfig& config, const ModelOptions& options) {
   VramUse use;
   const auto norms = static_cast<std::uint64_t>(config.norm_parameters());
@@ -522,24 +540,6 @@ struct Pass {
   }
 };
 
-/// Adds `part` (a micro-batch or prompt chunk) to `total`.
-void accumulate(LayerRecord& total, const LayerRecord& part) {
-  total.attention_gpu += part.attention_gpu;
-  total.attention_cpu += part.attention_cpu;
-  total.experts_gpu += part.experts_gpu;
-  total.experts_cpu += part.experts_cpu;
-  total.transfers += part.transfers;
-  total.other += part.other;
-  total.attention += part.attention;
-  total.feed_forward += part.feed_forward;
-  total.predicted_attention += part.predicted_attention;
-  for (int r = 0; r < 4; ++r) total.region_bytes[r] += part.region_bytes[r];
-  total.streamed_bytes += part.streamed_bytes;
-  total.streamed_seconds += part.streamed_seconds;
-  const double bytes = total.region_bytes[0] + total.region_bytes[1] + total.region_bytes[2] + total.region_bytes[3];
-  const double cpu = total.region_bytes[int(Region::cpu_resident)] + total.region_bytes[int(Region::cpu_streamed)];
-  total.alpha = bytes > 0 ? cpu / bytes : 0;
-}
 
 }  // namespace
 
@@ -730,14 +730,18 @@ struct ModelForward {
     }
     const auto& kv_b = w.kv_b;
     const Queries queries = scratch3(m.queries, "writescope::moe::mla_queries", rows, heads, latent + rope);
-    launch_parallel_for("writescope::moe::absorb_queries", impl::rows_by_columns(gpu, rows * heads, latent + rope),
-                         impl::AbsorbQueries<GpuMem>{queries, q, kv_b, heads, nope, rope, vdim, latent});
+    // The host's vector width of floats: columns per absorbed query item, lanes of
+    // the expanded values' sums; 1 on GPUs, whose threads are the lanes.
+    constexpr int span = is_host_exec_space<Gpu> ? 16 : 1;
+    launch_parallel_for("writescope::moe::absorb_queries",
+                         impl::rows_by_columns(gpu, rows * heads, (latent + rope + span - 1) / span),
+                         impl::AbsorbQueries<GpuMem, span>{queries, q, kv_b, heads, nope, rope, vdim, latent});
     gpu.fence();
     const auto& merged = m.partial(m.merged, "writescope::moe::attention", rows, heads, latent);
     attend_and_append(layer, pass, keys, keys, queries, merged, record);
     const auto values = impl::scratch(m.mla_values, "writescope::moe::mla_values", rows, heads * vdim);
     launch_parallel_for("writescope::moe::expand_values", impl::rows_by_columns(gpu, rows * heads, vdim),
-                         impl::ExpandValues<GpuMem>{values, merged.o, kv_b, heads, nope, vdim, latent});
+                         impl::ExpandValues<GpuMem, span>{values, merged.o, kv_b, heads, nope, vdim, latent});
     linear<Gpu, bf16>(gpu, values, w.o, out);
   }
 
@@ -1009,7 +1013,7 @@ struct ModelForward {
         if (j + 1 < parts.size()) attention_stage(layer, parts[j + 1], x, attention[j + 1]);
       }
     }
-    for (std::size_t j = 0; j < parts.size(); ++j) accumulate(record, attention[j]), accumulate(record, ffn[j]);
+    for (std::size_t j = 0; j < parts.size(); ++j) record.add(attention[j]), record.add(ffn[j]);
   }
 
   /// Runs `tokens` (one per row) through every layer in `micro_batches`
@@ -1160,7 +1164,7 @@ std::vector<float> MoeModel::prefill(int sequence, const std::vector<int>& promp
     for (std::size_t t = begin; t < end; ++t) pass.positions.push_back(static_cast<std::int64_t>(t));
     const std::vector<int> tokens(prompt.begin() + begin, prompt.begin() + end);
     logits = forward().run(pass, tokens, static_cast<int>(end - begin) - 1, 1, chunk_records).front();
-    for (std::size_t l = 0; l < records_.size(); ++l) accumulate(records_[l], chunk_records[l]);
+    for (std::size_t l = 0; l < records_.size(); ++l) records_[l].add(chunk_records[l]);
     if (progress) progress(static_cast<std::int64_t>(end), static_cast<std::int64_t>(prompt.size()));
   }
   // The chunks' attention buffers are sized for chunk rows, not decode batches: free them.

@@ -122,6 +122,9 @@ struct LayerRecord {
   double region_bytes[4] = {0, 0, 0, 0};
   /// Bytes the GPU streamed over the link and the time its streamed path took.
   double streamed_bytes = 0, streamed_seconds = 0;
+
+  /// Adds `part` (a micro-batch or prompt chunk); alpha becomes the CPU share of all the bytes.
+  void add(const LayerRecord& part);
 };
 
 /// Where the VRAM budget went (workspace includes the decode states reserved per VRAM KV block).

@@ -39,6 +39,31 @@ Kokkos::View<const Scalar*, MemSpace, Kokkos::MemoryUnmanaged> flat_tokens(
 }  // namespace impl
 
 template <class Scalar>
+template <class Write>
+void InplaceKVCache<Scalar>::place_tokens(int layer, int sequence, std::int64_t tokens,
+                                          const std::vector<Region>& new_block_regions, const Write& write) {
+  const BlockGeometry& g = shape_.block;
+  const int needed = new_blocks_needed(layer, sequence, tokens);
+  if (static_cast<int>(new_block_regions.size()) != needed)
+    throw KVCacheError("append: " + std::to_string(tokens) + " tokens open " + std::to_string(needed) +
+                       " new blocks but " + std::to_string(new_block_regions.size()) + " regions were given");
+
+  std::vector<Block>& list = blocks(layer, sequence);
+  std::int64_t written = 0;
+  std::size_t next_region = 0;
+  while (written < tokens) {
+    if (list.empty() || list.back().tokens == g.block_tokens)
+      list.push_back(allocate_block(new_block_regions[next_region++], layer, sequence));
+    Block& block = list.back();
+    const std::int64_t count = std::min<std::int64_t>(tokens - written, g.block_tokens - block.tokens);
+    write(block, block.tokens, written, count);
+    block.tokens += static_cast<int>(count);
+    region_tokens_[static_cast<int>(block.region)] += count;
+    written += count;
+  }
+}
+
+template <class Scalar>
 template <class ExecSpace, class MemSpace>
 void InplaceKVCache<Scalar>::append(const ExecSpace& space, int layer, int sequence, const TokenView<MemSpace>& keys,
                                     const TokenView<MemSpace>& values,
@@ -54,24 +79,12 @@ void InplaceKVCache<Scalar>::append(const ExecSpace& space, int layer, int seque
        values.extent(2) != static_cast<std::size_t>(g.value_dim)))
     throw KVCacheError("append: values must be (" + std::to_string(tokens) + ", " + std::to_string(g.kv_heads) +
                        ", " + std::to_string(g.value_dim) + ")");
-  const int needed = new_blocks_needed(layer, sequence, tokens);
-  if (static_cast<int>(new_block_regions.size()) != needed)
-    throw KVCacheError("append: " + std::to_string(tokens) + " tokens open " + std::to_string(needed) +
-                       " new blocks but " + std::to_string(new_block_regions.size()) + " regions were given");
-
-  std::vector<Block>& list = blocks(layer, sequence);
-  std::int64_t written = 0;
-  std::size_t next_region = 0;
-  while (written < tokens) {
-    if (list.empty() || list.back().tokens == g.block_tokens)
-      list.push_back(allocate_block(new_block_regions[next_region++], layer, sequence));
-    Block& block = list.back();
-    const std::int64_t count = std::min<std::int64_t>(tokens - written, g.block_tokens - block.tokens);
-    write_tokens(space, block, block.tokens, keys, values, written, count);
-    block.tokens += static_cast<int>(count);
-    region_tokens_[static_cast<int>(block.region)] += count;
-    written += count;
-  }
+  if (storage_ == KVStorage::bookkeeping)
+    throw KVCacheError("append: a bookkeeping cache holds no data; use record_append()");
+  place_tokens(layer, sequence, tokens, new_block_regions,
+               [&](const Block& block, int token_in_block, std::int64_t first, std::int64_t count) {
+                 write_tokens(space, block, token_in_block, keys, values, first, count);
+               });
   space.fence();
 }
 

@@ -43,36 +43,61 @@ struct PackBf16 {
 /// latent part, and the roped q_pe copied after it.
 ///   q: (batch, heads * (nope + rope)), kv_b: (heads * (nope + v), latent),
 ///   queries: (batch, heads, latent + rope)
-template <class MemSpace>
+template <class MemSpace, int Span>
 struct AbsorbQueries {
   Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> queries;
   Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> q;
   Kokkos::View<const bf16**, Kokkos::LayoutRight, MemSpace> kv_b;
   int heads, nope, rope, value_dim, latent;
-  KOKKOS_INLINE_FUNCTION void operator()(int bh, int l) const {
+  /// Columns [span * Span, span * Span + Span) of queries(b, h, :): the sum
+  /// over d walks rows of kv_b, each read as a contiguous span of columns
+  /// (vectorised on the host; Span 1 on GPUs, whose neighbouring threads read
+  /// neighbouring columns).
+  KOKKOS_INLINE_FUNCTION void operator()(int bh, int span) const {
     const int b = bh / heads, h = bh % heads;
-    const int q0 = h * (nope + rope);
-    if (l < latent) {
-      float sum = 0;
-      for (int d = 0; d < nope; ++d) sum += to_float(kv_b(h * (nope + value_dim) + d, l)) * q(b, q0 + d);
-      queries(b, h, l) = sum;
+    const int q0 = h * (nope + rope), first = span * Span;
+    const int end = first + Span < latent ? first + Span : latent;
+    if (end - first == Span) {
+      // A whole span: one branch-free loop the host vectorises.
+      float sum[Span] = {};
+      for (int d = 0; d < nope; ++d) {
+        const float qd = q(b, q0 + d);
+        const bf16* row = &kv_b(h * (nope + value_dim) + d, first);
+        for (int j = 0; j < Span; ++j) sum[j] += to_float(row[j]) * qd;
+      }
+      for (int j = 0; j < Span; ++j) queries(b, h, first + j) = sum[j];
     } else {
-      queries(b, h, l) = q(b, q0 + nope + (l - latent));
+      for (int l = first; l < end; ++l) {
+        float sum = 0;
+        for (int d = 0; d < nope; ++d) sum += to_float(kv_b(h * (nope + value_dim) + d, l)) * q(b, q0 + d);
+        queries(b, h, l) = sum;
+      }
     }
+    for (int l = first > latent ? first : latent; l < first + Span && l < latent + rope; ++l)
+      queries(b, h, l) = q(b, q0 + nope + (l - latent));
   }
 };
 
 /// MLA, absorbed: values(b, h * v + d) = sum_l w_vb(h, d, l) o_latent(b, h, l).
-template <class MemSpace>
+template <class MemSpace, int Lanes>
 struct ExpandValues {
   Matrix<MemSpace> values;
   Kokkos::View<const float***, Kokkos::LayoutRight, MemSpace> o_latent;
   Kokkos::View<const bf16**, Kokkos::LayoutRight, MemSpace> kv_b;
   int heads, nope, value_dim, latent;
+  /// The sum over l in `Lanes` interleaved partial sums (independent, so the
+  /// host vectorises them; 1 on GPUs), added up at the end.
   KOKKOS_INLINE_FUNCTION void operator()(int bh, int d) const {
     const int b = bh / heads, h = bh % heads;
+    const bf16* row = &kv_b(h * (nope + value_dim) + nope + d, 0);
+    const float* o = &o_latent(b, h, 0);
+    float partial[Lanes] = {};
+    int l = 0;
+    for (; l + Lanes <= latent; l += Lanes)
+      for (int j = 0; j < Lanes; ++j) partial[j] += to_float(row[l + j]) * o[l + j];
     float sum = 0;
-    for (int l = 0; l < latent; ++l) sum += to_float(kv_b(h * (nope + value_dim) + nope + d, l)) * o_latent(b, h, l);
+    for (int j = 0; j < Lanes; ++j) sum += partial[j];
+    for (; l < latent; ++l) sum += to_float(row[l]) * o[l];
     values(b, h * value_dim + d) = sum;
   }
 };

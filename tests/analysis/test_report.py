@@ -137,13 +137,16 @@ def write_run(group, spec, rng):
         group[f"region_bytes/{name}"] = np.full(STEPS, 1e6)
 
 
-def write_results(path, specs, names=None, format_name="writescope-results-1"):
-    """A results file holding `specs` under /runs/<names[i]> (default r0, r1, ...)."""
+def write_results(path, specs, names=None, format_name="writescope-results-1", predicted=False):
+    """A results file holding `specs` under /runs/<names[i]> (default r0, r1, ...); `predicted` marks the
+    file as `writescope predict` writes one (its runs carry their own `predicted` and `profile`)."""
     names = names or [f"r{i}" for i in range(len(specs))]
     rng = np.random.default_rng(1)
     with h5py.File(path, "w") as root:
         root.attrs.update(format=format_name, experiment="report-test", config="name: report-test\n",
                           git_revision="0123abcd", kokkos_configuration="OpenMP", machine="cpu: test\n")
+        if predicted:
+            root.attrs["predicted"] = np.int64(1)
         profile = root.create_group("profile")
         profile.attrs.update(name="test-machine", has_gpu=np.int64(1), hbm_gbps=4800.0, pinned_h2d_gbps=50.0,
                              pageable_h2d_gbps=20.0, cpu_dram_read_gbps=200.0, cpu_fma_glanes=900.0,
@@ -304,6 +307,91 @@ class ReportOnVariants(ReportOnFile, unittest.TestCase):
         # An incomplete run has no pinned_bytes or host_bytes: blank cells.
         self.assertIn(f"| {MODELS[0]} (test) | gpu-only | {BATCH} | 24 | 32K | 0 | does not fit | "
                       f"{NOT_FIT_REASON} |  |  |", self.markdown)
+
+
+PROJECTED = "Projected (not measured)"
+PROFILE_SCALE = {"a100-pcie4": 1.0, "v100-pcie3": 0.6}  # WriteScope's tokens/s relative to the baselines'
+
+
+class ProjectedReport(ReportOnFile, unittest.TestCase):
+    """A `writescope predict` file: every run priced on two GPU profiles."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.path = os.path.join(cls.tmp.name, "projected.h5")
+        write_results(cls.path, cls.specs(), predicted=True)
+        cls.output = os.path.join(cls.tmp.name, "report")
+        cls.result = run_report(cls.path, cls.output)
+        with open(os.path.join(cls.output, "report.md"), encoding="utf-8") as md:
+            cls.markdown = md.read()
+
+    @staticmethod
+    def specs():
+        specs = []
+        for profile, scale in PROFILE_SCALE.items():
+            for spec in variant_specs():
+                spec = dict(spec, predicted=1, profile=profile)
+                if "tokens_per_second" in spec and spec["system"] == "writescope":
+                    spec["tokens_per_second"] *= scale
+                specs.append(spec)
+        return specs
+
+    def expected_speedup(self, model, profile):
+        """WriteScope (its own expert policy) over the fastest other system, geometric mean over contexts."""
+        def mean(system, policy, context):
+            scale = PROFILE_SCALE[profile] if system == "writescope" else 1.0
+            return scale * np.mean([variant_tps(model, system, policy, context, r) for r in range(REPETITIONS)])
+        ratios = []
+        for c in CONTEXTS:
+            best = max(mean(system, policy, c) for system, policy, comparison in VARIANTS
+                       if system != "writescope" and not does_not_fit(system, c))
+            ratios.append(mean("writescope", "hybrimoe", c) / best)
+        return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+    def test_exits_cleanly(self):
+        self.assertEqual(self.result.returncode, 0, self.result.stderr)
+
+    def test_every_heading_says_projected(self):
+        headings = [line for line in self.markdown.splitlines() if line.startswith("#")]
+        self.assertGreater(len(headings), 5)
+        for heading in headings:
+            self.assertIn(PROJECTED, heading)
+
+    def test_speedup_over_the_best_baseline_beside_the_paper(self):
+        rows = {}
+        for line in section(self.markdown, f"{PROJECTED}: speedup over the best baseline").splitlines():
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if len(cells) == 6 and cells[0] in PROFILE_SCALE:
+                rows[cells[0], cells[1]] = cells
+        self.assertEqual(len(rows), len(PROFILE_SCALE) * len(MODELS))
+        for (profile, model), cells in rows.items():
+            self.assertEqual(model, f"{model.split(' on ')[0]} on {profile}")
+            base = model.split(" (test)")[0]
+            self.assertAlmostEqual(float(cells[2]), self.expected_speedup(base, profile), places=2)
+            self.assertEqual(cells[5], "1.5–2.5×" if profile.startswith("a100") else "1.4–1.7×")
+
+    def test_one_projected_speedup_figure_per_profile_and_no_measurement_figures(self):
+        for profile in PROFILE_SCALE:
+            self.assertIsNotNone(png_size(os.path.join(self.output, f"projected_speedup_{profile}.png")))
+        self.assertFalse(os.path.exists(os.path.join(self.output, "predicted_vs_measured.png")))
+        self.assertNotIn("prediction error", self.markdown.lower())
+
+    def test_runs_of_two_profiles_are_never_compared(self):
+        # Each model appears once per profile in the system table, never pooled across machines.
+        table = section(self.markdown, f"{PROJECTED}: system against system")
+        for profile in PROFILE_SCALE:
+            self.assertIn(f"on {profile}", table)
+
+    def test_a_file_mixing_predicted_and_measured_runs_is_refused(self):
+        path = os.path.join(self.tmp.name, "mixed.h5")
+        specs = variant_specs()
+        specs[0] = dict(specs[0], predicted=1, profile="a100-pcie4")
+        write_results(path, specs)
+        result = run_report(path, os.path.join(self.tmp.name, "mixed-report"))
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("mixes predicted runs", result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
 
 
 class GroupNamesAreOpaque(unittest.TestCase):

@@ -68,4 +68,31 @@ execute_process(COMMAND ${COMMAND} run ${config} --profile ${profile} --output $
 if(NOT status EQUAL 0 OR NOT out MATCHES "31 already in the file" OR NOT err MATCHES "checksum mismatch.*measuring it again")
   message(FATAL_ERROR "run did not measure the damaged run again (${status}): ${out}\n${err}")
 endif()
+# The projection: the measured runs priced with their own profile, then the
+# experiment priced on two shipped GPU profiles with this profile's CPU, its
+# report titled as a projection; measured runs are never overwritten.
+execute_process(COMMAND ${COMMAND} predict --compare ${FOLDER}/tiny.h5
+  RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT status EQUAL 0 OR NOT out MATCHES "writescope\\[hybrimoe\\] +step.*median error [0-9.]+% \\(worst [0-9.]+%\\) over 32 runs")
+  message(FATAL_ERROR "predict --compare (${status}): ${out}\n${err}")
+endif()
+execute_process(COMMAND ${COMMAND} predict ${config} --profile h200-pcie5,a100-pcie4 --cpu-from ${profile}
+                        --output ${FOLDER}/projected.h5
+  RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT status EQUAL 0 OR NOT out MATCHES "projected.h5: [0-9]+ predicted, [0-9]+ do not fit, 0 failed \\(projected, not measured\\)")
+  message(FATAL_ERROR "predict (${status}): ${out}\n${err}")
+endif()
+execute_process(COMMAND ${PYTHON} ${SOURCE}/analysis/report.py ${FOLDER}/projected.h5 -o ${FOLDER}/projected
+  RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+file(READ ${FOLDER}/projected/report.md projected)
+if(NOT status EQUAL 0 OR NOT projected MATCHES "^# Projected \\(not measured\\)"
+   OR NOT EXISTS ${FOLDER}/projected/projected_speedup_a100-pcie4_cpu_cli-test.png)
+  file(GLOB written ${FOLDER}/projected/*)
+  message(FATAL_ERROR "report of the projection (${status}): ${err}\n${written}\n${projected}")
+endif()
+execute_process(COMMAND ${COMMAND} predict ${config} --profile h200-pcie5 --output ${FOLDER}/tiny.h5
+  RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT status EQUAL 1 OR NOT err MATCHES "tiny.h5 holds measured runs; a projection never overwrites them")
+  message(FATAL_ERROR "predict over measured runs (${status}): ${out}\n${err}")
+endif()
 file(REMOVE_RECURSE "${FOLDER}")

@@ -1,0 +1,583 @@
+#include "experiments/predict.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <map>
+#include <ostream>
+#include <random>
+#include <sstream>
+
+#include "experiments/calibration.hpp"
+#include "experiments/impl/run_record.hpp"
+#include "framework/log.hpp"
+#include "framework/machine.hpp"
+#include "framework/results_store.hpp"
+#include "framework/runtime.hpp"
+#include "moe/weights.hpp"
+
+namespace writescope {
+namespace {
+
+/// Kernel launches (each also a fence) counted from moe/model.cpp's decode
+/// path, each paying the profile's launch latency: a layer outside attention
+/// and experts (norms, projections, rope, residuals, copies of queries and
+/// activations), its router (logits, top-k, copies to the host), each routed
+/// expert (gather, gate, up, silu, down, scatter), and the step outside layers
+/// (embedding, final norm, LM head, logits).
+constexpr int layer_launches = 17, router_launches = 5, expert_launches = 6, step_launches = 6;
+
+/// Weight bytes of the model's dense parts, read once per decode step.
+struct DenseBytes {
+  std::vector<double> attention, router, shared, dense_mlp;  // per layer
+  double lm_head = 0;
+};
+
+DenseBytes dense_bytes(const ModelConfig& c) {
+  DenseBytes d;
+  for (auto* v : {&d.attention, &d.router, &d.shared, &d.dense_mlp}) v->assign(static_cast<std::size_t>(c.layers), 0.0);
+  for (const TensorSpec& spec : weight_specs(c)) {
+    const double bytes = static_cast<double>(spec.elements()) * (spec.is_norm ? sizeof(float) : sizeof(bf16));
+    const std::string prefix = "model.layers.";
+    if (spec.name.rfind(prefix, 0) != 0) {
+      if (spec.name == "lm_head.weight" || (c.tied_embeddings && spec.name == "model.embed_tokens.weight"))
+        d.lm_head = bytes;
+      continue;
+    }
+    const std::size_t dot = spec.name.find('.', prefix.size());
+    const auto layer = static_cast<std::size_t>(std::stoi(spec.name.substr(prefix.size(), dot - prefix.size())));
+    const std::string rest = spec.name.substr(dot + 1);
+    const std::size_t block = rest.find('.');
+    const std::string module = rest.substr(0, block), inside = rest.substr(block + 1);
+    const bool feed_forward = module == "mlp" || module == "block_sparse_moe";  // Mixtral's name for it
+    if (!feed_forward) d.attention[layer] += bytes;  // self_attn and the layer's norms
+    else if (inside.rfind("shared_experts.", 0) == 0) d.shared[layer] += bytes;
+    else if (inside.rfind("experts.", 0) == 0) continue;  // routed: priced by the expert policy's plan
+    else if (inside == "gate.weight") d.router[layer] += bytes;
+    else d.dense_mlp[layer] += bytes;
+  }
+  return d;
+}
+
+/// What the profile says each piece of a decode step costs.
+struct StepRates {
+  bool has_gpu = false;
+  double dense_gbps = 0;      // GPU-side weights (HBM; the host's bf16 kernel without a GPU)
+  double dense_gflops = 0;    // the host's bf16 kernel without a GPU
+  double launch_s = 0;        // one kernel launch of the GPU-side work
+  double cpu_launch_s = 0;    // one parallel region on the host threads
+  double link_gbps = 0;       // pinned host -> GPU (a host copy without a GPU)
+  double d2h_gbps = 0;
+  double link_latency_s = 0;
+  RooflineModel roofline;
+  double fmas_per_byte = 0;
+  ExpertCosts experts;
+
+  StepRates(const MachineProfile& p, const ModelConfig& c, bool experts_pinned)
+      : has_gpu(p.has_gpu),
+        roofline(ModelRates::from_profile(p, c.attention().name, p.cpu_threads)),
+        fmas_per_byte(c.attention().fmas_per_byte(sizeof(bf16))) {
+    const double host_copy_gbps = p.cpu_dram_read_gbps / 2;
+    dense_gbps = has_gpu ? p.hbm_gbps : p.cpu_expert_gbps;
+    dense_gflops = p.cpu_expert_gflops;
+    launch_s = has_gpu ? p.gpu_launch_latency_s : p.cpu_launch_latency_s;
+    cpu_launch_s = p.cpu_launch_latency_s;
+    link_gbps = has_gpu ? p.pinned_h2d_gbps : host_copy_gbps;
+    d2h_gbps = has_gpu ? p.pinned_d2h_gbps : host_copy_gbps;
+    link_latency_s = has_gpu ? p.link_latency_s : 0.0;
+    experts.expert_bytes = static_cast<double>(MoeModel::expert_bytes(c));
+    experts.flops_per_token = 6.0 * c.hidden * c.expert_intermediate;
+    experts.cpu_expert_gbps = p.cpu_expert_gbps;
+    experts.cpu_expert_gflops = p.cpu_expert_gflops;
+    experts.hbm_gbps = p.hbm_gbps;
+    experts.link_gbps = has_gpu ? (experts_pinned ? p.pinned_h2d_gbps : p.pageable_h2d_gbps) : host_copy_gbps;
+    experts.link_latency_s = link_latency_s;
+    experts.has_gpu = true;  // transfer_seconds() is finite: a host copy without a GPU
+  }
+
+  /// One routed expert over `tokens` rows on the GPU side, or the CPU.
+  double gpu_expert(int tokens) const {
+    return (has_gpu ? experts.gpu_seconds(tokens) : experts.cpu_seconds(tokens)) + expert_launches * launch_s;
+  }
+  double cpu_expert(int tokens) const { return experts.cpu_seconds(tokens) + expert_launches * cpu_launch_s; }
+  /// Dense bf16 weights of `bytes` applied to `rows` rows on the GPU side. A
+  /// GPU streams them at HBM rate (a decode batch is far below its compute
+  /// rate); the host's linear kernel at a few rows neither streams nor
+  /// computes at its peak, so there the weight stream and the multiply-adds
+  /// (at the expert kernel's calibrated FLOP rate) add up.
+  double dense(double bytes, int rows) const {
+    const double stream = bytes / (dense_gbps * 1e9);
+    return has_gpu ? stream : stream + rows * bytes / sizeof(bf16) * 2 / (dense_gflops * 1e9);
+  }
+};
+
+/// Decode attention of one plan: resident and streamed bytes on the GPU, CPU
+/// bytes in place, overlapping; without a GPU the host reads everything, and
+/// streamed blocks are first copied as a host build copies them.
+void price_attention(const StepRates& r, const StepBytes& bytes, double cpu_movable, LayerRecord& record) {
+  if (r.has_gpu) {
+    const SplitPrediction p = r.roofline.predict(bytes, cpu_movable, r.fmas_per_byte, 0);
+    record.attention_gpu += p.gpu_seconds;
+    record.attention_cpu += p.cpu_seconds;
+    record.attention += p.step_seconds;
+    return;
+  }
+  const double streamed = bytes.movable - cpu_movable;
+  const double gpu = bytes.gpu_resident + streamed > 0
+                         ? r.roofline.cpu_seconds(bytes.gpu_resident + streamed, r.fmas_per_byte, 0) +
+                               streamed / (r.link_gbps * 1e9)
+                         : 0.0;
+  const double cpu = r.roofline.cpu_seconds(bytes.cpu_resident + cpu_movable, r.fmas_per_byte, 0);
+  record.attention_gpu += gpu;
+  record.attention_cpu += cpu;
+  record.attention += gpu + cpu;
+}
+
+/// Top-k distinct experts per row, uniformly, with random positive weights.
+Routing draw_routing(int rows, int experts, int per_token, std::mt19937_64& random) {
+  Routing routing;
+  routing.rows.assign(static_cast<std::size_t>(experts), {});
+  routing.weights.assign(static_cast<std::size_t>(experts), {});
+  std::vector<int> order(static_cast<std::size_t>(experts));
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  for (int row = 0; row < rows; ++row) {
+    for (int e = 0; e < experts; ++e) order[e] = e;
+    for (int k = 0; k < per_token; ++k) {
+      std::uniform_int_distribution<int> pick(k, experts - 1);
+      std::swap(order[k], order[pick(random)]);
+      routing.rows[order[k]].push_back(row);
+      routing.weights[order[k]].push_back(weight(random));
+    }
+  }
+  for (auto& rows_of : routing.rows) std::sort(rows_of.begin(), rows_of.end());
+  return routing;
+}
+
+/// The model runtime's decisions without its data: the cache's bookkeeping,
+/// the KV policy, the expert policy and its slots, driven as MoeModel drives them.
+class PlanningModel {
+ public:
+  PlanningModel(const ModelConfig& config, const ModelOptions& options, const MachineProfile& profile,
+                std::uint64_t seed)
+      : c_(config),
+        options_(options),
+        shape_(config.attention()),
+        vram_(MoeModel::vram_plan(config, options)),
+        residency_(config.layers - config.dense_layers, config.experts,
+                   config.experts > 0 ? static_cast<int>(vram_.expert_slots / MoeModel::expert_bytes(config)) : 0),
+        cache_(KVCacheShape{config.layers, shape_.block_geometry(options.block_tokens)},
+               KVCacheBudgets{vram_.kv, options.pinned_kv_budget, options.host_kv_budget}, BudgetPolicy::strict,
+               KVStorage::bookkeeping),
+        kv_policy_(options.kv_policy(shape_, cache_)),
+        rates_(profile, config, options.pin_experts),
+        dense_(dense_bytes(config)),
+        random_(seed) {
+    for (const ExpertLoad& load : options_.experts->initial(residency_)) residency_.assign(load.slot, load.layer, load.expert);
+  }
+
+  const VramUse& vram() const { return vram_; }
+  const InplaceKVCache<bf16>& cache() const { return cache_; }
+
+  int add_sequence(std::int64_t expected) {
+    const int sequence = cache_.add_sequence();
+    expected_.resize(static_cast<std::size_t>(sequence) + 1, 0);
+    expected_[sequence] = expected;
+    return sequence;
+  }
+  void free_sequence(int sequence) {
+    for (int layer = 0; layer < c_.layers; ++layer) kv_policy_->released(layer, cache_.block_regions(layer, sequence));
+    cache_.free_sequence(sequence);
+  }
+  void append(int layer, int sequence, std::int64_t tokens, bool decode) {
+    const std::vector<Region> regions = kv_policy_->place(
+        layer, sequence, tokens, std::max(expected_[sequence], cache_.length(layer, sequence) + tokens), decode);
+    cache_.record_append(layer, sequence, tokens, regions);
+  }
+  /// MoeModel::fill_context's placement: every layer in chunks of 4096 tokens.
+  void fill_context(int sequence, std::int64_t tokens) {
+    for (int layer = 0; layer < c_.layers; ++layer)
+      for (std::int64_t begin = 0; begin < tokens; begin += 4096)
+        append(layer, sequence, std::min<std::int64_t>(4096, tokens - begin), false);
+  }
+  /// MoeModel::prefill's decisions for a prompt of `tokens`: chunks of
+  /// max_rows placed layer by layer, the expert policy seeing their routing.
+  void prefill(int sequence, std::int64_t tokens) {
+    for (std::int64_t begin = 0; begin < tokens; begin += options_.max_rows) {
+      const int rows = static_cast<int>(std::min<std::int64_t>(options_.max_rows, tokens - begin));
+      for (int layer = 0; layer < c_.layers; ++layer) {
+        append(layer, sequence, rows, false);
+        if (layer < c_.dense_layers) continue;
+        const int moe_layer = layer - c_.dense_layers;
+        const Routing routing = draw_routing(rows, c_.experts, c_.experts_per_token, random_);
+        apply(options_.experts->plan(moe_layer, routing, residency_).loads);
+        apply(options_.experts->after_layer(moe_layer, routing, residency_));
+      }
+    }
+  }
+  void end_warmup() { apply(options_.experts->end_warmup(residency_)); }
+
+  /// One decode step of `sequences`: the layer records and the step's seconds.
+  double step(const std::vector<int>& sequences, std::vector<LayerRecord>& records) {
+    const int rows = static_cast<int>(sequences.size());
+    const int groups = std::max(1, std::min(options_.micro_batches, rows));
+    records.assign(static_cast<std::size_t>(c_.layers), LayerRecord{});
+    double seconds = 0, prefetch = 0;  // prefetch: copy time issued after the previous layer
+    for (int layer = 0; layer < c_.layers; ++layer) {
+      LayerRecord& record = records[layer];
+      std::vector<double> attention_stage(static_cast<std::size_t>(groups)), ffn_stage(attention_stage.size());
+      for (int g = 0; g < groups; ++g) {
+        const std::vector<int> part(sequences.begin() + rows * g / groups, sequences.begin() + rows * (g + 1) / groups);
+        LayerRecord stage;
+        attention_stage[g] = attend(layer, part, stage) + layer_dense(layer, static_cast<int>(part.size()));
+        ffn_stage[g] = feed_forward(layer, static_cast<int>(part.size()), stage, prefetch);
+        record.add(stage);
+      }
+      // The stages of a layer as layer_pipeline runs them: part j's
+      // feed-forward beside part j + 1's attention where the GPU has its own
+      // worker; a waiting prefetch hides behind the first attention stage.
+      double wall = attention_stage[0];
+      const double exposed = std::max(0.0, prefetch_wait_ - (rates_.has_gpu ? attention_stage[0] : 0.0));
+      record.transfers += exposed;
+      wall += exposed;
+      for (int g = 0; g < groups; ++g) {
+        const bool overlap = rates_.has_gpu && g + 1 < groups;
+        wall += overlap ? std::max(ffn_stage[g], attention_stage[g + 1])
+                        : ffn_stage[g] + (g + 1 < groups ? attention_stage[g + 1] : 0.0);
+      }
+      prefetch_wait_ = prefetch;
+      prefetch = 0;
+      record.other = std::max(0.0, wall - record.attention - record.feed_forward);
+      seconds += wall;
+    }
+    const double logits = static_cast<double>(rows) * c_.vocab * sizeof(float);
+    return seconds + rates_.dense(dense_.lm_head, rows) + logits / (rates_.d2h_gbps * 1e9) + step_launches * rates_.launch_s;
+  }
+
+ private:
+  void apply(const std::vector<ExpertLoad>& loads) {
+    for (const ExpertLoad& l : loads)
+      if (l.slot >= 0) residency_.assign(l.slot, l.layer, l.expert);
+  }
+
+  /// Appends one token to each of `part` and prices its attention; returns the stage's seconds.
+  double attend(int layer, const std::vector<int>& part, LayerRecord& record) {
+    std::vector<TokenRange> ranges;
+    for (int sequence : part) {
+      append(layer, sequence, 1, true);
+      ranges.push_back(TokenRange{0, cache_.length(layer, sequence)});
+    }
+    SplitPrediction prediction;
+    const SplitPlan plan = kv_policy_->plan(layer, part, ranges, prediction);
+    const double bytes_per_token = kv_policy_->bytes_per_token();
+    const StepBytes bytes = plan_bytes(plan, bytes_per_token);
+    const double cpu_movable = segment_bytes(plan.cpu_pinned, bytes_per_token);
+    record.region_bytes[int(Region::gpu_resident)] += bytes.gpu_resident;
+    record.region_bytes[int(Region::gpu_streamed)] += bytes.movable - cpu_movable;
+    record.region_bytes[int(Region::cpu_resident)] += bytes.cpu_resident;
+    record.region_bytes[int(Region::cpu_streamed)] += cpu_movable;
+    record.streamed_bytes += bytes.movable - cpu_movable;
+    record.predicted_attention += prediction.step_seconds;
+    const double before = record.attention;
+    price_attention(rates_, bytes, cpu_movable, record);
+    if (record.streamed_bytes > 0)
+      record.streamed_seconds += (bytes.movable - cpu_movable) / (rates_.link_gbps * 1e9) + rates_.link_latency_s;
+    return record.attention - before;
+  }
+
+  /// The layer's dense weights outside the feed-forward and its launches.
+  double layer_dense(int layer, int rows) const {
+    return rates_.dense(dense_.attention[layer], rows) + layer_launches * rates_.launch_s;
+  }
+
+  /// The feed-forward of `rows` rows: the expert policy's plan priced;
+  /// prefetches it issues are added to `prefetch`. Returns its seconds.
+  double feed_forward(int layer, int rows, LayerRecord& record, double& prefetch) {
+    if (layer < c_.dense_layers) {
+      const double seconds = rates_.dense(dense_.dense_mlp[layer], rows);
+      record.experts_gpu += seconds;
+      record.feed_forward += seconds;
+      return seconds;
+    }
+    const int moe_layer = layer - c_.dense_layers;
+    const Routing routing = draw_routing(rows, c_.experts, c_.experts_per_token, random_);
+    const ExpertPlan plan = options_.experts->plan(moe_layer, routing, residency_);
+    double gpu = rates_.dense(dense_.shared[layer], rows), cpu = 0, copies = 0;
+    const double loads = static_cast<double>(plan.loads.size()) * rates_.experts.transfer_seconds();
+    apply(plan.loads);
+    for (int e : plan.gpu) gpu += rates_.gpu_expert(static_cast<int>(routing.rows[e].size()));
+    for (int e : plan.cpu) cpu += rates_.cpu_expert(static_cast<int>(routing.rows[e].size()));
+    if (!plan.cpu.empty()) {
+      const double activations = static_cast<double>(rows) * c_.hidden * sizeof(float);
+      copies = activations / (rates_.link_gbps * 1e9) + activations / (rates_.d2h_gbps * 1e9) + 2 * rates_.link_latency_s;
+    }
+    const std::vector<ExpertLoad> next = options_.experts->after_layer(moe_layer, routing, residency_);
+    apply(next);
+    const double issued = static_cast<double>(next.size()) * rates_.experts.transfer_seconds();
+    // Without a GPU a prefetch copy runs at once on the host threads.
+    if (rates_.has_gpu) prefetch += issued;
+    const double router = rates_.dense(dense_.router[layer], rows) + router_launches * rates_.launch_s;
+    const double seconds = router + copies + (rates_.has_gpu ? std::max(gpu + loads, cpu) : gpu + loads + cpu) +
+                           (rates_.has_gpu ? 0.0 : issued);
+    record.experts_gpu += gpu;
+    record.experts_cpu += cpu;
+    record.transfers += loads + copies + (rates_.has_gpu ? 0.0 : issued);
+    record.feed_forward += seconds;
+    return seconds;
+  }
+
+  ModelConfig c_;
+  ModelOptions options_;
+  AttentionShape shape_;
+  VramUse vram_;
+  ExpertResidency residency_;
+  InplaceKVCache<bf16> cache_;
+  std::unique_ptr<KVPolicy> kv_policy_;
+  StepRates rates_;
+  DenseBytes dense_;
+  std::mt19937_64 random_;
+  std::vector<std::int64_t> expected_;
+  double prefetch_wait_ = 0;  // prefetch copies issued by the previous layer
+};
+
+}  // namespace
+
+PricedSteps price_decode(const ModelConfig& config, const ModelOptions& options, const MachineProfile& profile,
+                         const DecodeWorkload& workload) {
+  PlanningModel model(config, options, profile, workload.seed);
+  if (workload.profile_tokens > 0) {
+    const int sequence = model.add_sequence(workload.planned_tokens);
+    model.prefill(sequence, workload.profile_tokens);
+    model.free_sequence(sequence);
+    model.end_warmup();
+  }
+  std::vector<int> sequences;
+  for (int b = 0; b < workload.batch; ++b) {
+    sequences.push_back(model.add_sequence(workload.planned_tokens));
+    model.fill_context(sequences.back(), workload.context);
+  }
+  PricedSteps priced;
+  priced.vram = model.vram();
+  std::vector<LayerRecord> records;
+  for (int step = 0; step < workload.warmup_steps + workload.measured_steps; ++step) {
+    if (step == workload.warmup_steps && workload.profile_tokens == 0) model.end_warmup();
+    const double seconds = model.step(sequences, records);
+    if (step < workload.warmup_steps) continue;
+    priced.step_seconds.push_back(seconds);
+    priced.layers.push_back(records);
+  }
+  const InplaceKVCache<bf16>& cache = model.cache();
+  priced.host.experts = MoeModel::expert_store_bytes(config);
+  priced.host.experts_pinned = options.pin_experts && options.experts->loads_experts();
+  priced.host.kv_pinned = static_cast<std::uint64_t>(cache.capacity_blocks(Region::gpu_streamed)) * cache.block_bytes();
+  priced.host.kv_host = static_cast<std::uint64_t>(cache.capacity_blocks(Region::cpu_resident)) * cache.block_bytes();
+  return priced;
+}
+
+namespace {
+
+/// A group name of the predicted file: the profile and the run (HDF5 names: no '/' or '.').
+std::string predicted_id(const MachineProfile& profile, const RunSpec& run) {
+  std::string name = profile.name + "__" + run.id();
+  std::replace_if(name.begin(), name.end(), [](char ch) { return ch == '/' || ch == '.'; }, '_');
+  return name;
+}
+
+/// The run of `config` priced on `profile`, as the harness would have measured it.
+impl::RunResult predict_run(const ExperimentConfig& config, const RunSpec& run, const MachineProfile& profile) {
+  const impl::RunSetup setup = impl::prepare_run(config, run, profile);
+  DecodeWorkload workload;
+  workload.batch = run.batch;
+  workload.context = run.context;
+  workload.planned_tokens = config.max_sequence_tokens;
+  workload.warmup_steps = config.warmup_steps;
+  workload.measured_steps = config.measured_steps;
+  workload.profile_tokens = setup.profiles ? config.profile_tokens : 0;
+  workload.seed = config.seed + 7919ull * static_cast<std::uint64_t>(run.repetition);
+  const PricedSteps priced = price_decode(run.model->config, setup.options, profile, workload);
+  impl::RunResult result;
+  result.step_seconds = priced.step_seconds;
+  for (const auto& layers : priced.layers) result.add_step(layers);
+  result.micro_batches = setup.system.micro_batches;
+  result.planned_sequence_tokens = config.max_sequence_tokens;
+  result.vram = priced.vram;
+  result.host = priced.host;
+  result.attention_fmas_per_byte = run.model->config.attention().fmas_per_byte(sizeof(bf16));
+  result.cpu_attention_gbps = roofline_of(setup.context).rates().cpu_attention_gbps;
+  return result;
+}
+
+double mean(const std::vector<double>& values) {
+  double total = 0;
+  for (double v : values) total += v;
+  return values.empty() ? 0.0 : total / static_cast<double>(values.size());
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+/// The profile's CPU attention rates hold for the block size they were measured with.
+void warn_on_block_size(const ExperimentConfig& config) {
+  if (config.block_tokens != calibration_block_tokens)
+    log_info("predict: warning: ", config.name, " uses ", config.block_tokens, "-token KV blocks but CPU attention ",
+             "rates are calibrated with ", calibration_block_tokens, "-token blocks; the CPU kernels run smaller ",
+             "blocks slower than the projection says");
+}
+
+}  // namespace
+
+ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::vector<MachineProfile>& profiles,
+                                     const std::string& output, std::ostream& progress) {
+  if (profiles.empty()) throw std::invalid_argument("predict: --profile must name at least one machine profile");
+  warn_on_block_size(config);
+  if (std::filesystem::exists(output)) {
+    const ResultsReader existing(output);
+    if (!existing.has_attribute("/", "predicted") || existing.int_attribute("/", "predicted") != 1)
+      throw std::invalid_argument("predict: " + output +
+                                  " holds measured runs; a projection never overwrites them (give another --output)");
+    std::filesystem::remove(output);
+  }
+  if (const auto parent = std::filesystem::path(output).parent_path(); !parent.empty())
+    std::filesystem::create_directories(parent);
+  const std::string machine_yaml = MachineDescription::detect().to_yaml();
+  ResultsStore store(output);
+  {
+    auto txn = store.begin();
+    ResultsGroup root = txn.root();
+    impl::write_experiment_attributes(root, config, profiles.front(), machine_yaml, Shard{});
+    root.set_attribute("predicted", std::int64_t{1});
+    ResultsGroup all = root.create_group("profiles");
+    for (const MachineProfile& p : profiles) {
+      std::string name = p.name;
+      std::replace_if(name.begin(), name.end(), [](char ch) { return ch == '/' || ch == '.'; }, '_');
+      ResultsGroup g = all.create_group(name);
+      g.set_attribute("name", p.name);
+      g.set_attribute("yaml", p.to_yaml());
+    }
+    txn.commit();
+  }
+  ExperimentSummary summary;
+  for (const MachineProfile& profile : profiles) {
+    const std::vector<RunSpec> runs = expand_runs(config, profile);
+    progress << "predict: " << profile.name << ": " << runs.size() << " runs" << std::endl;
+    for (const RunSpec& run : runs) {
+      std::optional<impl::RunResult> result;
+      impl::RunFailure failure;
+      try {
+        result = predict_run(config, run, profile);
+      } catch (const ModelBudgetError& e) {
+        failure = {"does_not_fit", e.what()};
+      } catch (const KVBudgetError& e) {
+        failure = {"does_not_fit", e.what()};
+      } catch (const std::exception& e) {
+        failure = {"failed", e.what()};
+      }
+      auto txn = store.begin();
+      ResultsGroup runs_group = txn.root().open_group("runs");
+      const std::string id = predicted_id(profile, run);
+      impl::write_run(runs_group, id, config, run, profile.name, machine_yaml, result, failure);
+      ResultsGroup written = runs_group.open_group(id);
+      written.set_attribute("predicted", std::int64_t{1});
+      written.set_attribute("checksum", written.checksum());
+      txn.commit();
+      if (result) ++summary.complete;
+      else ++(failure.status == "does_not_fit" ? summary.did_not_fit : summary.failed);
+    }
+  }
+  progress << "predict: " << summary.complete << " runs predicted, " << summary.did_not_fit << " do not fit, "
+           << summary.failed << " failed; wrote " << output << " (projected, not measured)" << std::endl;
+  return summary;
+}
+
+PredictionComparison compare_predictions(const std::string& results_file, const MachineProfile* cpu_from) {
+  const ResultsReader reader(results_file);
+  if (reader.has_attribute("/", "predicted") && reader.int_attribute("/", "predicted") == 1)
+    throw std::invalid_argument("predict --compare: " + results_file +
+                                " holds predicted runs; compare predictions with a file of measured runs");
+  const ExperimentConfig config =
+      ExperimentConfig::from_config(ConfigNode::parse(reader.string_attribute("/", "config"), results_file + ":/config"));
+  MachineProfile profile =
+      MachineProfile::from_config(ConfigNode::parse(reader.string_attribute("/profile", "yaml"), results_file + ":/profile"));
+  if (cpu_from) profile = with_cpu_of(profile, *cpu_from);
+  warn_on_block_size(config);
+  std::map<std::string, RunSpec> by_id;
+  for (const RunSpec& run : expand_runs(config, profile)) by_id.emplace(run.id(), run);
+
+  PredictionComparison comparison;
+  comparison.profile = profile.name;
+  std::map<std::pair<std::string, std::string>, std::vector<double>> errors;
+  std::vector<double> step_errors;
+  auto error_of = [](double predicted, double measured) { return std::abs(predicted - measured) / measured; };
+  for (const std::string& group : reader.list("/runs")) {
+    const std::string g = "/runs/" + group;
+    if (reader.string_attribute(g, "status") != "complete" || !run_damage(reader, g).empty()) continue;
+    const auto found = by_id.find(group);
+    if (found == by_id.end() || reader.string_attribute(g, "config") != impl::run_yaml(config, found->second)) continue;
+    const impl::RunResult predicted = predict_run(config, found->second, profile);
+    const std::string system = reader.string_attribute(g, "system") +
+                               (reader.string_attribute(g, "system") == "writescope"
+                                    ? "[" + reader.string_attribute(g, "expert_policy") + "]"
+                                    : "");
+    const double measured_step = mean(reader.read<double>(g + "/step_seconds"));
+    const double step_error = error_of(mean(predicted.step_seconds), measured_step);
+    step_errors.push_back(step_error);
+    errors[{system, "step"}].push_back(step_error);
+    // A component is compared where it is at least 5% of the measured step:
+    // a relative error of a near-zero time says nothing.
+    auto compare = [&](const std::string& name, double predicted_seconds, double measured_seconds) {
+      if (measured_seconds >= 0.05 * measured_step) errors[{system, name}].push_back(error_of(predicted_seconds, measured_seconds));
+    };
+    compare("attention", mean(predicted.attention), mean(reader.read<double>(g + "/attention_seconds")));
+    const auto layers = static_cast<double>(reader.int_attribute(g, "layers"));
+    for (const char* name : impl::component_names) {
+      const double measured = mean(reader.read<double>(g + "/components/" + name)) * layers;
+      const double priced = mean(predicted.components.at(name)) * layers;
+      compare(name, priced, measured);
+    }
+  }
+  comparison.runs = static_cast<int>(step_errors.size());
+  if (step_errors.empty())
+    throw std::invalid_argument("predict --compare: " + results_file + " holds no complete runs of its experiment to compare");
+  comparison.median_step_error = median(step_errors);
+  comparison.worst_step_error = *std::max_element(step_errors.begin(), step_errors.end());
+  for (const auto& [key, values] : errors)
+    comparison.errors.push_back({key.first, key.second, static_cast<int>(values.size()), median(values),
+                                 *std::max_element(values.begin(), values.end())});
+  return comparison;
+}
+
+std::string format_comparison(const PredictionComparison& c) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1);
+  out << "Prediction error of " << c.runs << " measured runs, priced with profile '" << c.profile
+      << "' (|predicted - measured| / measured of mean times; components of at least 5% of the step)\n";
+  out << std::left << std::setw(26) << "system" << std::setw(16) << "component" << std::right << std::setw(6) << "runs"
+      << std::setw(10) << "median" << std::setw(10) << "worst" << "\n";
+  for (const PredictionError& e : c.errors)
+    out << std::left << std::setw(26) << e.system << std::setw(16) << e.component << std::right << std::setw(6) << e.runs
+        << std::setw(9) << 100 * e.median << "%" << std::setw(9) << 100 * e.worst << "%\n";
+  out << "median error " << 100 * c.median_step_error << "% (worst " << 100 * c.worst_step_error << "%) over " << c.runs
+      << " runs\n";
+  return out.str();
+}
+
+MachineProfile with_cpu_of(const MachineProfile& base, const MachineProfile& cpu) {
+  MachineProfile p = base;
+  p.name = base.name + "+cpu:" + cpu.name;
+  p.cpu_threads = cpu.cpu_threads;
+  p.cpu_dram_read_gbps = cpu.cpu_dram_read_gbps;
+  p.cpu_path = cpu.cpu_path;
+  p.cpu_fma_glanes = cpu.cpu_fma_glanes;
+  p.cpu_launch_latency_s = cpu.cpu_launch_latency_s;
+  p.cpu_expert_gbps = cpu.cpu_expert_gbps;
+  p.cpu_expert_gflops = cpu.cpu_expert_gflops;
+  p.cpu_attention_gbps = cpu.cpu_attention_gbps;
+  p.sources["cpu"] = "from profile '" + cpu.name + "': " + cpu.source_of("cpu");
+  return p;
+}
+
+}  // namespace writescope

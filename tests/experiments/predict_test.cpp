@@ -1,0 +1,281 @@
+#include "experiments/predict.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "attention/kv_policy.hpp"
+#include "framework/results_store.hpp"
+#include "test_profile.hpp"
+
+namespace writescope {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// A GPU machine of round numbers (a projection prices a GPU machine in any build).
+MachineProfile round_profile() {
+  MachineProfile p = test::tiny_profile();
+  p.has_gpu = true;
+  p.hbm_gbps = 100;
+  p.gpu_attention_gbps.clear();
+  p.pinned_h2d_gbps = p.pinned_d2h_gbps = 10;
+  p.pageable_h2d_gbps = p.pageable_d2h_gbps = 5;
+  p.gpu_launch_latency_s = 1e-6;
+  p.link_latency_s = 2e-6;
+  p.cpu_launch_latency_s = 3e-6;
+  p.cpu_expert_gbps = 4;
+  p.cpu_expert_gflops = 8;
+  return p;
+}
+
+ModelOptions first_fit_options(const MachineProfile& profile, std::uint64_t vram_budget,
+                               std::shared_ptr<ExpertPolicy> experts) {
+  ModelOptions options;
+  options.vram_budget = vram_budget;
+  options.pinned_kv_budget = std::uint64_t{1} << 20;
+  options.block_tokens = 8;
+  options.max_rows = 4;
+  options.experts = std::move(experts);
+  const RooflineModel roofline(ModelRates::from_profile(profile, "tiny-mixtral", profile.cpu_threads));
+  options.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
+    return std::make_unique<FirstFitKVPolicy>(roofline, shape, cache, Region::gpu_streamed);
+  };
+  return options;
+}
+
+/// A VRAM budget of the model's weights and workspace plus `blocks` KV blocks per layer.
+std::uint64_t vram_for(const ModelConfig& config, const ModelOptions& options, std::uint64_t blocks) {
+  const VramUse fixed = MoeModel::fixed_vram(config, options);
+  return fixed.weights + fixed.workspace + MoeModel::kv_vram(config, options, blocks);
+}
+
+// Two layers of tiny-mixtral (hidden 64, 4 query and 2 KV heads of 16, 4
+// experts of 32, top 2, vocab 256), one sequence of 32 tokens whose KV fits
+// VRAM, every routed expert on the CPU (KTransformers), one measured step,
+// priced by hand from the profile's round numbers.
+TEST(PredictTest, PricesATwoLayerStepAsComputedByHand) {
+  const MachineProfile profile = round_profile();
+  const ModelConfig config = model_preset("tiny-mixtral");
+  DecodeWorkload workload;
+  workload.context = 32;
+  workload.planned_tokens = 64;
+  workload.warmup_steps = 0;
+  workload.measured_steps = 1;
+  const PricedSteps priced = price_decode(
+      config, first_fit_options(profile, 8 << 20, std::make_shared<CpuExpertPolicy>()), profile, workload);
+  ASSERT_EQ(priced.step_seconds.size(), 1u);
+
+  // Attention: 33 tokens x 2 KV heads x (16 + 16) x 2 bytes = 4224 bytes in VRAM at 100 GB/s, plus the GPU latency.
+  const double attention = 4224 / 100e9 + 1e-6;
+  // Projections q, k, v, o (64x64, 32x64, 32x64, 64x64) in bf16 and two fp32 norms of 64: 25088 bytes, 17 launches.
+  const double dense = 25088 / 100e9 + 17 * 1e-6;
+  // Router 4x64 bf16 and 5 launches; each of the 2 experts (3 x 64 x 32 bf16 = 12288 bytes, 12288 FLOP for the
+  // token) at max(12288 / 4 GB/s, 12288 / 8 GFLOP/s) plus 6 host launches; the token's activations (256 bytes)
+  // to the host and back at 10 GB/s with the link latency each way; the GPU has no experts to overlap.
+  const double router = 512 / 100e9 + 5 * 1e-6;
+  const double experts = 2 * (12288 / 4e9 + 6 * 3e-6);
+  const double copies = 2 * (256 / 10e9 + 2e-6);
+  const double layer = attention + dense + router + copies + experts;
+  // The LM head (256 x 64 bf16), the logits (256 floats) back at 10 GB/s, 6 launches.
+  const double step = 2 * layer + 32768 / 100e9 + 1024 / 10e9 + 6 * 1e-6;
+  EXPECT_NEAR(priced.step_seconds[0], step, 1e-12);
+
+  const std::vector<LayerRecord>& layers = priced.layers[0];
+  ASSERT_EQ(layers.size(), 2u);
+  for (const LayerRecord& r : layers) {
+    EXPECT_NEAR(r.attention_gpu, attention, 1e-12);
+    EXPECT_EQ(r.attention_cpu, 0);
+    EXPECT_NEAR(r.experts_cpu, experts, 1e-12);
+    EXPECT_NEAR(r.transfers, copies, 1e-12);
+    EXPECT_NEAR(r.other, dense, 1e-12);
+    EXPECT_EQ(r.region_bytes[int(Region::gpu_resident)], 4224);
+    EXPECT_EQ(r.alpha, 0);
+  }
+}
+
+// The projection runs WriteScope's scheduler itself: its split (α, the bytes
+// per region) equals what the scheduler plans inside the real model for the
+// same profile and budgets (feedback off, so the profile's rates decide).
+TEST(PredictTest, PredictedSplitEqualsTheSchedulersPlan) {
+  const MachineProfile profile = round_profile();
+  const ModelConfig config = model_preset("tiny-qwen3-moe");
+  ModelOptions options;
+  options.pinned_kv_budget = options.host_kv_budget = std::uint64_t{1} << 20;
+  options.block_tokens = 8;
+  options.max_rows = 2;
+  options.vram_budget = vram_for(config, options, 40);  // of the 2 x 88 blocks a layer needs
+  const RooflineModel roofline(ModelRates::from_profile(profile, config.attention().name, profile.cpu_threads));
+  options.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
+    SchedulerOptions scheduler;
+    scheduler.feedback = false;
+    return std::make_unique<WriteScopeKVPolicy>(roofline, shape, cache, scheduler);
+  };
+  DecodeWorkload workload;
+  workload.batch = 2;
+  workload.context = 700;
+  workload.planned_tokens = 1024;
+  workload.warmup_steps = 1;
+  workload.measured_steps = 3;
+  const PricedSteps priced = price_decode(config, options, profile, workload);
+
+  MoeModel model = MoeModel::synthetic(config, 5, options);
+  std::vector<int> sequences;
+  for (int b = 0; b < workload.batch; ++b) {
+    sequences.push_back(model.add_sequence(workload.planned_tokens));
+    model.fill_context(sequences.back(), workload.context, 11 + b);
+  }
+  std::vector<int> tokens{1, 2};
+  bool split = false;
+  for (int step = 0; step < workload.warmup_steps + workload.measured_steps; ++step) {
+    if (step == workload.warmup_steps) model.end_warmup();
+    model.step(sequences, tokens);
+    if (step < workload.warmup_steps) continue;
+    const auto& predicted = priced.layers.at(static_cast<std::size_t>(step - workload.warmup_steps));
+    for (int layer = 0; layer < config.layers; ++layer) {
+      const LayerRecord& measured = model.last_records()[layer];
+      EXPECT_DOUBLE_EQ(predicted[layer].alpha, measured.alpha) << "step " << step << ", layer " << layer;
+      for (int region = 0; region < 4; ++region)
+        EXPECT_DOUBLE_EQ(predicted[layer].region_bytes[region], measured.region_bytes[region])
+            << "step " << step << ", layer " << layer << ", region " << region;
+      split = split || (measured.alpha > 0 && measured.alpha < 1);
+    }
+  }
+  EXPECT_TRUE(split) << "the budgets should make the scheduler split the attention between the devices";
+}
+
+// More VRAM keeps more KV off the link: the prediction of a system whose
+// placement changes moves the right way (and a VRAM budget that fits all of
+// it stops changing it).
+TEST(PredictTest, MoreVramPredictsFasterStepsForAStreamingBaseline) {
+  const MachineProfile profile = round_profile();
+  const ModelConfig config = model_preset("tiny-mixtral");
+  DecodeWorkload workload;
+  workload.context = 2000;
+  workload.planned_tokens = 2048;
+  workload.measured_steps = 2;
+  auto step_with = [&](std::uint64_t blocks) {
+    ModelOptions options = first_fit_options(profile, 0, std::make_shared<CpuExpertPolicy>());
+    options.vram_budget = vram_for(config, options, blocks);
+    const PricedSteps priced = price_decode(config, options, profile, workload);
+    return priced.step_seconds.back();
+  };
+  // A layer of the sequence needs 251 blocks of 8 tokens at the last step.
+  const double small = step_with(50), larger = step_with(150), enough = step_with(251);
+  EXPECT_GT(small, larger);
+  EXPECT_GT(larger, enough);
+  EXPECT_DOUBLE_EQ(enough, step_with(400));
+}
+
+class PredictFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("writescope_predict_" + std::to_string(::getpid()) + "_" +
+                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  ExperimentConfig config() const {
+    const std::string yaml = "name: projected\noutput: " + (dir_ / "measured.h5").string() +
+                             "\nprofile: test\nmodels:\n  - {preset: tiny-mixtral}\n"
+                             "systems: [ktransformers, writescope, gpu-only]\n"
+                             "batch_sizes: [2]\ncontexts: [24, 400]\n"
+                             "budgets: {vram: [4MiB, 12MiB], pinned: 8MiB, host: 24MiB}\n"
+                             "steps: {warmup: 1, measured: 3}\nblock_tokens: 8\n";
+    return ExperimentConfig::from_config(ConfigNode::parse(yaml, "projected.yaml"));
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(PredictFileTest, WritesEveryRunOfEveryProfileMarkedPredicted) {
+  MachineProfile other = round_profile();
+  other.name = "slow-link";
+  other.pinned_h2d_gbps = other.pinned_d2h_gbps = 1;
+  const std::string output = (dir_ / "projected.h5").string();
+  std::ostringstream progress;
+  const ExperimentSummary summary = predict_experiment(config(), {round_profile(), other}, output, progress);
+  EXPECT_GT(summary.complete, 0);
+  EXPECT_EQ(summary.failed, 0);
+  const ResultsReader reader(output);
+  EXPECT_EQ(reader.int_attribute("/", "predicted"), 1);
+  EXPECT_TRUE(reader.exists("/profiles/slow-link"));
+  const std::vector<std::string> runs = reader.list("/runs");
+  EXPECT_EQ(runs.size(), 2 * expand_runs(config(), round_profile()).size());
+  std::map<std::string, int> per_profile;
+  for (const std::string& run : runs) {
+    const std::string g = "/runs/" + run;
+    EXPECT_EQ(reader.int_attribute(g, "predicted"), 1);
+    EXPECT_EQ(run_damage(reader, g), "");
+    ++per_profile[reader.string_attribute(g, "profile")];
+  }
+  EXPECT_EQ(per_profile["test"], per_profile["slow-link"]);
+  EXPECT_NE(progress.str().find("projected, not measured"), std::string::npos);
+}
+
+TEST_F(PredictFileTest, NeverOverwritesMeasuredRunsAndComparesOnlyMeasuredOnes) {
+  const std::string measured = (dir_ / "measured.h5").string();
+  std::ostringstream progress;
+  ExperimentConfig small = config();
+  small.contexts = {24};
+  small.vram_budgets = {12u << 20};
+  run_experiment(small, round_profile(), progress, false);
+  const std::string before = ResultsReader(measured).checksum("/runs");
+  try {
+    predict_experiment(small, {round_profile()}, measured, progress);
+    FAIL() << "a projection overwrote measured runs";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("holds measured runs"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ResultsReader(measured).checksum("/runs"), before);
+
+  const PredictionComparison comparison = compare_predictions(measured);
+  EXPECT_EQ(comparison.runs, static_cast<int>(expand_runs(small, round_profile()).size()));
+  EXPECT_EQ(comparison.profile, "test");
+  const std::string text = format_comparison(comparison);
+  EXPECT_NE(text.find("median error "), std::string::npos) << text;
+
+  const std::string projected = (dir_ / "projected.h5").string();
+  predict_experiment(small, {round_profile()}, projected, progress);
+  try {
+    compare_predictions(projected);
+    FAIL() << "compared predictions with predictions";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("holds predicted runs"), std::string::npos) << e.what();
+  }
+  // Nor do measured runs go beside projections, or projections into a merge.
+  ExperimentConfig into_projection = small;
+  into_projection.output = projected;
+  EXPECT_THROW(run_experiment(into_projection, round_profile(), progress, false), std::invalid_argument);
+  EXPECT_THROW(merge_results((dir_ / "merged.h5").string(), {projected}), std::invalid_argument);
+  EXPECT_FALSE(fs::exists(dir_ / "merged.h5"));
+}
+
+TEST(PredictProfileTest, CpuFromAnotherProfileKeepsTheGpuAndSaysWhere) {
+  MachineProfile gpu = round_profile();
+  gpu.name = "a-gpu";
+  gpu.sources["gpu"] = "published: a datasheet";
+  MachineProfile cpu = test::tiny_profile();
+  cpu.name = "my-host";
+  cpu.cpu_threads = 7;
+  cpu.cpu_expert_gbps = 33;
+  cpu.sources["cpu"] = "measured by writescope calibrate on my-host";
+  const MachineProfile mixed = with_cpu_of(gpu, cpu);
+  EXPECT_EQ(mixed.name, "a-gpu+cpu:my-host");
+  EXPECT_EQ(mixed.hbm_gbps, gpu.hbm_gbps);
+  EXPECT_EQ(mixed.cpu_threads, 7);
+  EXPECT_EQ(mixed.cpu_expert_gbps, 33);
+  EXPECT_EQ(mixed.source_of("gpu"), "published: a datasheet");
+  EXPECT_NE(mixed.source_of("cpu").find("my-host"), std::string::npos);
+  // The sources survive the profile's YAML.
+  const MachineProfile read = MachineProfile::from_config(ConfigNode::parse(mixed.to_yaml(), "mixed.yaml"));
+  EXPECT_EQ(read.source_of("cpu"), mixed.source_of("cpu"));
+  EXPECT_EQ(read.source_of("link"), "not stated");
+}
+
+}  // namespace
+}  // namespace writescope
