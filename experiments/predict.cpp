@@ -434,6 +434,9 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
                                      const std::string& output, std::ostream& progress) {
   if (profiles.empty()) throw std::invalid_argument("predict: --profile must name at least one machine profile");
   warn_on_block_size(config);
+  // Every profile's runs first: a profile that cannot price the experiment fails before any file is written.
+  std::vector<std::vector<RunSpec>> runs_of;
+  for (const MachineProfile& profile : profiles) runs_of.push_back(expand_runs(config, profile));
   if (std::filesystem::exists(output)) {
     const ResultsReader existing(output);
     if (!existing.has_attribute("/", "predicted") || existing.int_attribute("/", "predicted") != 1)
@@ -461,8 +464,9 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
     txn.commit();
   }
   ExperimentSummary summary;
-  for (const MachineProfile& profile : profiles) {
-    const std::vector<RunSpec> runs = expand_runs(config, profile);
+  for (std::size_t p = 0; p < profiles.size(); ++p) {
+    const MachineProfile& profile = profiles[p];
+    const std::vector<RunSpec>& runs = runs_of[p];
     progress << "predict: " << profile.name << ": " << runs.size() << " runs" << std::endl;
     for (const RunSpec& run : runs) {
       std::optional<impl::RunResult> result;

@@ -96,6 +96,42 @@ TEST(PredictTest, PricesATwoLayerStepAsComputedByHand) {
   }
 }
 
+// Experts split between the devices: with a GPU its experts (and their
+// loads) run beside the CPU's, so the feed-forward costs the larger side;
+// a host-only profile runs them one after the other, as a host build does.
+TEST(PredictTest, TheDevicesExpertsOverlapOnlyWithAGpu) {
+  const ModelConfig config = model_preset("tiny-mixtral");
+  DecodeWorkload workload;
+  workload.batch = 4;
+  workload.context = 16;
+  workload.planned_tokens = 64;
+  workload.measured_steps = 3;
+  for (const bool gpu : {true, false}) {
+    MachineProfile profile = round_profile();
+    profile.has_gpu = gpu;
+    auto placement = [](int, int expert) {
+      return expert == 0 ? ExpertPlacement::gpu_resident
+                         : expert == 1 ? ExpertPlacement::gpu_loaded : ExpertPlacement::cpu;
+    };
+    const PricedSteps priced =
+        price_decode(config, first_fit_options(profile, 16 << 20, std::make_shared<FixedExpertPolicy>(placement)),
+                     profile, workload);
+    // Router (4 x 64 bf16) and its 5 launches; the 4 rows' activations (1024 bytes) to the CPU and back.
+    const double router = gpu ? 512 / 100e9 + 5e-6 : 512 / 4e9 + 4 * 256 * 2 / 8e9 + 5 * 3e-6;
+    const double copy = gpu ? 1024 / 10e9 + 2e-6 : 1024 / 10e9;
+    bool both = false;
+    for (const auto& step : priced.layers)
+      for (const LayerRecord& r : step) {
+        const double copies = r.experts_cpu > 0 ? 2 * copy : 0.0, loads = r.transfers - copies;
+        const double experts = gpu ? std::max(r.experts_gpu + loads, r.experts_cpu)
+                                   : r.experts_gpu + loads + r.experts_cpu;
+        EXPECT_NEAR(r.feed_forward, router + copies + experts, 1e-12) << (gpu ? "GPU" : "host-only") << " profile";
+        both = both || (r.experts_gpu > 0 && r.experts_cpu > 0);
+      }
+    EXPECT_TRUE(both) << "no layer had experts on both devices";
+  }
+}
+
 // The projection runs WriteScope's scheduler itself: its split (α, the bytes
 // per region) equals what the scheduler plans inside the real model for the
 // same profile and budgets (feedback off, so the profile's rates decide).
