@@ -96,6 +96,28 @@ TEST(PredictTest, PricesATwoLayerStepAsComputedByHand) {
   }
 }
 
+// The same step with VRAM for 2 of the layer's 5 blocks: the first 16
+// tokens are read in VRAM, the other 17 streamed over the link (latency
+// included) by the GPU, and nothing goes to the CPU (a first-fit baseline).
+TEST(PredictTest, PricesStreamedKvAtTheLinkRate) {
+  const MachineProfile profile = round_profile();
+  const ModelConfig config = model_preset("tiny-mixtral");
+  DecodeWorkload workload;
+  workload.context = 32;
+  workload.planned_tokens = 64;
+  workload.warmup_steps = 0;
+  workload.measured_steps = 1;
+  ModelOptions options = first_fit_options(profile, 0, std::make_shared<CpuExpertPolicy>());
+  options.vram_budget = vram_for(config, options, 2);
+  const PricedSteps priced = price_decode(config, options, profile, workload);
+  for (const LayerRecord& r : priced.layers.at(0)) {
+    EXPECT_EQ(r.region_bytes[int(Region::gpu_resident)], 16 * 128);
+    EXPECT_EQ(r.region_bytes[int(Region::gpu_streamed)], 17 * 128);
+    EXPECT_NEAR(r.attention_gpu, 2048 / 100e9 + 2176 / 10e9 + 1e-6 + 2e-6, 1e-12);
+    EXPECT_EQ(r.attention_cpu, 0);
+  }
+}
+
 // Experts split between the devices: with a GPU its experts (and their
 // loads) run beside the CPU's, so the feed-forward costs the larger side;
 // a host-only profile runs them one after the other, as a host build does.

@@ -145,6 +145,65 @@ TYPED_TEST(InplaceKVCacheTest, AccountsBytesAndFreesSequences) {
   EXPECT_THROW(cache.length(0, a), KVCacheError);
   this->append(cache, 1, b, 0, 32, {Region::gpu_streamed, Region::cpu_streamed});
   EXPECT_EQ(cache.region_bytes(Region::gpu_streamed) + cache.region_bytes(Region::cpu_streamed), 2 * block);
+  // The new blocks took the freed slots, and hold what was written.
+  for (const Region region : {Region::gpu_streamed, Region::cpu_streamed})
+    for (const BlockSegment& segment : cache.segments(1, region, {b}, {TokenRange{0, 32}}))
+      EXPECT_LT(segment.slot, cache.capacity_blocks(region));
+  this->expect_tokens(cache, 1, b, 0);
+}
+
+// A bookkeeping cache (no pools) places blocks in the same slots as an
+// allocated one under the same appends and frees, and takes no data.
+TEST(InplaceKVCacheBookkeeping, PlacesBlocksAsTheAllocatedCacheDoes) {
+  using Tokens = Kokkos::View<const float***, Kokkos::LayoutRight, HostMemSpace>;
+  const KVCacheShape shape = small_shape();
+  const KVCacheBudgets budgets = blocks_of<float>(6, 6, 6);
+  InplaceKVCache<float> allocated(shape, budgets, BudgetPolicy::fall_back);
+  InplaceKVCache<float> bookkeeping(shape, budgets, BudgetPolicy::fall_back, KVStorage::bookkeeping);
+  EXPECT_EQ(bookkeeping.vram_pool().span(), 0u);
+  EXPECT_EQ(bookkeeping.capacity_blocks(Region::cpu_streamed), allocated.capacity_blocks(Region::cpu_streamed));
+  const Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> keys("keys", 40, heads, key_dim),
+      values("values", 40, heads, value_dim);
+  const Region cycle[] = {Region::gpu_resident, Region::cpu_streamed, Region::cpu_resident, Region::gpu_streamed};
+  int next_region = 0;
+  std::vector<int> live;
+  auto append = [&](int layer, int sequence, std::int64_t tokens) {
+    std::vector<Region> regions(allocated.new_blocks_needed(layer, sequence, tokens));
+    for (Region& r : regions) r = cycle[next_region++ % 4];
+    const auto range = std::make_pair(std::int64_t{0}, tokens);
+    allocated.append(HostExecSpace(), layer, sequence, Tokens(Kokkos::subview(keys, range, Kokkos::ALL, Kokkos::ALL)),
+                     Tokens(Kokkos::subview(values, range, Kokkos::ALL, Kokkos::ALL)), regions);
+    bookkeeping.record_append(layer, sequence, tokens, regions);
+  };
+  for (int round = 0; round < 3; ++round) {
+    for (int s = 0; s < 2; ++s) {
+      live.push_back(allocated.add_sequence());
+      ASSERT_EQ(bookkeeping.add_sequence(), live.back());
+      for (int layer = 0; layer < 2; ++layer) append(layer, live.back(), 17 + 5 * s + round);
+    }
+    for (int layer = 0; layer < 2; ++layer)
+      for (int sequence : live) {
+        EXPECT_EQ(bookkeeping.block_regions(layer, sequence), allocated.block_regions(layer, sequence));
+        for (const Region region : cycle) {
+          const auto a = allocated.segments(layer, region, {sequence}, {TokenRange{0, 64}});
+          const auto b = bookkeeping.segments(layer, region, {sequence}, {TokenRange{0, 64}});
+          ASSERT_EQ(a.size(), b.size());
+          for (std::size_t i = 0; i < a.size(); ++i) {
+            EXPECT_EQ(a[i].slot, b[i].slot);
+            EXPECT_EQ(a[i].token_count, b[i].token_count);
+          }
+        }
+      }
+    allocated.free_sequence(live.front());
+    bookkeeping.free_sequence(live.front());
+    live.erase(live.begin());
+  }
+  for (const Region region : cycle) EXPECT_EQ(bookkeeping.region_bytes(region), allocated.region_bytes(region));
+  EXPECT_THROW(allocated.record_append(0, live.back(), 1, {}), KVCacheError);
+  EXPECT_THROW(bookkeeping.append(HostExecSpace(), 0, live.back(),
+                                  Tokens(Kokkos::subview(keys, std::make_pair(0, 1), Kokkos::ALL, Kokkos::ALL)),
+                                  Tokens(Kokkos::subview(values, std::make_pair(0, 1), Kokkos::ALL, Kokkos::ALL)), {}),
+               KVCacheError);
 }
 
 TYPED_TEST(InplaceKVCacheTest, SegmentsCoverExactlyTheRequestedRanges) {
