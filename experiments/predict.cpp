@@ -1,6 +1,7 @@
 #include "experiments/predict.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
@@ -468,7 +469,13 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
     const MachineProfile& profile = profiles[p];
     const std::vector<RunSpec>& runs = runs_of[p];
     progress << "predict: " << profile.name << ": " << runs.size() << " runs" << std::endl;
-    for (const RunSpec& run : runs) {
+    // One transaction per profile: a commit rewrites the whole file, and a
+    // projection's runs cost milliseconds each.
+    auto txn = store.begin();
+    ResultsGroup runs_group = txn.root().open_group("runs");
+    auto last_report = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const RunSpec& run = runs[i];
       std::optional<impl::RunResult> result;
       impl::RunFailure failure;
       try {
@@ -480,17 +487,19 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
       } catch (const std::exception& e) {
         failure = {"failed", e.what()};
       }
-      auto txn = store.begin();
-      ResultsGroup runs_group = txn.root().open_group("runs");
       const std::string id = predicted_id(profile, run);
       impl::write_run(runs_group, id, config, run, profile.name, machine_yaml, result, failure);
       ResultsGroup written = runs_group.open_group(id);
       written.set_attribute("predicted", std::int64_t{1});
       written.set_attribute("checksum", written.checksum());
-      txn.commit();
       if (result) ++summary.complete;
       else ++(failure.status == "does_not_fit" ? summary.did_not_fit : summary.failed);
+      if (const auto now = std::chrono::steady_clock::now(); now - last_report > std::chrono::seconds(5)) {
+        progress << "predict: " << profile.name << ": " << i + 1 << "/" << runs.size() << " runs" << std::endl;
+        last_report = now;
+      }
     }
+    txn.commit();
   }
   progress << "predict: " << summary.complete << " runs predicted, " << summary.did_not_fit << " do not fit, "
            << summary.failed << " failed; wrote " << output << " (projected, not measured)" << std::endl;

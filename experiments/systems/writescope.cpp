@@ -56,6 +56,7 @@ std::string writescope_expert_choice(const SystemContext& context) {
   const double tokens = std::max(1, static_cast<int>(std::lround(batch * c.experts_per_token / active)));
   const double cpu = costs.cpu_seconds(static_cast<int>(tokens)), gpu = costs.gpu_seconds(static_cast<int>(tokens));
   const double loaded = costs.transfer_seconds() + gpu;
+  const int prefetch = context.options.prefetch_experts > 0 ? context.options.prefetch_experts : c.experts_per_token;
   const double kv_per_layer =
       batch * context.context * shape.kv_heads * (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * 2.0;
 
@@ -73,15 +74,20 @@ std::string writescope_expert_choice(const SystemContext& context) {
       // Resident ones on the GPU; each other one where it is cheaper.
       expert_seconds = cpu <= loaded ? std::max(resident * active * gpu, (1 - resident) * active * cpu)
                                      : resident * active * gpu + (1 - resident) * active * loaded;  // finite here
-    } else if (policy == "hybrimoe") {
-      // The greedy split balances the devices: the GPU takes m loaded experts beside its resident ones.
-      const double others = (1 - resident) * active;
-      const double m = std::clamp((others * cpu - resident * active * gpu) / (loaded + cpu), 0.0, others);
-      expert_seconds = std::max(resident * active * gpu + (m > 0 ? m * loaded : 0.0), (others - m) * cpu);
     }
     const double vram_kv = std::max(0.0, free_vram - slots * costs.expert_bytes) / c.layers;
     const StepBytes bytes{std::min(kv_per_layer, vram_kv), 0, std::max(0.0, kv_per_layer - vram_kv)};
     const double attention = roofline.best_split(bytes, shape.fmas_per_byte(sizeof(bf16)), 0).step_seconds;
+    if (policy == "hybrimoe") {
+      // The greedy split balances the devices: the GPU takes m loaded experts beside its resident ones.
+      const double others = (1 - resident) * active;
+      const double m = std::clamp((others * cpu - resident * active * gpu) / (loaded + cpu), 0.0, others);
+      expert_seconds = std::max(resident * active * gpu + (m > 0 ? m * loaded : 0.0), (others - m) * cpu);
+      // Its prefetch copies the next layer's likely experts that are not cached beside that layer's
+      // attention; what the attention does not hide, the experts wait for.
+      if (costs.has_gpu && resident < 1)
+        expert_seconds += std::max(0.0, prefetch * (1 - resident) * costs.transfer_seconds() - attention);
+    }
     const double seconds = c.layers * attention + moe_layers * expert_seconds;
     if (seconds < best_seconds) best_seconds = seconds, best = policy;
   }
