@@ -792,7 +792,9 @@ def write_figures(results, output):
     if not results.predicted and plot_predictions(complete(runs), colours,
                                                   os.path.join(output, "predicted_vs_measured.png")):
         written.append(("predicted_vs_measured.png", "Predicted vs measured attention time of every measured step."))
-    plot_roofline(results.profile, complete(runs), os.path.join(output, "roofline.png"))
+    # A projection prices runs on several profiles; the roofline is the first's, with its runs only.
+    on_profile = [run for run in complete(runs) if not results.predicted or run.profile == results.profile.name]
+    plot_roofline(results.profile, on_profile, os.path.join(output, "roofline.png"))
     written.append(("roofline.png", f"Roofline of machine profile '{results.profile.name}' with each model's "
                                     "CPU attention rate."))
     return written

@@ -28,6 +28,7 @@
 
 namespace writescope {
 
+using impl::attempt_run;
 using impl::prepare_run;
 using impl::run_yaml;
 using impl::RunFailure;
@@ -440,6 +441,19 @@ HostMemoryPlan plan_host_memory(const System& system, const ModelConfig& c, cons
 
 namespace impl {
 
+std::optional<RunResult> attempt_run(const std::function<RunResult()>& run, RunFailure& failure) {
+  try {
+    return run();
+  } catch (const ModelBudgetError& e) {
+    failure = {"does_not_fit", e.what()};
+  } catch (const KVBudgetError& e) {
+    failure = {"does_not_fit", e.what()};
+  } catch (const std::exception& e) {
+    failure = {"failed", e.what()};
+  }
+  return std::nullopt;
+}
+
 void RunResult::add_step(const std::vector<LayerRecord>& layers) {
   double predicted = 0, wall = 0, bytes[4] = {0, 0, 0, 0}, streamed_bytes = 0, streamed_seconds = 0;
   for (const LayerRecord& r : layers) {
@@ -828,17 +842,9 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     }
     progress.start_run(i, run);
     const auto started = std::chrono::steady_clock::now();
-    std::optional<RunResult> result;
     RunFailure failure;
-    try {
-      result = measure(config, run, profile, expert_cache, progress);
-    } catch (const ModelBudgetError& e) {
-      failure = {"does_not_fit", e.what()};
-    } catch (const KVBudgetError& e) {
-      failure = {"does_not_fit", e.what()};
-    } catch (const std::exception& e) {
-      failure = {"failed", e.what()};
-    }
+    const std::optional<RunResult> result =
+        attempt_run([&] { return measure(config, run, profile, expert_cache, progress); }, failure);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     try {
       auto txn = store.begin();

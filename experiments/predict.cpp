@@ -476,17 +476,9 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
     auto last_report = std::chrono::steady_clock::now();
     for (std::size_t i = 0; i < runs.size(); ++i) {
       const RunSpec& run = runs[i];
-      std::optional<impl::RunResult> result;
       impl::RunFailure failure;
-      try {
-        result = predict_run(config, run, profile);
-      } catch (const ModelBudgetError& e) {
-        failure = {"does_not_fit", e.what()};
-      } catch (const KVBudgetError& e) {
-        failure = {"does_not_fit", e.what()};
-      } catch (const std::exception& e) {
-        failure = {"failed", e.what()};
-      }
+      const std::optional<impl::RunResult> result =
+          impl::attempt_run([&] { return predict_run(config, run, profile); }, failure);
       const std::string id = predicted_id(profile, run);
       impl::write_run(runs_group, id, config, run, profile.name, machine_yaml, result, failure);
       ResultsGroup written = runs_group.open_group(id);

@@ -3,6 +3,7 @@
 // (its system, budgets and pools) and how its record is written, so that a
 // predicted run is built from the same decisions and lands in the same schema.
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -48,6 +49,10 @@ struct RunSetup {
   ModelOptions options;  // all but host_experts
   bool profiles = false;  // the expert policy profiles routing on a prompt of its own first
 };
+
+/// `run()`'s result, or nothing with `failure` saying why: "does_not_fit" for
+/// a budget error (ModelBudgetError, KVBudgetError), "failed" for any other.
+std::optional<RunResult> attempt_run(const std::function<RunResult()>& run, RunFailure& failure);
 
 /// ModelBudgetError when the run cannot fit its budgets.
 RunSetup prepare_run(const ExperimentConfig& config, const RunSpec& run, const MachineProfile& profile);

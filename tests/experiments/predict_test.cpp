@@ -52,6 +52,16 @@ std::uint64_t vram_for(const ModelConfig& config, const ModelOptions& options, s
   return fixed.weights + fixed.workspace + MoeModel::kv_vram(config, options, blocks);
 }
 
+/// One measured step, no warm-up, of one sequence filled to 32 tokens (the step attends 33).
+DecodeWorkload one_step_at_33_tokens() {
+  DecodeWorkload workload;
+  workload.context = 32;
+  workload.planned_tokens = 64;
+  workload.warmup_steps = 0;
+  workload.measured_steps = 1;
+  return workload;
+}
+
 // Two layers of tiny-mixtral (hidden 64, 4 query and 2 KV heads of 16, 4
 // experts of 32, top 2, vocab 256), one sequence of 32 tokens whose KV fits
 // VRAM, every routed expert on the CPU (KTransformers), one measured step,
@@ -59,11 +69,7 @@ std::uint64_t vram_for(const ModelConfig& config, const ModelOptions& options, s
 TEST(PredictTest, PricesATwoLayerStepAsComputedByHand) {
   const MachineProfile profile = round_profile();
   const ModelConfig config = model_preset("tiny-mixtral");
-  DecodeWorkload workload;
-  workload.context = 32;
-  workload.planned_tokens = 64;
-  workload.warmup_steps = 0;
-  workload.measured_steps = 1;
+  const DecodeWorkload workload = one_step_at_33_tokens();
   const PricedSteps priced = price_decode(
       config, first_fit_options(profile, 8 << 20, std::make_shared<CpuExpertPolicy>()), profile, workload);
   ASSERT_EQ(priced.step_seconds.size(), 1u);
@@ -102,11 +108,7 @@ TEST(PredictTest, PricesATwoLayerStepAsComputedByHand) {
 TEST(PredictTest, PricesStreamedKvAtTheLinkRate) {
   const MachineProfile profile = round_profile();
   const ModelConfig config = model_preset("tiny-mixtral");
-  DecodeWorkload workload;
-  workload.context = 32;
-  workload.planned_tokens = 64;
-  workload.warmup_steps = 0;
-  workload.measured_steps = 1;
+  const DecodeWorkload workload = one_step_at_33_tokens();
   ModelOptions options = first_fit_options(profile, 0, std::make_shared<CpuExpertPolicy>());
   options.vram_budget = vram_for(config, options, 2);
   const PricedSteps priced = price_decode(config, options, profile, workload);
