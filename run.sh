@@ -27,10 +27,11 @@ status=0
 /usr/bin/python3 analysis/report.py results/quick.h5 -o results/report
 echo "run: wrote results/quick.h5 and results/report/report.md" >&2
 if grep -q "^has_gpu: false" results/profile.yaml; then
-  "$build/experiments/writescope" predict --compare results/quick.h5 | tee results/prediction-error.txt
+  "$build/experiments/writescope" predict --compare results/quick.h5 >results/prediction-error.txt || status=$?
+  cat results/prediction-error.txt
   "$build/experiments/writescope" predict experiments/configs/quick.yaml --profile h200-pcie5,a100-pcie4,v100-pcie3 \
-    --cpu-from results/profile.yaml --output results/projected.h5
-  /usr/bin/python3 analysis/report.py results/projected.h5 -o results/projected-report
+    --cpu-from results/profile.yaml --output results/projected.h5 || status=$?
+  /usr/bin/python3 analysis/report.py results/projected.h5 -o results/projected-report || status=$?
   echo "run: projected (not measured) onto the shipped GPU profiles with this machine's CPU:" \
     "results/projected.h5, results/projected-report/report.md" >&2
 fi

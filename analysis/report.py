@@ -472,7 +472,8 @@ def best_baseline_speedups(runs):
 
 def paper_headline(profile):
     """The paper's headline range for the GPU a profile names, or an em dash."""
-    return next((text for gpu, text in PAPER_HEADLINE.items() if gpu in profile.lower()), "—")
+    gpu_machine = profile.split("+cpu:")[0].lower()  # `--cpu-from` appends the CPU's profile
+    return next((text for gpu, text in PAPER_HEADLINE.items() if gpu in gpu_machine), "—")
 
 
 def component_seconds(run):

@@ -116,23 +116,34 @@ struct StepRates {
 /// Decode attention of one plan: resident and streamed bytes on the GPU, CPU
 /// bytes in place, overlapping; without a GPU the host reads everything, and
 /// streamed blocks are first copied as a host build copies them.
-void price_attention(const StepRates& r, const StepBytes& bytes, double cpu_movable, LayerRecord& record) {
+/// Adds the attention of one plan to `record`; returns its timings as SplitDecode reports them (what
+/// the KV policy's feedback observes).
+SplitTimings price_attention(const StepRates& r, const StepBytes& bytes, double cpu_movable, LayerRecord& record) {
+  SplitTimings t;
+  const double streamed = bytes.movable - cpu_movable;
+  if (streamed > 0) t.streamed_seconds = streamed / (r.link_gbps * 1e9) + r.link_latency_s;
   if (r.has_gpu) {
     const SplitPrediction p = r.roofline.predict(bytes, cpu_movable, r.fmas_per_byte, 0);
-    record.attention_gpu += p.gpu_seconds;
-    record.attention_cpu += p.cpu_seconds;
-    record.attention += p.step_seconds;
-    return;
+    t.gpu_seconds = p.gpu_seconds;
+    t.cpu_seconds = p.cpu_seconds;
+    t.step_seconds = p.step_seconds;
+    // The resident kernel's own time is known when it ends after the streamed path beside it.
+    const double resident = bytes.gpu_resident / (r.roofline.rates().hbm_gbps * 1e9) + r.roofline.rates().gpu_latency_s;
+    if (bytes.gpu_resident > 0 && resident >= t.streamed_seconds) t.resident_seconds = resident;
+  } else {
+    t.gpu_seconds = bytes.gpu_resident + streamed > 0
+                        ? r.roofline.cpu_seconds(bytes.gpu_resident + streamed, r.fmas_per_byte, 0) + t.streamed_seconds
+                        : 0.0;
+    t.cpu_seconds = r.roofline.cpu_seconds(bytes.cpu_resident + cpu_movable, r.fmas_per_byte, 0);
+    t.step_seconds = t.gpu_seconds + t.cpu_seconds;
   }
-  const double streamed = bytes.movable - cpu_movable;
-  const double gpu = bytes.gpu_resident + streamed > 0
-                         ? r.roofline.cpu_seconds(bytes.gpu_resident + streamed, r.fmas_per_byte, 0) +
-                               streamed / (r.link_gbps * 1e9)
-                         : 0.0;
-  const double cpu = r.roofline.cpu_seconds(bytes.cpu_resident + cpu_movable, r.fmas_per_byte, 0);
-  record.attention_gpu += gpu;
-  record.attention_cpu += cpu;
-  record.attention += gpu + cpu;
+  t.streamed_bytes = static_cast<std::uint64_t>(streamed);
+  record.attention_gpu += t.gpu_seconds;
+  record.attention_cpu += t.cpu_seconds;
+  record.attention += t.step_seconds;
+  record.streamed_bytes += streamed;
+  record.streamed_seconds += t.streamed_seconds;
+  return t;
 }
 
 /// Top-k distinct experts per row, uniformly, with random positive weights.
@@ -216,7 +227,11 @@ class PlanningModel {
       }
     }
   }
-  void end_warmup() { apply(options_.experts->end_warmup(residency_)); }
+  /// As MoeModel::end_warmup: the prefetch stream is drained (untimed) before the policy places experts.
+  void end_warmup() {
+    prefetch_wait_ = 0;
+    apply(options_.experts->end_warmup(residency_));
+  }
 
   /// One decode step of `sequences`: the layer records and the step's seconds.
   double step(const std::vector<int>& sequences, std::vector<LayerRecord>& records) {
@@ -236,17 +251,22 @@ class PlanningModel {
       }
       // The stages of a layer as layer_pipeline runs them: part j's
       // feed-forward beside part j + 1's attention where the GPU has its own
-      // worker; a waiting prefetch hides behind the first attention stage.
+      // worker. A prefetch the previous MoE layer issued runs beside this
+      // layer's first attention stage; its feed-forward waits for the rest.
       double wall = attention_stage[0];
-      const double exposed = std::max(0.0, prefetch_wait_ - (rates_.has_gpu ? attention_stage[0] : 0.0));
-      record.transfers += exposed;
-      wall += exposed;
+      if (layer >= c_.dense_layers) {
+        const double exposed = std::max(0.0, prefetch_wait_ - attention_stage[0]);
+        record.transfers += exposed;
+        record.feed_forward += exposed;
+        wall += exposed;
+        prefetch_wait_ = 0;
+      }
       for (int g = 0; g < groups; ++g) {
         const bool overlap = rates_.has_gpu && g + 1 < groups;
         wall += overlap ? std::max(ffn_stage[g], attention_stage[g + 1])
                         : ffn_stage[g] + (g + 1 < groups ? attention_stage[g + 1] : 0.0);
       }
-      prefetch_wait_ = prefetch;
+      prefetch_wait_ += prefetch;
       prefetch = 0;
       record.other = std::max(0.0, wall - record.attention - record.feed_forward);
       seconds += wall;
@@ -277,13 +297,11 @@ class PlanningModel {
     record.region_bytes[int(Region::gpu_streamed)] += bytes.movable - cpu_movable;
     record.region_bytes[int(Region::cpu_resident)] += bytes.cpu_resident;
     record.region_bytes[int(Region::cpu_streamed)] += cpu_movable;
-    record.streamed_bytes += bytes.movable - cpu_movable;
     record.predicted_attention += prediction.step_seconds;
-    const double before = record.attention;
-    price_attention(rates_, bytes, cpu_movable, record);
-    if (record.streamed_bytes > 0)
-      record.streamed_seconds += (bytes.movable - cpu_movable) / (rates_.link_gbps * 1e9) + rates_.link_latency_s;
-    return record.attention - before;
+    const SplitTimings timings = price_attention(rates_, bytes, cpu_movable, record);
+    // The runtime's feedback, with the priced times as the measurement.
+    kv_policy_->observe(plan, timings);
+    return timings.step_seconds;
   }
 
   /// The layer's dense weights outside the feed-forward and its launches.
@@ -314,7 +332,10 @@ class PlanningModel {
     }
     const std::vector<ExpertLoad> next = options_.experts->after_layer(moe_layer, routing, residency_);
     apply(next);
-    const double issued = static_cast<double>(next.size()) * rates_.experts.transfer_seconds();
+    // The runtime prefetches into slots only (a staging load waits for its layer).
+    const double issued = static_cast<double>(std::count_if(next.begin(), next.end(),
+                                                             [](const ExpertLoad& l) { return l.slot >= 0; })) *
+                          rates_.experts.transfer_seconds();
     // Without a GPU a prefetch copy runs at once on the host threads.
     if (rates_.has_gpu) prefetch += issued;
     const double router = rates_.dense(dense_.router[layer], rows) + router_launches * rates_.launch_s;
@@ -355,7 +376,10 @@ PricedSteps price_decode(const ModelConfig& config, const ModelOptions& options,
   std::vector<int> sequences;
   for (int b = 0; b < workload.batch; ++b) {
     sequences.push_back(model.add_sequence(workload.planned_tokens));
-    model.fill_context(sequences.back(), workload.context);
+    if (workload.prefill_context)
+      model.prefill(sequences.back(), workload.context);
+    else
+      model.fill_context(sequences.back(), workload.context);
   }
   PricedSteps priced;
   priced.vram = model.vram();
@@ -369,6 +393,7 @@ PricedSteps price_decode(const ModelConfig& config, const ModelOptions& options,
   }
   const InplaceKVCache<bf16>& cache = model.cache();
   priced.host.experts = MoeModel::expert_store_bytes(config);
+  priced.host.staging_pinned = MoeModel::pinned_staging_bytes(config, options);
   priced.host.experts_pinned = options.pin_experts && options.experts->loads_experts();
   priced.host.kv_pinned = static_cast<std::uint64_t>(cache.capacity_blocks(Region::gpu_streamed)) * cache.block_bytes();
   priced.host.kv_host = static_cast<std::uint64_t>(cache.capacity_blocks(Region::cpu_resident)) * cache.block_bytes();
@@ -391,6 +416,7 @@ impl::RunResult predict_run(const ExperimentConfig& config, const RunSpec& run, 
   workload.batch = run.batch;
   workload.context = run.context;
   workload.planned_tokens = config.max_sequence_tokens;
+  workload.prefill_context = config.context_fill == "prefill";
   workload.warmup_steps = config.warmup_steps;
   workload.measured_steps = config.measured_steps;
   workload.profile_tokens = setup.profiles ? config.profile_tokens : 0;
@@ -435,16 +461,20 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
                                      const std::string& output, std::ostream& progress) {
   if (profiles.empty()) throw std::invalid_argument("predict: --profile must name at least one machine profile");
   warn_on_block_size(config);
-  // Every profile's runs first: a profile that cannot price the experiment fails before any file is written.
-  std::vector<std::vector<RunSpec>> runs_of;
-  for (const MachineProfile& profile : profiles) runs_of.push_back(expand_runs(config, profile));
   if (std::filesystem::exists(output)) {
     const ResultsReader existing(output);
     if (!existing.has_attribute("/", "predicted") || existing.int_attribute("/", "predicted") != 1)
       throw std::invalid_argument("predict: " + output +
                                   " holds measured runs; a projection never overwrites them (give another --output)");
-    std::filesystem::remove(output);
   }
+  for (std::size_t p = 0; p < profiles.size(); ++p)
+    for (std::size_t q = 0; q < p; ++q)
+      if (profiles[p].name == profiles[q].name)
+        throw std::invalid_argument("predict: --profile names profile '" + profiles[p].name + "' twice");
+  // Every profile's runs first: a profile that cannot price the experiment fails before any file is written.
+  std::vector<std::vector<RunSpec>> runs_of;
+  for (const MachineProfile& profile : profiles) runs_of.push_back(expand_runs(config, profile));
+  std::filesystem::remove(output);  // an earlier projection, if any
   if (const auto parent = std::filesystem::path(output).parent_path(); !parent.empty())
     std::filesystem::create_directories(parent);
   const std::string machine_yaml = MachineDescription::detect().to_yaml();
@@ -522,7 +552,14 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
     if (reader.string_attribute(g, "status") != "complete" || !run_damage(reader, g).empty()) continue;
     const auto found = by_id.find(group);
     if (found == by_id.end() || reader.string_attribute(g, "config") != impl::run_yaml(config, found->second)) continue;
-    const impl::RunResult predicted = predict_run(config, found->second, profile);
+    impl::RunFailure failure;
+    const std::optional<impl::RunResult> priced =
+        impl::attempt_run([&] { return predict_run(config, found->second, profile); }, failure);
+    if (!priced) {
+      comparison.unpriced.push_back(group + ": " + failure.reason);
+      continue;
+    }
+    const impl::RunResult& predicted = *priced;
     const std::string system = reader.string_attribute(g, "system") +
                                (reader.string_attribute(g, "system") == "writescope"
                                     ? "[" + reader.string_attribute(g, "expert_policy") + "]"
@@ -540,8 +577,7 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
     const auto layers = static_cast<double>(reader.int_attribute(g, "layers"));
     for (const char* name : impl::component_names) {
       const double measured = mean(reader.read<double>(g + "/components/" + name)) * layers;
-      const double priced = mean(predicted.components.at(name)) * layers;
-      compare(name, priced, measured);
+      compare(name, mean(predicted.components.at(name)) * layers, measured);
     }
   }
   comparison.runs = static_cast<int>(step_errors.size());
@@ -565,6 +601,7 @@ std::string format_comparison(const PredictionComparison& c) {
   for (const PredictionError& e : c.errors)
     out << std::left << std::setw(26) << e.system << std::setw(16) << e.component << std::right << std::setw(6) << e.runs
         << std::setw(9) << 100 * e.median << "%" << std::setw(9) << 100 * e.worst << "%\n";
+  for (const std::string& run : c.unpriced) out << "not priced: " << run << "\n";
   out << "median error " << 100 * c.median_step_error << "% (worst " << 100 * c.worst_step_error << "%) over " << c.runs
       << " runs\n";
   return out.str();

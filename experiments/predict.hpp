@@ -3,7 +3,8 @@
 // of a profile, from its roofline, without running a kernel.
 //
 // The systems' own placement and scheduling code runs unchanged (KV policy,
-// write policy, expert policy, micro-batches, the split's α) on a
+// write policy, expert policy, micro-batches, the split's α, its feedback
+// fed with the priced times) on a
 // bookkeeping-only InplaceKVCache and GPU expert slots that hold no weights,
 // for the full-size models; each decode step is then priced with the
 // profile's rates, component by component, with the devices overlapping as
@@ -44,6 +45,7 @@ struct DecodeWorkload {
   int batch = 1;
   std::int64_t context = 0;         // tokens per sequence before the warm-up steps (synthetic fill)
   std::int64_t planned_tokens = 0;  // what placement plans each sequence for (max_sequence_tokens)
+  bool prefill_context = false;     // the context through the prefill path (max_rows chunks), not the synthetic fill
   int warmup_steps = 2, measured_steps = 8;
   int profile_tokens = 0;           // a routing-profiling prompt first (policies that profile routing)
   std::uint64_t seed = 1;           // the routing draws
@@ -87,7 +89,8 @@ struct PredictionComparison {
   std::vector<PredictionError> errors;
   double median_step_error = 0, worst_step_error = 0;
   int runs = 0;
-  std::string profile;  // the profile the runs were priced with
+  std::string profile;                 // the profile the runs were priced with
+  std::vector<std::string> unpriced;   // complete runs the projection could not price: "<run>: <why>"
 };
 PredictionComparison compare_predictions(const std::string& results_file, const MachineProfile* cpu_from = nullptr);
 /// The comparison as a table, ending in a line such as "median error 7.3% (worst 21.0%) over 40 runs".

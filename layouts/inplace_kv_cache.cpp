@@ -55,7 +55,8 @@ InplaceKVCache<Scalar>::InplaceKVCache(const KVCacheShape& shape, const KVCacheB
   for (int pool = 0; pool < 3; ++pool) {
     const std::uint64_t slots = budget[pool] / bytes;
     if (slots > static_cast<std::uint64_t>(std::numeric_limits<int>::max()))
-      throw KVCacheError("KV cache: a budget of " + std::to_string(budget[pool]) + " bytes holds " +
+      throw KVCacheError("KV cache: the " + std::string(pool_description[pool]) + " budget of " +
+                         std::to_string(budget[pool]) + " bytes holds " +
                          std::to_string(slots) + " blocks, more than a pool can index");
     free_slots_[pool].capacity = static_cast<int>(slots);
   }
@@ -246,6 +247,7 @@ const typename InplaceKVCache<Scalar>::Block& InplaceKVCache<Scalar>::block_at(i
 template <class Scalar>
 void InplaceKVCache<Scalar>::read_token(int layer, int sequence, std::int64_t position, int head, float* key,
                                         float* value) const {
+  if (storage_ == KVStorage::bookkeeping) throw KVCacheError("read_token: a bookkeeping cache holds no data");
   const Block& block = block_at(layer, sequence, position);
   const BlockGeometry& g = shape_.block;
   const BlockOrder order = block_order(block.region);

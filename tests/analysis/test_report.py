@@ -4,6 +4,7 @@
 Run with Debian's Python: /usr/bin/python3 tests/analysis/test_report.py
 """
 
+import importlib.util
 import math
 import os
 import struct
@@ -382,6 +383,14 @@ class ProjectedReport(ReportOnFile, unittest.TestCase):
         table = section(self.markdown, f"{PROJECTED}: system against system")
         for profile in PROFILE_SCALE:
             self.assertIn(f"on {profile}", table)
+
+    def test_the_headline_follows_the_gpu_not_the_cpu_profile(self):
+        spec = importlib.util.spec_from_file_location("report", REPORT)
+        report = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(report)
+        self.assertEqual(report.paper_headline("v100-pcie3+cpu:a100-pcie4"), "1.4–1.7×")
+        self.assertEqual(report.paper_headline("a100-pcie4+cpu:vm"), "1.5–2.5×")
+        self.assertEqual(report.paper_headline("h200-pcie5"), "—")
 
     def test_a_file_mixing_predicted_and_measured_runs_is_refused(self):
         path = os.path.join(self.tmp.name, "mixed.h5")

@@ -90,7 +90,7 @@ if(NOT status EQUAL 0 OR NOT projected MATCHES "^# Projected \\(not measured\\)"
   file(GLOB written ${FOLDER}/projected/*)
   message(FATAL_ERROR "report of the projection (${status}): ${err}\n${written}\n${projected}")
 endif()
-execute_process(COMMAND ${COMMAND} predict ${config} --profile h200-pcie5 --output ${FOLDER}/tiny.h5
+execute_process(COMMAND ${COMMAND} predict ${config} --profile h200-pcie5 --cpu-from ${profile} --output ${FOLDER}/tiny.h5
   RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT status EQUAL 1 OR NOT err MATCHES "tiny.h5 holds measured runs; a projection never overwrites them")
   message(FATAL_ERROR "predict over measured runs (${status}): ${out}\n${err}")
