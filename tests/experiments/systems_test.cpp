@@ -513,5 +513,28 @@ TEST(Systems, WriteScopesExpertChoiceFollowsItsRoofline) {
   EXPECT_EQ(writescope_expert_choice(context), "ktransformers");
 }
 
+// HybriMoE's prefetch copies the next layer's likely experts beside that
+// layer's attention: where the attention is short and the link slow, that
+// traffic decides against HybriMoE's policy, which would otherwise win by
+// balancing the two devices.
+TEST(Systems, WriteScopesExpertChoiceCountsHybriMoesPrefetch) {
+  SystemContext context{model_preset("tiny-mixtral"), test::tiny_profile(), 4, 16, SystemOptions{}};
+  context.profile.has_gpu = true;
+  context.profile.gpu_launch_latency_s = context.profile.cpu_launch_latency_s = 1e-8;
+  context.profile.cpu_expert_gbps = 0.01;  // an expert on the CPU: 1.2 us
+  context.profile.pinned_h2d_gbps = context.profile.pageable_h2d_gbps = 0.01;  // a copy: 11 us with the latency
+  context.block_tokens = 8;
+  ModelOptions options;
+  options.block_tokens = context.block_tokens;
+  options.max_rows = context.batch;
+  const VramUse fixed = MoeModel::fixed_vram(context.model, options);
+  // Room for 8 experts: the policies with slots keep 4 of the 8 routed experts resident.
+  context.vram_budget = fixed.weights + fixed.workspace + 8 * MoeModel::expert_bytes(context.model) + 1024;
+  context.options.prefetch_experts = 2;
+  EXPECT_EQ(writescope_expert_choice(context), "fiddler");
+  context.options.prefetch_experts = 0;  // 0: experts_per_token (2) as well
+  EXPECT_EQ(writescope_expert_choice(context), "fiddler");
+}
+
 }  // namespace
 }  // namespace writescope
