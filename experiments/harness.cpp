@@ -215,11 +215,7 @@ std::string RunSpec::id() const {
   out << model->label << " | " << system << (expert_policy.empty() ? "" : " (" + expert_policy + " experts)")
       << " | batch " << batch << " | context " << context << " | vram " << exact_size(vram_budget) << " | rep "
       << repetition;
-  std::string id = out.str();
-  // HDF5 names: no '/' or '.'.
-  std::replace(id.begin(), id.end(), '/', '_');
-  std::replace(id.begin(), id.end(), '.', '_');
-  return id;
+  return group_name(out.str());
 }
 
 std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachineProfile& profile) {

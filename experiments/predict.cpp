@@ -61,6 +61,13 @@ DenseBytes dense_bytes(const ModelConfig& c) {
   return d;
 }
 
+/// The context the systems' own cost views take (roofline_of, expert_costs_of).
+SystemContext cost_context(const MachineProfile& p, const ModelConfig& c, bool experts_pinned) {
+  SystemContext context{c, p, 1, 0, SystemOptions{}};
+  context.experts_pinned = experts_pinned;
+  return context;
+}
+
 /// What the profile says each piece of a decode step costs.
 struct StepRates {
   bool has_gpu = false;
@@ -77,8 +84,9 @@ struct StepRates {
 
   StepRates(const MachineProfile& p, const ModelConfig& c, bool experts_pinned)
       : has_gpu(p.has_gpu),
-        roofline(ModelRates::from_profile(p, c.attention().name, p.cpu_threads)),
-        fmas_per_byte(c.attention().fmas_per_byte(sizeof(bf16))) {
+        roofline(roofline_of(cost_context(p, c, experts_pinned))),
+        fmas_per_byte(c.attention().fmas_per_byte(sizeof(bf16))),
+        experts(expert_costs_of(cost_context(p, c, experts_pinned))) {
     const double host_copy_gbps = p.cpu_dram_read_gbps / 2;
     dense_gbps = has_gpu ? p.hbm_gbps : p.cpu_expert_gbps;
     dense_gflops = p.cpu_expert_gflops;
@@ -87,14 +95,12 @@ struct StepRates {
     link_gbps = has_gpu ? p.pinned_h2d_gbps : host_copy_gbps;
     d2h_gbps = has_gpu ? p.pinned_d2h_gbps : host_copy_gbps;
     link_latency_s = has_gpu ? p.link_latency_s : 0.0;
-    experts.expert_bytes = static_cast<double>(MoeModel::expert_bytes(c));
-    experts.flops_per_token = 6.0 * c.hidden * c.expert_intermediate;
-    experts.cpu_expert_gbps = p.cpu_expert_gbps;
-    experts.cpu_expert_gflops = p.cpu_expert_gflops;
-    experts.hbm_gbps = p.hbm_gbps;
-    experts.link_gbps = has_gpu ? (experts_pinned ? p.pinned_h2d_gbps : p.pageable_h2d_gbps) : host_copy_gbps;
-    experts.link_latency_s = link_latency_s;
-    experts.has_gpu = true;  // transfer_seconds() is finite: a host copy without a GPU
+    if (!has_gpu) {
+      // A host build's expert "load" is a host copy: finite, without a link's latency.
+      experts.link_gbps = host_copy_gbps;
+      experts.link_latency_s = 0;
+      experts.has_gpu = true;
+    }
   }
 
   /// One routed expert over `tokens` rows on the GPU side, or the CPU.
@@ -402,11 +408,9 @@ PricedSteps price_decode(const ModelConfig& config, const ModelOptions& options,
 
 namespace {
 
-/// A group name of the predicted file: the profile and the run (HDF5 names: no '/' or '.').
+/// A group name of the predicted file: the profile and the run.
 std::string predicted_id(const MachineProfile& profile, const RunSpec& run) {
-  std::string name = profile.name + "__" + run.id();
-  std::replace_if(name.begin(), name.end(), [](char ch) { return ch == '/' || ch == '.'; }, '_');
-  return name;
+  return group_name(profile.name + "__" + run.id());
 }
 
 /// The run of `config` priced on `profile`, as the harness would have measured it.
@@ -486,9 +490,7 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
     root.set_attribute("predicted", std::int64_t{1});
     ResultsGroup all = root.create_group("profiles");
     for (const MachineProfile& p : profiles) {
-      std::string name = p.name;
-      std::replace_if(name.begin(), name.end(), [](char ch) { return ch == '/' || ch == '.'; }, '_');
-      ResultsGroup g = all.create_group(name);
+      ResultsGroup g = all.create_group(group_name(p.name));
       g.set_attribute("name", p.name);
       g.set_attribute("yaml", p.to_yaml());
     }

@@ -687,4 +687,9 @@ std::vector<double> ResultsReader::doubles_attribute(const std::string& object_p
   });
 }
 
+std::string group_name(std::string text) {
+  std::replace_if(text.begin(), text.end(), [](char ch) { return ch == '/' || ch == '.'; }, '_');
+  return text;
+}
+
 }  // namespace writescope

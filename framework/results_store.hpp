@@ -26,6 +26,9 @@ class ResultsError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// `text` as the name of a group: HDF5 names hold no '/' and here no '.', both become '_'.
+std::string group_name(std::string text);
+
 /// A group inside an open transaction. Datasets are row-major with the given
 /// shape (empty shape: one dimension of values.size()).
 class ResultsReader;
