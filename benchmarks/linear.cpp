@@ -18,6 +18,7 @@
 
 #include "bounds.hpp"
 #include "framework/cpu_path.hpp"
+#include "framework/host_memory.hpp"
 #include "moe/linear.hpp"
 
 namespace writescope {
@@ -25,7 +26,10 @@ namespace {
 
 template <class Scalar>
 Kokkos::View<Scalar**, Kokkos::LayoutRight, HostMemSpace> weights(int out, int in) {
-  Kokkos::View<Scalar**, Kokkos::LayoutRight, HostMemSpace> w("writescope::benchmarks::weights", out, in);
+  // Paged as the model's host expert store (moe/model.cpp).
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, HostMemSpace> w(
+      Kokkos::view_alloc(std::string("writescope::benchmarks::weights"), Kokkos::WithoutInitializing), out, in);
+  advise_huge_pages(w);
   for (int j = 0; j < out; ++j)
     for (int c = 0; c < in; ++c) w(j, c) = from_float<Scalar>(static_cast<float>((j * 31 + c * 17) % 97 - 48) * 1e-3f);
   return w;
@@ -57,6 +61,7 @@ void bf16_linear(benchmark::State& state) {
   for (int c = 1; c < copies; ++c) {
     w.emplace_back(Kokkos::view_alloc(std::string("writescope::benchmarks::weights"), Kokkos::WithoutInitializing), out,
                    in);
+    advise_huge_pages(w.back());
     Kokkos::deep_copy(w.back(), w.front());
   }
   Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> x("writescope::benchmarks::x", rows, in),

@@ -12,6 +12,7 @@
 #include "attention/decode.hpp"
 #include "experiments/impl/product_peaks.hpp"
 #include "framework/concurrent.hpp"
+#include "framework/host_memory.hpp"
 #include "moe/experts.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/launch.hpp"
@@ -83,6 +84,8 @@ double best_rate(const ExecSpace& space, double units, Work&& work) {
 HostWords first_touched(const std::string& label, std::int64_t bytes) {
   HostWords words(Kokkos::view_alloc(label, Kokkos::WithoutInitializing),
                   static_cast<std::size_t>(bytes) / sizeof(std::uint64_t));
+  // Paged as the KV pools and weights the bounds are compared with.
+  advise_huge_pages(words);
   launch_parallel_for("writescope::experiments::first_touch", Kokkos::RangePolicy<HostExecSpace>(0, chunks_of(words)),
                        FillChunks{words});
   Kokkos::fence();

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "framework/host_memory.hpp"
+
 namespace writescope {
 
 const char* region_name(Region region) {
@@ -33,8 +35,10 @@ Region fallback_of(Region region) {
 template <class Pool>
 Pool allocate_pool(const char* label, std::uint64_t budget, std::uint64_t block_bytes, std::int64_t block_elements) {
   const auto slots = static_cast<std::int64_t>(budget / block_bytes);
-  return Pool(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), static_cast<std::size_t>(slots),
-              static_cast<std::size_t>(block_elements));
+  Pool pool(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), static_cast<std::size_t>(slots),
+            static_cast<std::size_t>(block_elements));
+  advise_huge_pages(pool);  // host pools: before the first write touches them
+  return pool;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "attention/prefill.hpp"
 #include "framework/concurrent.hpp"
 #include "framework/config.hpp"
+#include "framework/host_memory.hpp"
 #include "framework/host_pinning.hpp"
 #include "framework/launch.hpp"
 #include "framework/machine.hpp"
@@ -116,6 +117,7 @@ struct HostExpertStore {
   explicit HostExpertStore(const ModelConfig& config)
       : memory(Kokkos::view_alloc(std::string("writescope::moe::host_experts"), Kokkos::WithoutInitializing),
                MoeModel::expert_store_bytes(config) / sizeof(bf16)) {
+    advise_huge_pages(memory);  // before the weights are written
     const std::size_t per_expert = MoeModel::expert_bytes(config) / sizeof(bf16);
     bf16* next = memory.data();
     for (int layer = config.dense_layers; layer < config.layers; ++layer) {
@@ -301,6 +303,10 @@ VramUse MoeModel::vram_plan(const ModelConfig& config, const ModelOptions& optio
   use.kv = blocks_per_layer * static_cast<std::uint64_t>(config.layers) * block_bytes;
   use.workspace += kv_vram(config, options, blocks_per_layer) - use.kv;
   return use;
+}
+
+std::pair<const void*, std::uint64_t> host_expert_memory(const HostExpertStore& store) {
+  return {store.memory.data(), store.bytes()};
 }
 
 std::uint64_t MoeModel::expert_store_bytes(const ModelConfig& config) {

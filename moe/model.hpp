@@ -24,6 +24,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <utility>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -53,6 +54,8 @@ class ModelBudgetError : public std::runtime_error {
 /// with ModelOptions::pin_experts uses it); models of the same config and
 /// weights can share one (MoeModel::host_experts()).
 struct HostExpertStore;
+/// The store's one allocation: its first byte and its size in bytes.
+std::pair<const void*, std::uint64_t> host_expert_memory(const HostExpertStore& store);
 
 /// A forward pass produced NaN or Inf; the message names the layer (or the logits).
 class NonFiniteError : public std::runtime_error {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "framework/concurrent.hpp"
+#include "framework/host_memory.hpp"
 #include "framework/machine.hpp"
 #include "model_reference.hpp"
 
@@ -304,6 +305,19 @@ TEST(MoeModel, BudgetsTooSmallAreClearErrors) {
   EXPECT_EQ(use.kv, 3 * mib / per_layer * config.layers * block_bytes);
   EXPECT_EQ(model.cache().capacity_blocks(Region::gpu_resident),
             static_cast<std::int64_t>(use.kv / model.cache().block_bytes()));
+}
+
+// The routed experts the CPU streams at decode sit on huge pages where the
+// kernel grants them on advice (framework/host_memory.hpp).
+TEST(MoeModel, KeepsItsHostExpertsOnHugePages) {
+  const std::string mode = transparent_huge_pages();
+  if (mode != "always" && mode != "madvise") GTEST_SKIP() << "transparent huge pages: " << mode;
+  ModelConfig config = model_preset("tiny-mixtral");
+  config.expert_intermediate = 2048;  // several MiB of experts
+  const MoeModel model = MoeModel::synthetic(config, 8, options_with(every_region, mixed_experts()));
+  const auto [data, bytes] = host_expert_memory(*model.host_experts());
+  ASSERT_GE(bytes, std::uint64_t{4} << 20);
+  EXPECT_GE(huge_page_bytes(data, bytes), std::size_t{2} << 20);
 }
 
 TEST(MoeModel, SharesItsRoutedExpertsWithAModelOfTheSameWeights) {
