@@ -205,26 +205,38 @@ void scores_tiled(const HostSegment<bf16>& s, int first, int count, Work& w, Row
 }
 
 /// `Tokens` tokens from `keys` (row stride `stride`), lanes (head, phase).
+/// Two chunks per step into separate accumulators: 2 x Tokens independent
+/// chains from Tokens row pointers, few enough to stay in registers (16 rows
+/// spilled their pointers, a stack load per product).
 template <int Phases, int Tokens>
 inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, const std::uint32_t* query_pairs,
                              float scale, int column, Work& w, RowPrefetcher& ahead) {
   constexpr int group = 16 / Phases;
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
-  __m512 acc[Tokens];
-  WRITESCOPE_UNROLL(16)
-  for (int t = 0; t < Tokens; ++t) acc[t] = _mm512_setzero_ps();
-  for (int c = 0; c < chunks; ++c) {
-    prefetch.step(1);
-    const __m512i q = _mm512_load_si512(query_pairs + 16 * c);
-    WRITESCOPE_UNROLL(16)
-    for (int t = 0; t < Tokens; ++t)
-      acc[t] = dot(acc[t], q, broadcast_pairs<Phases>(keys + t * stride + 2 * Phases * c));
+  __m512 even[Tokens], odd[Tokens];
+  WRITESCOPE_UNROLL(8)
+  for (int t = 0; t < Tokens; ++t) even[t] = odd[t] = _mm512_setzero_ps();
+  int c = 0;
+  for (; c + 2 <= chunks; c += 2) {
+    prefetch.step(2);
+    const __m512i q0 = _mm512_load_si512(query_pairs + 16 * c), q1 = _mm512_load_si512(query_pairs + 16 * c + 16);
+    WRITESCOPE_UNROLL(8)
+    for (int t = 0; t < Tokens; ++t) {
+      const bf16* row = keys + t * stride + 2 * Phases * c;
+      even[t] = dot(even[t], q0, broadcast_pairs<Phases>(row));
+      odd[t] = dot(odd[t], q1, broadcast_pairs<Phases>(row + 2 * Phases));
+    }
   }
-  // Every access to acc[] in an unrolled loop, or GCC keeps the array in memory.
+  if (c < chunks) {
+    const __m512i q0 = _mm512_load_si512(query_pairs + 16 * c);
+    WRITESCOPE_UNROLL(8)
+    for (int t = 0; t < Tokens; ++t) even[t] = dot(even[t], q0, broadcast_pairs<Phases>(keys + t * stride + 2 * Phases * c));
+  }
+  // Every access to the accumulators in an unrolled loop, or GCC keeps them in memory.
   ahead = prefetch;
   alignas(64) float lanes[Tokens][16];
-  WRITESCOPE_UNROLL(16)
-  for (int t = 0; t < Tokens; ++t) _mm512_store_ps(lanes[t], acc[t]);
+  WRITESCOPE_UNROLL(8)
+  for (int t = 0; t < Tokens; ++t) _mm512_store_ps(lanes[t], _mm512_add_ps(even[t], odd[t]));
   for (int t = 0; t < Tokens; ++t)
     for (int h = 0; h < group; ++h) {
       float sum = 0;
@@ -242,9 +254,9 @@ void scores_rows(const HostSegment<bf16>& s, int first, int count, Work& w, RowP
   const bf16* keys = s.block + g.key_offset(s.order, first, s.kv_head, 0);
   const int chunks = g.key_dim / (2 * Phases);
   int t = 0;
-  // 16 tokens: 16 independent accumulators (12 cover vdpbf16ps' latency x 2 ports).
-  for (; t + 16 <= count; t += 16)
-    scores_rows_tile<Phases, 16>(keys + t * stride, stride, chunks, w.query_pairs, s.scale, t, w, ahead);
+  // 8 tokens x 2 chunks: 16 independent accumulators (12 cover vdpbf16ps' latency x 2 ports).
+  for (; t + 8 <= count; t += 8)
+    scores_rows_tile<Phases, 8>(keys + t * stride, stride, chunks, w.query_pairs, s.scale, t, w, ahead);
   for (; t < count; ++t)
     scores_rows_tile<Phases, 1>(keys + t * stride, stride, chunks, w.query_pairs, s.scale, t, w, ahead);
 }

@@ -179,10 +179,15 @@ TYPED_TEST(DecodeAttentionTest, MatchesReferenceForEveryModelShape) {
 // The host product on every instruction path this machine runs (the others are
 // named as skipped), with segments that start and end inside key tiles.
 TYPED_TEST(DecodeAttentionTest, HostProductMatchesReferenceOnEveryCpuPath) {
+  // Token-row keys in an odd number of chunks: the AVX-512 score product's
+  // last chunk is not one of a pair.
+  AttentionShape odd_chunks = qwen3_30b_a3b_attention();
+  odd_chunks.name = "qwen3 with 132-dim keys";
+  odd_chunks.key_dim = 132;
   test::for_each_cpu_path([&](CpuPath path) {
     const bool bf16_products = path == CpuPath::avx512_bf16 && TestFixture::bf16_products();
     for (const AttentionShape& shape :
-         {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()}) {
+         {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention(), odd_chunks}) {
       // 256-token blocks: segments span several of the AVX-512 product's
       // 64-token passes (online softmax between them).
       for (int block_tokens : {default_block_tokens, 256}) {
