@@ -44,12 +44,13 @@ constexpr int column_block = 512;
 template <int Rows, int Features>
 void features_block(const float* x_split, int in, const bf16* w, std::int64_t w_stride, int c0, int c1,
                     float (*partial)[16]) {
+  const bool first = c0 == 0;  // no partial sums yet: the stack array is not cleared per work item
   const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   __m512 acc[Rows][Features];
   WRITESCOPE_UNROLL(8)
   for (int r = 0; r < Rows; ++r)
     WRITESCOPE_UNROLL(4)
-    for (int f = 0; f < Features; ++f) acc[r][f] = _mm512_load_ps(partial[r * Features + f]);
+    for (int f = 0; f < Features; ++f) acc[r][f] = first ? _mm512_setzero_ps() : _mm512_load_ps(partial[r * Features + f]);
   for (int c = c0; c < c1; c += 32) {
     __m512 even[Features], odd[Features];
     WRITESCOPE_UNROLL(4)
@@ -75,18 +76,32 @@ void features_block(const float* x_split, int in, const bf16* w, std::int64_t w_
     for (int f = 0; f < Features; ++f) _mm512_store_ps(partial[r * Features + f], acc[r][f]);
 }
 
+/// Rows in groups of at most four (Rows x 4 accumulators fit the registers):
+/// the second group reads the block of weights the first brought into L1.
+template <int Rows, int Features>
+void row_groups(const float* x_split, int in, const bf16* w, std::int64_t w_stride, int c0, int c1,
+                float (*partial)[16]) {
+  if constexpr (Rows <= 4) {
+    features_block<Rows, Features>(x_split, in, w, w_stride, c0, c1, partial);
+  } else {
+    features_block<4, Features>(x_split, in, w, w_stride, c0, c1, partial);
+    features_block<Rows - 4, Features>(x_split + 4 * static_cast<std::int64_t>(in), in, w, w_stride, c0, c1,
+                                       partial + 4 * Features);
+  }
+}
+
 /// Four weight rows at a time; column blocks outermost so that inputs stay in L1.
 template <int Rows>
 void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stride, int features, float* y,
                 std::int64_t y_stride) {
   constexpr int step = 4;
-  alignas(64) float partial[avx512_linear_features][Rows * step][16] = {};
+  alignas(64) float partial[avx512_linear_features][Rows * step][16];
   for (int c0 = 0; c0 < in; c0 += column_block) {
     const int c1 = std::min(in, c0 + column_block);
     int f = 0;
     for (; f + step <= features; f += step)
-      features_block<Rows, step>(x_split, in, w + f * w_stride, w_stride, c0, c1, partial[f]);
-    for (; f < features; ++f) features_block<Rows, 1>(x_split, in, w + f * w_stride, w_stride, c0, c1, partial[f]);
+      row_groups<Rows, step>(x_split, in, w + f * w_stride, w_stride, c0, c1, partial[f]);
+    for (; f < features; ++f) row_groups<Rows, 1>(x_split, in, w + f * w_stride, w_stride, c0, c1, partial[f]);
   }
   // partial[f0] holds (row, feature - f0) for the group starting at f0.
   int f = 0;
@@ -122,7 +137,11 @@ void linear_features_avx512(const float* x_split, int rows, int in, const bf16* 
     case 1: return rows_block<1>(x_split, in, w, w_stride, features, y, y_stride);
     case 2: return rows_block<2>(x_split, in, w, w_stride, features, y, y_stride);
     case 3: return rows_block<3>(x_split, in, w, w_stride, features, y, y_stride);
-    default: return rows_block<4>(x_split, in, w, w_stride, features, y, y_stride);
+    case 4: return rows_block<4>(x_split, in, w, w_stride, features, y, y_stride);
+    case 5: return rows_block<5>(x_split, in, w, w_stride, features, y, y_stride);
+    case 6: return rows_block<6>(x_split, in, w, w_stride, features, y, y_stride);
+    case 7: return rows_block<7>(x_split, in, w, w_stride, features, y, y_stride);
+    default: return rows_block<8>(x_split, in, w, w_stride, features, y, y_stride);
   }
 }
 

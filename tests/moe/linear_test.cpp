@@ -9,6 +9,7 @@
 #include "cpu_paths.hpp"
 #include "exec_spaces.hpp"
 #include "kv_test_data.hpp"
+#include "moe/impl/linear_host.hpp"
 
 namespace writescope {
 namespace {
@@ -69,6 +70,15 @@ TYPED_TEST(LinearTest, RejectsMismatchedShapes) {
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> x("writescope::test::x", 2, 8), y("writescope::test::y", 2, 3);
   Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> w("writescope::test::w", 4, 8);
   EXPECT_THROW((linear<ExecSpace, Scalar>(ExecSpace(), x, w, y)), std::invalid_argument);
+}
+
+
+// A decode batch the fastest path silently refuses would run on a slower one
+// and still pass every accuracy test; this catches it.
+TEST(LinearDispatch, DecodeBatchesOfExpertWeightsTakeTheBestCpuPath) {
+  for (int rows = 1; rows <= 8; ++rows)
+    for (int in : {2048, 4096, 14336})
+      EXPECT_EQ(impl::linear_path(best_cpu_path(), rows, in, true), best_cpu_path()) << rows << " rows x " << in;
 }
 
 }  // namespace
