@@ -16,7 +16,7 @@
 //    of a pass.
 // Queries and softmax weights are rounded to bf16 for the products (tensor-core
 // attention does the same); scores, softmax and sums stay fp32. Tokens go in
-// passes of 64, block-aligned, with an online softmax between passes, so that
+// passes of 128, block-aligned, with an online softmax between passes, so that
 // a pass's keys, values, scores and weights stay in L1/L2.
 //
 // The code sits in a target region so that only these functions use AVX-512;
@@ -42,7 +42,7 @@
 namespace writescope::impl {
 namespace {
 
-constexpr int pass_tokens = 64;
+constexpr int pass_tokens = 128;
 constexpr int tile_tokens = 16;
 constexpr int max_key_dim = 1024;
 constexpr int max_value_dim = 1024;

@@ -189,7 +189,7 @@ TYPED_TEST(DecodeAttentionTest, HostProductMatchesReferenceOnEveryCpuPath) {
     for (const AttentionShape& shape :
          {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention(), odd_chunks}) {
       // 256-token blocks: segments span several of the AVX-512 product's
-      // 64-token passes (online softmax between them).
+      // 128-token passes (online softmax between them).
       for (int block_tokens : {default_block_tokens, 256}) {
         SCOPED_TRACE(shape.name + ", blocks of " + std::to_string(block_tokens));
         this->build(shape, {1, 150, 333}, block_tokens);
