@@ -230,7 +230,8 @@ inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, 
   if (c < chunks) {
     const __m512i q0 = _mm512_load_si512(query_pairs + 16 * c);
     WRITESCOPE_UNROLL(8)
-    for (int t = 0; t < Tokens; ++t) even[t] = dot(even[t], q0, broadcast_pairs<Phases>(keys + t * stride + 2 * Phases * c));
+    for (int t = 0; t < Tokens; ++t)
+      even[t] = dot(even[t], q0, broadcast_pairs<Phases>(keys + t * stride + 2 * Phases * c));
   }
   // Every access to the accumulators in an unrolled loop, or GCC keeps them in memory.
   ahead = prefetch;

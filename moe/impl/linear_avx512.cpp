@@ -50,7 +50,8 @@ void features_block(const float* x_split, int in, const bf16* w, std::int64_t w_
   WRITESCOPE_UNROLL(8)
   for (int r = 0; r < Rows; ++r)
     WRITESCOPE_UNROLL(4)
-    for (int f = 0; f < Features; ++f) acc[r][f] = first ? _mm512_setzero_ps() : _mm512_load_ps(partial[r * Features + f]);
+    for (int f = 0; f < Features; ++f)
+      acc[r][f] = first ? _mm512_setzero_ps() : _mm512_load_ps(partial[r * Features + f]);
   for (int c = c0; c < c1; c += 32) {
     __m512 even[Features], odd[Features];
     WRITESCOPE_UNROLL(4)
