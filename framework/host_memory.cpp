@@ -40,10 +40,11 @@ void advise_huge_pages(const void* data, std::size_t bytes) {
 #endif
 }
 
-std::size_t huge_page_bytes(const void* data, std::size_t bytes) {
+bool huge_pages_advised(const void* data, std::size_t bytes) {
+  const auto start = reinterpret_cast<std::uintptr_t>(data);
+  const std::uintptr_t first = (start + huge_page - 1) / huge_page * huge_page;
+  if (first + huge_page > start + bytes) return false;
   std::ifstream smaps("/proc/self/smaps");
-  const auto begin = reinterpret_cast<std::uintptr_t>(data), end = begin + bytes;
-  std::size_t total = 0;
   bool inside = false;
   std::string line;
   while (std::getline(smaps, line)) {
@@ -52,17 +53,16 @@ std::size_t huge_page_bytes(const void* data, std::size_t bytes) {
     char dash = 0;
     std::istringstream header(line);
     if (header >> std::hex >> from >> dash >> to && dash == '-') {
-      inside = from < end && begin < to;
-      continue;
-    }
-    if (inside && line.rfind("AnonHugePages:", 0) == 0) {
-      std::istringstream field(line.substr(14));
-      std::size_t kib = 0;
-      field >> kib;
-      total += kib * 1024;
+      inside = from <= first && first < to;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      std::istringstream flags(line.substr(8));
+      std::string flag;
+      while (flags >> flag)
+        if (flag == "hg") return true;
+      return false;
     }
   }
-  return total;
+  return false;
 }
 
 }  // namespace writescope

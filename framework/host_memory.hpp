@@ -36,9 +36,11 @@ void advise_huge_pages(const View& view) {
     advise_huge_pages(view.data(), view.span() * sizeof(typename View::value_type));
 }
 
-/// Bytes of [data, data + bytes) backed by huge pages now, from
-/// /proc/self/smaps (AnonHugePages of the mappings it overlaps); 0 where
-/// unknown.
-std::size_t huge_page_bytes(const void* data, std::size_t bytes);
+/// Whether the mapping that holds the first whole 2 MiB page inside
+/// [data, data + bytes) carries the huge-page advice (VmFlags "hg" in
+/// /proc/self/smaps): what advise_huge_pages asked for, whether or not the
+/// kernel had free huge pages at the first touch. False without a whole
+/// huge page inside or where smaps cannot be read.
+bool huge_pages_advised(const void* data, std::size_t bytes);
 
 }  // namespace writescope

@@ -12,29 +12,22 @@ TEST(HostMemory, NamesTheTransparentHugePageMode) {
   EXPECT_TRUE(mode == "always" || mode == "madvise" || mode == "never" || mode == "unavailable") << mode;
 }
 
-// An advised host allocation is backed by 2 MiB pages once touched, where the
-// kernel grants them on advice; a plain one under "madvise" is not.
-TEST(HostMemory, AdvisedHostMemoryGetsHugePages) {
+// An advised host allocation carries the huge-page advice (whether the
+// kernel then finds free huge pages depends on the machine's load); a plain
+// one does not, nor does a range without a whole huge page inside.
+TEST(HostMemory, AdvisesHostMemoryForHugePages) {
   const std::string mode = transparent_huge_pages();
   if (mode != "always" && mode != "madvise") GTEST_SKIP() << "transparent huge pages: " << mode;
   constexpr std::size_t bytes = std::size_t{16} << 20;
   Kokkos::View<char*, HostMemSpace> advised(Kokkos::view_alloc(std::string("advised"), Kokkos::WithoutInitializing),
-                                            bytes);
+                                            bytes),
+      plain(Kokkos::view_alloc(std::string("plain"), Kokkos::WithoutInitializing), bytes);
   advise_huge_pages(advised);
-  Kokkos::deep_copy(advised, 1);
-  EXPECT_GE(huge_page_bytes(advised.data(), bytes), std::size_t{2} << 20);
-  if (mode == "madvise") {
-    Kokkos::View<char*, HostMemSpace> plain(Kokkos::view_alloc(std::string("plain"), Kokkos::WithoutInitializing),
-                                            bytes);
-    Kokkos::deep_copy(plain, 1);
-    EXPECT_EQ(huge_page_bytes(plain.data(), bytes), 0u);
-  }
-}
-
-TEST(HostMemory, SmallRangesAreLeftAlone) {
+  EXPECT_TRUE(huge_pages_advised(advised.data(), bytes));
+  EXPECT_FALSE(huge_pages_advised(plain.data(), bytes));
   char small[4096] = {};
-  advise_huge_pages(small, sizeof small);  // no whole huge page inside: nothing to advise
-  EXPECT_EQ(huge_page_bytes(small, sizeof small), 0u);
+  advise_huge_pages(small, sizeof small);
+  EXPECT_FALSE(huge_pages_advised(small, sizeof small));
 }
 
 }  // namespace
