@@ -1,7 +1,6 @@
 #include "experiments/harness.hpp"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -11,6 +10,7 @@
 #include "experiments/calibration.hpp"
 #include "framework/machine.hpp"
 #include "framework/results_store.hpp"
+#include "scratch_dir.hpp"
 #include "test_profile.hpp"
 
 namespace writescope {
@@ -20,15 +20,6 @@ namespace fs = std::filesystem;
 
 class HarnessTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / ("writescope_harness_" + std::to_string(::getpid()) + "_" +
-                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    output_ = (dir_ / "results.h5").string();
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   /// A tiny experiment; `extra` is appended to the YAML.
   ExperimentConfig config(const std::string& extra = "") const {
     const std::string yaml = "name: test\noutput: " + output_ +
@@ -51,8 +42,9 @@ class HarnessTest : public ::testing::Test {
     return "no error";
   }
 
-  fs::path dir_;
-  std::string output_;
+  const test::ScratchDir scratch_{"harness"};
+  const fs::path dir_ = scratch_.path();
+  const std::string output_ = (dir_ / "results.h5").string();
 };
 
 TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {

@@ -1,13 +1,13 @@
 #include "experiments/predict.hpp"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <sstream>
 
 #include "attention/kv_policy.hpp"
 #include "framework/results_store.hpp"
+#include "scratch_dir.hpp"
 #include "test_profile.hpp"
 
 namespace writescope {
@@ -231,14 +231,6 @@ TEST(PredictTest, MoreVramPredictsFasterStepsForAStreamingBaseline) {
 
 class PredictFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / ("writescope_predict_" + std::to_string(::getpid()) + "_" +
-                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   ExperimentConfig config() const {
     const std::string yaml = "name: projected\noutput: " + (dir_ / "measured.h5").string() +
                              "\nprofile: test\nmodels:\n  - {preset: tiny-mixtral}\n"
@@ -249,7 +241,8 @@ class PredictFileTest : public ::testing::Test {
     return ExperimentConfig::from_config(ConfigNode::parse(yaml, "projected.yaml"));
   }
 
-  fs::path dir_;
+  const test::ScratchDir scratch_{"predict"};
+  const fs::path dir_ = scratch_.path();
 };
 
 TEST_F(PredictFileTest, WritesEveryRunOfEveryProfileMarkedPredicted) {

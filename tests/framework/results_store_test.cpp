@@ -1,10 +1,11 @@
 #include "framework/results_store.hpp"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+
+#include "scratch_dir.hpp"
 
 namespace writescope {
 namespace {
@@ -13,18 +14,9 @@ namespace fs = std::filesystem;
 
 class ResultsStoreTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ("writescope_results_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    path_ = (dir_ / "results.h5").string();
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  fs::path dir_;
-  std::string path_;
+  const test::ScratchDir scratch_{"results"};
+  const fs::path dir_ = scratch_.path();
+  const std::string path_ = (dir_ / "results.h5").string();
 };
 
 TEST_F(ResultsStoreTest, DatasetsAndAttributesRoundTrip) {

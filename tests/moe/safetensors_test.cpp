@@ -1,11 +1,12 @@
 #include "moe/safetensors.hpp"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+
+#include "scratch_dir.hpp"
 
 namespace writescope {
 namespace {
@@ -14,14 +15,6 @@ namespace fs = std::filesystem;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / ("writescope_ckpt_" + std::to_string(::getpid()) + "_" +
-                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   /// Values exactly representable in f16 and bf16 (and a half subnormal).
   static std::vector<float> exact_values(std::size_t n) {
     std::vector<float> out(n);
@@ -41,7 +34,8 @@ class SafetensorsTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
+  const test::ScratchDir scratch_{"ckpt"};
+  const fs::path dir_ = scratch_.path();
 };
 
 TEST_F(SafetensorsTest, EveryDTypeRoundTrips) {
