@@ -24,12 +24,18 @@
 namespace writescope {
 namespace {
 
+/// Uninitialised (out, in) weights, paged as the model's host expert store (moe/model.cpp).
 template <class Scalar>
-Kokkos::View<Scalar**, Kokkos::LayoutRight, HostMemSpace> weights(int out, int in) {
-  // Paged as the model's host expert store (moe/model.cpp).
+Kokkos::View<Scalar**, Kokkos::LayoutRight, HostMemSpace> advised_weights(int out, int in) {
   Kokkos::View<Scalar**, Kokkos::LayoutRight, HostMemSpace> w(
       Kokkos::view_alloc(std::string("writescope::benchmarks::weights"), Kokkos::WithoutInitializing), out, in);
   advise_huge_pages(w);
+  return w;
+}
+
+template <class Scalar>
+Kokkos::View<Scalar**, Kokkos::LayoutRight, HostMemSpace> weights(int out, int in) {
+  const auto w = advised_weights<Scalar>(out, in);
   for (int j = 0; j < out; ++j)
     for (int c = 0; c < in; ++c) w(j, c) = from_float<Scalar>(static_cast<float>((j * 31 + c * 17) % 97 - 48) * 1e-3f);
   return w;
@@ -59,9 +65,7 @@ void bf16_linear(benchmark::State& state) {
   const int copies = static_cast<int>(std::ceil(rotated_weight_bytes / weight_bytes));
   std::vector<Kokkos::View<bf16**, Kokkos::LayoutRight, HostMemSpace>> w{weights<bf16>(out, in)};
   for (int c = 1; c < copies; ++c) {
-    w.emplace_back(Kokkos::view_alloc(std::string("writescope::benchmarks::weights"), Kokkos::WithoutInitializing), out,
-                   in);
-    advise_huge_pages(w.back());
+    w.push_back(advised_weights<bf16>(out, in));
     Kokkos::deep_copy(w.back(), w.front());
   }
   Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> x("writescope::benchmarks::x", rows, in),

@@ -11,7 +11,14 @@
 namespace writescope {
 
 namespace {
+
 constexpr std::uintptr_t huge_page = std::uintptr_t{2} << 20;
+
+/// The start of the first whole huge page at or after `address`.
+std::uintptr_t first_whole_huge_page(const void* address) {
+  return (reinterpret_cast<std::uintptr_t>(address) + huge_page - 1) / huge_page * huge_page;
+}
+
 }  // namespace
 
 std::string transparent_huge_pages() {
@@ -23,16 +30,19 @@ std::string transparent_huge_pages() {
   return line.substr(open + 1, close - open - 1);
 }
 
-void advise_huge_pages(const void* data, std::size_t bytes) {
-#ifdef MADV_HUGEPAGE
+bool huge_pages_advisable() {
   static const bool advisable = [] {
     const std::string mode = transparent_huge_pages();
     return mode == "always" || mode == "madvise";
   }();
-  const auto start = reinterpret_cast<std::uintptr_t>(data);
-  const std::uintptr_t first = (start + huge_page - 1) / huge_page * huge_page;
-  const std::uintptr_t last = (start + bytes) / huge_page * huge_page;
-  if (!advisable || last <= first) return;
+  return advisable;
+}
+
+void advise_huge_pages(const void* data, std::size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  const std::uintptr_t first = first_whole_huge_page(data);
+  const std::uintptr_t last = (reinterpret_cast<std::uintptr_t>(data) + bytes) / huge_page * huge_page;
+  if (!huge_pages_advisable() || last <= first) return;
   // Failure (e.g. a kernel without THP for this mapping) leaves small pages: still correct.
   madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
 #else
@@ -41,9 +51,8 @@ void advise_huge_pages(const void* data, std::size_t bytes) {
 }
 
 bool huge_pages_advised(const void* data, std::size_t bytes) {
-  const auto start = reinterpret_cast<std::uintptr_t>(data);
-  const std::uintptr_t first = (start + huge_page - 1) / huge_page * huge_page;
-  if (first + huge_page > start + bytes) return false;
+  const std::uintptr_t first = first_whole_huge_page(data);
+  if (first + huge_page > reinterpret_cast<std::uintptr_t>(data) + bytes) return false;
   std::ifstream smaps("/proc/self/smaps");
   bool inside = false;
   std::string line;

@@ -22,6 +22,9 @@ namespace writescope {
 /// "unavailable" where the kernel has none.
 std::string transparent_huge_pages();
 
+/// Whether that mode acts on advice ("always" or "madvise").
+bool huge_pages_advisable();
+
 /// Asks the kernel to back the whole 2 MiB pages inside [data, data + bytes)
 /// with huge pages (madvise MADV_HUGEPAGE); call it before the first touch.
 /// Does nothing for less than one huge page, nor where the mode is "never"

@@ -156,8 +156,7 @@ TYPED_TEST(InplaceKVCacheTest, AccountsBytesAndFreesSequences) {
 // The host pools a CPU decode step streams ask for huge pages
 // (framework/host_memory.hpp).
 TEST(InplaceKVCacheHostPools, AskForHugePages) {
-  const std::string mode = transparent_huge_pages();
-  if (mode != "always" && mode != "madvise") GTEST_SKIP() << "transparent huge pages: " << mode;
+  if (!huge_pages_advisable()) GTEST_SKIP() << "transparent huge pages: " << transparent_huge_pages();
   const std::uint64_t bytes = std::uint64_t{16} << 20;
   InplaceKVCache<float> cache(small_shape(), KVCacheBudgets{0, bytes, bytes}, BudgetPolicy::strict);
   EXPECT_TRUE(huge_pages_advised(cache.host_pool().data(), cache.host_pool().span() * sizeof(float)));

@@ -310,8 +310,7 @@ TEST(MoeModel, BudgetsTooSmallAreClearErrors) {
 // The routed experts the CPU streams at decode ask for huge pages
 // (framework/host_memory.hpp).
 TEST(MoeModel, AsksForHugePagesForItsHostExperts) {
-  const std::string mode = transparent_huge_pages();
-  if (mode != "always" && mode != "madvise") GTEST_SKIP() << "transparent huge pages: " << mode;
+  if (!huge_pages_advisable()) GTEST_SKIP() << "transparent huge pages: " << transparent_huge_pages();
   ModelConfig config = model_preset("tiny-mixtral");
   config.expert_intermediate = 2048;  // several MiB of experts
   const MoeModel model = MoeModel::synthetic(config, 8, options_with(every_region, mixed_experts()));
