@@ -57,9 +57,11 @@ template <class MemSpace>
 struct DecodeWorkspace {
   Kokkos::View<BlockSegment*, MemSpace> segments;
   Kokkos::View<int*, MemSpace> batch_offsets;                  // (batch + 1)
+  // One partial state per segment (per run of segments on the host product).
   Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> segment_o;  // (segments, q_heads, value_dim)
   Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> segment_lse;  // (segments, q_heads)
   Kokkos::View<std::uint32_t*, MemSpace> query_pairs;  // host AVX-512 BF16 path: (batch, kv_heads, group * key_dim / 2)
+  Kokkos::View<int*, MemSpace> run_begins;  // host product: (runs + 1) segment runs, impl::host_segment_runs
 };
 
 /// Attends queries(b, :, :) over the segments with batch_index b, for every b.

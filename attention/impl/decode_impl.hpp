@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "attention/impl/host_block_attention.hpp"
 #include "framework/launch.hpp"
@@ -16,9 +17,9 @@
 namespace writescope {
 namespace impl {
 
-/// What both decode kernels read and write: per (segment, KV head) work item,
-/// the segment's keys/values in `pool`, the group's queries, and one partial
-/// state per segment.
+/// What both decode kernels read and write: the segments' keys/values in
+/// `pool`, the group's queries, and one partial state per segment (the team
+/// kernel) or per run of segments (the host product).
 template <class ExecSpace, class Scalar, class PoolSpace>
 struct DecodeSegmentsData {
   using MemSpace = typename ExecSpace::memory_space;
@@ -39,7 +40,6 @@ struct DecodeSegmentsData {
   }
 };
 
-/// Host work item (segment, KV head): the vectorised block product.
 /// Host work item (batch entry, KV head): the group's queries as the bf16
 /// pairs the AVX-512 BF16 product reads, once per call instead of per segment.
 template <class ExecSpace, class Scalar, class PoolSpace>
@@ -58,44 +58,97 @@ struct PrepareQueryPairsKernel {
   }
 };
 
+/// The host's runs of segments: consecutive segments of one batch entry that
+/// one work item attends with one running state, so that a partial state is
+/// written to memory (and merged) once per run rather than once per block.
+/// Runs are as long as leaves about 16 work items per thread (`items_per_run`
+/// per run), split evenly within a batch entry.
+///   batch_offsets: (batch + 1) first segment of each batch entry
+///   returns run_begins, (runs + 1): run r covers segments [run_begins[r], run_begins[r + 1]);
+///   run_offsets: (batch + 1) first run of each batch entry
+inline std::vector<int> host_segment_runs(const std::vector<int>& batch_offsets, int items_per_run, int concurrency,
+                                          std::vector<int>& run_offsets) {
+  const int segments = batch_offsets.back();
+  const int runs_wanted = std::max(1, (16 * concurrency + items_per_run - 1) / items_per_run);
+  const int longest = std::max(1, (segments + runs_wanted - 1) / runs_wanted);
+  std::vector<int> run_begins{0};
+  run_offsets.assign(batch_offsets.size(), 0);
+  for (std::size_t b = 0; b + 1 < batch_offsets.size(); ++b) {
+    const int first = batch_offsets[b], n = batch_offsets[b + 1] - first;
+    const int runs = (n + longest - 1) / longest;
+    for (int r = 1; r <= runs; ++r) run_begins.push_back(first + static_cast<int>(std::int64_t{n} * r / runs));
+    run_offsets[b + 1] = static_cast<int>(run_begins.size()) - 1;
+  }
+  return run_begins;
+}
+
+/// Host work item: the vectorised block product over a run of segments, for
+/// one KV head (head-major blocks: each head's keys and values are contiguous,
+/// and the product carries one state through the run) or for all of them
+/// (token-major blocks with several KV heads: the heads share each token row,
+/// so each row is read for all heads while it is in cache, and each segment's
+/// states are merged into the run's).
 template <class ExecSpace, class Scalar, class PoolSpace>
 struct DecodeSegmentsHostKernel {
   DecodeSegmentsData<ExecSpace, Scalar, PoolSpace> data;
+  Kokkos::View<const int*, typename ExecSpace::memory_space> run_begins;  // (runs + 1), host_segment_runs
   CpuPath path;                          // host_product_path, once per launch
   const std::uint32_t* query_pairs;      // PrepareQueryPairsKernel's output (avx512_bf16 only)
-
+  bool all_heads;                        // takes_all_heads: one work item per run, else one per (run, KV head)
   int work_items;
 
-  /// Work item `work`'s segment for one KV head.
-  HostSegment<Scalar> input(int work) const {
-    const BlockGeometry& geometry = data.geometry;
-    const int kv_head = work % geometry.kv_heads;
-    const BlockSegment segment = data.segments(work / geometry.kv_heads);
-    return HostSegment<Scalar>{&data.pool(segment.slot, 0), geometry,          data.order,
+  static bool takes_all_heads(const BlockGeometry& geometry, BlockOrder order) {
+    return order == BlockOrder::token_major && geometry.kv_heads > 1;
+  }
+  int items_per_run() const { return all_heads ? 1 : data.geometry.kv_heads; }
+
+  /// Segment `s` for one KV head.
+  HostSegment<Scalar> input(int s, int kv_head) const {
+    const BlockSegment segment = data.segments(s);
+    return HostSegment<Scalar>{&data.pool(segment.slot, 0), data.geometry,      data.order,
                                kv_head,                     segment.token_begin, segment.token_count,
                                &data.queries(segment.batch_index, kv_head * data.group, 0), data.group,
                                data.scale};
   }
+  const std::uint32_t* pairs(int s, int kv_head) const {
+    return query_pairs ? query_pairs + data.query_pairs_offset(data.segments(s).batch_index, kv_head) : nullptr;
+  }
 
   void operator()(int work) const {
-    const BlockGeometry& geometry = data.geometry;
-    const int kv_head = work % geometry.kv_heads;
-    const int s = work / geometry.kv_heads;
-    const BlockSegment segment = data.segments(s);
-    const int q0 = kv_head * data.group;
-    float scores[max_group * 256];
-    std::vector<float> large_scores;
-    float* scratch = scores;
-    if (data.group * segment.token_count > max_group * 256) {
-      large_scores.resize(static_cast<std::size_t>(data.group) * segment.token_count);
-      scratch = large_scores.data();
+    const int run = work / items_per_run();
+    const int first = run_begins(run), last = run_begins(run + 1);
+    // Static schedules give each thread consecutive work items: the next one's
+    // first segment is what this thread reads after this one.
+    const int next = std::min(work + 1, work_items - 1);
+    const HostSegment<Scalar> next_item = input(run_begins(next / items_per_run()), all_heads ? 0 : next % items_per_run());
+    const HostSegment<Scalar>* after_item = work + 1 < work_items ? &next_item : nullptr;
+    const int group = data.group, value_dim = data.geometry.value_dim;
+    if (!all_heads) {
+      const int kv_head = work % items_per_run();
+      std::vector<HostSegment<Scalar>> segments;
+      segments.reserve(last - first);
+      for (int s = first; s < last; ++s) segments.push_back(input(s, kv_head));
+      host_run_attention(segments.data(), last - first, &data.segment_o(run, kv_head * group, 0),
+                         &data.segment_lse(run, kv_head * group), path, pairs(first, kv_head), after_item);
+      return;
     }
-    const std::uint32_t* pairs =
-        query_pairs ? query_pairs + data.query_pairs_offset(segment.batch_index, kv_head) : nullptr;
-    // Static schedules give each thread consecutive work items.
-    const HostSegment<Scalar> following = input(std::min(work + 1, work_items - 1));
-    host_segment_attention(input(work), scratch, &data.segment_o(s, q0, 0), &data.segment_lse(s, q0), path, pairs,
-                           work + 1 < work_items ? &following : nullptr);
+    const int kv_heads = data.geometry.kv_heads;
+    std::vector<float> part_o(static_cast<std::size_t>(group) * value_dim);
+    float part_lse[max_group];
+    for (int s = first; s < last; ++s)
+      for (int h = 0; h < kv_heads; ++h) {
+        const HostSegment<Scalar> segment = input(s, h);
+        const HostSegment<Scalar> following = input(h + 1 < kv_heads ? s : s + 1, (h + 1) % kv_heads);
+        const HostSegment<Scalar>* after = h + 1 < kv_heads || s + 1 < last ? &following : after_item;
+        float* o = &data.segment_o(run, h * group, 0);
+        float* lse = &data.segment_lse(run, h * group);
+        if (s == first) {
+          host_run_attention(&segment, 1, o, lse, path, pairs(s, h), after);
+          continue;
+        }
+        host_run_attention(&segment, 1, part_o.data(), part_lse, path, pairs(s, h), after);
+        merge_state(o, lse, part_o.data(), part_lse, group, value_dim);
+      }
   }
 };
 
@@ -504,9 +557,22 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
                                impl::PrepareQueryPairsKernel<ExecSpace, Scalar, PoolSpace>{data, workspace.query_pairs});
           query_pairs = workspace.query_pairs.data();
         }
+        using HostKernel = impl::DecodeSegmentsHostKernel<ExecSpace, Scalar, PoolSpace>;
+        const bool all_heads = HostKernel::takes_all_heads(geometry, order);
+        const int items_per_run = all_heads ? 1 : geometry.kv_heads;
+        std::vector<int> run_offsets;
+        const std::vector<int> run_begins =
+            impl::host_segment_runs(offsets, items_per_run, space.concurrency(), run_offsets);
+        const int runs = static_cast<int>(run_begins.size()) - 1;
+        impl::grow(workspace.run_begins, "writescope::attention::run_begins", runs + 1);
+        Kokkos::deep_copy(space, Kokkos::subview(workspace.run_begins, std::make_pair(0, runs + 1)),
+                          Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(run_begins.data(), runs + 1));
+        // The merge below reads each batch entry's runs instead of its segments.
+        Kokkos::deep_copy(space, Kokkos::subview(workspace.batch_offsets, std::make_pair(0, batch + 1)),
+                          Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(run_offsets.data(), batch + 1));
         launch_parallel_for("writescope::attention::decode_segments_host",
-                             Kokkos::RangePolicy<ExecSpace>(space, 0, work_items),
-                             impl::DecodeSegmentsHostKernel<ExecSpace, Scalar, PoolSpace>{data, path, query_pairs, work_items});
+                             Kokkos::RangePolicy<ExecSpace>(space, 0, runs * items_per_run),
+                             HostKernel{data, workspace.run_begins, path, query_pairs, all_heads, runs * items_per_run});
       } else {
         launch_team_kernel();
       }

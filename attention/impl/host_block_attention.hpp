@@ -16,7 +16,9 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
+#include "attention/impl/merge_weights.hpp"
 #include "framework/bf16.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/math.hpp"
@@ -335,12 +337,12 @@ struct TokenMajorScores {
 /// the group's queries (group, key_dim) as bf16 pairs in the order its
 /// products read them (group * key_dim / 2 words, prepared once per batch
 /// entry and KV head, not per segment); the product itself (same contract as
-/// host_segment_attention).
+/// host_run_attention), one online softmax across the run's segments.
 bool avx512_bf16_takes(const BlockGeometry& g, BlockOrder order, int group);
 void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, int group, const float* queries,
                                      std::uint32_t* query_pairs);
-void host_segment_attention_avx512_bf16(const HostSegment<bf16>& s, const std::uint32_t* query_pairs,
-                                        const HostSegment<bf16>* following, float* o, float* lse);
+void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
+                                    const HostSegment<bf16>* following, float* o, float* lse);
 #endif
 
 /// The instruction path host_segment_attention takes for these blocks.
@@ -357,23 +359,10 @@ inline CpuPath host_product_path(CpuPath active, const BlockGeometry& g, BlockOr
   return CpuPath::scalar;
 }
 
-/// One segment, one KV head, the whole group: o (group, value_dim) normalised,
+/// One segment on the AVX2 or scalar path: o (group, value_dim) normalised,
 /// lse (group) natural log. scores: scratch of group * token_count floats.
-/// `path` comes from host_product_path. avx512_bf16 only: query_pairs from
-/// prepare_query_pairs_avx512_bf16; `following`, the segment this thread
-/// likely attends next (or null), whose first keys and values it prefetches.
 template <class Scalar>
-void host_segment_attention(const HostSegment<Scalar>& s, float* scores, float* o, float* lse, CpuPath path,
-                            const std::uint32_t* query_pairs = nullptr, const HostSegment<Scalar>* following = nullptr) {
-#ifdef WRITESCOPE_HOST_AVX512_BF16
-  if constexpr (std::is_same_v<Scalar, bf16>) {
-    if (path == CpuPath::avx512_bf16) {
-      host_segment_attention_avx512_bf16(s, query_pairs, following, o, lse);
-      return;
-    }
-  }
-#endif
-  (void)query_pairs, (void)following;
+void host_segment_attention(const HostSegment<Scalar>& s, float* scores, float* o, float* lse, CpuPath path) {
 #ifdef WRITESCOPE_HOST_AVX2
   if (path >= CpuPath::avx2 && s.token_count > 0) {
     const BlockGeometry& g = s.geometry;
@@ -395,12 +384,58 @@ void host_segment_attention(const HostSegment<Scalar>& s, float* scores, float* 
   host_segment_attention_scalar(s, scores, o, lse);
 }
 
+/// (o, lse) <- the log-sum-exp merge of (o, lse) and (part_o, part_lse):
+/// o, part_o (group, value_dim); lse, part_lse (group), natural log.
+inline void merge_state(float* o, float* lse, const float* part_o, const float* part_lse, int group, int value_dim) {
+  for (int q = 0; q < group; ++q) {
+    float w_state, w_part;
+    merge_weights(lse[q], part_lse[q], w_state, w_part, lse[q]);
+    float* row = o + q * value_dim;
+    const float* part = part_o + q * value_dim;
+    for (int d = 0; d < value_dim; ++d) row[d] = w_state * row[d] + w_part * part[d];
+  }
+}
+
+/// A run of segments for one KV head and its whole group: consecutive
+/// segments of one batch entry (same kv_head, queries, group and scale),
+/// attended as one state, so that it is written (and merged with other runs)
+/// once, not once per block.
+///   run: (count) segments; o: (group, value_dim) normalised; lse: (group) natural log
+/// `path` comes from host_product_path. avx512_bf16 only: query_pairs from
+/// prepare_query_pairs_avx512_bf16; `following`, the segment this thread
+/// likely attends after the run (or null), whose first keys and values it
+/// prefetches. The other paths attend each segment and merge it into the state.
+template <class Scalar>
+void host_run_attention(const HostSegment<Scalar>* run, int count, float* o, float* lse, CpuPath path,
+                        const std::uint32_t* query_pairs = nullptr, const HostSegment<Scalar>* following = nullptr) {
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+  if constexpr (std::is_same_v<Scalar, bf16>) {
+    if (path == CpuPath::avx512_bf16) {
+      host_run_attention_avx512_bf16(run, count, query_pairs, following, o, lse);
+      return;
+    }
+  }
+#endif
+  (void)query_pairs, (void)following;
+  const int group = run[0].group, value_dim = run[0].geometry.value_dim;
+  int longest = 0;
+  for (int i = 0; i < count; ++i) longest = std::max(longest, run[i].token_count);
+  std::vector<float> scores(static_cast<std::size_t>(group) * longest), part_o;
+  if (count > 1) part_o.resize(static_cast<std::size_t>(group) * value_dim);
+  float part_lse[max_group];
+  host_segment_attention(run[0], scores.data(), o, lse, path);
+  for (int i = 1; i < count; ++i) {
+    host_segment_attention(run[i], scores.data(), part_o.data(), part_lse, path);
+    merge_state(o, lse, part_o.data(), part_lse, group, value_dim);
+  }
+}
+
 // Instantiated once, in host_block_attention.cpp, which the host compiler
 // builds alone in both variants: the Kokkos kernels that call it (nvcc in a
 // CUDA build) run the same machine code as a host-only build's.
-extern template void host_segment_attention<float>(const HostSegment<float>&, float*, float*, float*, CpuPath,
-                                                   const std::uint32_t*, const HostSegment<float>*);
-extern template void host_segment_attention<bf16>(const HostSegment<bf16>&, float*, float*, float*, CpuPath,
-                                                  const std::uint32_t*, const HostSegment<bf16>*);
+extern template void host_run_attention<float>(const HostSegment<float>*, int, float*, float*, CpuPath,
+                                               const std::uint32_t*, const HostSegment<float>*);
+extern template void host_run_attention<bf16>(const HostSegment<bf16>*, int, float*, float*, CpuPath,
+                                              const std::uint32_t*, const HostSegment<bf16>*);
 
 }  // namespace writescope::impl

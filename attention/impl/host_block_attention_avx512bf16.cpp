@@ -16,8 +16,9 @@
 //    of a pass.
 // Queries and softmax weights are rounded to bf16 for the products (tensor-core
 // attention does the same); scores, softmax and sums stay fp32. Tokens go in
-// passes of 128, block-aligned, with an online softmax between passes, so that
-// a pass's keys, values, scores and weights stay in L1/L2.
+// passes of 128, block-aligned, with an online softmax between passes and
+// across the segments of a run, so that a pass's keys, values, scores and
+// weights stay in L1/L2 and a run's state is normalised once.
 //
 // The code sits in a target region so that only these functions use AVX-512;
 // the rest of the binary keeps the AVX2 baseline, and the dispatcher calls
@@ -377,11 +378,11 @@ RowPrefetcher value_rows(const HostSegment<bf16>& s, int first, int count) {
 }
 
 template <int Group>
-void attend(const HostSegment<bf16>& s, const std::uint32_t* query_pairs, const HostSegment<bf16>* following, float* o,
-            float* lse) {
-  const BlockGeometry& g = s.geometry;
+void attend(const HostSegment<bf16>* run, int run_count, const std::uint32_t* query_pairs,
+            const HostSegment<bf16>* following, float* o, float* lse) {
+  const BlockGeometry& g = run[0].geometry;
   constexpr int phases = 16 / Group;
-  const bool tiled = g.tiled_keys(s.order);
+  const bool tiled = g.tiled_keys(run[0].order);
   Work w;
   w.query_pairs = query_pairs;
   for (int h = 0; h < Group; ++h) {
@@ -389,26 +390,35 @@ void attend(const HostSegment<bf16>& s, const std::uint32_t* query_pairs, const 
     w.sums[h] = 0;
   }
   std::fill(o, o + Group * g.value_dim, 0.0f);
-  const int end = s.token_begin + s.token_count;
-  for (int first = s.token_begin; first < end;) {
-    const int next = std::min(end, (first / pass_tokens + 1) * pass_tokens);
-    const int count = next - first;
-    // What the next pass reads: of this segment, or the first pass of the
-    // segment this thread attends next.
-    const HostSegment<bf16>& ahead = next < end || following == nullptr ? s : *following;
-    const int ahead_first = next < end ? next : ahead.token_begin;
-    const int ahead_count =
-        std::min(ahead.token_begin + ahead.token_count, (ahead_first / pass_tokens + 1) * pass_tokens) - ahead_first;
-    RowPrefetcher next_keys = key_rows(ahead, ahead_first, ahead_count),
-                  next_values = value_rows(ahead, ahead_first, ahead_count);
-    if (tiled) scores_tiled<Group>(s, first, count, w, next_keys);
-    else scores_rows<phases>(s, first, count, w, next_keys);
-    next_keys.finish();
-    exponentiate(Group, count, g.value_dim, o, w);
-    if constexpr (Group >= 8) values_rows<8, 1>(s, first, count, w, o, next_values);
-    else values_rows<Group, 2>(s, first, count, w, o, next_values);
-    next_values.finish();
-    first = next;
+  for (int r = 0; r < run_count; ++r) {
+    const HostSegment<bf16>& s = run[r];
+    const HostSegment<bf16>* after = r + 1 < run_count ? &run[r + 1] : following;
+    const int end = s.token_begin + s.token_count;
+    for (int first = s.token_begin; first < end;) {
+      const int next = std::min(end, (first / pass_tokens + 1) * pass_tokens);
+      const int count = next - first;
+      // What the next pass reads: of this segment, or the first pass of the
+      // segment this thread attends next.
+      const HostSegment<bf16>& ahead = next < end || after == nullptr ? s : *after;
+      const int ahead_first = next < end ? next : ahead.token_begin;
+      const int ahead_count =
+          std::min(ahead.token_begin + ahead.token_count, (ahead_first / pass_tokens + 1) * pass_tokens) - ahead_first;
+      // MLA's values are its keys: half of the next pass's rows are requested
+      // during each product, so that memory streams through the whole pass.
+      const int during_scores = g.values_in_keys ? ahead_count / 2 : ahead_count;
+      RowPrefetcher next_keys = key_rows(ahead, ahead_first, during_scores),
+                    next_values = g.values_in_keys
+                                      ? key_rows(ahead, ahead_first + during_scores, ahead_count - during_scores)
+                                      : value_rows(ahead, ahead_first, ahead_count);
+      if (tiled) scores_tiled<Group>(s, first, count, w, next_keys);
+      else scores_rows<phases>(s, first, count, w, next_keys);
+      next_keys.finish();
+      exponentiate(Group, count, g.value_dim, o, w);
+      if constexpr (Group >= 8) values_rows<8, 1>(s, first, count, w, o, next_values);
+      else values_rows<Group, 2>(s, first, count, w, o, next_values);
+      next_values.finish();
+      first = next;
+    }
   }
   for (int h = 0; h < Group; ++h) {
     const float inverse = 1.0f / w.sums[h];
@@ -454,15 +464,15 @@ void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, i
       for (int f = 0; f < phases; ++f) query_pairs[16 * c + h * phases + f] = rows[h * pairs + c * phases + f];
 }
 
-void host_segment_attention_avx512_bf16(const HostSegment<bf16>& s, const std::uint32_t* query_pairs,
-                                        const HostSegment<bf16>* following, float* o, float* lse) {
-  switch (s.group) {
+void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
+                                    const HostSegment<bf16>* following, float* o, float* lse) {
+  switch (run[0].group) {
     case 4:
-      return attend<4>(s, query_pairs, following, o, lse);
+      return attend<4>(run, count, query_pairs, following, o, lse);
     case 8:
-      return attend<8>(s, query_pairs, following, o, lse);
+      return attend<8>(run, count, query_pairs, following, o, lse);
     default:
-      return attend<16>(s, query_pairs, following, o, lse);
+      return attend<16>(run, count, query_pairs, following, o, lse);
   }
 }
 

@@ -202,6 +202,69 @@ TYPED_TEST(DecodeAttentionTest, HostProductMatchesReferenceOnEveryCpuPath) {
   });
 }
 
+// Long sequences: the host product attends runs of many consecutive segments
+// with one running state (the AVX-512 path's online softmax across blocks, the
+// others' merge per segment), on every CPU path.
+TYPED_TEST(DecodeAttentionTest, RunsOfManySegmentsMatchReferenceOnEveryCpuPath) {
+  const int threads = HostExecSpace().concurrency();
+  // Each region holds every fourth 32-token block; 16 per thread and a few more
+  // leave runs of two segments or more for any number of work items per run.
+  const int block_tokens = 32, blocks_per_region = 16 * threads + 8;
+  const std::int64_t length = std::int64_t{4} * blocks_per_region * block_tokens - 13;
+  for (int items_per_run : {1, 4, 8}) {
+    std::vector<int> run_offsets;
+    const std::vector<int> runs =
+        impl::host_segment_runs({0, blocks_per_region - 1}, items_per_run, threads, run_offsets);
+    int longest = 0;
+    for (std::size_t r = 0; r + 1 < runs.size(); ++r) longest = std::max(longest, runs[r + 1] - runs[r]);
+    ASSERT_GE(longest, 2) << "the test no longer covers runs of segments";
+  }
+  for (const AttentionShape& shape :
+       {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()}) {
+    SCOPED_TRACE(shape.name);
+    this->build(shape, {length, 150}, block_tokens);
+    test::for_each_cpu_path([&](CpuPath path) {
+      const bool bf16_products = path == CpuPath::avx512_bf16 && TestFixture::bf16_products();
+      this->expect_reference(this->attend_all_regions(this->full_ranges(), BlockProduct::automatic),
+                             this->full_ranges(), bf16_products);
+      std::vector<TokenRange> inner{{21, length - 100}, {7, 141}};
+      this->expect_reference(this->attend_all_regions(inner, BlockProduct::automatic), inner, bf16_products);
+    });
+  }
+}
+
+TEST(HostSegmentRuns, CoverEachBatchEntryInOrderWithEnoughWorkItems) {
+  // Batch entries of 100, 3, 0 and 97 segments.
+  const std::vector<int> batch_offsets{0, 100, 103, 103, 200};
+  for (int items_per_run : {1, 4, 16})
+    for (int threads : {1, 2, 16, 64}) {
+      SCOPED_TRACE(std::to_string(items_per_run) + " items per run, " + std::to_string(threads) + " threads");
+      std::vector<int> run_offsets;
+      const std::vector<int> runs = impl::host_segment_runs(batch_offsets, items_per_run, threads, run_offsets);
+      ASSERT_EQ(run_offsets.size(), batch_offsets.size());
+      EXPECT_EQ(runs.front(), 0);
+      EXPECT_EQ(runs.back(), 200);
+      EXPECT_EQ(run_offsets.back(), static_cast<int>(runs.size()) - 1);
+      int longest = 0;
+      for (std::size_t b = 0; b + 1 < batch_offsets.size(); ++b) {
+        // Runs of entry b start at its first segment and end at its last.
+        EXPECT_EQ(runs[run_offsets[b]], batch_offsets[b]);
+        EXPECT_EQ(runs[run_offsets[b + 1]], batch_offsets[b + 1]);
+        for (int r = run_offsets[b]; r < run_offsets[b + 1]; ++r) {
+          ASSERT_LT(runs[r], runs[r + 1]) << "run " << r << " is empty";
+          longest = std::max(longest, runs[r + 1] - runs[r]);
+        }
+      }
+      // About 16 work items per thread are wanted; splitting evenly within
+      // batch entries leaves at least half of them.
+      const int work_items = (static_cast<int>(runs.size()) - 1) * items_per_run;
+      EXPECT_GE(work_items, std::min(200 * items_per_run, 8 * threads));
+      if (16 * threads <= 4 * items_per_run) {
+        EXPECT_GT(longest, 20);  // few threads: long runs
+      }
+    }
+}
+
 // A model shape the fastest path silently refuses would run on a slower one
 // and still pass every accuracy test; this catches it (writescope info shows it).
 TEST(DecodeAttentionDispatch, EveryModelShapeTakesTheBestCpuPath) {
