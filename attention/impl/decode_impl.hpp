@@ -83,11 +83,9 @@ inline std::vector<int> host_segment_runs(const std::vector<int>& batch_offsets,
 }
 
 /// Host work item: the vectorised block product over a run of segments, for
-/// one KV head (head-major blocks: each head's keys and values are contiguous,
-/// and the product carries one state through the run) or for all of them
-/// (token-major blocks with several KV heads: the heads share each token row,
-/// so each row is read for all heads while it is in cache, and each segment's
-/// states are merged into the run's).
+/// one KV head (head-major blocks: each head's keys and values are
+/// contiguous) or for all of them (token-major blocks with several KV heads:
+/// the heads share each token row, which is then read once for all).
 template <class ExecSpace, class Scalar, class PoolSpace>
 struct DecodeSegmentsHostKernel {
   DecodeSegmentsData<ExecSpace, Scalar, PoolSpace> data;
@@ -110,45 +108,26 @@ struct DecodeSegmentsHostKernel {
                                &data.queries(segment.batch_index, kv_head * data.group, 0), data.group,
                                data.scale};
   }
-  const std::uint32_t* pairs(int s, int kv_head) const {
-    return query_pairs ? query_pairs + data.query_pairs_offset(data.segments(s).batch_index, kv_head) : nullptr;
-  }
 
   void operator()(int work) const {
     const int run = work / items_per_run();
     const int first = run_begins(run), last = run_begins(run + 1);
+    const int kv_head = all_heads ? 0 : work % items_per_run();
+    const int heads = all_heads ? data.geometry.kv_heads : 1;
+    std::vector<HostSegment<Scalar>> segments;
+    segments.reserve(last - first);
+    for (int s = first; s < last; ++s) segments.push_back(input(s, kv_head));
+    std::vector<const std::uint32_t*> pairs;
+    if (query_pairs)
+      for (int h = kv_head; h < kv_head + heads; ++h)
+        pairs.push_back(query_pairs + data.query_pairs_offset(data.segments(first).batch_index, h));
     // Static schedules give each thread consecutive work items: the next one's
-    // first segment is what this thread reads after this one.
+    // first segment is what this thread reads after the run.
     const int next = std::min(work + 1, work_items - 1);
-    const HostSegment<Scalar> next_item = input(run_begins(next / items_per_run()), all_heads ? 0 : next % items_per_run());
-    const HostSegment<Scalar>* after_item = work + 1 < work_items ? &next_item : nullptr;
-    const int group = data.group, value_dim = data.geometry.value_dim;
-    if (!all_heads) {
-      const int kv_head = work % items_per_run();
-      std::vector<HostSegment<Scalar>> segments;
-      segments.reserve(last - first);
-      for (int s = first; s < last; ++s) segments.push_back(input(s, kv_head));
-      host_run_attention(segments.data(), last - first, &data.segment_o(run, kv_head * group, 0),
-                         &data.segment_lse(run, kv_head * group), path, pairs(first, kv_head), after_item);
-      return;
-    }
-    const int kv_heads = data.geometry.kv_heads;
-    std::vector<float> part_o(static_cast<std::size_t>(group) * value_dim);
-    float part_lse[max_group];
-    for (int s = first; s < last; ++s)
-      for (int h = 0; h < kv_heads; ++h) {
-        const HostSegment<Scalar> segment = input(s, h);
-        const HostSegment<Scalar> following = input(h + 1 < kv_heads ? s : s + 1, (h + 1) % kv_heads);
-        const HostSegment<Scalar>* after = h + 1 < kv_heads || s + 1 < last ? &following : after_item;
-        float* o = &data.segment_o(run, h * group, 0);
-        float* lse = &data.segment_lse(run, h * group);
-        if (s == first) {
-          host_run_attention(&segment, 1, o, lse, path, pairs(s, h), after);
-          continue;
-        }
-        host_run_attention(&segment, 1, part_o.data(), part_lse, path, pairs(s, h), after);
-        merge_state(o, lse, part_o.data(), part_lse, group, value_dim);
-      }
+    const HostSegment<Scalar> following = input(run_begins(next / items_per_run()), next % items_per_run());
+    const int q0 = kv_head * data.group;
+    host_run_attention(segments.data(), last - first, heads, &data.segment_o(run, q0, 0), &data.segment_lse(run, q0),
+                       path, query_pairs ? pairs.data() : nullptr, work + 1 < work_items ? &following : nullptr);
   }
 };
 

@@ -4,9 +4,9 @@
 
 namespace writescope::impl {
 
-template void host_run_attention<float>(const HostSegment<float>*, int, float*, float*, CpuPath, const std::uint32_t*,
-                                        const HostSegment<float>*);
-template void host_run_attention<bf16>(const HostSegment<bf16>*, int, float*, float*, CpuPath, const std::uint32_t*,
-                                       const HostSegment<bf16>*);
+template void host_run_attention<float>(const HostSegment<float>*, int, int, float*, float*, CpuPath,
+                                        const std::uint32_t* const*, const HostSegment<float>*);
+template void host_run_attention<bf16>(const HostSegment<bf16>*, int, int, float*, float*, CpuPath,
+                                       const std::uint32_t* const*, const HostSegment<bf16>*);
 
 }  // namespace writescope::impl

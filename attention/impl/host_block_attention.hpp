@@ -337,15 +337,16 @@ struct TokenMajorScores {
 /// the group's queries (group, key_dim) as bf16 pairs in the order its
 /// products read them (group * key_dim / 2 words, prepared once per batch
 /// entry and KV head, not per segment); the product itself (same contract as
-/// host_run_attention), one online softmax across the run's segments.
+/// host_run_attention), one online softmax per head across the run's segments.
 bool avx512_bf16_takes(const BlockGeometry& g, BlockOrder order, int group);
 void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, int group, const float* queries,
                                      std::uint32_t* query_pairs);
-void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
-                                    const HostSegment<bf16>* following, float* o, float* lse);
+void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, int heads,
+                                    const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following,
+                                    float* o, float* lse);
 #endif
 
-/// The instruction path host_segment_attention takes for these blocks.
+/// The instruction path host_run_attention takes for these blocks.
 inline CpuPath host_product_path(CpuPath active, const BlockGeometry& g, BlockOrder order, int group, bool bf16_kv) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
   if (active >= CpuPath::avx512_bf16 && bf16_kv && avx512_bf16_takes(g, order, group)) return CpuPath::avx512_bf16;
@@ -396,46 +397,61 @@ inline void merge_state(float* o, float* lse, const float* part_o, const float* 
   }
 }
 
-/// A run of segments for one KV head and its whole group: consecutive
-/// segments of one batch entry (same kv_head, queries, group and scale),
-/// attended as one state, so that it is written (and merged with other runs)
-/// once, not once per block.
-///   run: (count) segments; o: (group, value_dim) normalised; lse: (group) natural log
-/// `path` comes from host_product_path. avx512_bf16 only: query_pairs from
-/// prepare_query_pairs_avx512_bf16; `following`, the segment this thread
-/// likely attends after the run (or null), whose first keys and values it
-/// prefetches. The other paths attend each segment and merge it into the state.
+/// A run of segments for `heads` KV heads from run[0].kv_head on and their
+/// whole groups: consecutive segments of one batch entry (same queries, group
+/// and scale), attended as one state per head, so that it is written (and
+/// merged with other runs) once, not once per block. Several heads only for
+/// token-major blocks, whose token rows the heads share: each row is then
+/// read once for all of them.
+///   run: (count) segments of the first head; the next heads' query groups
+///        follow its queries (run[0].queries + h * group * key_dim)
+///   o: (heads, group, value_dim) normalised; lse: (heads, group) natural log
+/// `path` comes from host_product_path. avx512_bf16 only: query_pairs, one
+/// per head, from prepare_query_pairs_avx512_bf16; `following`, the segment
+/// this thread likely attends after the run (or null), whose first keys and
+/// values it prefetches. The other paths attend each segment and head in turn
+/// and merge it into that head's state.
 template <class Scalar>
-void host_run_attention(const HostSegment<Scalar>* run, int count, float* o, float* lse, CpuPath path,
-                        const std::uint32_t* query_pairs = nullptr, const HostSegment<Scalar>* following = nullptr) {
+void host_run_attention(const HostSegment<Scalar>* run, int count, int heads, float* o, float* lse, CpuPath path,
+                        const std::uint32_t* const* query_pairs = nullptr,
+                        const HostSegment<Scalar>* following = nullptr) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
   if constexpr (std::is_same_v<Scalar, bf16>) {
     if (path == CpuPath::avx512_bf16) {
-      host_run_attention_avx512_bf16(run, count, query_pairs, following, o, lse);
+      host_run_attention_avx512_bf16(run, count, heads, query_pairs, following, o, lse);
       return;
     }
   }
 #endif
   (void)query_pairs, (void)following;
-  const int group = run[0].group, value_dim = run[0].geometry.value_dim;
+  const int group = run[0].group, key_dim = run[0].geometry.key_dim, value_dim = run[0].geometry.value_dim;
   int longest = 0;
   for (int i = 0; i < count; ++i) longest = std::max(longest, run[i].token_count);
   std::vector<float> scores(static_cast<std::size_t>(group) * longest), part_o;
   if (count > 1) part_o.resize(static_cast<std::size_t>(group) * value_dim);
   float part_lse[max_group];
-  host_segment_attention(run[0], scores.data(), o, lse, path);
-  for (int i = 1; i < count; ++i) {
-    host_segment_attention(run[i], scores.data(), part_o.data(), part_lse, path);
-    merge_state(o, lse, part_o.data(), part_lse, group, value_dim);
-  }
+  for (int i = 0; i < count; ++i)
+    for (int h = 0; h < heads; ++h) {
+      HostSegment<Scalar> segment = run[i];
+      segment.kv_head += h;
+      segment.queries += h * group * key_dim;
+      float* head_o = o + h * group * value_dim;
+      float* head_lse = lse + h * group;
+      if (i == 0) {
+        host_segment_attention(segment, scores.data(), head_o, head_lse, path);
+        continue;
+      }
+      host_segment_attention(segment, scores.data(), part_o.data(), part_lse, path);
+      merge_state(head_o, head_lse, part_o.data(), part_lse, group, value_dim);
+    }
 }
 
 // Instantiated once, in host_block_attention.cpp, which the host compiler
 // builds alone in both variants: the Kokkos kernels that call it (nvcc in a
 // CUDA build) run the same machine code as a host-only build's.
-extern template void host_run_attention<float>(const HostSegment<float>*, int, float*, float*, CpuPath,
-                                               const std::uint32_t*, const HostSegment<float>*);
-extern template void host_run_attention<bf16>(const HostSegment<bf16>*, int, float*, float*, CpuPath,
-                                              const std::uint32_t*, const HostSegment<bf16>*);
+extern template void host_run_attention<float>(const HostSegment<float>*, int, int, float*, float*, CpuPath,
+                                               const std::uint32_t* const*, const HostSegment<float>*);
+extern template void host_run_attention<bf16>(const HostSegment<bf16>*, int, int, float*, float*, CpuPath,
+                                              const std::uint32_t* const*, const HostSegment<bf16>*);
 
 }  // namespace writescope::impl

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
@@ -247,20 +248,28 @@ inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, 
     }
 }
 
-/// Scores of tokens [first, first + count), keys in token rows. query_pairs
-/// are arranged per chunk: lane h * Phases + f holds pair (chunk * Phases + f) of head h.
+/// Scores of tokens [first, first + count), keys in token rows, for `heads`
+/// KV heads from s.kv_head on (w: one Work per head): 8 rows at a time, each
+/// head in turn, so that the rows' bytes are read in address order (heads
+/// share a token-major row). query_pairs are arranged per chunk: lane
+/// h * Phases + f holds pair (chunk * Phases + f) of head h.
 template <int Phases>
-void scores_rows(const HostSegment<bf16>& s, int first, int count, Work& w, RowPrefetcher& ahead) {
+void scores_rows(const HostSegment<bf16>& s, int first, int count, Work* w, int heads, RowPrefetcher& ahead) {
   const BlockGeometry& g = s.geometry;
   const std::int64_t stride = g.key_token_stride(s.order);
+  const std::int64_t head_stride = g.key_offset(s.order, 0, 1, 0) - g.key_offset(s.order, 0, 0, 0);
   const bf16* keys = s.block + g.key_offset(s.order, first, s.kv_head, 0);
   const int chunks = g.key_dim / (2 * Phases);
   int t = 0;
   // 8 tokens x 2 chunks: 16 independent accumulators (12 cover vdpbf16ps' latency x 2 ports).
   for (; t + 8 <= count; t += 8)
-    scores_rows_tile<Phases, 8>(keys + t * stride, stride, chunks, w.query_pairs, s.scale, t, w, ahead);
+    for (int h = 0; h < heads; ++h)
+      scores_rows_tile<Phases, 8>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t,
+                                  w[h], ahead);
   for (; t < count; ++t)
-    scores_rows_tile<Phases, 1>(keys + t * stride, stride, chunks, w.query_pairs, s.scale, t, w, ahead);
+    for (int h = 0; h < heads; ++h)
+      scores_rows_tile<Phases, 1>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t,
+                                  w[h], ahead);
 }
 
 /// Softmax numerators of one pass with the online update: rescales the
@@ -345,21 +354,26 @@ inline void values_tile(const bf16* values, std::int64_t stride, int count, cons
     }
 }
 
+/// `sharers`: how many calls (one per KV head) share `ahead`'s lines.
 template <int Heads, int Chunks>
-void values_rows(const HostSegment<bf16>& s, int first, int count, const Work& w, float* o, RowPrefetcher& ahead) {
+void values_rows(const HostSegment<bf16>& s, int first, int count, const Work& w, float* o, RowPrefetcher& ahead,
+                 int sharers) {
   const BlockGeometry& g = s.geometry;
   const std::int64_t stride = g.value_token_stride(s.order);
   const bf16* values = s.block + g.value_offset(s.order, first, s.kv_head, 0);
   const int tiles = (s.group / Heads) * (g.value_dim / (32 * Chunks));
-  const int per_pair = (ahead.lines() + tiles * (count + 1) / 2 - 1) / (tiles * ((count + 1) / 2));
+  const int steps = sharers * tiles * ((count + 1) / 2);
+  const int per_pair = (ahead.lines() + steps - 1) / steps;
   for (int h = 0; h < s.group; h += Heads)
     for (int d = 0; d < g.value_dim; d += 32 * Chunks)
       values_tile<Heads, Chunks>(values + d, stride, count, w.weights + h * (pass_tokens / 2), o + h * g.value_dim + d,
                                  g.value_dim, ahead, per_pair);
 }
 
-/// The rows of tokens [first, first + count) of the block: keys (tiles or rows) or values.
-RowPrefetcher key_rows(const HostSegment<bf16>& s, int first, int count) {
+/// The rows of tokens [first, first + count) of the block for `heads` KV
+/// heads from s.kv_head on (several only in token-major rows): keys (tiles or
+/// rows) or values.
+RowPrefetcher key_rows(const HostSegment<bf16>& s, int first, int count, int heads) {
   const BlockGeometry& g = s.geometry;
   if (count <= 0) return {};
   const bf16* start = s.block + g.key_offset(s.order, first, s.kv_head, 0);
@@ -368,28 +382,33 @@ RowPrefetcher key_rows(const HostSegment<bf16>& s, int first, int count) {
     const bf16* tile = s.block + g.key_offset(s.order, first - first % tile_tokens, s.kv_head, 0);
     return RowPrefetcher(tile, 0, static_cast<std::int64_t>(tiles) * tile_tokens * g.key_dim * sizeof(bf16), 1);
   }
-  return RowPrefetcher(start, g.key_token_stride(s.order) * sizeof(bf16), g.key_dim * sizeof(bf16), count);
+  return RowPrefetcher(start, g.key_token_stride(s.order) * sizeof(bf16),
+                       std::int64_t{heads} * g.key_dim * sizeof(bf16), count);
 }
-RowPrefetcher value_rows(const HostSegment<bf16>& s, int first, int count) {
+RowPrefetcher value_rows(const HostSegment<bf16>& s, int first, int count, int heads) {
   const BlockGeometry& g = s.geometry;
   if (count <= 0 || g.values_in_keys) return {};
   return RowPrefetcher(s.block + g.value_offset(s.order, first, s.kv_head, 0),
-                       g.value_token_stride(s.order) * sizeof(bf16), g.value_dim * sizeof(bf16), count);
+                       g.value_token_stride(s.order) * sizeof(bf16), std::int64_t{heads} * g.value_dim * sizeof(bf16),
+                       count);
 }
 
+/// The run for `heads` KV heads from run[0].kv_head on (one Work, one state
+/// each): o (heads, Group, value_dim), lse (heads, Group).
 template <int Group>
-void attend(const HostSegment<bf16>* run, int run_count, const std::uint32_t* query_pairs,
+void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::uint32_t* const* query_pairs,
             const HostSegment<bf16>* following, float* o, float* lse) {
   const BlockGeometry& g = run[0].geometry;
   constexpr int phases = 16 / Group;
   const bool tiled = g.tiled_keys(run[0].order);
-  Work w;
-  w.query_pairs = query_pairs;
-  for (int h = 0; h < Group; ++h) {
-    w.maxima[h] = -std::numeric_limits<float>::infinity();
-    w.sums[h] = 0;
+  const int state = Group * g.value_dim;
+  std::vector<Work> w(heads);
+  for (int h = 0; h < heads; ++h) {
+    w[h].query_pairs = query_pairs[h];
+    std::fill(w[h].maxima, w[h].maxima + Group, -std::numeric_limits<float>::infinity());
+    std::fill(w[h].sums, w[h].sums + Group, 0.0f);
   }
-  std::fill(o, o + Group * g.value_dim, 0.0f);
+  std::fill(o, o + heads * state, 0.0f);
   for (int r = 0; r < run_count; ++r) {
     const HostSegment<bf16>& s = run[r];
     const HostSegment<bf16>* after = r + 1 < run_count ? &run[r + 1] : following;
@@ -406,25 +425,32 @@ void attend(const HostSegment<bf16>* run, int run_count, const std::uint32_t* qu
       // MLA's values are its keys: half of the next pass's rows are requested
       // during each product, so that memory streams through the whole pass.
       const int during_scores = g.values_in_keys ? ahead_count / 2 : ahead_count;
-      RowPrefetcher next_keys = key_rows(ahead, ahead_first, during_scores),
+      RowPrefetcher next_keys = key_rows(ahead, ahead_first, during_scores, heads),
                     next_values = g.values_in_keys
-                                      ? key_rows(ahead, ahead_first + during_scores, ahead_count - during_scores)
-                                      : value_rows(ahead, ahead_first, ahead_count);
-      if (tiled) scores_tiled<Group>(s, first, count, w, next_keys);
-      else scores_rows<phases>(s, first, count, w, next_keys);
+                                      ? key_rows(ahead, ahead_first + during_scores, ahead_count - during_scores, heads)
+                                      : value_rows(ahead, ahead_first, ahead_count, heads);
+      if (tiled) scores_tiled<Group>(s, first, count, w[0], next_keys);
+      else scores_rows<phases>(s, first, count, w.data(), heads, next_keys);
       next_keys.finish();
-      exponentiate(Group, count, g.value_dim, o, w);
-      if constexpr (Group >= 8) values_rows<8, 1>(s, first, count, w, o, next_values);
-      else values_rows<Group, 2>(s, first, count, w, o, next_values);
+      for (int h = 0; h < heads; ++h) {
+        HostSegment<bf16> head = s;
+        head.kv_head += h;
+        float* head_o = o + h * state;
+        exponentiate(Group, count, g.value_dim, head_o, w[h]);
+        if constexpr (Group >= 8) values_rows<8, 1>(head, first, count, w[h], head_o, next_values, heads);
+        else values_rows<Group, 2>(head, first, count, w[h], head_o, next_values, heads);
+      }
       next_values.finish();
       first = next;
     }
   }
-  for (int h = 0; h < Group; ++h) {
-    const float inverse = 1.0f / w.sums[h];
-    for (int d = 0; d < g.value_dim; ++d) o[h * g.value_dim + d] *= inverse;
-    lse[h] = w.maxima[h] + std::log(w.sums[h]);
-  }
+  for (int h = 0; h < heads; ++h)
+    for (int q = 0; q < Group; ++q) {
+      const float inverse = 1.0f / w[h].sums[q];
+      float* row = o + h * state + q * g.value_dim;
+      for (int d = 0; d < g.value_dim; ++d) row[d] *= inverse;
+      lse[h * Group + q] = w[h].maxima[q] + std::log(w[h].sums[q]);
+    }
 }
 
 }  // namespace
@@ -464,15 +490,16 @@ void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, i
       for (int f = 0; f < phases; ++f) query_pairs[16 * c + h * phases + f] = rows[h * pairs + c * phases + f];
 }
 
-void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
-                                    const HostSegment<bf16>* following, float* o, float* lse) {
+void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, int heads,
+                                    const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following,
+                                    float* o, float* lse) {
   switch (run[0].group) {
     case 4:
-      return attend<4>(run, count, query_pairs, following, o, lse);
+      return attend<4>(run, count, heads, query_pairs, following, o, lse);
     case 8:
-      return attend<8>(run, count, query_pairs, following, o, lse);
+      return attend<8>(run, count, heads, query_pairs, following, o, lse);
     default:
-      return attend<16>(run, count, query_pairs, following, o, lse);
+      return attend<16>(run, count, heads, query_pairs, following, o, lse);
   }
 }
 
