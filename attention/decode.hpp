@@ -4,11 +4,13 @@
 // One call attends one query token per batch entry over a list of block
 // segments that all live in one pool (one memory space, one block order), and
 // returns a partial state per (batch entry, query head). Work is split along
-// the sequence (flash-decoding): every (segment, KV head) pair is an
+// the sequence (flash-decoding): on the GPU every (segment, KV head) pair is an
 // independent work item producing a partial state for the KV head's group of
-// query heads, and a second kernel merges the segments of each batch entry by
-// log-sum-exp. Partial states of different pools, devices or regions merge the
-// same way (partial_state.hpp).
+// query heads; on the host a work item takes a run of a batch entry's
+// consecutive segments (impl::host_segment_runs) with one state, for one KV
+// head or, in token-major blocks, for all of them. A second kernel merges the
+// states of each batch entry by log-sum-exp. Partial states of different
+// pools, devices or regions merge the same way (partial_state.hpp).
 //
 // The structure is one Kokkos source for every execution space. Only the
 // innermost block product is specialised: host spaces use the vectorised
