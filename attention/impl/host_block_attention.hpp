@@ -177,42 +177,59 @@ void scores_head_major(const HostSegment<Scalar>& s, float* scores) {
       });
 }
 
-/// Scores for keys stored token-major (dims contiguous): 4 tokens x `Heads`
-/// heads per tile, reduced across lanes eight sums at a time.
-template <int Heads, class Scalar>
-void scores_token_major(const HostSegment<Scalar>& s, int q0, float* scores) {
-  static_assert(Heads == 2, "the lane reduction takes 4 tokens x 2 heads");
+/// Scores for keys stored token-major (dims contiguous), for `heads` KV heads
+/// from s.kv_head on (their query groups follow s.queries): 4 token rows at a
+/// time and each head in turn, so that the rows are read once and in address
+/// order (the heads share a row); query heads in pairs, 4 tokens x 2 heads
+/// reduced across lanes eight sums at a time. scores: (heads, group, token_count).
+template <class Scalar>
+void scores_token_major(const HostSegment<Scalar>& s, int heads, float* scores) {
   const BlockGeometry& g = s.geometry;
-  const int n = s.token_count;
-  const float* q = s.queries + q0 * g.key_dim;
+  const int n = s.token_count, group = s.group;
   const std::int64_t stride = g.key_token_stride(BlockOrder::token_major);
-  const Scalar* keys = s.block + g.key_offset(BlockOrder::token_major, s.token_begin, s.kv_head, 0);
+  const std::int64_t head_stride = g.key_offset(BlockOrder::token_major, 0, 1, 0);
+  const Scalar* rows = s.block + g.key_offset(BlockOrder::token_major, s.token_begin, s.kv_head, 0);
+  // One token's key against one query head.
+  auto single = [&](const Scalar* key, const float* q) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int d = 0; d < g.key_dim; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(key + d), acc);
+    return horizontal_sum(acc) * s.scale;
+  };
   int i = 0;
-  for (; i + 4 <= n; i += 4) {
-    __m256 acc[8];
-    for (auto& a : acc) a = _mm256_setzero_ps();
-    for (int d = 0; d < g.key_dim; d += 8) {
-      const __m256 q_a = _mm256_loadu_ps(q + d), q_b = _mm256_loadu_ps(q + g.key_dim + d);
-      for (int t = 0; t < 4; ++t) {
-        const __m256 k = load8(keys + (i + t) * stride + d);
-        acc[2 * t] = _mm256_fmadd_ps(q_a, k, acc[2 * t]);
-        acc[2 * t + 1] = _mm256_fmadd_ps(q_b, k, acc[2 * t + 1]);
+  for (; i + 4 <= n; i += 4)
+    for (int h = 0; h < heads; ++h) {
+      const Scalar* keys = rows + i * stride + h * head_stride;
+      const float* queries = s.queries + h * group * g.key_dim;
+      float* head_scores = scores + h * group * n;
+      int q0 = 0;
+      for (; q0 + 2 <= group; q0 += 2) {
+        const float* q = queries + q0 * g.key_dim;
+        __m256 acc[8];
+        for (auto& a : acc) a = _mm256_setzero_ps();
+        for (int d = 0; d < g.key_dim; d += 8) {
+          const __m256 q_a = _mm256_loadu_ps(q + d), q_b = _mm256_loadu_ps(q + g.key_dim + d);
+          for (int t = 0; t < 4; ++t) {
+            const __m256 k = load8(keys + t * stride + d);
+            acc[2 * t] = _mm256_fmadd_ps(q_a, k, acc[2 * t]);
+            acc[2 * t + 1] = _mm256_fmadd_ps(q_b, k, acc[2 * t + 1]);
+          }
+        }
+        alignas(32) float sums[8];
+        _mm256_store_ps(sums, _mm256_mul_ps(sum_lanes8(acc), _mm256_set1_ps(s.scale)));
+        for (int t = 0; t < 4; ++t) {
+          head_scores[q0 * n + i + t] = sums[2 * t];
+          head_scores[(q0 + 1) * n + i + t] = sums[2 * t + 1];
+        }
       }
+      for (; q0 < group; ++q0)
+        for (int t = 0; t < 4; ++t)
+          head_scores[q0 * n + i + t] = single(keys + t * stride, queries + q0 * g.key_dim);
     }
-    alignas(32) float sums[8];
-    _mm256_store_ps(sums, _mm256_mul_ps(sum_lanes8(acc), _mm256_set1_ps(s.scale)));
-    for (int t = 0; t < 4; ++t) {
-      scores[q0 * n + i + t] = sums[2 * t];
-      scores[(q0 + 1) * n + i + t] = sums[2 * t + 1];
-    }
-  }
   for (; i < n; ++i)
-    for (int h = 0; h < Heads; ++h) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int d = 0; d < g.key_dim; d += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * g.key_dim + d), load8(keys + i * stride + d), acc);
-      scores[(q0 + h) * n + i] = horizontal_sum(acc) * s.scale;
-    }
+    for (int h = 0; h < heads; ++h)
+      for (int q = 0; q < group; ++q)
+        scores[(h * group + q) * n + i] =
+            single(rows + i * stride + h * head_stride, s.queries + (h * group + q) * g.key_dim);
 }
 
 /// o(q, :) += sum_i p(q, i) * value(i, :) for values with dims contiguous:
@@ -274,16 +291,6 @@ void values_rows(const HostSegment<Scalar>& s, const float* p, float* o) {
   }
 }
 
-/// Calls body.template operator()<Heads>(q0) for tiles of `Tile` heads, then
-/// single heads for the remainder (groups are multiples of the tile in every
-/// supported model).
-template <int Tile, class Body>
-void for_each_head_tile(int group, Body&& body) {
-  int q0 = 0;
-  for (; q0 + Tile <= group; q0 += Tile) body.template operator()<Tile>(q0);
-  for (; q0 < group; ++q0) body.template operator()<1>(q0);
-}
-
 /// Softmax numerators in place: scores(q, :) <- exp(scores(q, :) - max); returns max and sum per head.
 inline void exponentiate(float* scores, int group, int n, float* maxima, float* sums) {
   for (int q = 0; q < group; ++q) {
@@ -306,28 +313,6 @@ inline void exponentiate(float* scores, int group, int n, float* maxima, float* 
     sums[q] = sum;
   }
 }
-
-template <class Scalar>
-struct TokenMajorScores {
-  const HostSegment<Scalar>& s;
-  float* scores;
-  template <int Heads>
-  void operator()(int q0) const {
-    if constexpr (Heads == 2) scores_token_major<2>(s, q0, scores);
-    else single_head(q0);
-  }
-  void single_head(int q0) const {
-    const BlockGeometry& g = s.geometry;
-    const std::int64_t stride = g.key_token_stride(BlockOrder::token_major);
-    const Scalar* keys = s.block + g.key_offset(BlockOrder::token_major, s.token_begin, s.kv_head, 0);
-    for (int i = 0; i < s.token_count; ++i) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int d = 0; d < g.key_dim; d += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(s.queries + q0 * g.key_dim + d), load8(keys + i * stride + d), acc);
-      scores[q0 * s.token_count + i] = horizontal_sum(acc) * s.scale;
-    }
-  }
-};
 
 #endif  // WRITESCOPE_HOST_AVX2
 
@@ -360,35 +345,50 @@ inline CpuPath host_product_path(CpuPath active, const BlockGeometry& g, BlockOr
   return CpuPath::scalar;
 }
 
-/// One segment on the AVX2 or scalar path: o (group, value_dim) normalised,
-/// lse (group) natural log. scores: scratch of group * token_count floats.
+/// One segment for `heads` KV heads from s.kv_head on (several only in
+/// token-major blocks; their query groups follow s.queries) on the AVX2 or
+/// scalar path: o (heads, group, value_dim) normalised, lse (heads, group)
+/// natural log. scores: scratch of heads * group * token_count floats.
 template <class Scalar>
-void host_segment_attention(const HostSegment<Scalar>& s, float* scores, float* o, float* lse, CpuPath path) {
+void host_segment_attention(const HostSegment<Scalar>& s, int heads, float* scores, float* o, float* lse,
+                            CpuPath path) {
+  const BlockGeometry& g = s.geometry;
+  const int n = s.token_count;
+  auto head = [&](int h) {
+    HostSegment<Scalar> segment = s;
+    segment.kv_head += h;
+    segment.queries += h * s.group * g.key_dim;
+    return segment;
+  };
 #ifdef WRITESCOPE_HOST_AVX2
-  if (path >= CpuPath::avx2 && s.token_count > 0) {
-    const BlockGeometry& g = s.geometry;
+  if (path >= CpuPath::avx2 && n > 0) {
     if (g.tiled_keys(s.order)) scores_head_major<4>(s, scores);
-    else for_each_head_tile<2>(s.group, TokenMajorScores<Scalar>{s, scores});
-    float maxima[max_group], sums[max_group];
-    exponentiate(scores, s.group, s.token_count, maxima, sums);
-    std::fill(o, o + s.group * g.value_dim, 0.0f);
-    values_rows<4>(s, scores, o);
-    for (int q = 0; q < s.group; ++q) {
-      const float inverse = 1.0f / sums[q];
-      for (int d = 0; d < g.value_dim; ++d) o[q * g.value_dim + d] *= inverse;
-      lse[q] = maxima[q] + math::log(sums[q]);
+    else scores_token_major(s, heads, scores);
+    for (int h = 0; h < heads; ++h) {
+      float* head_scores = scores + h * s.group * n;
+      float* head_o = o + h * s.group * g.value_dim;
+      float maxima[max_group], sums[max_group];
+      exponentiate(head_scores, s.group, n, maxima, sums);
+      std::fill(head_o, head_o + s.group * g.value_dim, 0.0f);
+      values_rows<4>(head(h), head_scores, head_o);
+      for (int q = 0; q < s.group; ++q) {
+        const float inverse = 1.0f / sums[q];
+        for (int d = 0; d < g.value_dim; ++d) head_o[q * g.value_dim + d] *= inverse;
+        lse[h * s.group + q] = maxima[q] + math::log(sums[q]);
+      }
     }
     return;
   }
 #endif
   (void)path;
-  host_segment_attention_scalar(s, scores, o, lse);
+  for (int h = 0; h < heads; ++h)
+    host_segment_attention_scalar(head(h), scores, o + h * s.group * g.value_dim, lse + h * s.group);
 }
 
 /// (o, lse) <- the log-sum-exp merge of (o, lse) and (part_o, part_lse):
-/// o, part_o (group, value_dim); lse, part_lse (group), natural log.
-inline void merge_state(float* o, float* lse, const float* part_o, const float* part_lse, int group, int value_dim) {
-  for (int q = 0; q < group; ++q) {
+/// o, part_o (rows, value_dim); lse, part_lse (rows), natural log.
+inline void merge_state(float* o, float* lse, const float* part_o, const float* part_lse, int rows, int value_dim) {
+  for (int q = 0; q < rows; ++q) {
     float w_state, w_part;
     merge_weights(lse[q], part_lse[q], w_state, w_part, lse[q]);
     float* row = o + q * value_dim;
@@ -409,8 +409,8 @@ inline void merge_state(float* o, float* lse, const float* part_o, const float* 
 /// `path` comes from host_product_path. avx512_bf16 only: query_pairs, one
 /// per head, from prepare_query_pairs_avx512_bf16; `following`, the segment
 /// this thread likely attends after the run (or null), whose first keys and
-/// values it prefetches. The other paths attend each segment and head in turn
-/// and merge it into that head's state.
+/// values it prefetches. The other paths attend each segment (for all heads,
+/// reading token-major rows once) and merge it into the heads' states.
 template <class Scalar>
 void host_run_attention(const HostSegment<Scalar>* run, int count, int heads, float* o, float* lse, CpuPath path,
                         const std::uint32_t* const* query_pairs = nullptr,
@@ -424,26 +424,16 @@ void host_run_attention(const HostSegment<Scalar>* run, int count, int heads, fl
   }
 #endif
   (void)query_pairs, (void)following;
-  const int group = run[0].group, key_dim = run[0].geometry.key_dim, value_dim = run[0].geometry.value_dim;
+  const int rows = heads * run[0].group, value_dim = run[0].geometry.value_dim;
   int longest = 0;
   for (int i = 0; i < count; ++i) longest = std::max(longest, run[i].token_count);
-  std::vector<float> scores(static_cast<std::size_t>(group) * longest), part_o;
-  if (count > 1) part_o.resize(static_cast<std::size_t>(group) * value_dim);
-  float part_lse[max_group];
-  for (int i = 0; i < count; ++i)
-    for (int h = 0; h < heads; ++h) {
-      HostSegment<Scalar> segment = run[i];
-      segment.kv_head += h;
-      segment.queries += h * group * key_dim;
-      float* head_o = o + h * group * value_dim;
-      float* head_lse = lse + h * group;
-      if (i == 0) {
-        host_segment_attention(segment, scores.data(), head_o, head_lse, path);
-        continue;
-      }
-      host_segment_attention(segment, scores.data(), part_o.data(), part_lse, path);
-      merge_state(head_o, head_lse, part_o.data(), part_lse, group, value_dim);
-    }
+  std::vector<float> scores(static_cast<std::size_t>(rows) * longest), part_o, part_lse(rows);
+  if (count > 1) part_o.resize(static_cast<std::size_t>(rows) * value_dim);
+  host_segment_attention(run[0], heads, scores.data(), o, lse, path);
+  for (int i = 1; i < count; ++i) {
+    host_segment_attention(run[i], heads, scores.data(), part_o.data(), part_lse.data(), path);
+    merge_state(o, lse, part_o.data(), part_lse.data(), rows, value_dim);
+  }
 }
 
 // Instantiated once, in host_block_attention.cpp, which the host compiler
