@@ -28,18 +28,22 @@ inline constexpr int max_linear_rows = 32;
 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
 /// The AVX-512 decode path (linear_avx512.cpp; taken on the avx512_bf16 CPU
-/// path): x (rows, in; row stride x_stride) split into even and odd columns (rows, in) once per
-/// call, and y(r, f) for `features` weight rows from w (row stride w_stride)
-/// against rows <= max_avx512_linear_rows input rows, in % 32 == 0.
+/// path), in % 32 == 0 and rows <= max_avx512_linear_rows:
+/// split_even_odd_avx512 rearranges x (rows, in; row stride x_stride) once
+/// per call into x_split: for each block of avx512_linear_column_block
+/// columns, (rows, even | odd columns, width / 2) contiguous; x_split holds
+/// rows x in floats and is 64-byte aligned. linear_features_avx512 writes
+/// y(r, f) for `features` weight rows from w (row stride w_stride).
 void split_even_odd_avx512(const float* x, std::int64_t x_stride, int rows, int in, float* x_split);
 void linear_features_avx512(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
                             float* y, std::int64_t y_stride);
 #endif
-/// Input rows the AVX-512 path takes at once (in groups of four; the second
-/// group reads the weights from L1). Measured on a Zen 5 VM (Mixtral expert,
-/// 14336 x 4096, 2 threads): 8 rows at 16-22 GB/s against the AVX2 kernel's
-/// 12 (fp32 FMAs: at 8 rows their peak is about the DRAM rate).
+/// Input rows the AVX-512 path takes at once: up to 16 accumulators, two
+/// weight rows against 8 input rows (fp32 FMAs: at 8 rows their peak is about
+/// the DRAM rate).
 inline constexpr int max_avx512_linear_rows = 8;
+/// Columns per block of the AVX-512 path's split inputs.
+inline constexpr int avx512_linear_column_block = 512;
 /// Output features per work item of the AVX-512 path.
 inline constexpr int avx512_linear_features = 16;
 

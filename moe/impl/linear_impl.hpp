@@ -18,7 +18,7 @@ namespace impl {
 
 /// Host work item of the AVX-512 path: avx512_linear_features weight rows.
 struct LinearAvx512HostKernel {
-  const float* x_split;  // (rows, in): even columns, then odd columns, per row
+  const float* x_split;  // split_even_odd_avx512's layout of x (linear_host.hpp)
   Kokkos::View<const bf16**, Kokkos::LayoutRight, HostMemSpace> w;
   Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> y;
 
@@ -116,15 +116,19 @@ void linear(const ExecSpace& space,
 #ifdef WRITESCOPE_HOST_AVX512_BF16
     if constexpr (std::is_same_v<Scalar, bf16>) {
       if (path == CpuPath::avx512_bf16) {
-        // Inputs split once per call, by the launching thread (host launches run to completion).
-        thread_local std::vector<float> x_split;
-        x_split.resize(static_cast<std::size_t>(rows) * in);
-        impl::split_even_odd_avx512(x.data(), static_cast<std::int64_t>(x.stride(0)), rows, in,
-                                    x_split.data());
+        // Inputs split once per call, by the launching thread (host launches
+        // run to completion), into 64-byte lines.
+        struct alignas(64) Line {
+          float lanes[16];
+        };
+        thread_local std::vector<Line> x_split;
+        x_split.resize((static_cast<std::size_t>(rows) * in + 15) / 16);
+        float* x_split_floats = x_split.data()->lanes;
+        impl::split_even_odd_avx512(x.data(), static_cast<std::int64_t>(x.stride(0)), rows, in, x_split_floats);
         launch_parallel_for("writescope::moe::linear_host_avx512",
                              Kokkos::RangePolicy<ExecSpace>(
                                  space, 0, (out + impl::avx512_linear_features - 1) / impl::avx512_linear_features),
-                             impl::LinearAvx512HostKernel{x_split.data(), w, y});
+                             impl::LinearAvx512HostKernel{x_split_floats, w, y});
         return;
       }
     }
