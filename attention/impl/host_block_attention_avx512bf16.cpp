@@ -272,39 +272,51 @@ void scores_rows(const HostSegment<bf16>& s, int first, int count, Work* w, int 
                                   w[h], ahead);
 }
 
-/// Softmax numerators of one pass with the online update: rescales the
-/// running output when a head's maximum grows; writes (p_t, p_t+1) bf16 pairs.
-void exponentiate(int group, int count, int value_dim, float* o, Work& w) {
+/// Softmax numerators of one pass for heads [h0, h0 + 4) with the online
+/// update: rescales the running output when a head's maximum grows; writes
+/// (p_t, p_t+1) bf16 pairs. The four heads go side by side, so that their
+/// reductions and exponentials (each a long dependency chain) overlap.
+void exponentiate_heads(int h0, int count, int value_dim, float* o, Work& w) {
+  constexpr int heads = 4;
   const __mmask16 all = 0xffff;
-  for (int h = 0; h < group; ++h) {
-    float* row = w.scores + h * pass_tokens;
-    __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int i = 0; i < count; i += 16) {
-      const __mmask16 inside = count - i >= 16 ? all : static_cast<__mmask16>((1u << (count - i)) - 1u);
-      vmax = _mm512_mask_max_ps(vmax, inside, vmax, _mm512_loadu_ps(row + i));
+  __m512 vmax[heads];
+  WRITESCOPE_UNROLL(4)
+  for (int h = 0; h < heads; ++h) vmax[h] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int i = 0; i < count; i += 16) {
+    const __mmask16 inside = count - i >= 16 ? all : static_cast<__mmask16>((1u << (count - i)) - 1u);
+    WRITESCOPE_UNROLL(4)
+    for (int h = 0; h < heads; ++h)
+      vmax[h] = _mm512_mask_max_ps(vmax[h], inside, vmax[h], _mm512_loadu_ps(w.scores + (h0 + h) * pass_tokens + i));
+  }
+  __m512 m[heads], vsum[heads];
+  WRITESCOPE_UNROLL(4)
+  for (int h = 0; h < heads; ++h) {
+    float& running = w.maxima[h0 + h];
+    const float maximum = std::max(running, max16(vmax[h]));
+    if (maximum > running && w.sums[h0 + h] > 0) {
+      const float rescale = std::exp(running - maximum);
+      w.sums[h0 + h] *= rescale;
+      for (int d = 0; d < value_dim; ++d) o[(h0 + h) * value_dim + d] *= rescale;
     }
-    const float pass_max = max16(vmax);
-    const float maximum = std::max(w.maxima[h], pass_max);
-    if (maximum > w.maxima[h] && w.sums[h] > 0) {
-      const float rescale = std::exp(w.maxima[h] - maximum);
-      w.sums[h] *= rescale;
-      for (int d = 0; d < value_dim; ++d) o[h * value_dim + d] *= rescale;
-    }
-    w.maxima[h] = maximum;
-    const __m512 m = _mm512_set1_ps(maximum);
-    __m512 vsum = _mm512_setzero_ps();
-    for (int i = 0; i < count; i += 32) {
-      const __mmask16 low = count - i >= 16 ? all : static_cast<__mmask16>((1u << std::max(0, count - i)) - 1u);
-      const __mmask16 high =
-          count - i >= 32 ? all : static_cast<__mmask16>((1u << std::max(0, count - i - 16)) - 1u);
-      const __m512 a = _mm512_maskz_mov_ps(low, exp16(_mm512_sub_ps(_mm512_loadu_ps(row + i), m)));
-      const __m512 b = _mm512_maskz_mov_ps(high, exp16(_mm512_sub_ps(_mm512_loadu_ps(row + i + 16), m)));
-      vsum = _mm512_add_ps(vsum, _mm512_add_ps(a, b));
-      _mm512_storeu_si512(w.weights + h * (pass_tokens / 2) + i / 2,
+    running = maximum;
+    m[h] = _mm512_set1_ps(maximum);
+    vsum[h] = _mm512_setzero_ps();
+  }
+  for (int i = 0; i < count; i += 32) {
+    const __mmask16 low = count - i >= 16 ? all : static_cast<__mmask16>((1u << std::max(0, count - i)) - 1u);
+    const __mmask16 high = count - i >= 32 ? all : static_cast<__mmask16>((1u << std::max(0, count - i - 16)) - 1u);
+    WRITESCOPE_UNROLL(4)
+    for (int h = 0; h < heads; ++h) {
+      const float* row = w.scores + (h0 + h) * pass_tokens + i;
+      const __m512 a = _mm512_maskz_mov_ps(low, exp16(_mm512_sub_ps(_mm512_loadu_ps(row), m[h])));
+      const __m512 b = _mm512_maskz_mov_ps(high, exp16(_mm512_sub_ps(_mm512_loadu_ps(row + 16), m[h])));
+      vsum[h] = _mm512_add_ps(vsum[h], _mm512_add_ps(a, b));
+      _mm512_storeu_si512(w.weights + (h0 + h) * (pass_tokens / 2) + i / 2,
                           reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
     }
-    w.sums[h] += sum16(vsum);
   }
+  WRITESCOPE_UNROLL(4)
+  for (int h = 0; h < heads; ++h) w.sums[h0 + h] += sum16(vsum[h]);
 }
 
 /// o(h, :) += sum over token pairs of (p_t, p_t+1) . (v_t, v_t+1), values in
@@ -436,7 +448,7 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
         HostSegment<bf16> head = s;
         head.kv_head += h;
         float* head_o = o + h * state;
-        exponentiate(Group, count, g.value_dim, head_o, w[h]);
+        for (int h0 = 0; h0 < Group; h0 += 4) exponentiate_heads(h0, count, g.value_dim, head_o, w[h]);
         if constexpr (Group >= 8) values_rows<8, 1>(head, first, count, w[h], head_o, next_values, heads);
         else values_rows<Group, 2>(head, first, count, w[h], head_o, next_values, heads);
       }
