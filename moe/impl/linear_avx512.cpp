@@ -1,19 +1,17 @@
 #include "framework/avx512_diagnostics.hpp"  // first: before <immintrin.h>
 
-// The AVX-512 decode linear layer (see linear_host.hpp for the contract).
+// The AVX-512 decode linear layer (see linear_host.hpp for the contract and
+// the split inputs' layout; linear_host.cpp has its AVX2 twin).
 //
 // Why it looks like this: decode GEMVs stream each weight once for a handful of
 // input rows, so the product must keep up with DRAM. A 64-byte line of bf16
 // weights becomes two 16-lane fp32 vectors with one shift and one mask (even
-// and odd columns), so the inputs are split once per call into even and odd
-// columns to match; the products are fp32 FMAs, exact to fp32 like the AVX2
-// path. (vdpbf16ps would need the inputs in bf16: rounding them moved the
-// tiny models' logits by 1e-2, and a two-part bf16 split, at the same
-// instruction count as these FMAs, still by 4e-4.) Each work item streams a
-// few weight rows once, against every input row at once, and prefetches them.
-// The split inputs are stored per column block, contiguous and 64-byte
-// aligned: rows `in` floats apart all fall in the same L1 sets (and unaligned
-// loads split lines), which had cost 8 rows a third of their rate.
+// and odd columns), against the inputs split once per call to match; the
+// products are fp32 FMAs, exact to fp32. (vdpbf16ps would need the inputs in
+// bf16: rounding them moved the tiny models' logits by 1e-2, and a two-part
+// bf16 split, at the same instruction count as these FMAs, still by 4e-4.)
+// Each work item streams a few weight rows once, against every input row at
+// once, and prefetches them.
 
 #include "moe/impl/linear_host.hpp"
 
@@ -37,11 +35,6 @@ inline float sum16(__m512 v) {
   const __m512 swapped = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));
   return simd::horizontal_sum(_mm512_castps512_ps256(_mm512_add_ps(v, swapped)));
 }
-
-/// Columns per block: the block's inputs (8 rows x 512 floats, 16 KiB) and
-/// the 16 weight rows' blocks (16 KiB) stay in L1 while every feature group
-/// meets every input row.
-constexpr int column_block = avx512_linear_column_block;
 
 /// Columns [c0, c1) of `Features` weight rows against `Rows` input rows:
 /// Rows x Features accumulators of 16 lanes, carried across blocks in `partial`.
@@ -89,9 +82,10 @@ template <int Rows>
 void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stride, int features, float* y,
                 std::int64_t y_stride) {
   constexpr int step = Rows > 4 ? 2 : 4;
-  alignas(64) float partial[avx512_linear_features][Rows * step][16];
-  for (int c0 = 0; c0 < in; c0 += column_block) {
-    const int c1 = std::min(in, c0 + column_block);
+  alignas(64) float partial[split_linear_features][Rows * step][16];
+  constexpr int block = split_linear_column_block(CpuPath::avx512_bf16, Rows);
+  for (int c0 = 0; c0 < in; c0 += block) {
+    const int c1 = std::min(in, c0 + block);
     const float* x_block = x_split + static_cast<std::int64_t>(c0) * Rows;
     int f = 0;
     for (; f + step <= features; f += step)
@@ -108,26 +102,6 @@ void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stri
 }
 
 }  // namespace
-
-void split_even_odd_avx512(const float* x, std::int64_t x_stride, int rows, int in, float* x_split) {
-  alignas(64) static constexpr std::int32_t even_index[16] = {0,  2,  4,  6,  8,  10, 12, 14,
-                                                              16, 18, 20, 22, 24, 26, 28, 30};
-  alignas(64) static constexpr std::int32_t odd_index[16] = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-  const __m512i evens = _mm512_load_si512(even_index), odds = _mm512_load_si512(odd_index);
-  for (int c0 = 0; c0 < in; c0 += column_block) {
-    const int width = std::min(in, c0 + column_block) - c0;
-    for (int r = 0; r < rows; ++r) {
-      const float* row = x + r * x_stride + c0;
-      float* even = x_split + static_cast<std::int64_t>(c0) * rows + r * width;
-      float* odd = even + width / 2;
-      for (int c = 0; c < width; c += 32) {
-        const __m512 a = _mm512_loadu_ps(row + c), b = _mm512_loadu_ps(row + c + 16);
-        _mm512_store_ps(even + c / 2, _mm512_permutex2var_ps(a, evens, b));
-        _mm512_store_ps(odd + c / 2, _mm512_permutex2var_ps(a, odds, b));
-      }
-    }
-  }
-}
 
 void linear_features_avx512(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
                             float* y, std::int64_t y_stride) {

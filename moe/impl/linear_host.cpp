@@ -8,6 +8,110 @@
 
 namespace writescope::impl {
 
+void split_even_odd(const float* x, std::int64_t x_stride, int rows, int in, CpuPath path, float* x_split) {
+  const int block = split_linear_column_block(path, rows);
+  for (int c0 = 0; c0 < in; c0 += block) {
+    const int width = std::min(in, c0 + block) - c0;
+    for (int r = 0; r < rows; ++r) {
+      const float* row = x + r * x_stride + c0;
+      float* even = x_split + static_cast<std::int64_t>(c0) * rows + r * width;
+      float* odd = even + width / 2;
+      for (int c = 0; c < width / 2; ++c) even[c] = row[2 * c], odd[c] = row[2 * c + 1];
+    }
+  }
+}
+
+#ifdef WRITESCOPE_HOST_AVX2
+namespace {
+
+// The AVX2 twin of linear_avx512.cpp's decode kernel: 16 bf16 weights (one
+// 32-byte load) become even and odd fp32 halves with one shift and one mask,
+// against the split inputs; 16 registers hold Rows x Features <= 8
+// accumulators, the converted weights and one pair of inputs.
+
+/// Bytes ahead of the current column that each weight row is requested from memory.
+constexpr int prefetch_bytes_avx2 = 1024;
+
+/// Columns [c0, c1) of `Features` weight rows against `Rows` input rows,
+/// accumulators carried across blocks in `partial`.
+///   x_block: the block's inputs, (Rows, even | odd, (c1 - c0) / 2), contiguous
+template <int Rows, int Features>
+void features_block_avx2(const float* x_block, const bf16* w, std::int64_t w_stride, int c0, int c1,
+                         float (*partial)[8]) {
+  const bool first = c0 == 0;  // no partial sums yet: the stack array is not cleared per work item
+  const int width = c1 - c0;
+  __m256 acc[Rows][Features];
+  WRITESCOPE_UNROLL(8)
+  for (int r = 0; r < Rows; ++r)
+    WRITESCOPE_UNROLL(4)
+    for (int f = 0; f < Features; ++f)
+      acc[r][f] = first ? _mm256_setzero_ps() : _mm256_load_ps(partial[r * Features + f]);
+  for (int c = 0; c < width; c += 16) {
+    __m256 even[Features], odd[Features];
+    WRITESCOPE_UNROLL(4)
+    for (int f = 0; f < Features; ++f) {
+      const bf16* row = w + f * w_stride + c0 + c;
+      _mm_prefetch(reinterpret_cast<const char*>(row) + prefetch_bytes_avx2, _MM_HINT_T0);
+      load16(row, even[f], odd[f]);
+    }
+    WRITESCOPE_UNROLL(8)
+    for (int r = 0; r < Rows; ++r) {
+      const __m256 x_even = _mm256_load_ps(x_block + r * width + c / 2);
+      const __m256 x_odd = _mm256_load_ps(x_block + r * width + width / 2 + c / 2);
+      WRITESCOPE_UNROLL(4)
+      for (int f = 0; f < Features; ++f)
+        acc[r][f] = _mm256_fmadd_ps(odd[f], x_odd, _mm256_fmadd_ps(even[f], x_even, acc[r][f]));
+    }
+  }
+  WRITESCOPE_UNROLL(8)
+  for (int r = 0; r < Rows; ++r)
+    WRITESCOPE_UNROLL(4)
+    for (int f = 0; f < Features; ++f) _mm256_store_ps(partial[r * Features + f], acc[r][f]);
+}
+
+/// Weight rows in groups of `step` (Rows x step <= 8 accumulators); column
+/// blocks outermost so that the block's inputs stay in L1.
+template <int Rows>
+void rows_block_avx2(const float* x_split, int in, const bf16* w, std::int64_t w_stride, int features, float* y,
+                     std::int64_t y_stride) {
+  constexpr int step = Rows <= 2 ? 4 : Rows <= 4 ? 2 : 1;
+  alignas(32) float partial[split_linear_features][Rows * step][8];
+  constexpr int block = split_linear_column_block(CpuPath::avx2, Rows);
+  for (int c0 = 0; c0 < in; c0 += block) {
+    const int c1 = std::min(in, c0 + block);
+    const float* x_block = x_split + static_cast<std::int64_t>(c0) * Rows;
+    int f = 0;
+    for (; f + step <= features; f += step)
+      features_block_avx2<Rows, step>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
+    for (; f < features; ++f) features_block_avx2<Rows, 1>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
+  }
+  // partial[f0] holds (row, feature - f0) for the group starting at f0.
+  int f = 0;
+  for (; f + step <= features; f += step)
+    for (int r = 0; r < Rows; ++r)
+      for (int k = 0; k < step; ++k)
+        y[r * y_stride + f + k] = horizontal_sum(_mm256_load_ps(partial[f][r * step + k]));
+  for (; f < features; ++f)
+    for (int r = 0; r < Rows; ++r) y[r * y_stride + f] = horizontal_sum(_mm256_load_ps(partial[f][r]));
+}
+
+}  // namespace
+
+void linear_features_avx2(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
+                          float* y, std::int64_t y_stride) {
+  switch (rows) {
+    case 1: return rows_block_avx2<1>(x_split, in, w, w_stride, features, y, y_stride);
+    case 2: return rows_block_avx2<2>(x_split, in, w, w_stride, features, y, y_stride);
+    case 3: return rows_block_avx2<3>(x_split, in, w, w_stride, features, y, y_stride);
+    case 4: return rows_block_avx2<4>(x_split, in, w, w_stride, features, y, y_stride);
+    case 5: return rows_block_avx2<5>(x_split, in, w, w_stride, features, y, y_stride);
+    case 6: return rows_block_avx2<6>(x_split, in, w, w_stride, features, y, y_stride);
+    case 7: return rows_block_avx2<7>(x_split, in, w, w_stride, features, y, y_stride);
+    default: return rows_block_avx2<8>(x_split, in, w, w_stride, features, y, y_stride);
+  }
+}
+#endif
+
 template <class Scalar>
 void linear_features_gemm(const float* x, std::int64_t x_stride, int rows, int in, const Scalar* w,
                           std::int64_t w_stride, int features, float* y, std::int64_t y_stride, CpuPath path) {

@@ -26,31 +26,39 @@ inline constexpr int linear_column_block = 512;
 /// Input rows handled in one call of the vector path (decode batches).
 inline constexpr int max_linear_rows = 32;
 
+/// The decode paths for bf16 weights, rows <= max_split_linear_rows: the
+/// inputs are rearranged once per call by split_even_odd into x_split: for
+/// each block of split_linear_column_block(path, rows) columns, (rows, even | odd columns,
+/// width / 2) contiguous (x_split: rows x in floats, 64-byte aligned), so that
+/// a block's rows neither share L1 sets nor split lines and match the even and
+/// odd halves of a line of bf16 weights (one shift, one mask). In the kernels,
+/// each work item streams `features` <= split_linear_features weight rows from
+/// w (row stride w_stride) once against all input rows and writes y(r, f) (row
+/// stride y_stride). avx512_bf16: in % 32 == 0 (linear_avx512.cpp); avx2:
+/// in % 16 == 0 (linear_host.cpp). fp32 FMAs: at 8 rows their peak is about
+/// the DRAM rate.
+inline constexpr int max_split_linear_rows = 8;
+/// Blocks of 512 columns (8 rows: 16 KiB) stay in L1 with the 16 weight rows'
+/// blocks; one row on the AVX-512 path in blocks of 2048 (fewer passes over
+/// the weight rows: +8% in a probe, where the AVX2 kernel lost 20%).
+constexpr int split_linear_column_block(CpuPath path, int rows) {
+  return path == CpuPath::avx512_bf16 && rows == 1 ? 2048 : 512;
+}
+inline constexpr int split_linear_features = 16;
+void split_even_odd(const float* x, std::int64_t x_stride, int rows, int in, CpuPath path, float* x_split);
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-/// The AVX-512 decode path (linear_avx512.cpp; taken on the avx512_bf16 CPU
-/// path), in % 32 == 0 and rows <= max_avx512_linear_rows:
-/// split_even_odd_avx512 rearranges x (rows, in; row stride x_stride) once
-/// per call into x_split: for each block of avx512_linear_column_block
-/// columns, (rows, even | odd columns, width / 2) contiguous; x_split holds
-/// rows x in floats and is 64-byte aligned. linear_features_avx512 writes
-/// y(r, f) for `features` weight rows from w (row stride w_stride).
-void split_even_odd_avx512(const float* x, std::int64_t x_stride, int rows, int in, float* x_split);
 void linear_features_avx512(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
                             float* y, std::int64_t y_stride);
 #endif
-/// Input rows the AVX-512 path takes at once: up to 16 accumulators, two
-/// weight rows against 8 input rows (fp32 FMAs: at 8 rows their peak is about
-/// the DRAM rate).
-inline constexpr int max_avx512_linear_rows = 8;
-/// Columns per block of the AVX-512 path's split inputs.
-inline constexpr int avx512_linear_column_block = 512;
-/// Output features per work item of the AVX-512 path.
-inline constexpr int avx512_linear_features = 16;
+#ifdef WRITESCOPE_HOST_AVX2
+void linear_features_avx2(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
+                          float* y, std::int64_t y_stride);
+#endif
 
 /// The instruction path linear() takes on the host for these operands.
 inline CpuPath linear_path(CpuPath active, int rows, int in, bool bf16_weights) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-  if (active >= CpuPath::avx512_bf16 && bf16_weights && rows >= 1 && rows <= max_avx512_linear_rows && in % 32 == 0)
+  if (active >= CpuPath::avx512_bf16 && bf16_weights && rows >= 1 && rows <= max_split_linear_rows && in % 32 == 0)
     return CpuPath::avx512_bf16;
 #else
   (void)rows, (void)bf16_weights;
@@ -62,6 +70,12 @@ inline CpuPath linear_path(CpuPath active, int rows, int in, bool bf16_weights) 
 #endif
   (void)active;
   return CpuPath::scalar;
+}
+
+/// Whether linear() runs linear_path's choice with split inputs (above).
+inline bool takes_split_inputs(CpuPath path, int rows, int in, bool bf16_weights) {
+  return bf16_weights && rows >= 1 && rows <= max_split_linear_rows &&
+         (path == CpuPath::avx512_bf16 || (path == CpuPath::avx2 && in % 16 == 0));
 }
 
 /// y(r, f) = sum over c of x(r, c) w(f, c), for f < features (<= linear_features)

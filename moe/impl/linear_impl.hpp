@@ -16,21 +16,27 @@
 namespace writescope {
 namespace impl {
 
-/// Host work item of the AVX-512 path: avx512_linear_features weight rows.
-struct LinearAvx512HostKernel {
-  const float* x_split;  // split_even_odd_avx512's layout of x (linear_host.hpp)
+/// Host work item of the split-input decode paths: split_linear_features
+/// weight rows on `path` (avx512_bf16 or avx2; linear_host.hpp).
+struct LinearSplitHostKernel {
+  const float* x_split;  // split_even_odd's layout of x (linear_host.hpp)
   Kokkos::View<const bf16**, Kokkos::LayoutRight, HostMemSpace> w;
   Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> y;
+  CpuPath path;
 
   void operator()(int block) const {
+    const int rows = static_cast<int>(y.extent(0)), in = static_cast<int>(w.extent(1));
+    const int j0 = block * split_linear_features;
+    const int features = std::min(split_linear_features, static_cast<int>(w.extent(0)) - j0);
+    const auto w_stride = static_cast<std::int64_t>(w.stride(0)), y_stride = static_cast<std::int64_t>(y.stride(0));
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-    const int out = static_cast<int>(w.extent(0));
-    const int j0 = block * avx512_linear_features;
-    linear_features_avx512(x_split, static_cast<int>(y.extent(0)), static_cast<int>(w.extent(1)), &w(j0, 0),
-                                static_cast<std::int64_t>(w.stride(0)), std::min(avx512_linear_features, out - j0),
-                                &y(0, j0), static_cast<std::int64_t>(y.stride(0)));
+    if (path == CpuPath::avx512_bf16)
+      return linear_features_avx512(x_split, rows, in, &w(j0, 0), w_stride, features, &y(0, j0), y_stride);
+#endif
+#ifdef WRITESCOPE_HOST_AVX2
+    linear_features_avx2(x_split, rows, in, &w(j0, 0), w_stride, features, &y(0, j0), y_stride);
 #else
-    (void)block;
+    (void)rows, (void)in, (void)j0, (void)features, (void)w_stride, (void)y_stride;
 #endif
   }
 };
@@ -113,9 +119,8 @@ void linear(const ExecSpace& space,
       return;
     }
     const CpuPath path = impl::linear_path(active_cpu_path(), rows, in, std::is_same_v<Scalar, bf16>);
-#ifdef WRITESCOPE_HOST_AVX512_BF16
     if constexpr (std::is_same_v<Scalar, bf16>) {
-      if (path == CpuPath::avx512_bf16) {
+      if (impl::takes_split_inputs(path, rows, in, true)) {
         // Inputs split once per call, by the launching thread (host launches
         // run to completion), into 64-byte lines.
         struct alignas(64) Line {
@@ -124,15 +129,14 @@ void linear(const ExecSpace& space,
         thread_local std::vector<Line> x_split;
         x_split.resize((static_cast<std::size_t>(rows) * in + 15) / 16);
         float* x_split_floats = x_split.data()->lanes;
-        impl::split_even_odd_avx512(x.data(), static_cast<std::int64_t>(x.stride(0)), rows, in, x_split_floats);
-        launch_parallel_for("writescope::moe::linear_host_avx512",
+        impl::split_even_odd(x.data(), static_cast<std::int64_t>(x.stride(0)), rows, in, path, x_split_floats);
+        launch_parallel_for("writescope::moe::linear_host_split",
                              Kokkos::RangePolicy<ExecSpace>(
-                                 space, 0, (out + impl::avx512_linear_features - 1) / impl::avx512_linear_features),
-                             impl::LinearAvx512HostKernel{x_split_floats, w, y});
+                                 space, 0, (out + impl::split_linear_features - 1) / impl::split_linear_features),
+                             impl::LinearSplitHostKernel{x_split_floats, w, y, path});
         return;
       }
     }
-#endif
     launch_parallel_for("writescope::moe::linear_host",
                          Kokkos::RangePolicy<ExecSpace>(space, 0, (out + impl::linear_features - 1) / impl::linear_features),
                          impl::LinearHostKernel<Scalar>{x, w, y, path == CpuPath::avx2});

@@ -25,7 +25,8 @@ void expect_reference() {
   // Shapes with and without the vector fast paths: in % 32, in % 8, out % 16, out % 4, 1 to 9 rows;
   // beyond max_linear_rows the GEMM path, with tail rows, a partial feature
   // block and more than one 256-column block; decode rows over several
-  // 512-column blocks of split inputs, the last one partial.
+  // 512-column blocks of split inputs, the last one partial (of 16 columns
+  // but not 32: AVX2 only).
   for (const auto& [rows, in, out] : std::vector<std::tuple<int, int, int>>{{1, 64, 12},
                                                                             {5, 128, 36},
                                                                             {3, 20, 7},
@@ -36,6 +37,8 @@ void expect_reference() {
                                                                             {8, 1056, 35},
                                                                             {3, 544, 20},
                                                                             {6, 1024, 18},
+                                                                            {4, 560, 9},
+                                                                            {1, 2080, 20},
                                                                             {37, 300, 70},
                                                                             {64, 64, 130}}) {
     const auto x_values = test::random_values<float>(rows * in, 1);
