@@ -38,11 +38,14 @@ inline float sum16(__m512 v) {
 
 /// Columns [c0, c1) of `Features` weight rows against `Rows` input rows:
 /// Rows x Features accumulators of 16 lanes, carried across blocks in `partial`.
-///   x_block: the block's inputs, (Rows, even | odd, (c1 - c0) / 2), contiguous
-template <int Rows, int Features>
+///   x_block: the block's inputs, (Rows, even | odd, width / 2), contiguous
+/// Width: c1 - c0 where known when compiled (full blocks: the inputs' offsets
+/// become immediates instead of 2 x Rows address registers, which spilled),
+/// else 0.
+template <int Rows, int Features, int Width>
 void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, int c0, int c1, float (*partial)[16]) {
   const bool first = c0 == 0;  // no partial sums yet: the stack array is not cleared per work item
-  const int width = c1 - c0;
+  const int width = Width > 0 ? Width : c1 - c0;
   const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   __m512 acc[Rows][Features];
   WRITESCOPE_UNROLL(8)
@@ -50,11 +53,12 @@ void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, 
     WRITESCOPE_UNROLL(4)
     for (int f = 0; f < Features; ++f)
       acc[r][f] = first ? _mm512_setzero_ps() : _mm512_load_ps(partial[r * Features + f]);
-  for (int c = 0; c < width; c += 32) {
+  const float* x = x_block;
+  for (int c = c0; c < c1; c += 32, x += 16) {
     __m512 even[Features], odd[Features];
     WRITESCOPE_UNROLL(4)
     for (int f = 0; f < Features; ++f) {
-      const bf16* row = w + f * w_stride + c0 + c;
+      const bf16* row = w + f * w_stride + c;
       _mm_prefetch(reinterpret_cast<const char*>(row) + prefetch_bytes, _MM_HINT_T0);
       const __m512i raw = _mm512_loadu_si512(row);
       even[f] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
@@ -62,8 +66,10 @@ void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, 
     }
     WRITESCOPE_UNROLL(8)
     for (int r = 0; r < Rows; ++r) {
-      const __m512 x_even = _mm512_load_ps(x_block + r * width + c / 2);
-      const __m512 x_odd = _mm512_load_ps(x_block + r * width + width / 2 + c / 2);
+      __m512 x_even = _mm512_load_ps(x + r * width), x_odd = _mm512_load_ps(x + r * width + width / 2);
+      // In registers: GCC would fold the loads into every feature's FMA,
+      // doubling the loads past the two per cycle that the FMAs leave room for.
+      if constexpr (Features > 1) __asm__("" : "+v"(x_even), "+v"(x_odd));
       WRITESCOPE_UNROLL(4)
       for (int f = 0; f < Features; ++f)
         acc[r][f] = _mm512_fmadd_ps(odd[f], x_odd, _mm512_fmadd_ps(even[f], x_even, acc[r][f]));
@@ -73,6 +79,17 @@ void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, 
   for (int r = 0; r < Rows; ++r)
     WRITESCOPE_UNROLL(4)
     for (int f = 0; f < Features; ++f) _mm512_store_ps(partial[r * Features + f], acc[r][f]);
+}
+
+/// One column block of every weight row in groups of `Step`; partial[f0]
+/// holds (row, feature - f0) for the group starting at f0.
+template <int Rows, int Step, int Width>
+void block_features(const float* x_block, const bf16* w, std::int64_t w_stride, int features, int c0, int c1,
+                    float (*partial)[Rows * Step][16]) {
+  int f = 0;
+  for (; f + Step <= features; f += Step)
+    features_block<Rows, Step, Width>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
+  for (; f < features; ++f) features_block<Rows, 1, Width>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
 }
 
 /// Weight rows in groups of `step`, Rows x step <= 16 accumulators: each
@@ -87,12 +104,9 @@ void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stri
   for (int c0 = 0; c0 < in; c0 += block) {
     const int c1 = std::min(in, c0 + block);
     const float* x_block = x_split + static_cast<std::int64_t>(c0) * Rows;
-    int f = 0;
-    for (; f + step <= features; f += step)
-      features_block<Rows, step>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
-    for (; f < features; ++f) features_block<Rows, 1>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
+    if (c1 - c0 == block) block_features<Rows, step, block>(x_block, w, w_stride, features, c0, c1, partial);
+    else block_features<Rows, step, 0>(x_block, w, w_stride, features, c0, c1, partial);
   }
-  // partial[f0] holds (row, feature - f0) for the group starting at f0.
   int f = 0;
   for (; f + step <= features; f += step)
     for (int r = 0; r < Rows; ++r)

@@ -34,30 +34,34 @@ constexpr int prefetch_bytes_avx2 = 1024;
 
 /// Columns [c0, c1) of `Features` weight rows against `Rows` input rows,
 /// accumulators carried across blocks in `partial`.
-///   x_block: the block's inputs, (Rows, even | odd, (c1 - c0) / 2), contiguous
-template <int Rows, int Features>
+///   x_block: the block's inputs, (Rows, even | odd, width / 2), contiguous
+/// Width: c1 - c0 where known when compiled (full blocks: immediate offsets),
+/// else 0.
+template <int Rows, int Features, int Width>
 void features_block_avx2(const float* x_block, const bf16* w, std::int64_t w_stride, int c0, int c1,
                          float (*partial)[8]) {
   const bool first = c0 == 0;  // no partial sums yet: the stack array is not cleared per work item
-  const int width = c1 - c0;
+  const int width = Width > 0 ? Width : c1 - c0;
   __m256 acc[Rows][Features];
   WRITESCOPE_UNROLL(8)
   for (int r = 0; r < Rows; ++r)
     WRITESCOPE_UNROLL(4)
     for (int f = 0; f < Features; ++f)
       acc[r][f] = first ? _mm256_setzero_ps() : _mm256_load_ps(partial[r * Features + f]);
-  for (int c = 0; c < width; c += 16) {
+  const float* x = x_block;
+  for (int c = c0; c < c1; c += 16, x += 8) {
     __m256 even[Features], odd[Features];
     WRITESCOPE_UNROLL(4)
     for (int f = 0; f < Features; ++f) {
-      const bf16* row = w + f * w_stride + c0 + c;
+      const bf16* row = w + f * w_stride + c;
       _mm_prefetch(reinterpret_cast<const char*>(row) + prefetch_bytes_avx2, _MM_HINT_T0);
       load16(row, even[f], odd[f]);
     }
     WRITESCOPE_UNROLL(8)
     for (int r = 0; r < Rows; ++r) {
-      const __m256 x_even = _mm256_load_ps(x_block + r * width + c / 2);
-      const __m256 x_odd = _mm256_load_ps(x_block + r * width + width / 2 + c / 2);
+      __m256 x_even = _mm256_load_ps(x + r * width), x_odd = _mm256_load_ps(x + r * width + width / 2);
+      // In registers: GCC would fold the loads into every feature's FMA.
+      if constexpr (Features > 1) __asm__("" : "+x"(x_even), "+x"(x_odd));
       WRITESCOPE_UNROLL(4)
       for (int f = 0; f < Features; ++f)
         acc[r][f] = _mm256_fmadd_ps(odd[f], x_odd, _mm256_fmadd_ps(even[f], x_even, acc[r][f]));
@@ -67,6 +71,18 @@ void features_block_avx2(const float* x_block, const bf16* w, std::int64_t w_str
   for (int r = 0; r < Rows; ++r)
     WRITESCOPE_UNROLL(4)
     for (int f = 0; f < Features; ++f) _mm256_store_ps(partial[r * Features + f], acc[r][f]);
+}
+
+/// One column block of every weight row in groups of `Step`; partial[f0]
+/// holds (row, feature - f0) for the group starting at f0.
+template <int Rows, int Step, int Width>
+void block_features_avx2(const float* x_block, const bf16* w, std::int64_t w_stride, int features, int c0, int c1,
+                         float (*partial)[Rows * Step][8]) {
+  int f = 0;
+  for (; f + Step <= features; f += Step)
+    features_block_avx2<Rows, Step, Width>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
+  for (; f < features; ++f)
+    features_block_avx2<Rows, 1, Width>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
 }
 
 /// Weight rows in groups of `step` (Rows x step <= 8 accumulators); column
@@ -80,12 +96,9 @@ void rows_block_avx2(const float* x_split, int in, const bf16* w, std::int64_t w
   for (int c0 = 0; c0 < in; c0 += block) {
     const int c1 = std::min(in, c0 + block);
     const float* x_block = x_split + static_cast<std::int64_t>(c0) * Rows;
-    int f = 0;
-    for (; f + step <= features; f += step)
-      features_block_avx2<Rows, step>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
-    for (; f < features; ++f) features_block_avx2<Rows, 1>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
+    if (c1 - c0 == block) block_features_avx2<Rows, step, block>(x_block, w, w_stride, features, c0, c1, partial);
+    else block_features_avx2<Rows, step, 0>(x_block, w, w_stride, features, c0, c1, partial);
   }
-  // partial[f0] holds (row, feature - f0) for the group starting at f0.
   int f = 0;
   for (; f + step <= features; f += step)
     for (int r = 0; r < Rows; ++r)
