@@ -106,26 +106,27 @@ class RowPrefetcher {
  public:
   RowPrefetcher() = default;
   RowPrefetcher(const void* first_row, std::int64_t stride_bytes, std::int64_t row_bytes, int rows)
-      : base_(static_cast<const char*>(first_row)),
+      : row_(static_cast<const char*>(first_row)),
         stride_(stride_bytes),
         row_lines_(static_cast<int>((row_bytes + 63) / 64)),
-        rows_(rows) {}
+        rows_left_(rows),
+        lines_(row_lines_ * rows) {}
   void step(int lines) {
-    for (; lines > 0 && row_ < rows_; --lines) {
-      _mm_prefetch(base_ + row_ * stride_ + 64 * line_, _MM_HINT_T0);
-      if (++line_ == row_lines_) line_ = 0, ++row_;
+    for (; lines > 0 && rows_left_ > 0; --lines) {
+      _mm_prefetch(row_ + 64 * line_, _MM_HINT_T0);
+      if (++line_ == row_lines_) line_ = 0, row_ += stride_, --rows_left_;
     }
   }
-  void finish() { step(row_lines_ * rows_); }
-  int lines() const { return row_lines_ * rows_; }
+  void finish() { step(lines_); }
+  int lines() const { return lines_; }
 
  private:
-  const char* base_ = nullptr;
+  const char* row_ = nullptr;  // the row of the next line
   std::int64_t stride_ = 0;
   int row_lines_ = 0;
-  int rows_ = 0;
-  int row_ = 0;
+  int rows_left_ = 0;
   int line_ = 0;
+  int lines_ = 0;
 };
 
 /// Per-call state: the running softmax and the unnormalised output. scores:
@@ -159,7 +160,7 @@ inline void scores_tiles(const bf16* keys, std::int64_t tile_elements, int pairs
     prefetch.step(Tiles);
     __m512i q[Group];
     WRITESCOPE_UNROLL(16)
-    for (int h = 0; h < Group; ++h) q[h] = _mm512_set1_epi32(static_cast<int>(query_pairs[h * pairs + j]));
+    for (int h = 0; h < Group; ++h) q[h] = _mm512_set1_epi32(static_cast<int>(query_pairs[j * Group + h]));
     WRITESCOPE_UNROLL(4)
     for (int k = 0; k < Tiles; ++k) {
       const __m512i line =
@@ -492,7 +493,9 @@ void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, i
     for (; j < pairs; ++j) row[j] = bf16_pair(q[2 * j], q[2 * j + 1]);
   }
   if (g.tiled_keys(order)) {
-    std::memcpy(query_pairs, rows, sizeof(std::uint32_t) * group * pairs);
+    // Pair j of every head together: one pointer reaches a step's pairs.
+    for (int j = 0; j < pairs; ++j)
+      for (int h = 0; h < group; ++h) query_pairs[j * group + h] = rows[h * pairs + j];
     return;
   }
   // Token rows: chunk c holds lanes (h, f) = pair c * phases + f of head h.
