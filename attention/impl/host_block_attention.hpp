@@ -99,11 +99,10 @@ WRITESCOPE_UNROLL(16)
   // The next run of keys follows this one in memory: request it one run ahead,
   // a cache line every 64 bytes of this run, so memory and FMAs overlap.
   const char* next_run = reinterpret_cast<const char*>(keys + g.key_dim * row);
-  const std::int64_t run_bytes = g.key_dim * row * static_cast<std::int64_t>(sizeof(Scalar));
-  for (int d = 0; d < g.key_dim; ++d) {
-    if (q0 == 0 && (d * row * static_cast<std::int64_t>(sizeof(Scalar))) % 64 == 0 &&
-        d * row * static_cast<std::int64_t>(sizeof(Scalar)) < run_bytes)
-      _mm_prefetch(next_run + d * row * static_cast<std::int64_t>(sizeof(Scalar)), _MM_HINT_T0);
+  const std::int64_t dim_bytes = row * static_cast<std::int64_t>(sizeof(Scalar));
+  // Dims per cache line of the run (one when a dim's keys fill a line or more).
+  const int dims_per_line = static_cast<int>(std::max<std::int64_t>(1, 64 / dim_bytes));
+  auto product = [&](int d) {
     __m256 k[Vectors];
     if constexpr (Vectors == 2) load16(keys + d * row, k[0], k[1]);
     else k[0] = load8(keys + d * row);
@@ -113,6 +112,19 @@ WRITESCOPE_UNROLL(8)
 WRITESCOPE_UNROLL(4)
       for (int v = 0; v < Vectors; ++v) acc[h * Vectors + v] = _mm256_fmadd_ps(b, k[v], acc[h * Vectors + v]);
     }
+  };
+  int d = 0;
+  if (dims_per_line == 2) {
+    // bf16 keys in 16-token tiles: the loop issues one prefetch per line and no test per dim.
+    for (; d + 2 <= g.key_dim; d += 2) {
+      if (q0 == 0) _mm_prefetch(next_run + d * dim_bytes, _MM_HINT_T0);
+      product(d);
+      product(d + 1);
+    }
+  }
+  for (; d < g.key_dim; ++d) {
+    if (q0 == 0 && d % dims_per_line == 0) _mm_prefetch(next_run + d * dim_bytes, _MM_HINT_T0);
+    product(d);
   }
   if constexpr (Vectors == 2 && load16_splits<Scalar>) {
 WRITESCOPE_UNROLL(8)
