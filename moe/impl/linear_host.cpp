@@ -5,6 +5,9 @@
 #include <vector>
 
 #include "framework/host_gemm.hpp"
+#ifdef WRITESCOPE_HOST_AVX2
+#include "moe/impl/linear_split_kernel.hpp"
+#endif
 
 namespace writescope::impl {
 
@@ -24,104 +27,26 @@ void split_even_odd(const float* x, std::int64_t x_stride, int rows, int in, Cpu
 #ifdef WRITESCOPE_HOST_AVX2
 namespace {
 
-// The AVX2 twin of linear_avx512.cpp's decode kernel: 16 bf16 weights (one
-// 32-byte load) become even and odd fp32 halves with one shift and one mask,
-// against the split inputs; 16 registers hold Rows x Features <= 8
-// accumulators, the converted weights and one pair of inputs.
-
-/// Bytes ahead of the current column that each weight row is requested from memory.
-constexpr int prefetch_bytes_avx2 = 1024;
-
-/// Columns [c0, c1) of `Features` weight rows against `Rows` input rows,
-/// accumulators carried across blocks in `partial`.
-///   x_block: the block's inputs, (Rows, even | odd, width / 2), contiguous
-/// Width: c1 - c0 where known when compiled (full blocks: immediate offsets),
-/// else 0.
-template <int Rows, int Features, int Width>
-void features_block_avx2(const float* x_block, const bf16* w, std::int64_t w_stride, int c0, int c1,
-                         float (*partial)[8]) {
-  const bool first = c0 == 0;  // no partial sums yet: the stack array is not cleared per work item
-  const int width = Width > 0 ? Width : c1 - c0;
-  __m256 acc[Rows][Features];
-  WRITESCOPE_UNROLL(8)
-  for (int r = 0; r < Rows; ++r)
-    WRITESCOPE_UNROLL(4)
-    for (int f = 0; f < Features; ++f)
-      acc[r][f] = first ? _mm256_setzero_ps() : _mm256_load_ps(partial[r * Features + f]);
-  const float* x = x_block;
-  for (int c = c0; c < c1; c += 16, x += 8) {
-    __m256 even[Features], odd[Features];
-    WRITESCOPE_UNROLL(4)
-    for (int f = 0; f < Features; ++f) {
-      const bf16* row = w + f * w_stride + c;
-      _mm_prefetch(reinterpret_cast<const char*>(row) + prefetch_bytes_avx2, _MM_HINT_T0);
-      load16(row, even[f], odd[f]);
-    }
-    WRITESCOPE_UNROLL(8)
-    for (int r = 0; r < Rows; ++r) {
-      __m256 x_even = _mm256_load_ps(x + r * width), x_odd = _mm256_load_ps(x + r * width + width / 2);
-      // In registers: GCC would fold the loads into every feature's FMA.
-      if constexpr (Features > 1) __asm__("" : "+x"(x_even), "+x"(x_odd));
-      WRITESCOPE_UNROLL(4)
-      for (int f = 0; f < Features; ++f)
-        acc[r][f] = _mm256_fmadd_ps(odd[f], x_odd, _mm256_fmadd_ps(even[f], x_even, acc[r][f]));
-    }
-  }
-  WRITESCOPE_UNROLL(8)
-  for (int r = 0; r < Rows; ++r)
-    WRITESCOPE_UNROLL(4)
-    for (int f = 0; f < Features; ++f) _mm256_store_ps(partial[r * Features + f], acc[r][f]);
-}
-
-/// One column block of every weight row in groups of `Step`; partial[f0]
-/// holds (row, feature - f0) for the group starting at f0.
-template <int Rows, int Step, int Width>
-void block_features_avx2(const float* x_block, const bf16* w, std::int64_t w_stride, int features, int c0, int c1,
-                         float (*partial)[Rows * Step][8]) {
-  int f = 0;
-  for (; f + Step <= features; f += Step)
-    features_block_avx2<Rows, Step, Width>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
-  for (; f < features; ++f)
-    features_block_avx2<Rows, 1, Width>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
-}
-
-/// Weight rows in groups of `step` (Rows x step <= 8 accumulators); column
-/// blocks outermost so that the block's inputs stay in L1.
-template <int Rows>
-void rows_block_avx2(const float* x_split, int in, const bf16* w, std::int64_t w_stride, int features, float* y,
-                     std::int64_t y_stride) {
-  constexpr int step = Rows <= 2 ? 4 : Rows <= 4 ? 2 : 1;
-  alignas(32) float partial[split_linear_features][Rows * step][8];
-  constexpr int block = split_linear_column_block(CpuPath::avx2, Rows);
-  for (int c0 = 0; c0 < in; c0 += block) {
-    const int c1 = std::min(in, c0 + block);
-    const float* x_block = x_split + static_cast<std::int64_t>(c0) * Rows;
-    if (c1 - c0 == block) block_features_avx2<Rows, step, block>(x_block, w, w_stride, features, c0, c1, partial);
-    else block_features_avx2<Rows, step, 0>(x_block, w, w_stride, features, c0, c1, partial);
-  }
-  int f = 0;
-  for (; f + step <= features; f += step)
-    for (int r = 0; r < Rows; ++r)
-      for (int k = 0; k < step; ++k)
-        y[r * y_stride + f + k] = horizontal_sum(_mm256_load_ps(partial[f][r * step + k]));
-  for (; f < features; ++f)
-    for (int r = 0; r < Rows; ++r) y[r * y_stride + f] = horizontal_sum(_mm256_load_ps(partial[f][r]));
-}
+struct Avx2Lines {
+  using Vec = __m256;
+  static constexpr int lanes = 8;
+  static constexpr CpuPath path = CpuPath::avx2;
+  /// 16 registers: up to 8 accumulators beside the converted weights.
+  static constexpr int step(int rows) { return rows <= 2 ? 4 : rows <= 4 ? 2 : 1; }
+  static Vec zero() { return _mm256_setzero_ps(); }
+  static Vec load(const float* p) { return _mm256_load_ps(p); }
+  static void store(float* p, Vec v) { _mm256_store_ps(p, v); }
+  static Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static void weights(const bf16* row, Vec& even, Vec& odd) { load16(row, even, odd); }
+  static void in_registers(Vec& a, Vec& b) { __asm__("" : "+x"(a), "+x"(b)); }
+  static float sum(Vec v) { return horizontal_sum(v); }
+};
 
 }  // namespace
 
 void linear_features_avx2(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
                           float* y, std::int64_t y_stride) {
-  switch (rows) {
-    case 1: return rows_block_avx2<1>(x_split, in, w, w_stride, features, y, y_stride);
-    case 2: return rows_block_avx2<2>(x_split, in, w, w_stride, features, y, y_stride);
-    case 3: return rows_block_avx2<3>(x_split, in, w, w_stride, features, y, y_stride);
-    case 4: return rows_block_avx2<4>(x_split, in, w, w_stride, features, y, y_stride);
-    case 5: return rows_block_avx2<5>(x_split, in, w, w_stride, features, y, y_stride);
-    case 6: return rows_block_avx2<6>(x_split, in, w, w_stride, features, y, y_stride);
-    case 7: return rows_block_avx2<7>(x_split, in, w, w_stride, features, y, y_stride);
-    default: return rows_block_avx2<8>(x_split, in, w, w_stride, features, y, y_stride);
-  }
+  split_kernel::linear_features<Avx2Lines>(x_split, rows, in, w, w_stride, features, y, y_stride);
 }
 #endif
 

@@ -34,9 +34,9 @@ inline constexpr int max_linear_rows = 32;
 /// odd halves of a line of bf16 weights (one shift, one mask). In the kernels,
 /// each work item streams `features` <= split_linear_features weight rows from
 /// w (row stride w_stride) once against all input rows and writes y(r, f) (row
-/// stride y_stride). avx512_bf16: in % 32 == 0 (linear_avx512.cpp); avx2:
-/// in % 16 == 0 (linear_host.cpp). fp32 FMAs: at 8 rows their peak is about
-/// the DRAM rate.
+/// stride y_stride), one kernel for both paths (linear_split_kernel.hpp):
+/// avx512_bf16 with in % 32 == 0 (linear_avx512.cpp), avx2 with in % 16 == 0
+/// (linear_host.cpp). fp32 FMAs: at 8 rows their peak is about the DRAM rate.
 inline constexpr int max_split_linear_rows = 8;
 /// Blocks of 512 columns (8 rows: 16 KiB) stay in L1 with the 16 weight rows'
 /// blocks; one row on the AVX-512 path in blocks of 2048 (fewer passes over

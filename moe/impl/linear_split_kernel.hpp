@@ -1,0 +1,129 @@
+#pragma once
+// The split-input decode kernel of the linear layer (contract and layout in
+// linear_host.hpp), written once for the vector paths: linear_avx512.cpp
+// includes it inside its AVX-512 target region with 16-lane operations,
+// linear_host.cpp with 8-lane AVX2 ones.
+//
+// Why it looks like this: decode GEMVs stream each weight once for a handful of
+// input rows, so the product must keep up with DRAM. One load of bf16 weights
+// becomes even- and odd-column fp32 vectors with one shift and one mask,
+// against the inputs split once per call to match; the products are fp32
+// FMAs, exact to fp32. (vdpbf16ps would need the inputs in bf16: rounding them
+// moved the tiny models' logits by 1e-2, and a two-part bf16 split, at the
+// same instruction count as these FMAs, still by 4e-4.) Each work item streams
+// its weight rows once, a few at a time against every input row, and
+// prefetches them.
+//
+// Lines, the path's operations on one vector of `lanes` floats (`Vec`):
+//   path; step(rows): weight rows per pass (rows x step accumulators fit the
+//   registers); zero(); load(p) (aligned); store(p, v); fmadd(a, b, c);
+//   weights(row, even, odd): 2 x lanes bf16 at row as even and odd columns;
+//   in_registers(a, b): keeps a and b in registers (GCC folds their loads
+//   into every feature's FMA otherwise, past the loads per cycle the FMAs
+//   leave room for); sum(v): the lanes' sum.
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "framework/bf16.hpp"
+#include "moe/impl/linear_host.hpp"
+
+namespace writescope::impl::split_kernel {
+
+/// Bytes ahead of the current column that each weight row is requested from memory.
+inline constexpr int prefetch_bytes = 1024;
+
+/// Columns [c0, c1) of `Features` weight rows against `Rows` input rows:
+/// Rows x Features accumulators, carried across blocks in `partial`.
+///   x_block: the block's inputs, (Rows, even | odd, width / 2), contiguous
+/// Width: c1 - c0 where known when compiled (full blocks: the inputs' offsets
+/// become immediates instead of 2 x Rows address registers, which spilled),
+/// else 0.
+template <class Lines, int Rows, int Features, int Width>
+void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, int c0, int c1,
+                    float (*partial)[Lines::lanes]) {
+  using Vec = typename Lines::Vec;
+  const bool first = c0 == 0;  // no partial sums yet: the stack array is not cleared per work item
+  const int width = Width > 0 ? Width : c1 - c0;
+  Vec acc[Rows][Features];
+  WRITESCOPE_UNROLL(8)
+  for (int r = 0; r < Rows; ++r)
+    WRITESCOPE_UNROLL(4)
+    for (int f = 0; f < Features; ++f) acc[r][f] = first ? Lines::zero() : Lines::load(partial[r * Features + f]);
+  const float* x = x_block;
+  for (int c = c0; c < c1; c += 2 * Lines::lanes, x += Lines::lanes) {
+    Vec even[Features], odd[Features];
+    WRITESCOPE_UNROLL(4)
+    for (int f = 0; f < Features; ++f) {
+      const bf16* row = w + f * w_stride + c;
+      _mm_prefetch(reinterpret_cast<const char*>(row) + prefetch_bytes, _MM_HINT_T0);
+      Lines::weights(row, even[f], odd[f]);
+    }
+    WRITESCOPE_UNROLL(8)
+    for (int r = 0; r < Rows; ++r) {
+      Vec x_even = Lines::load(x + r * width), x_odd = Lines::load(x + r * width + width / 2);
+      if constexpr (Features > 1) Lines::in_registers(x_even, x_odd);
+      WRITESCOPE_UNROLL(4)
+      for (int f = 0; f < Features; ++f)
+        acc[r][f] = Lines::fmadd(odd[f], x_odd, Lines::fmadd(even[f], x_even, acc[r][f]));
+    }
+  }
+  WRITESCOPE_UNROLL(8)
+  for (int r = 0; r < Rows; ++r)
+    WRITESCOPE_UNROLL(4)
+    for (int f = 0; f < Features; ++f) Lines::store(partial[r * Features + f], acc[r][f]);
+}
+
+/// One column block of every weight row in groups of `Step`; partial[f0]
+/// holds (row, feature - f0) for the group starting at f0.
+template <class Lines, int Rows, int Step, int Width>
+void block_features(const float* x_block, const bf16* w, std::int64_t w_stride, int features, int c0, int c1,
+                    float (*partial)[Rows * Step][Lines::lanes]) {
+  int f = 0;
+  for (; f + Step <= features; f += Step)
+    features_block<Lines, Rows, Step, Width>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
+  for (; f < features; ++f)
+    features_block<Lines, Rows, 1, Width>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
+}
+
+/// Column blocks outermost, so that the block's inputs stay in L1 while
+/// every group of weight rows meets them.
+template <class Lines, int Rows>
+void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stride, int features, float* y,
+                std::int64_t y_stride) {
+  constexpr int step = Lines::step(Rows);
+  constexpr int block = split_linear_column_block(Lines::path, Rows);
+  alignas(64) float partial[split_linear_features][Rows * step][Lines::lanes];
+  for (int c0 = 0; c0 < in; c0 += block) {
+    const int c1 = std::min(in, c0 + block);
+    const float* x_block = x_split + static_cast<std::int64_t>(c0) * Rows;
+    if (c1 - c0 == block) block_features<Lines, Rows, step, block>(x_block, w, w_stride, features, c0, c1, partial);
+    else block_features<Lines, Rows, step, 0>(x_block, w, w_stride, features, c0, c1, partial);
+  }
+  int f = 0;
+  for (; f + step <= features; f += step)
+    for (int r = 0; r < Rows; ++r)
+      for (int k = 0; k < step; ++k) y[r * y_stride + f + k] = Lines::sum(Lines::load(partial[f][r * step + k]));
+  for (; f < features; ++f)
+    for (int r = 0; r < Rows; ++r) y[r * y_stride + f] = Lines::sum(Lines::load(partial[f][r]));
+}
+
+/// linear_features_avx512 / linear_features_avx2 (linear_host.hpp) on Lines.
+template <class Lines>
+void linear_features(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
+                     float* y, std::int64_t y_stride) {
+  switch (rows) {
+    case 1: return rows_block<Lines, 1>(x_split, in, w, w_stride, features, y, y_stride);
+    case 2: return rows_block<Lines, 2>(x_split, in, w, w_stride, features, y, y_stride);
+    case 3: return rows_block<Lines, 3>(x_split, in, w, w_stride, features, y, y_stride);
+    case 4: return rows_block<Lines, 4>(x_split, in, w, w_stride, features, y, y_stride);
+    case 5: return rows_block<Lines, 5>(x_split, in, w, w_stride, features, y, y_stride);
+    case 6: return rows_block<Lines, 6>(x_split, in, w, w_stride, features, y, y_stride);
+    case 7: return rows_block<Lines, 7>(x_split, in, w, w_stride, features, y, y_stride);
+    default: return rows_block<Lines, 8>(x_split, in, w, w_stride, features, y, y_stride);
+  }
+}
+
+}  // namespace writescope::impl::split_kernel
