@@ -76,6 +76,39 @@ void host_segment_attention_scalar(const HostSegment<Scalar>& s, float* scores, 
 
 #ifdef WRITESCOPE_HOST_AVX2
 
+/// Requests the cache lines of a set of equally spaced rows (the next pass's
+/// keys or values) a few at a time, spread over the current pass's products,
+/// so that memory streams while the products run: a burst of requests stalls
+/// once the core's misses in flight are exhausted. (Both vector paths; here,
+/// before the AVX-512 file's target region, so that it is compiled for the
+/// baseline in both.)
+class RowPrefetcher {
+ public:
+  RowPrefetcher() = default;
+  RowPrefetcher(const void* first_row, std::int64_t stride_bytes, std::int64_t row_bytes, int rows)
+      : row_(static_cast<const char*>(first_row)),
+        stride_(stride_bytes),
+        row_lines_(static_cast<int>((row_bytes + 63) / 64)),
+        rows_left_(rows),
+        lines_(row_lines_ * rows) {}
+  void step(int lines) {
+    for (; lines > 0 && rows_left_ > 0; --lines) {
+      _mm_prefetch(row_ + 64 * line_, _MM_HINT_T0);
+      if (++line_ == row_lines_) line_ = 0, row_ += stride_, --rows_left_;
+    }
+  }
+  void finish() { step(lines_); }
+  int lines() const { return lines_; }
+
+ private:
+  const char* row_ = nullptr;  // the row of the next line
+  std::int64_t stride_ = 0;
+  int row_lines_ = 0;
+  int rows_left_ = 0;
+  int line_ = 0;
+  int lines_ = 0;
+};
+
 // Register tiles: a tile of query heads times a tile of 8-wide vectors, sized
 // so that accumulators, operands and one broadcast fit the 16 AVX2 registers
 // and each FMA needs at most 0.75 loads (Zen 3 / Intel: 2 FMAs and 2-3 loads
@@ -207,14 +240,23 @@ void scores_token_major(const HostSegment<Scalar>& s, int heads, float* scores) 
     for (int d = 0; d < g.key_dim; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(key + d), acc);
     return horizontal_sum(acc) * s.scale;
   };
+  // Each step's 4 rows start a new 4 KiB page, where the hardware prefetchers
+  // start over: the rows two steps ahead are requested during each step.
+  const std::int64_t row_bytes = std::int64_t{heads} * g.key_dim * static_cast<std::int64_t>(sizeof(Scalar));
+  const int pairs = std::max(1, heads * (group / 2));
   int i = 0;
-  for (; i + 4 <= n; i += 4)
+  for (; i + 4 <= n; i += 4) {
+    RowPrefetcher ahead = i + 8 < n ? RowPrefetcher(rows + (i + 8) * stride, stride * sizeof(Scalar), row_bytes,
+                                                    std::min(4, n - (i + 8)))
+                                    : RowPrefetcher();
+    const int lines_per_pair = (ahead.lines() + pairs - 1) / pairs;
     for (int h = 0; h < heads; ++h) {
       const Scalar* keys = rows + i * stride + h * head_stride;
       const float* queries = s.queries + h * group * g.key_dim;
       float* head_scores = scores + h * group * n;
       int q0 = 0;
       for (; q0 + 2 <= group; q0 += 2) {
+        ahead.step(lines_per_pair);
         const float* q = queries + q0 * g.key_dim;
         __m256 acc[8];
         for (auto& a : acc) a = _mm256_setzero_ps();
@@ -237,6 +279,8 @@ void scores_token_major(const HostSegment<Scalar>& s, int heads, float* scores) 
         for (int t = 0; t < 4; ++t)
           head_scores[q0 * n + i + t] = single(keys + t * stride, queries + q0 * g.key_dim);
     }
+    ahead.finish();
+  }
   for (; i < n; ++i)
     for (int h = 0; h < heads; ++h)
       for (int q = 0; q < group; ++q)
@@ -278,13 +322,16 @@ void values_rows(const HostSegment<Scalar>& s, const float* p, float* o) {
   const Scalar* values = s.block + g.value_offset(s.order, s.token_begin, s.kv_head, 0);
   constexpr int token_tile = 16;
   const std::int64_t row_bytes = g.value_dim * static_cast<std::int64_t>(sizeof(Scalar));
+  const int slices = g.value_dim / 16;
   for (int i0 = 0; i0 < n; i0 += token_tile) {
     const int i1 = std::min(n, i0 + token_tile);
-    // Request the next token tile's value rows while this one is multiplied.
-    for (int i = i1; i < std::min(n, i1 + token_tile); ++i)
-      for (std::int64_t byte = 0; byte < row_bytes; byte += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(values + i * stride) + byte, _MM_HINT_T0);
+    // The next token tile's value rows, requested while this one is multiplied.
+    RowPrefetcher ahead = i1 < n ? RowPrefetcher(values + i1 * stride, stride * sizeof(Scalar), row_bytes,
+                                                 std::min(token_tile, n - i1))
+                                 : RowPrefetcher();
+    const int lines_per_slice = (ahead.lines() + slices - 1) / slices;
     for (int d = 0; d < g.value_dim; d += 16) {
+      ahead.step(lines_per_slice);
       int q0 = 0;
       for (; q0 + Heads <= s.group; q0 += Heads)
         values_rows_tile<Heads>(values + d, stride, p + q0 * n, n, i0, i1, o + q0 * g.value_dim + d, g.value_dim);

@@ -99,36 +99,6 @@ inline __m512i broadcast_pairs(const bf16* p) {
   }
 }
 
-/// Requests the cache lines of a set of equally spaced rows (the next pass's
-/// keys or values) a few at a time, spread over the current pass's products,
-/// so that memory streams while the products run.
-class RowPrefetcher {
- public:
-  RowPrefetcher() = default;
-  RowPrefetcher(const void* first_row, std::int64_t stride_bytes, std::int64_t row_bytes, int rows)
-      : row_(static_cast<const char*>(first_row)),
-        stride_(stride_bytes),
-        row_lines_(static_cast<int>((row_bytes + 63) / 64)),
-        rows_left_(rows),
-        lines_(row_lines_ * rows) {}
-  void step(int lines) {
-    for (; lines > 0 && rows_left_ > 0; --lines) {
-      _mm_prefetch(row_ + 64 * line_, _MM_HINT_T0);
-      if (++line_ == row_lines_) line_ = 0, row_ += stride_, --rows_left_;
-    }
-  }
-  void finish() { step(lines_); }
-  int lines() const { return lines_; }
-
- private:
-  const char* row_ = nullptr;  // the row of the next line
-  std::int64_t stride_ = 0;
-  int row_lines_ = 0;
-  int rows_left_ = 0;
-  int line_ = 0;
-  int lines_ = 0;
-};
-
 /// Per-call state: the running softmax and the unnormalised output. scores:
 /// (group, pass_tokens) fp32; weights: (group, pass_tokens / 2) bf16 pairs
 /// (p_t, p_t+1), t counted from the pass start; query_pairs: see prepare_query_pairs.
