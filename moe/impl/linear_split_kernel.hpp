@@ -11,8 +11,8 @@
 // FMAs, exact to fp32. (vdpbf16ps would need the inputs in bf16: rounding them
 // moved the tiny models' logits by 1e-2, and a two-part bf16 split, at the
 // same instruction count as these FMAs, still by 4e-4.) Each work item streams
-// its weight rows once, a few at a time against every input row, and
-// prefetches them.
+// its weight rows once, a few at a time against every input row, and requests
+// each row's next block (the next work item's first) one block ahead.
 //
 // Lines, the path's operations on one vector of `lanes` floats (`Vec`):
 //   path; step(rows): weight rows per pass (rows x step accumulators fit the
@@ -32,17 +32,15 @@
 
 namespace writescope::impl::split_kernel {
 
-/// Bytes ahead of the current column that each weight row is requested from memory.
-inline constexpr int prefetch_bytes = 1024;
-
 /// Columns [c0, c1) of `Features` weight rows against `Rows` input rows:
 /// Rows x Features accumulators, carried across blocks in `partial`.
 ///   x_block: the block's inputs, (Rows, even | odd, width / 2), contiguous
+///   ahead: bytes from a weight to the one requested from memory meanwhile
 /// Width: c1 - c0 where known when compiled (full blocks: the inputs' offsets
 /// become immediates instead of 2 x Rows address registers, which spilled),
 /// else 0.
 template <class Lines, int Rows, int Features, int Width>
-void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, int c0, int c1,
+void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, int c0, int c1, std::int64_t ahead,
                     float (*partial)[Lines::lanes]) {
   using Vec = typename Lines::Vec;
   const bool first = c0 == 0;  // no partial sums yet: the stack array is not cleared per work item
@@ -58,7 +56,7 @@ void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, 
     WRITESCOPE_UNROLL(4)
     for (int f = 0; f < Features; ++f) {
       const bf16* row = w + f * w_stride + c;
-      _mm_prefetch(reinterpret_cast<const char*>(row) + prefetch_bytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row) + ahead, _MM_HINT_T0);
       Lines::weights(row, even[f], odd[f]);
     }
     WRITESCOPE_UNROLL(8)
@@ -80,12 +78,12 @@ void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, 
 /// holds (row, feature - f0) for the group starting at f0.
 template <class Lines, int Rows, int Step, int Width>
 void block_features(const float* x_block, const bf16* w, std::int64_t w_stride, int features, int c0, int c1,
-                    float (*partial)[Rows * Step][Lines::lanes]) {
+                    std::int64_t ahead, float (*partial)[Rows * Step][Lines::lanes]) {
   int f = 0;
   for (; f + Step <= features; f += Step)
-    features_block<Lines, Rows, Step, Width>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
+    features_block<Lines, Rows, Step, Width>(x_block, w + f * w_stride, w_stride, c0, c1, ahead, partial[f]);
   for (; f < features; ++f)
-    features_block<Lines, Rows, 1, Width>(x_block, w + f * w_stride, w_stride, c0, c1, partial[f]);
+    features_block<Lines, Rows, 1, Width>(x_block, w + f * w_stride, w_stride, c0, c1, ahead, partial[f]);
 }
 
 /// Column blocks outermost, so that the block's inputs stay in L1 while
@@ -99,8 +97,14 @@ void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stri
   for (int c0 = 0; c0 < in; c0 += block) {
     const int c1 = std::min(in, c0 + block);
     const float* x_block = x_split + static_cast<std::int64_t>(c0) * Rows;
-    if (c1 - c0 == block) block_features<Lines, Rows, step, block>(x_block, w, w_stride, features, c0, c1, partial);
-    else block_features<Lines, Rows, step, 0>(x_block, w, w_stride, features, c0, c1, partial);
+    // Each weight row's next block is requested while this one is multiplied;
+    // during the last block, the first block of the row split_linear_features
+    // rows on: the next work item's, which static schedules give this thread.
+    const std::int64_t ahead = static_cast<std::int64_t>(sizeof(bf16)) *
+                               (c1 < in ? block : split_linear_features * w_stride - c0);
+    if (c1 - c0 == block)
+      block_features<Lines, Rows, step, block>(x_block, w, w_stride, features, c0, c1, ahead, partial);
+    else block_features<Lines, Rows, step, 0>(x_block, w, w_stride, features, c0, c1, ahead, partial);
   }
   int f = 0;
   for (; f + step <= features; f += step)
