@@ -240,8 +240,9 @@ void scores_token_major(const HostSegment<Scalar>& s, int heads, float* scores) 
     for (int d = 0; d < g.key_dim; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(key + d), acc);
     return horizontal_sum(acc) * s.scale;
   };
-  // Each step's 4 rows start a new 4 KiB page, where the hardware prefetchers
-  // start over: the rows two steps ahead are requested during each step.
+  // A step's 4 rows cover 4 KiB or more (Qwen3: one page), and the hardware
+  // prefetchers start over at each page: the rows two steps ahead are
+  // requested during each step.
   const std::int64_t row_bytes = std::int64_t{heads} * g.key_dim * static_cast<std::int64_t>(sizeof(Scalar));
   const int pairs = std::max(1, heads * (group / 2));
   int i = 0;
