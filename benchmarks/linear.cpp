@@ -103,7 +103,8 @@ void openblas_float_linear(benchmark::State& state) {
 
 #define WRITESCOPE_LINEAR_SHAPES(b)                                                                        \
   b->Args({1, 768, 2048})->Args({8, 768, 2048})->Args({1, 1408, 2048})->Args({1, 14336, 4096})           \
-      ->Args({2, 14336, 4096})->Args({4, 14336, 4096})->Args({8, 14336, 4096})->UseManualTime()              \
+      ->Args({2, 14336, 4096})->Args({4, 14336, 4096})->Args({8, 14336, 4096})->Args({16, 14336, 4096})        \
+      ->UseManualTime()                                                                                    \
       ->Unit(benchmark::kMicrosecond)
 WRITESCOPE_LINEAR_SHAPES(BENCHMARK(bf16_linear)->Name("expert_linear/bf16_writescope"));
 WRITESCOPE_LINEAR_SHAPES(BENCHMARK(openblas_float_linear)->Name("expert_linear/float_openblas"));

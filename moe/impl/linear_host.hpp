@@ -26,17 +26,21 @@ inline constexpr int linear_column_block = 512;
 /// Input rows handled in one call of the vector path (decode batches).
 inline constexpr int max_linear_rows = 32;
 
-/// The decode paths for bf16 weights, rows <= max_split_linear_rows: the
-/// inputs are rearranged once per call by split_even_odd into x_split: for
-/// each block of split_linear_column_block(path, rows) columns, (rows, even | odd columns,
-/// width / 2) contiguous (x_split: rows x in floats, 64-byte aligned), so that
-/// a block's rows neither share L1 sets nor split lines and match the even and
-/// odd halves of a line of bf16 weights (one shift, one mask). In the kernels,
-/// each work item streams `features` <= split_linear_features weight rows from
-/// w (row stride w_stride) once against all input rows and writes y(r, f) (row
-/// stride y_stride), one kernel for both paths (linear_split_kernel.hpp):
-/// avx512_bf16 with in % 32 == 0 (linear_avx512.cpp), avx2 with in % 16 == 0
+/// The decode paths for bf16 weights, rows <= max_split_linear_rows per call
+/// of the kernels: the inputs are rearranged once per call by split_even_odd
+/// into x_split: for each block of split_linear_column_block(path, rows)
+/// columns, (rows, even | odd columns, width / 2) contiguous (x_split: rows x
+/// in floats, 64-byte aligned), so that a block's rows neither share L1 sets
+/// nor split lines and match the even and odd halves of a line of bf16
+/// weights (one shift, one mask). In the kernels, each work item streams
+/// `features` <= split_linear_features weight rows from w (row stride
+/// w_stride) once against all input rows and writes y(r, f) (row stride
+/// y_stride), one kernel for both paths (linear_split_kernel.hpp): avx512_bf16
+/// with in % 32 == 0 (linear_avx512.cpp), avx2 with in % 16 == 0
 /// (linear_host.cpp). fp32 FMAs: at 8 rows their peak is about the DRAM rate.
+/// Up to max_linear_rows rows go in groups of max_split_linear_rows, each
+/// split on its own (x_split: group after group); a work item runs every group
+/// over its weight rows, which the later groups read from L2.
 inline constexpr int max_split_linear_rows = 8;
 /// Blocks of 512 columns (8 rows: 16 KiB) stay in L1 with the 16 weight rows'
 /// blocks; one row on the AVX-512 path in blocks of 2048 (fewer passes over
@@ -58,7 +62,7 @@ void linear_features_avx2(const float* x_split, int rows, int in, const bf16* w,
 /// The instruction path linear() takes on the host for these operands.
 inline CpuPath linear_path(CpuPath active, int rows, int in, bool bf16_weights) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-  if (active >= CpuPath::avx512_bf16 && bf16_weights && rows >= 1 && rows <= max_split_linear_rows && in % 32 == 0)
+  if (active >= CpuPath::avx512_bf16 && bf16_weights && rows >= 1 && rows <= max_linear_rows && in % 32 == 0)
     return CpuPath::avx512_bf16;
 #else
   (void)rows, (void)bf16_weights;
@@ -74,7 +78,7 @@ inline CpuPath linear_path(CpuPath active, int rows, int in, bool bf16_weights) 
 
 /// Whether linear() runs linear_path's choice with split inputs (above).
 inline bool takes_split_inputs(CpuPath path, int rows, int in, bool bf16_weights) {
-  return bf16_weights && rows >= 1 && rows <= max_split_linear_rows &&
+  return bf16_weights && rows >= 1 && rows <= max_linear_rows &&
          (path == CpuPath::avx512_bf16 || (path == CpuPath::avx2 && in % 16 == 0));
 }
 
@@ -82,6 +86,8 @@ inline bool takes_split_inputs(CpuPath path, int rows, int in, bool bf16_weights
 /// and r < rows: x (rows, in) with row stride x_stride, w (features, in) with
 /// row stride w_stride, y (rows, features) with row stride y_stride. `vector`:
 /// linear_path chose avx2 (a full group of linear_features rows takes it).
+/// What the split kernels do not take: float weights, and bf16 weights with
+/// in % 16 != 0.
 template <class Scalar>
 void linear_features_host(const float* x, std::int64_t x_stride, int rows, int in, const Scalar* w,
                           std::int64_t w_stride, int features, float* y, std::int64_t y_stride, bool vector) {

@@ -17,9 +17,10 @@ namespace writescope {
 namespace impl {
 
 /// Host work item of the split-input decode paths: split_linear_features
-/// weight rows on `path` (avx512_bf16 or avx2; linear_host.hpp).
+/// weight rows on `path` (avx512_bf16 or avx2; linear_host.hpp), against each
+/// group of max_split_linear_rows input rows in turn.
 struct LinearSplitHostKernel {
-  const float* x_split;  // split_even_odd's layout of x (linear_host.hpp)
+  const float* x_split;  // split_even_odd's layout of each group of x's rows (linear_host.hpp)
   Kokkos::View<const bf16**, Kokkos::LayoutRight, HostMemSpace> w;
   Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> y;
   CpuPath path;
@@ -29,15 +30,21 @@ struct LinearSplitHostKernel {
     const int j0 = block * split_linear_features;
     const int features = std::min(split_linear_features, static_cast<int>(w.extent(0)) - j0);
     const auto w_stride = static_cast<std::int64_t>(w.stride(0)), y_stride = static_cast<std::int64_t>(y.stride(0));
+    for (int r0 = 0; r0 < rows; r0 += max_split_linear_rows) {
+      const int group = std::min(max_split_linear_rows, rows - r0);
+      const float* x_group = x_split + static_cast<std::int64_t>(r0) * in;
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-    if (path == CpuPath::avx512_bf16)
-      return linear_features_avx512(x_split, rows, in, &w(j0, 0), w_stride, features, &y(0, j0), y_stride);
+      if (path == CpuPath::avx512_bf16) {
+        linear_features_avx512(x_group, group, in, &w(j0, 0), w_stride, features, &y(r0, j0), y_stride);
+        continue;
+      }
 #endif
 #ifdef WRITESCOPE_HOST_AVX2
-    linear_features_avx2(x_split, rows, in, &w(j0, 0), w_stride, features, &y(0, j0), y_stride);
+      linear_features_avx2(x_group, group, in, &w(j0, 0), w_stride, features, &y(r0, j0), y_stride);
 #else
-    (void)rows, (void)in, (void)j0, (void)features, (void)w_stride, (void)y_stride;
+      (void)group, (void)x_group, (void)j0, (void)features, (void)w_stride, (void)y_stride;
 #endif
+    }
   }
 };
 
@@ -129,7 +136,11 @@ void linear(const ExecSpace& space,
         thread_local std::vector<Line> x_split;
         x_split.resize((static_cast<std::size_t>(rows) * in + 15) / 16);
         float* x_split_floats = x_split.data()->lanes;
-        impl::split_even_odd(x.data(), static_cast<std::int64_t>(x.stride(0)), rows, in, path, x_split_floats);
+        const auto x_stride = static_cast<std::int64_t>(x.stride(0));
+        // Groups lie 8 x in floats apart (in % 16 == 0): each 64-byte aligned.
+        for (int r0 = 0; r0 < rows; r0 += impl::max_split_linear_rows)
+          impl::split_even_odd(x.data() + r0 * x_stride, x_stride, std::min(impl::max_split_linear_rows, rows - r0), in,
+                               path, x_split_floats + static_cast<std::int64_t>(r0) * in);
         launch_parallel_for("writescope::moe::linear_host_split",
                              Kokkos::RangePolicy<ExecSpace>(
                                  space, 0, (out + impl::split_linear_features - 1) / impl::split_linear_features),

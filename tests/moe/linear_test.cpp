@@ -26,7 +26,8 @@ void expect_reference() {
   // beyond max_linear_rows the GEMM path, with tail rows, a partial feature
   // block and more than one 256-column block; decode rows over several
   // 512-column blocks of split inputs, the last one partial (of 16 columns
-  // but not 32: AVX2 only).
+  // but not 32: AVX2 only); 9-32 rows in groups of 8 split rows, the last
+  // group partial (17: one row).
   for (const auto& [rows, in, out] : std::vector<std::tuple<int, int, int>>{{1, 64, 12},
                                                                             {5, 128, 36},
                                                                             {3, 20, 7},
@@ -39,6 +40,8 @@ void expect_reference() {
                                                                             {6, 1024, 18},
                                                                             {4, 560, 9},
                                                                             {1, 2080, 20},
+                                                                            {17, 544, 20},
+                                                                            {30, 1056, 18},
                                                                             {37, 300, 70},
                                                                             {64, 64, 130}}) {
     const auto x_values = test::random_values<float>(rows * in, 1);
@@ -83,7 +86,7 @@ TYPED_TEST(LinearTest, RejectsMismatchedShapes) {
 // A decode batch the fastest path silently refuses would run on a slower one
 // and still pass every accuracy test; this catches it.
 TEST(LinearDispatch, DecodeBatchesOfExpertWeightsTakeTheBestCpuPath) {
-  for (int rows = 1; rows <= 8; ++rows)
+  for (int rows = 1; rows <= impl::max_linear_rows; ++rows)
     for (int in : {2048, 4096, 14336})
       EXPECT_EQ(impl::linear_path(best_cpu_path(), rows, in, true), best_cpu_path()) << rows << " rows x " << in;
 }
