@@ -26,6 +26,7 @@ struct LinearSplitHostKernel {
   CpuPath path;
 
   void operator()(int block) const {
+#ifdef WRITESCOPE_HOST_AVX2
     const int rows = static_cast<int>(y.extent(0)), in = static_cast<int>(w.extent(1));
     const int j0 = block * split_linear_features;
     const int features = std::min(split_linear_features, static_cast<int>(w.extent(0)) - j0);
@@ -39,12 +40,11 @@ struct LinearSplitHostKernel {
         continue;
       }
 #endif
-#ifdef WRITESCOPE_HOST_AVX2
       linear_features_avx2(x_group, group, in, &w(j0, 0), w_stride, features, &y(r0, j0), y_stride);
-#else
-      (void)group, (void)x_group, (void)j0, (void)features, (void)w_stride, (void)y_stride;
-#endif
     }
+#else
+    (void)block;  // takes_split_inputs is false without a vector path
+#endif
   }
 };
 
