@@ -9,7 +9,8 @@
 //    each query head adds its broadcast (q_d, q_d+1) pair: lanes are tokens.
 //  - QK^T, keys in token rows (token-major blocks, MLA's latent): lanes are
 //    (head, phase) with 16 / group phases; a head's phases see consecutive key
-//    pairs of one token (a 4-, 8- or 16-byte broadcast) and are summed at the end.
+//    pairs of one token (an 8- or 16-byte broadcast) and are summed at the end.
+//    Groups of 16 go as two groups of 8 that share each broadcast.
 //  - PV, values in token rows (every layout): rows t and t+1 interleaved by one
 //    unpack give (v_t, v_t+1) pairs per dim; each head adds its broadcast
 //    (p_t, p_t+1) pair. Accumulators stay in registers across all token pairs
@@ -85,16 +86,12 @@ inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
 /// `Phases` consecutive bf16 pairs at p, repeated over the 16 lanes.
 template <int Phases>
 inline __m512i broadcast_pairs(const bf16* p) {
-  if constexpr (Phases == 1) {
-    std::uint32_t word;
-    std::memcpy(&word, p, sizeof word);
-    return _mm512_set1_epi32(static_cast<int>(word));
-  } else if constexpr (Phases == 2) {
+  if constexpr (Phases == 2) {
     long long words;
     std::memcpy(&words, p, sizeof words);
     return _mm512_set1_epi64(words);
   } else {
-    static_assert(Phases == 4, "groups of 4, 8 or 16 query heads");
+    static_assert(Phases == 4, "groups of 4 or 8 query heads, or 16 as two of 8");
     return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
 }
@@ -270,11 +267,48 @@ inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, 
     }
 }
 
+/// Groups of 16 (MLA): as scores_rows_tile<2, Tokens> for heads 0-7 and
+/// 8-15 side by side, so that each 8-byte key broadcast feeds two products
+/// (10 loads per 16 products instead of 18: the form with lanes (head) and a
+/// 4-byte broadcast per product ran at about 70% of the vdpbf16ps peak in L1).
+/// query_pairs: per chunk of two pairs, heads 0-7 then 8-15, lanes (h, f).
+template <int Tokens>
+inline void scores_rows_tile_16(const bf16* keys, std::int64_t stride, int chunks, const std::uint32_t* query_pairs,
+                                float scale, int column, Work& w, RowPrefetcher& ahead) {
+  RowPrefetcher prefetch = ahead;  // a local copy stays in registers
+  __m512 low[Tokens], high[Tokens];  // heads 0-7, 8-15
+  WRITESCOPE_UNROLL(8)
+  for (int t = 0; t < Tokens; ++t) low[t] = high[t] = _mm512_setzero_ps();
+  for (int c = 0; c < chunks; ++c) {
+    prefetch.step(1);
+    const __m512i q_low = _mm512_load_si512(query_pairs + 32 * c),
+                  q_high = _mm512_load_si512(query_pairs + 32 * c + 16);
+    WRITESCOPE_UNROLL(8)
+    for (int t = 0; t < Tokens; ++t) {
+      const __m512i key = broadcast_pairs<2>(keys + t * stride + 4 * c);
+      low[t] = dot(low[t], q_low, key);
+      high[t] = dot(high[t], q_high, key);
+    }
+  }
+  ahead = prefetch;
+  if constexpr (Tokens == 8) {
+    store_two_phase_scores(low, scale, w.scores + column);
+    store_two_phase_scores(high, scale, w.scores + 8 * pass_tokens + column);
+  } else {
+    alignas(64) float lanes[2][16];
+    _mm512_store_ps(lanes[0], low[0]);
+    _mm512_store_ps(lanes[1], high[0]);
+    for (int h = 0; h < 16; ++h)
+      w.scores[h * pass_tokens + column] = (lanes[h / 8][2 * (h % 8)] + lanes[h / 8][2 * (h % 8) + 1]) * scale;
+  }
+}
+
 /// Scores of tokens [first, first + count), keys in token rows, for `heads`
 /// KV heads from s.kv_head on (w: one Work per head): 8 rows at a time, each
 /// head in turn, so that the rows' bytes are read in address order (heads
 /// share a token-major row). query_pairs are arranged per chunk: lane
-/// h * Phases + f holds pair (chunk * Phases + f) of head h.
+/// h * Phases + f holds pair (chunk * Phases + f) of head h (groups of 16:
+/// see scores_rows_tile_16).
 template <int Phases>
 __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first, int count, Work* w, int heads,
                                            RowPrefetcher& ahead) {
@@ -282,17 +316,29 @@ __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first
   const std::int64_t stride = g.key_token_stride(s.order);
   const std::int64_t head_stride = g.key_offset(s.order, 0, 1, 0) - g.key_offset(s.order, 0, 0, 0);
   const bf16* keys = s.block + g.key_offset(s.order, first, s.kv_head, 0);
-  const int chunks = g.key_dim / (2 * Phases);
   int t = 0;
-  // 8 tokens x 2 chunks: 16 independent accumulators (12 cover vdpbf16ps' latency x 2 ports).
-  for (; t + 8 <= count; t += 8)
-    for (int h = 0; h < heads; ++h)
-      scores_rows_tile<Phases, 8>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t,
-                                  w[h], ahead);
-  for (; t < count; ++t)
-    for (int h = 0; h < heads; ++h)
-      scores_rows_tile<Phases, 1>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t,
-                                  w[h], ahead);
+  if constexpr (Phases == 1) {
+    const int chunks = g.key_dim / 4;
+    for (; t + 8 <= count; t += 8)
+      for (int h = 0; h < heads; ++h)
+        scores_rows_tile_16<8>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t, w[h],
+                               ahead);
+    for (; t < count; ++t)
+      for (int h = 0; h < heads; ++h)
+        scores_rows_tile_16<1>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t, w[h],
+                               ahead);
+  } else {
+    const int chunks = g.key_dim / (2 * Phases);
+    // 8 tokens x 2 chunks: 16 independent accumulators (12 cover vdpbf16ps' latency x 2 ports).
+    for (; t + 8 <= count; t += 8)
+      for (int h = 0; h < heads; ++h)
+        scores_rows_tile<Phases, 8>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t,
+                                    w[h], ahead);
+    for (; t < count; ++t)
+      for (int h = 0; h < heads; ++h)
+        scores_rows_tile<Phases, 1>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t,
+                                    w[h], ahead);
+  }
 }
 
 /// Softmax numerators of one pass for heads [h0, h0 + 4) with the online
@@ -496,7 +542,7 @@ bool avx512_bf16_takes(const BlockGeometry& g, BlockOrder order, int group) {
   const int value_tile = group >= 8 ? 32 : 64;
   if (g.value_dim % value_tile != 0) return false;
   if (g.tiled_keys(order)) return g.key_dim % 2 == 0 && g.key_tile_tokens() == tile_tokens;
-  return g.key_dim % (2 * (16 / group)) == 0;
+  return g.key_dim % (group == 16 ? 4 : 2 * (16 / group)) == 0;
 }
 
 void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, int group, const float* queries,
@@ -518,6 +564,14 @@ void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, i
     // Pair j of every head together: one pointer reaches a step's pairs.
     for (int j = 0; j < pairs; ++j)
       for (int h = 0; h < group; ++h) query_pairs[j * group + h] = rows[h * pairs + j];
+    return;
+  }
+  if (group == 16) {
+    // Token rows, scores_rows_tile_16: chunk c holds heads 0-7, then 8-15,
+    // lanes (h, f) = pair 2c + f of the head.
+    for (int c = 0; c < pairs / 2; ++c)
+      for (int h = 0; h < group; ++h)
+        for (int f = 0; f < 2; ++f) query_pairs[32 * c + 2 * h + f] = rows[h * pairs + 2 * c + f];
     return;
   }
   // Token rows: chunk c holds lanes (h, f) = pair c * phases + f of head h.
