@@ -8,9 +8,10 @@
 //    d and d+1 of 16 tokens; one word permute makes them 16 (d, d+1) pairs, and
 //    each query head adds its broadcast (q_d, q_d+1) pair: lanes are tokens.
 //  - QK^T, keys in token rows (token-major blocks, MLA's latent): lanes are
-//    (head, phase) with 16 / group phases; a head's phases see consecutive key
-//    pairs of one token (an 8- or 16-byte broadcast) and are summed at the end.
-//    Groups of 16 go as two groups of 8 that share each broadcast.
+//    (head, phase) with token_row_phases(group) phases; a head's phases see
+//    consecutive key pairs of one token (an 8- or 16-byte broadcast) and are
+//    summed at the end. Groups of 16 go as two groups of 8 that share each
+//    broadcast.
 //  - PV, values in token rows (every layout): rows t and t+1 interleaved by one
 //    unpack give (v_t, v_t+1) pairs per dim; each head adds its broadcast
 //    (p_t, p_t+1) pair. Accumulators stay in registers across all token pairs
@@ -49,6 +50,10 @@ constexpr int pass_tokens = 128;
 constexpr int tile_tokens = 16;
 constexpr int max_key_dim = 1024;
 constexpr int max_value_dim = 1024;
+
+/// Key pairs per head and token-row step of the scores: 16 lanes per group of
+/// 4 or 8; groups of 16 as two groups of 8 (scores_rows_tile_16).
+constexpr int token_row_phases(int group) { return group == 16 ? 2 : 16 / group; }
 
 /// exp(x) for 16 floats (simd::exp8's method); exactly 0 below -87, so
 /// masked-out scores contribute nothing.
@@ -306,19 +311,20 @@ inline void scores_rows_tile_16(const bf16* keys, std::int64_t stride, int chunk
 /// Scores of tokens [first, first + count), keys in token rows, for `heads`
 /// KV heads from s.kv_head on (w: one Work per head): 8 rows at a time, each
 /// head in turn, so that the rows' bytes are read in address order (heads
-/// share a token-major row). query_pairs are arranged per chunk: lane
-/// h * Phases + f holds pair (chunk * Phases + f) of head h (groups of 16:
-/// see scores_rows_tile_16).
-template <int Phases>
+/// share a token-major row). query_pairs are arranged per chunk of
+/// token_row_phases(Group) pairs: lane h * phases + f holds pair
+/// (chunk * phases + f) of head h.
+template <int Group>
 __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first, int count, Work* w, int heads,
                                            RowPrefetcher& ahead) {
   const BlockGeometry& g = s.geometry;
   const std::int64_t stride = g.key_token_stride(s.order);
   const std::int64_t head_stride = g.key_offset(s.order, 0, 1, 0) - g.key_offset(s.order, 0, 0, 0);
   const bf16* keys = s.block + g.key_offset(s.order, first, s.kv_head, 0);
+  constexpr int phases = token_row_phases(Group);
+  const int chunks = g.key_dim / (2 * phases);
   int t = 0;
-  if constexpr (Phases == 1) {
-    const int chunks = g.key_dim / 4;
+  if constexpr (Group == 16) {
     for (; t + 8 <= count; t += 8)
       for (int h = 0; h < heads; ++h)
         scores_rows_tile_16<8>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t, w[h],
@@ -328,15 +334,14 @@ __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first
         scores_rows_tile_16<1>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t, w[h],
                                ahead);
   } else {
-    const int chunks = g.key_dim / (2 * Phases);
     // 8 tokens x 2 chunks: 16 independent accumulators (12 cover vdpbf16ps' latency x 2 ports).
     for (; t + 8 <= count; t += 8)
       for (int h = 0; h < heads; ++h)
-        scores_rows_tile<Phases, 8>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t,
+        scores_rows_tile<phases, 8>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t,
                                     w[h], ahead);
     for (; t < count; ++t)
       for (int h = 0; h < heads; ++h)
-        scores_rows_tile<Phases, 1>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t,
+        scores_rows_tile<phases, 1>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t,
                                     w[h], ahead);
   }
 }
@@ -480,7 +485,6 @@ template <int Group>
 void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::uint32_t* const* query_pairs,
             const HostSegment<bf16>* following, float* o, float* lse) {
   const BlockGeometry& g = run[0].geometry;
-  constexpr int phases = 16 / Group;
   const bool tiled = g.tiled_keys(run[0].order);
   const int state = Group * g.value_dim;
   std::vector<Work> w(heads);
@@ -511,7 +515,7 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
                                       ? key_rows(ahead, ahead_first + during_scores, ahead_count - during_scores, heads)
                                       : value_rows(ahead, ahead_first, ahead_count, heads);
       if (tiled) scores_tiled<Group>(s, first, count, w[0], next_keys);
-      else scores_rows<phases>(s, first, count, w.data(), heads, next_keys);
+      else scores_rows<Group>(s, first, count, w.data(), heads, next_keys);
       next_keys.finish();
       for (int h = 0; h < heads; ++h) {
         HostSegment<bf16> head = s;
@@ -542,7 +546,7 @@ bool avx512_bf16_takes(const BlockGeometry& g, BlockOrder order, int group) {
   const int value_tile = group >= 8 ? 32 : 64;
   if (g.value_dim % value_tile != 0) return false;
   if (g.tiled_keys(order)) return g.key_dim % 2 == 0 && g.key_tile_tokens() == tile_tokens;
-  return g.key_dim % (group == 16 ? 4 : 2 * (16 / group)) == 0;
+  return g.key_dim % (2 * token_row_phases(group)) == 0;
 }
 
 void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, int group, const float* queries,
@@ -566,19 +570,12 @@ void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, i
       for (int h = 0; h < group; ++h) query_pairs[j * group + h] = rows[h * pairs + j];
     return;
   }
-  if (group == 16) {
-    // Token rows, scores_rows_tile_16: chunk c holds heads 0-7, then 8-15,
-    // lanes (h, f) = pair 2c + f of the head.
-    for (int c = 0; c < pairs / 2; ++c)
-      for (int h = 0; h < group; ++h)
-        for (int f = 0; f < 2; ++f) query_pairs[32 * c + 2 * h + f] = rows[h * pairs + 2 * c + f];
-    return;
-  }
-  // Token rows: chunk c holds lanes (h, f) = pair c * phases + f of head h.
-  const int phases = 16 / group;
+  // Token rows: chunk c holds lanes (h, f) = pair c * phases + f of head h
+  // (groups of 16: heads 0-7, then 8-15, in two vectors).
+  const int phases = token_row_phases(group), lanes = group * phases;
   for (int c = 0; c < pairs / phases; ++c)
     for (int h = 0; h < group; ++h)
-      for (int f = 0; f < phases; ++f) query_pairs[16 * c + h * phases + f] = rows[h * pairs + c * phases + f];
+      for (int f = 0; f < phases; ++f) query_pairs[lanes * c + h * phases + f] = rows[h * pairs + c * phases + f];
 }
 
 void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, int heads,
