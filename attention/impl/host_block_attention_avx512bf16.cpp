@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #pragma GCC push_options
@@ -323,27 +324,19 @@ __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first
   const bf16* keys = s.block + g.key_offset(s.order, first, s.kv_head, 0);
   constexpr int phases = token_row_phases(Group);
   const int chunks = g.key_dim / (2 * phases);
+  // 8 tokens x 2 chunks (groups of 16: x 2 halves): 16 independent
+  // accumulators (12 cover vdpbf16ps' latency x 2 ports); single tokens last.
+  auto tile = [&](auto tokens, int t, int h) {
+    constexpr int n = decltype(tokens)::value;
+    const bf16* rows = keys + t * stride + h * head_stride;
+    if constexpr (Group == 16) scores_rows_tile_16<n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
+    else scores_rows_tile<phases, n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
+  };
   int t = 0;
-  if constexpr (Group == 16) {
-    for (; t + 8 <= count; t += 8)
-      for (int h = 0; h < heads; ++h)
-        scores_rows_tile_16<8>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t, w[h],
-                               ahead);
-    for (; t < count; ++t)
-      for (int h = 0; h < heads; ++h)
-        scores_rows_tile_16<1>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t, w[h],
-                               ahead);
-  } else {
-    // 8 tokens x 2 chunks: 16 independent accumulators (12 cover vdpbf16ps' latency x 2 ports).
-    for (; t + 8 <= count; t += 8)
-      for (int h = 0; h < heads; ++h)
-        scores_rows_tile<phases, 8>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t,
-                                    w[h], ahead);
-    for (; t < count; ++t)
-      for (int h = 0; h < heads; ++h)
-        scores_rows_tile<phases, 1>(keys + t * stride + h * head_stride, stride, chunks, w[h].query_pairs, s.scale, t,
-                                    w[h], ahead);
-  }
+  for (; t + 8 <= count; t += 8)
+    for (int h = 0; h < heads; ++h) tile(std::integral_constant<int, 8>{}, t, h);
+  for (; t < count; ++t)
+    for (int h = 0; h < heads; ++h) tile(std::integral_constant<int, 1>{}, t, h);
 }
 
 /// Softmax numerators of one pass for heads [h0, h0 + 4) with the online
