@@ -35,8 +35,9 @@ double measure_host_dram_read_gbps(std::int64_t bytes = std::int64_t{1} << 30);
 /// the host kernels that run on that path.
 double measure_host_product_gmacs(CpuPath path);
 /// Multiply-adds per second (10^9) of the fp32 FMA that the prefill tile
-/// product runs on CPU path `path`, all host threads: scalar, 8-lane (avx2) or
-/// 16-lane AVX-512F (avx512_bf16). The compute roof of host prefill attention.
+/// product and the expert linear layer run on CPU path `path`, all host
+/// threads: scalar, 8-lane (avx2) or 16-lane AVX-512F (avx512_bf16). Their
+/// compute roof.
 double measure_host_fp32_fma_gmacs(CpuPath path);
 /// Median time of a small two-dimensional host kernel, launched and fenced.
 double measure_host_launch_latency_s();
