@@ -77,7 +77,7 @@ void bf16_linear(benchmark::State& state) {
   });
   const double dram = report(state, total, weight_bytes, weight_bytes);
   // The multiply-add peak of the fp32 FMA the layer runs on its path (16-lane
-  // AVX-512F on avx512_bf16), measured, over its multiply-adds per weight byte
+  // AVX-512F on both AVX-512 paths), measured, over its multiply-adds per weight byte
   // (rows / 2). Not derived from vdpbf16ps: on Zen 4/5 that runs twice the
   // multiply-adds of the 16-lane FMA, on the Intel hosts measured half.
   const CpuPath path = impl::linear_path(active_cpu_path(), rows, in, true);

@@ -10,7 +10,7 @@
 #include <stdexcept>
 
 #include "attention/decode.hpp"
-#include "experiments/impl/product_peaks.hpp"
+#include "framework/impl/product_peaks.hpp"
 #include "framework/concurrent.hpp"
 #include "framework/host_memory.hpp"
 #include "moe/experts.hpp"
@@ -187,7 +187,7 @@ double chains_rate(double multiply_adds_per_thread, Chains chains) {
 
 double measure_host_fp32_fma_gmacs(CpuPath path) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-  if (path == CpuPath::avx512_bf16)
+  if (path >= CpuPath::avx512_fma)
     return chains_rate(static_cast<double>(fma_iterations) * fma_chains * 16, Fma16Chains{1.0f});
 #endif
   // The decode products of the other paths are fp32 FMAs already.
@@ -200,6 +200,12 @@ double measure_host_product_gmacs(CpuPath path) {
     case CpuPath::avx512_bf16:
 #ifdef WRITESCOPE_HOST_AVX512_BF16
       return chains_rate(chained * 32, Bf16DotChains{1.0f});
+#else
+      break;
+#endif
+    case CpuPath::avx512_fma:
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+      return chains_rate(chained * 16, Fma16Chains{1.0f});
 #else
       break;
 #endif

@@ -31,12 +31,13 @@ void copy_words(const HostExecSpace& space, const HostWords& destination, const 
 double measure_host_dram_read_gbps(std::int64_t bytes = std::int64_t{1} << 30);
 /// Multiply-adds per second (10^9) of the product instruction of CPU path
 /// `path`, all host threads: scalar fp32 FMA, 8-lane fp32 FMA (avx2), or
-/// vdpbf16ps, 32 bf16 multiply-adds each (avx512_bf16). The compute roof of
+/// 16-lane fp32 FMA (avx512_fma) or vdpbf16ps, 32 bf16 multiply-adds each
+/// (avx512_bf16). The compute roof of
 /// the host kernels that run on that path.
 double measure_host_product_gmacs(CpuPath path);
 /// Multiply-adds per second (10^9) of the fp32 FMA that the prefill tile
 /// product and the expert linear layer run on CPU path `path`, all host
-/// threads: scalar, 8-lane (avx2) or 16-lane AVX-512F (avx512_bf16). Their
+/// threads: scalar, 8-lane (avx2) or 16-lane AVX-512F (both AVX-512 paths). Their
 /// compute roof.
 double measure_host_fp32_fma_gmacs(CpuPath path);
 /// Median time of a small two-dimensional host kernel, launched and fenced.

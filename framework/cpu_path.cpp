@@ -1,13 +1,19 @@
 #include "framework/cpu_path.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 
+#include "framework/impl/product_peaks.hpp"
 #include "framework/simd.hpp"
 
 namespace writescope {
 namespace {
+
+constexpr CpuPath all_paths[] = {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_fma, CpuPath::avx512_bf16};
 
 bool cpu_runs(CpuPath path) {
   switch (path) {
@@ -19,6 +25,7 @@ bool cpu_runs(CpuPath path) {
 #else
       return false;
 #endif
+    case CpuPath::avx512_fma:
     case CpuPath::avx512_bf16:
 #ifdef WRITESCOPE_HOST_AVX512_BF16
       // libgcc's check includes the OS's XSAVE support for the zmm state.
@@ -33,7 +40,7 @@ bool cpu_runs(CpuPath path) {
 
 std::vector<CpuPath> detect() {
   std::vector<CpuPath> paths;
-  for (CpuPath path : {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_bf16})
+  for (CpuPath path : all_paths)
     if (cpu_runs(path)) paths.push_back(path);
   return paths;
 }
@@ -64,6 +71,8 @@ const char* cpu_path_name(CpuPath path) {
       return "scalar";
     case CpuPath::avx2:
       return "avx2";
+    case CpuPath::avx512_fma:
+      return "avx512_fma";
     case CpuPath::avx512_bf16:
       return "avx512_bf16";
   }
@@ -71,9 +80,9 @@ const char* cpu_path_name(CpuPath path) {
 }
 
 CpuPath parse_cpu_path(const std::string& name) {
-  for (CpuPath path : {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_bf16})
+  for (CpuPath path : all_paths)
     if (name == cpu_path_name(path)) return path;
-  throw std::invalid_argument("unknown CPU path '" + name + "' (known: scalar, avx2, avx512_bf16)");
+  throw std::invalid_argument("unknown CPU path '" + name + "' (known: scalar, avx2, avx512_fma, avx512_bf16)");
 }
 
 const std::vector<CpuPath>& supported_cpu_paths() {
@@ -81,7 +90,38 @@ const std::vector<CpuPath>& supported_cpu_paths() {
   return paths;
 }
 
-CpuPath best_cpu_path() { return supported_cpu_paths().back(); }
+CpuPath best_cpu_path() {
+  const CpuPath last = supported_cpu_paths().back();
+  return last == CpuPath::avx512_bf16 ? faster_avx512_path(avx512_product_rates()) : last;
+}
+
+const Avx512ProductRates& avx512_product_rates() {
+  static const Avx512ProductRates rates = [] {
+    Avx512ProductRates measured;
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+    if (!cpu_runs(CpuPath::avx512_bf16)) return measured;
+    constexpr std::int64_t iterations = 50'000;  // 600k instructions: about 0.1-0.5 ms
+    const double multiply_adds = static_cast<double>(iterations) * impl::peak_chains;
+    auto rate = [&](auto chains, double per_instruction) {
+      const auto start = std::chrono::steady_clock::now();
+      volatile float sink = chains(1.0f, iterations);
+      (void)sink;
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return multiply_adds * per_instruction / seconds / 1e9;
+    };
+    for (int round = 0; round < 5; ++round) {
+      measured.bf16_dot_gmacs = std::max(measured.bf16_dot_gmacs, rate(impl::bf16_dot_chains, 32));
+      measured.fp32_fma_gmacs = std::max(measured.fp32_fma_gmacs, rate(impl::fp32_fma16_chains, 16));
+    }
+#endif
+    return measured;
+  }();
+  return rates;
+}
+
+CpuPath faster_avx512_path(const Avx512ProductRates& rates) {
+  return rates.fp32_fma_gmacs > 1.25 * rates.bf16_dot_gmacs ? CpuPath::avx512_fma : CpuPath::avx512_bf16;
+}
 
 bool cpu_path_supported(CpuPath path) {
   for (CpuPath supported : supported_cpu_paths())

@@ -10,26 +10,46 @@
 
 namespace writescope {
 
-/// Ordered from the plainest to the fastest.
+/// Ordered from the plainest on; each falls back to the one before it.
 ///  - scalar: plain C++ loops, the reference of the others;
 ///  - avx2: 8-wide fp32 FMA on widened bf16 (the build's baseline ISA);
+///  - avx512_fma: 16-wide fp32 FMA on widened bf16, fp32 queries and softmax
+///    weights;
 ///  - avx512_bf16: 16-wide `vdpbf16ps` on bf16 pairs. Queries and softmax
 ///    weights are rounded to bf16 before their products (as tensor-core
 ///    attention does); accumulation stays fp32.
-/// An AVX-512F path without BF16 is not offered: no machine of the project
-/// (AMD Zen 4/5, the GPU machine's Intel host) has AVX-512F without BF16.
-/// AMX tiles are not used yet (no machine at hand to test them on).
-enum class CpuPath : int { scalar = 0, avx2 = 1, avx512_bf16 = 2 };
+/// Both AVX-512 paths need AVX-512 BF16 CPUs (the kernels share one target
+/// region; no machine of the project has AVX-512F without BF16). Which of them
+/// is faster depends on the CPU: AMD Zen 4/5 run vdpbf16ps at twice the
+/// multiply-adds of a 16-lane FMA, the Intel hosts measured at half
+/// (faster_avx512_path). AMX tiles are not used yet (no machine at hand
+/// exposes them).
+enum class CpuPath : int { scalar = 0, avx2 = 1, avx512_fma = 2, avx512_bf16 = 3 };
 
-/// "scalar", "avx2", "avx512_bf16".
+/// "scalar", "avx2", "avx512_fma", "avx512_bf16".
 const char* cpu_path_name(CpuPath path);
 /// Inverse of cpu_path_name; throws std::invalid_argument naming the valid names.
 CpuPath parse_cpu_path(const std::string& name);
 
 /// Paths this binary compiled and this CPU (and OS) can run, plainest first.
 const std::vector<CpuPath>& supported_cpu_paths();
-/// The fastest supported path.
+/// The fastest supported path: the last one, or of the two AVX-512 paths the
+/// faster one here (faster_avx512_path on avx512_product_rates).
 CpuPath best_cpu_path();
+
+/// Multiply-adds per second (10^9) of one thread's vdpbf16ps and 16-lane fp32
+/// FMA chains, measured once per process (about 10 ms, best of five each,
+/// alternating) where the AVX-512 paths run; zeros elsewhere.
+struct Avx512ProductRates {
+  double bf16_dot_gmacs = 0;
+  double fp32_fma_gmacs = 0;
+};
+const Avx512ProductRates& avx512_product_rates();
+/// avx512_fma where the 16-lane FMA runs more than 1.25 times the
+/// multiply-adds of vdpbf16ps, else avx512_bf16: the fp32 products spend about
+/// one ALU operation per two to four FMAs widening bf16, vdpbf16ps' about one
+/// per eight, so at equal rates vdpbf16ps wins.
+CpuPath faster_avx512_path(const Avx512ProductRates& rates);
 bool cpu_path_supported(CpuPath path);
 
 /// The path kernels take now: WRITESCOPE_CPU_PATH if set (an unsupported or

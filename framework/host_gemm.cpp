@@ -9,7 +9,7 @@ namespace writescope {
 
 CpuPath host_gemm_path(CpuPath active) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-  if (active >= CpuPath::avx512_bf16) return CpuPath::avx512_bf16;
+  if (active >= CpuPath::avx512_fma) return active;
 #endif
 #ifdef WRITESCOPE_HOST_AVX2
   if (active >= CpuPath::avx2) return CpuPath::avx2;
@@ -20,7 +20,7 @@ CpuPath host_gemm_path(CpuPath active) {
 
 int host_gemm_row_multiple(CpuPath path) {
   path = host_gemm_path(path);
-  return path == CpuPath::avx512_bf16 ? 8 : path == CpuPath::avx2 ? 4 : 1;
+  return path >= CpuPath::avx512_fma ? 8 : path == CpuPath::avx2 ? 4 : 1;
 }
 
 namespace {
@@ -70,7 +70,7 @@ WRITESCOPE_UNROLL(4)
 #endif
 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-// 16-lane fp32 FMAs on CPUs with AVX-512 (the avx512_bf16 path implies
+// 16-lane fp32 FMAs on CPUs with AVX-512 (the AVX-512 paths imply
 // AVX-512F): 8 rows x 2 vectors = 16 accumulators of the 32 zmm registers,
 // 2 loads of B and 8 broadcasts per 16 FMAs.
 #pragma GCC push_options
@@ -118,7 +118,7 @@ void tile_gemm_avx512(int m, int n, int k, const float* a, std::int64_t a_row, s
 void host_gemm(CpuPath path, int m, int n, int k, const float* a, std::int64_t a_row, std::int64_t a_col,
                const float* b, int ldb, float* c, int ldc) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-  if (path >= CpuPath::avx512_bf16) {
+  if (path >= CpuPath::avx512_fma) {
     tile_gemm_avx512(m, n, k, a, a_row, a_col, b, ldb, c, ldc);
     return;
   }

@@ -57,7 +57,7 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
   const ConfigNode cpu = root.child("cpu");
   cpu.allow_only({"threads", "dram_read_gbps", "path", "fma_glanes", "launch_latency_us", "expert_gbps",
                   "expert_gflops", "gemv_gbps", "gemm_gflops", "attention_gbps"});
-  if (cpu.has("path")) p.cpu_path = cpu.get_choice("path", {"scalar", "avx2", "avx512_bf16"});
+  if (cpu.has("path")) p.cpu_path = cpu.get_choice("path", {"scalar", "avx2", "avx512_fma", "avx512_bf16"});
   p.cpu_threads = cpu.get<int>("threads");
   if (p.cpu_threads < 1) cpu.fail("threads", "must be at least 1");
   p.cpu_dram_read_gbps = positive(cpu, "dram_read_gbps");

@@ -36,7 +36,8 @@ struct MachineProfile {
   /// figures were measured with; profiles written before paths existed: "avx2".
   std::string cpu_path = "avx2";
   /// Multiply-adds per second (10^9) of that path's product instruction
-  /// (8-lane fp32 FMA for avx2, 32-pair vdpbf16ps for avx512_bf16).
+  /// (8-lane fp32 FMA for avx2, 16-lane for avx512_fma, 32-pair vdpbf16ps for
+  /// avx512_bf16).
   double cpu_fma_glanes = 0;
   double cpu_launch_latency_s = 0;  // fixed cost of the CPU share of a step
   /// The project's bf16 SwiGLU expert kernel on the host threads, from DRAM:

@@ -377,24 +377,28 @@ inline void exponentiate(float* scores, int group, int n, float* maxima, float* 
 #endif  // WRITESCOPE_HOST_AVX2
 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-/// The AVX-512 BF16 path (host_block_attention_avx512bf16.cpp): whether it
-/// takes blocks of this geometry and order with `group` query heads per KV head;
-/// the group's queries (group, key_dim) as bf16 pairs in the order its
-/// products read them (group * key_dim / 2 words, prepared once per batch
-/// entry and KV head, not per segment); the product itself (same contract as
-/// host_run_attention), one online softmax per head across the run's segments.
-bool avx512_bf16_takes(const BlockGeometry& g, BlockOrder order, int group);
+/// The AVX-512 paths (host_block_attention_avx512bf16.cpp): whether they
+/// take blocks of this geometry and order with `group` query heads per KV
+/// head; for avx512_bf16, the group's queries (group, key_dim) as bf16 pairs
+/// in the order its products read them (group * key_dim / 2 words, prepared
+/// once per batch entry and KV head, not per segment); the product itself
+/// (same contract as host_run_attention), one online softmax per head across
+/// the run's segments: in vdpbf16ps (avx512_bf16) or in 16-lane fp32 FMAs on
+/// the fp32 queries (avx512_fma).
+bool avx512_takes(const BlockGeometry& g, BlockOrder order, int group);
 void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, int group, const float* queries,
                                      std::uint32_t* query_pairs);
 void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, int heads,
                                     const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following,
                                     float* o, float* lse);
+void host_run_attention_avx512_fma(const HostSegment<bf16>* run, int count, int heads,
+                                   const HostSegment<bf16>* following, float* o, float* lse);
 #endif
 
 /// The instruction path host_run_attention takes for these blocks.
 inline CpuPath host_product_path(CpuPath active, const BlockGeometry& g, BlockOrder order, int group, bool bf16_kv) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-  if (active >= CpuPath::avx512_bf16 && bf16_kv && avx512_bf16_takes(g, order, group)) return CpuPath::avx512_bf16;
+  if (active >= CpuPath::avx512_fma && bf16_kv && avx512_takes(g, order, group)) return active;
 #else
   (void)order, (void)group, (void)bf16_kv;
 #endif
@@ -479,6 +483,10 @@ void host_run_attention(const HostSegment<Scalar>* run, int count, int heads, fl
   if constexpr (std::is_same_v<Scalar, bf16>) {
     if (path == CpuPath::avx512_bf16) {
       host_run_attention_avx512_bf16(run, count, heads, query_pairs, following, o, lse);
+      return;
+    }
+    if (path == CpuPath::avx512_fma) {
+      host_run_attention_avx512_fma(run, count, heads, following, o, lse);
       return;
     }
   }

@@ -89,6 +89,13 @@ inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
 }
 
+/// The two halves of each 32-bit lane of bf16 pairs as fp32: (even, odd)
+/// elements (a bf16 is the high half of its fp32).
+inline __m512 even_elements(__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
+inline __m512 odd_elements(__m512i pairs) {
+  return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
 /// `Phases` consecutive bf16 pairs at p, repeated over the 16 lanes.
 template <int Phases>
 inline __m512i broadcast_pairs(const bf16* p) {
@@ -104,11 +111,18 @@ inline __m512i broadcast_pairs(const bf16* p) {
 
 /// Per-call state: the running softmax and the unnormalised output. scores:
 /// (group, pass_tokens) fp32; weights: (group, pass_tokens / 2) bf16 pairs
-/// (p_t, p_t+1), t counted from the pass start; query_pairs: see prepare_query_pairs.
+/// (p_t, p_t+1), t counted from the pass start (vdpbf16ps products), or
+/// weights_fp32 (group, pass_tokens) (fp32 FMA products); query_pairs: see
+/// prepare_query_pairs (vdpbf16ps); query_lanes: see prepare_query_lanes
+/// (fp32 FMA).
 struct Work {
   const std::uint32_t* query_pairs;
+  const float* query_lanes;
   alignas(64) float scores[max_group * pass_tokens];
-  alignas(64) std::uint32_t weights[max_group * pass_tokens / 2];
+  union {
+    alignas(64) std::uint32_t weights[max_group * pass_tokens / 2];
+    alignas(64) float weights_fp32[max_group * pass_tokens];
+  };
   float maxima[max_group];
   float sums[max_group];
 };
@@ -145,13 +159,51 @@ inline void scores_tiles(const bf16* keys, std::int64_t tile_elements, int pairs
   ahead = prefetch;
 }
 
+/// scores_tiles with fp32 FMAs: each key line gives dims d and d + 1 of its
+/// 16 tokens as two fp32 vectors (one masked word permute each, straight
+/// from the stored tile), and each query element is a broadcast from
+/// query_lanes (pairs, Group, 2): one pointer reaches a step's elements (a
+/// pointer per head spilled the accumulators).
+template <int Group, int Tiles>
+inline void scores_tiles_fp32(const bf16* keys, std::int64_t tile_elements, int pairs, const float* query_lanes,
+                              __m512 (&acc)[Tiles][Group], RowPrefetcher& ahead) {
+  // Word 2i + 1 of the result is token i of dim d (first) or d + 1 (second); even words are zeroed.
+  alignas(64) static constexpr std::int16_t dim_first[32] = {0, 0, 0, 1,  0, 2,  0, 3,  0, 4,  0, 5,  0, 6,  0, 7,
+                                                             0, 8, 0, 9,  0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15};
+  alignas(64) static constexpr std::int16_t dim_second[32] = {0, 16, 0, 17, 0, 18, 0, 19, 0, 20, 0, 21, 0, 22, 0, 23,
+                                                              0, 24, 0, 25, 0, 26, 0, 27, 0, 28, 0, 29, 0, 30, 0, 31};
+  constexpr __mmask32 odd_words = 0xaaaaaaaau;
+  const __m512i first = _mm512_load_si512(dim_first), second = _mm512_load_si512(dim_second);
+  RowPrefetcher prefetch = ahead;  // a local copy stays in registers
+  WRITESCOPE_UNROLL(4)
+  for (int k = 0; k < Tiles; ++k)
+    WRITESCOPE_UNROLL(16)
+    for (int h = 0; h < Group; ++h) acc[k][h] = _mm512_setzero_ps();
+  for (int j = 0; j < pairs; ++j) {
+    prefetch.step(Tiles);
+    WRITESCOPE_UNROLL(4)
+    for (int k = 0; k < Tiles; ++k) {
+      const __m512i line = _mm512_loadu_si512(keys + k * tile_elements + 2 * j * tile_tokens);
+      const __m512 dim = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(odd_words, first, line));
+      const __m512 next_dim = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(odd_words, second, line));
+      WRITESCOPE_UNROLL(16)
+      for (int h = 0; h < Group; ++h) {
+        const float* q = query_lanes + (j * Group + h) * 2;
+        acc[k][h] = _mm512_fmadd_ps(dim, _mm512_set1_ps(q[0]), acc[k][h]);
+        acc[k][h] = _mm512_fmadd_ps(next_dim, _mm512_set1_ps(q[1]), acc[k][h]);
+      }
+    }
+  }
+  ahead = prefetch;
+}
+
 // The pass products (scores_tiled, scores_rows, values_rows) are kept out of
 // attend: inlined, their loops lost registers to its state (Mixtral's
 // key-tile offsets were reloaded from the stack every step; +7% in cache).
 
 /// Scores of tokens [first, first + count) of the block (one pass), keys in
 /// 16-token tiles: scores(h, t - first).
-template <int Group>
+template <int Group, bool Fp32>
 __attribute__((noinline)) void scores_tiled(const HostSegment<bf16>& s, int first, int count, Work& w,
                                             RowPrefetcher& ahead) {
   constexpr int tiles_at_once = 16 / Group;
@@ -167,20 +219,24 @@ __attribute__((noinline)) void scores_tiled(const HostSegment<bf16>& s, int firs
     for (int h = 0; h < Group; ++h)
       _mm512_mask_storeu_ps(w.scores + h * pass_tokens + (tile - first), inside, _mm512_mul_ps(acc[h], scale));
   };
+  auto product = [&](auto tiles, int tile, __m512(&acc)[decltype(tiles)::value][Group]) {
+    constexpr int n = decltype(tiles)::value;
+    const bf16* keys = s.block + g.key_offset(BlockOrder::head_major, tile, s.kv_head, 0);
+    if constexpr (Fp32) scores_tiles_fp32<Group, n>(keys, tile_elements, pairs, w.query_lanes, acc, ahead);
+    else scores_tiles<Group, n>(keys, tile_elements, pairs, w.query_pairs, acc, ahead);
+  };
   const int last = first + count;
   int tile = first - first % tile_tokens;
   for (; tile + tiles_at_once * tile_tokens <= ((last + tile_tokens - 1) / tile_tokens) * tile_tokens;
        tile += tiles_at_once * tile_tokens) {
     __m512 acc[tiles_at_once][Group];
-    scores_tiles<Group, tiles_at_once>(s.block + g.key_offset(BlockOrder::head_major, tile, s.kv_head, 0),
-                                       tile_elements, pairs, w.query_pairs, acc, ahead);
+    product(std::integral_constant<int, tiles_at_once>{}, tile, acc);
     WRITESCOPE_UNROLL(4)
     for (int k = 0; k < tiles_at_once; ++k) store(tile + k * tile_tokens, acc[k]);
   }
   for (; tile < last; tile += tile_tokens) {
     __m512 acc[1][Group];
-    scores_tiles<Group, 1>(s.block + g.key_offset(BlockOrder::head_major, tile, s.kv_head, 0), tile_elements, pairs,
-                           w.query_pairs, acc, ahead);
+    product(std::integral_constant<int, 1>{}, tile, acc);
     store(tile, acc[0]);
   }
 }
@@ -309,27 +365,105 @@ inline void scores_rows_tile_16(const bf16* keys, std::int64_t stride, int chunk
   }
 }
 
+/// Token-row scores with fp32 FMAs: lanes (head, phase) as in
+/// scores_rows_tile, for the heads of a group in `Halves` vectors (16: two
+/// halves of 8 heads x 2 phases; 8: two of 4 heads x 4 phases; 4: one of 4 x
+/// 4) that share each key broadcast, whose pairs are widened once into their
+/// even and odd elements (two ALU operations per broadcast, shared by
+/// 2 x Halves FMAs). query_lanes: see prepare_query_lanes.
+template <int Group, int Tokens>
+inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int chunks, const float* query_lanes,
+                                  float scale, int column, Work& w, RowPrefetcher& ahead) {
+  constexpr int halves = Group == 4 ? 1 : 2, heads = Group / halves, phases = 16 / heads;
+  RowPrefetcher prefetch = ahead;  // a local copy stays in registers
+  __m512 acc[halves][Tokens];
+  WRITESCOPE_UNROLL(2)
+  for (int half = 0; half < halves; ++half)
+    WRITESCOPE_UNROLL(8)
+    for (int t = 0; t < Tokens; ++t) acc[half][t] = _mm512_setzero_ps();
+  for (int c = 0; c < chunks; ++c) {
+    prefetch.step(1);
+    __m512 q[halves][2];
+    WRITESCOPE_UNROLL(2)
+    for (int half = 0; half < halves; ++half)
+      WRITESCOPE_UNROLL(2)
+      for (int e = 0; e < 2; ++e) q[half][e] = _mm512_loadu_ps(query_lanes + ((c * halves + half) * 2 + e) * 16);
+    WRITESCOPE_UNROLL(8)
+    for (int t = 0; t < Tokens; ++t) {
+      const __m512i key = broadcast_pairs<phases>(keys + t * stride + 2 * phases * c);
+      const __m512 even = even_elements(key), odd = odd_elements(key);
+      WRITESCOPE_UNROLL(2)
+      for (int half = 0; half < halves; ++half) {
+        acc[half][t] = _mm512_fmadd_ps(even, q[half][0], acc[half][t]);
+        acc[half][t] = _mm512_fmadd_ps(odd, q[half][1], acc[half][t]);
+      }
+    }
+  }
+  ahead = prefetch;
+  if constexpr (phases == 2 && Tokens == 8) {
+    WRITESCOPE_UNROLL(2)
+    for (int half = 0; half < halves; ++half)
+      store_two_phase_scores(acc[half], scale, w.scores + half * heads * pass_tokens + column);
+    return;
+  }
+  WRITESCOPE_UNROLL(2)
+  for (int half = 0; half < halves; ++half)
+    WRITESCOPE_UNROLL(8)
+    for (int t = 0; t < Tokens; ++t) {
+      // Each head's phases summed into its first lane.
+      __m512 sum = _mm512_add_ps(acc[half][t], _mm512_permute_ps(acc[half][t], _MM_SHUFFLE(2, 3, 0, 1)));
+      if constexpr (phases == 4) sum = _mm512_add_ps(sum, _mm512_permute_ps(sum, _MM_SHUFFLE(1, 0, 3, 2)));
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, _mm512_mul_ps(sum, _mm512_set1_ps(scale)));
+      for (int h = 0; h < heads; ++h) w.scores[(half * heads + h) * pass_tokens + column + t] = lanes[h * phases];
+    }
+}
+
+/// The fp32 FMA products' queries of one group (queries (group, key_dim)), in
+/// the order they read them (group * key_dim floats). Tiled keys: (pairs,
+/// group, 2), element 2j + e of head h at (j, h, e). Token rows
+/// (scores_rows_tile_fp32): per chunk of 2 x phases elements, per half, the
+/// even then the odd elements, lane (h, f) holding element 2f (+1) of the
+/// chunk for head half * heads + h: (key_dim / (2 * phases), halves, 2, 16).
+void prepare_query_lanes(bool tiled, int group, int key_dim, const float* queries, float* query_lanes) {
+  if (tiled) {
+    for (int j = 0; j < key_dim / 2; ++j)
+      for (int h = 0; h < group; ++h)
+        for (int e = 0; e < 2; ++e) query_lanes[(j * group + h) * 2 + e] = queries[h * key_dim + 2 * j + e];
+    return;
+  }
+  const int halves = group == 4 ? 1 : 2, heads = group / halves, phases = 16 / heads;
+  for (int c = 0; c < key_dim / (2 * phases); ++c)
+    for (int half = 0; half < halves; ++half)
+      for (int e = 0; e < 2; ++e)
+        for (int h = 0; h < heads; ++h)
+          for (int f = 0; f < phases; ++f)
+            query_lanes[((c * halves + half) * 2 + e) * 16 + h * phases + f] =
+                queries[(half * heads + h) * key_dim + c * 2 * phases + 2 * f + e];
+}
+
 /// Scores of tokens [first, first + count), keys in token rows, for `heads`
 /// KV heads from s.kv_head on (w: one Work per head): 8 rows at a time, each
 /// head in turn, so that the rows' bytes are read in address order (heads
 /// share a token-major row). query_pairs are arranged per chunk of
 /// token_row_phases(Group) pairs: lane h * phases + f holds pair
 /// (chunk * phases + f) of head h.
-template <int Group>
+template <int Group, bool Fp32>
 __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first, int count, Work* w, int heads,
                                            RowPrefetcher& ahead) {
   const BlockGeometry& g = s.geometry;
   const std::int64_t stride = g.key_token_stride(s.order);
   const std::int64_t head_stride = g.key_offset(s.order, 0, 1, 0) - g.key_offset(s.order, 0, 0, 0);
   const bf16* keys = s.block + g.key_offset(s.order, first, s.kv_head, 0);
-  constexpr int phases = token_row_phases(Group);
+  constexpr int phases = Fp32 ? (Group == 16 ? 2 : 4) : token_row_phases(Group);
   const int chunks = g.key_dim / (2 * phases);
   // 8 tokens x 2 chunks (groups of 16: x 2 halves): 16 independent
   // accumulators (12 cover vdpbf16ps' latency x 2 ports); single tokens last.
   auto tile = [&](auto tokens, int t, int h) {
     constexpr int n = decltype(tokens)::value;
     const bf16* rows = keys + t * stride + h * head_stride;
-    if constexpr (Group == 16) scores_rows_tile_16<n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
+    if constexpr (Fp32) scores_rows_tile_fp32<Group, n>(rows, stride, chunks, w[h].query_lanes, s.scale, t, w[h], ahead);
+    else if constexpr (Group == 16) scores_rows_tile_16<n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
     else scores_rows_tile<phases, n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
   };
   int t = 0;
@@ -341,8 +475,10 @@ __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first
 
 /// Softmax numerators of one pass for heads [h0, h0 + 4) with the online
 /// update: rescales the running output when a head's maximum grows; writes
-/// (p_t, p_t+1) bf16 pairs. The four heads go side by side, so that their
-/// reductions and exponentials (each a long dependency chain) overlap.
+/// (p_t, p_t+1) bf16 pairs (or fp32 weights for the fp32 FMA products). The
+/// four heads go side by side, so that their reductions and exponentials
+/// (each a long dependency chain) overlap.
+template <bool Fp32>
 void exponentiate_heads(int h0, int count, int value_dim, float* o, Work& w) {
   constexpr int heads = 4;
   const __mmask16 all = 0xffff;
@@ -378,8 +514,13 @@ void exponentiate_heads(int h0, int count, int value_dim, float* o, Work& w) {
       const __m512 a = _mm512_maskz_mov_ps(low, exp16(_mm512_sub_ps(_mm512_loadu_ps(row), m[h])));
       const __m512 b = _mm512_maskz_mov_ps(high, exp16(_mm512_sub_ps(_mm512_loadu_ps(row + 16), m[h])));
       vsum[h] = _mm512_add_ps(vsum[h], _mm512_add_ps(a, b));
-      _mm512_storeu_si512(w.weights + (h0 + h) * (pass_tokens / 2) + i / 2,
-                          reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+      if constexpr (Fp32) {
+        _mm512_storeu_ps(w.weights_fp32 + (h0 + h) * pass_tokens + i, a);
+        _mm512_storeu_ps(w.weights_fp32 + (h0 + h) * pass_tokens + i + 16, b);
+      } else {
+        _mm512_storeu_si512(w.weights + (h0 + h) * (pass_tokens / 2) + i / 2,
+                            reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+      }
     }
   }
   WRITESCOPE_UNROLL(4)
@@ -433,20 +574,71 @@ inline void values_tile(const bf16* values, std::int64_t stride, int count, cons
     }
 }
 
-/// `sharers`: how many calls (one per KV head) share `ahead`'s lines.
+/// values_tile with fp32 FMAs: each token row's 32-dim chunk widened once into
+/// its even and odd dims, each head's weight p_t a broadcast from the fp32
+/// weights (Heads, pass_tokens) folded into the FMA: no pairing of rows.
 template <int Heads, int Chunks>
+inline void values_tile_fp32(const bf16* values, std::int64_t stride, int count, const float* weights, float* o,
+                             int value_dim, RowPrefetcher& ahead, int prefetch_per_row) {
+  __m512 acc[Heads][2 * Chunks];  // (head, even / odd dims of each chunk)
+  WRITESCOPE_UNROLL(16)
+  for (int h = 0; h < Heads; ++h)
+    WRITESCOPE_UNROLL(4)
+    for (int a = 0; a < 2 * Chunks; ++a) acc[h][a] = _mm512_setzero_ps();
+  RowPrefetcher prefetch = ahead;  // a local copy stays in registers
+  for (int t = 0; t < count; ++t) {
+    prefetch.step(prefetch_per_row);
+    WRITESCOPE_UNROLL(4)
+    for (int c = 0; c < Chunks; ++c) {
+      const __m512i line = _mm512_loadu_si512(values + t * stride + 32 * c);
+      const __m512 even = even_elements(line), odd = odd_elements(line);
+      WRITESCOPE_UNROLL(16)
+      for (int h = 0; h < Heads; ++h) {
+        const __m512 p = _mm512_set1_ps(weights[h * pass_tokens + t]);
+        acc[h][2 * c] = _mm512_fmadd_ps(even, p, acc[h][2 * c]);
+        acc[h][2 * c + 1] = _mm512_fmadd_ps(odd, p, acc[h][2 * c + 1]);
+      }
+    }
+  }
+  ahead = prefetch;
+  // Dims 2j and 2j + 1 of a chunk are lane j of its even and odd accumulators.
+  alignas(64) static constexpr std::int32_t first_half[16] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+  alignas(64) static constexpr std::int32_t second_half[16] = {8,  24, 9,  25, 10, 26, 11, 27,
+                                                               12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i first_order = _mm512_load_si512(first_half), second_order = _mm512_load_si512(second_half);
+  WRITESCOPE_UNROLL(16)
+  for (int h = 0; h < Heads; ++h)
+    WRITESCOPE_UNROLL(2)
+    for (int c = 0; c < Chunks; ++c) {
+      float* out = o + h * value_dim + 32 * c;
+      const __m512 even = acc[h][2 * c], odd = acc[h][2 * c + 1];
+      _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), _mm512_permutex2var_ps(even, first_order, odd)));
+      _mm512_storeu_ps(out + 16,
+                       _mm512_add_ps(_mm512_loadu_ps(out + 16), _mm512_permutex2var_ps(even, second_order, odd)));
+    }
+}
+
+/// `sharers`: how many calls (one per KV head) share `ahead`'s lines.
+template <int Heads, int Chunks, bool Fp32>
 __attribute__((noinline)) void values_rows(const HostSegment<bf16>& s, int first, int count, const Work& w, float* o,
                                            RowPrefetcher& ahead, int sharers) {
   const BlockGeometry& g = s.geometry;
   const std::int64_t stride = g.value_token_stride(s.order);
   const bf16* values = s.block + g.value_offset(s.order, first, s.kv_head, 0);
   const int tiles = (s.group / Heads) * (g.value_dim / (32 * Chunks));
-  const int steps = sharers * tiles * ((count + 1) / 2);
-  const int per_pair = (ahead.lines() + steps - 1) / steps;
+  // Steps of a tile: token pairs (vdpbf16ps) or tokens (fp32 FMA).
+  const int steps = sharers * tiles * (Fp32 ? count : (count + 1) / 2);
+  const int per_step = (ahead.lines() + steps - 1) / steps;
   for (int h = 0; h < s.group; h += Heads)
-    for (int d = 0; d < g.value_dim; d += 32 * Chunks)
-      values_tile<Heads, Chunks>(values + d, stride, count, w.weights + h * (pass_tokens / 2), o + h * g.value_dim + d,
-                                 g.value_dim, ahead, per_pair);
+    for (int d = 0; d < g.value_dim; d += 32 * Chunks) {
+      float* out = o + h * g.value_dim + d;
+      if constexpr (Fp32)
+        values_tile_fp32<Heads, Chunks>(values + d, stride, count, w.weights_fp32 + h * pass_tokens, out, g.value_dim,
+                                        ahead, per_step);
+      else
+        values_tile<Heads, Chunks>(values + d, stride, count, w.weights + h * (pass_tokens / 2), out, g.value_dim,
+                                   ahead, per_step);
+    }
 }
 
 /// The rows of tokens [first, first + count) of the block for `heads` KV
@@ -473,16 +665,32 @@ RowPrefetcher value_rows(const HostSegment<bf16>& s, int first, int count, int h
 }
 
 /// The run for `heads` KV heads from run[0].kv_head on (one Work, one state
-/// each): o (heads, Group, value_dim), lse (heads, Group).
-template <int Group>
+/// each): o (heads, Group, value_dim), lse (heads, Group). Products in
+/// vdpbf16ps on query_pairs, or (Fp32) in fp32 FMAs on run[0].queries.
+template <int Group, bool Fp32>
 void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::uint32_t* const* query_pairs,
             const HostSegment<bf16>* following, float* o, float* lse) {
   const BlockGeometry& g = run[0].geometry;
   const bool tiled = g.tiled_keys(run[0].order);
   const int state = Group * g.value_dim;
   std::vector<Work> w(heads);
+  // fp32 FMA products: each head's queries in their order, once per run, on
+  // whole cache lines (a vector load across two lines ran MLA's scores up to
+  // 25% slower).
+  constexpr std::size_t line_floats = 16;
+  const std::size_t head_floats = static_cast<std::size_t>(Group) * g.key_dim;
+  std::vector<float> query_lanes(Fp32 ? heads * head_floats + line_floats : 0);
   for (int h = 0; h < heads; ++h) {
-    w[h].query_pairs = query_pairs[h];
+    w[h].query_pairs = Fp32 ? nullptr : query_pairs[h];
+    w[h].query_lanes = nullptr;
+    if constexpr (Fp32) {
+      const auto address = reinterpret_cast<std::uintptr_t>(query_lanes.data());
+      float* lanes = query_lanes.data() + (line_floats - address / sizeof(float) % line_floats) % line_floats +
+                     static_cast<std::size_t>(h) * head_floats;
+      prepare_query_lanes(tiled, Group, g.key_dim, run[0].queries + static_cast<std::ptrdiff_t>(h) * Group * g.key_dim,
+                          lanes);
+      w[h].query_lanes = lanes;
+    }
     std::fill(w[h].maxima, w[h].maxima + Group, -std::numeric_limits<float>::infinity());
     std::fill(w[h].sums, w[h].sums + Group, 0.0f);
   }
@@ -507,16 +715,16 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
                     next_values = g.values_in_keys
                                       ? key_rows(ahead, ahead_first + during_scores, ahead_count - during_scores, heads)
                                       : value_rows(ahead, ahead_first, ahead_count, heads);
-      if (tiled) scores_tiled<Group>(s, first, count, w[0], next_keys);
-      else scores_rows<Group>(s, first, count, w.data(), heads, next_keys);
+      if (tiled) scores_tiled<Group, Fp32>(s, first, count, w[0], next_keys);
+      else scores_rows<Group, Fp32>(s, first, count, w.data(), heads, next_keys);
       next_keys.finish();
       for (int h = 0; h < heads; ++h) {
         HostSegment<bf16> head = s;
         head.kv_head += h;
         float* head_o = o + h * state;
-        for (int h0 = 0; h0 < Group; h0 += 4) exponentiate_heads(h0, count, g.value_dim, head_o, w[h]);
-        if constexpr (Group >= 8) values_rows<8, 1>(head, first, count, w[h], head_o, next_values, heads);
-        else values_rows<Group, 2>(head, first, count, w[h], head_o, next_values, heads);
+        for (int h0 = 0; h0 < Group; h0 += 4) exponentiate_heads<Fp32>(h0, count, g.value_dim, head_o, w[h]);
+        if constexpr (Group >= 8) values_rows<8, 1, Fp32>(head, first, count, w[h], head_o, next_values, heads);
+        else values_rows<Group, 2, Fp32>(head, first, count, w[h], head_o, next_values, heads);
       }
       next_values.finish();
       first = next;
@@ -533,13 +741,14 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
 
 }  // namespace
 
-bool avx512_bf16_takes(const BlockGeometry& g, BlockOrder order, int group) {
+bool avx512_takes(const BlockGeometry& g, BlockOrder order, int group) {
   if (group != 4 && group != 8 && group != 16) return false;
   if (g.key_dim > max_key_dim || g.value_dim > max_value_dim) return false;
   const int value_tile = group >= 8 ? 32 : 64;
   if (g.value_dim % value_tile != 0) return false;
   if (g.tiled_keys(order)) return g.key_dim % 2 == 0 && g.key_tile_tokens() == tile_tokens;
-  return g.key_dim % (2 * token_row_phases(group)) == 0;
+  // Chunks of both products: 2 x token_row_phases (vdpbf16ps), 8 (fp32 FMA, groups of 4 and 8) elements.
+  return g.key_dim % (2 * token_row_phases(group)) == 0 && (group == 16 || g.key_dim % 8 == 0);
 }
 
 void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, int group, const float* queries,
@@ -576,11 +785,23 @@ void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, int
                                     float* o, float* lse) {
   switch (run[0].group) {
     case 4:
-      return attend<4>(run, count, heads, query_pairs, following, o, lse);
+      return attend<4, false>(run, count, heads, query_pairs, following, o, lse);
     case 8:
-      return attend<8>(run, count, heads, query_pairs, following, o, lse);
+      return attend<8, false>(run, count, heads, query_pairs, following, o, lse);
     default:
-      return attend<16>(run, count, heads, query_pairs, following, o, lse);
+      return attend<16, false>(run, count, heads, query_pairs, following, o, lse);
+  }
+}
+
+void host_run_attention_avx512_fma(const HostSegment<bf16>* run, int count, int heads,
+                                   const HostSegment<bf16>* following, float* o, float* lse) {
+  switch (run[0].group) {
+    case 4:
+      return attend<4, true>(run, count, heads, nullptr, following, o, lse);
+    case 8:
+      return attend<8, true>(run, count, heads, nullptr, following, o, lse);
+    default:
+      return attend<16, true>(run, count, heads, nullptr, following, o, lse);
   }
 }
 

@@ -23,7 +23,7 @@ namespace {
 struct Avx512Lines {
   using Vec = __m512;
   static constexpr int lanes = 16;
-  static constexpr CpuPath path = CpuPath::avx512_bf16;
+  static constexpr CpuPath path = CpuPath::avx512_fma;  // the kernel of both AVX-512 paths
   /// 32 registers: up to 16 accumulators, two weight rows against 8 input rows.
   static constexpr int step(int rows) { return rows > 4 ? 2 : 4; }
   static Vec zero() { return _mm512_setzero_ps(); }

@@ -35,7 +35,7 @@ inline constexpr int max_linear_rows = 32;
 /// weights (one shift, one mask). In the kernels, each work item streams
 /// `features` <= split_linear_features weight rows from w (row stride
 /// w_stride) once against all input rows and writes y(r, f) (row stride
-/// y_stride), one kernel for both paths (linear_split_kernel.hpp): avx512_bf16
+/// y_stride), one kernel for both paths (linear_split_kernel.hpp): AVX-512
 /// with in % 32 == 0 (linear_avx512.cpp), avx2 with in % 16 == 0
 /// (linear_host.cpp). fp32 FMAs: at 8 rows their peak is about the DRAM rate.
 /// Up to max_linear_rows rows go in groups of max_split_linear_rows, each
@@ -46,7 +46,7 @@ inline constexpr int max_split_linear_rows = 8;
 /// blocks; one row on the AVX-512 path in blocks of 2048 (fewer passes over
 /// the weight rows: +8% in a probe, where the AVX2 kernel lost 20%).
 constexpr int split_linear_column_block(CpuPath path, int rows) {
-  return path == CpuPath::avx512_bf16 && rows == 1 ? 2048 : 512;
+  return path >= CpuPath::avx512_fma && rows == 1 ? 2048 : 512;
 }
 inline constexpr int split_linear_features = 16;
 void split_even_odd(const float* x, std::int64_t x_stride, int rows, int in, CpuPath path, float* x_split);
@@ -62,8 +62,9 @@ void linear_features_avx2(const float* x_split, int rows, int in, const bf16* w,
 /// The instruction path linear() takes on the host for these operands.
 inline CpuPath linear_path(CpuPath active, int rows, int in, bool bf16_weights) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-  if (active >= CpuPath::avx512_bf16 && bf16_weights && rows >= 1 && rows <= max_linear_rows && in % 32 == 0)
-    return CpuPath::avx512_bf16;
+  // Both AVX-512 paths run the same 16-lane fp32 FMA kernel here.
+  if (active >= CpuPath::avx512_fma && bf16_weights && rows >= 1 && rows <= max_linear_rows && in % 32 == 0)
+    return active;
 #else
   (void)rows, (void)bf16_weights;
 #endif
@@ -79,7 +80,7 @@ inline CpuPath linear_path(CpuPath active, int rows, int in, bool bf16_weights) 
 /// Whether linear() runs linear_path's choice with split inputs (above).
 inline bool takes_split_inputs(CpuPath path, int rows, int in, bool bf16_weights) {
   return bf16_weights && rows >= 1 && rows <= max_linear_rows &&
-         (path == CpuPath::avx512_bf16 || (path == CpuPath::avx2 && in % 16 == 0));
+         (path >= CpuPath::avx512_fma || (path == CpuPath::avx2 && in % 16 == 0));
 }
 
 /// y(r, f) = sum over c of x(r, c) w(f, c), for f < features (<= linear_features)

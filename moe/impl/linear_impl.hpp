@@ -17,7 +17,7 @@ namespace writescope {
 namespace impl {
 
 /// Host work item of the split-input decode paths: split_linear_features
-/// weight rows on `path` (avx512_bf16 or avx2; linear_host.hpp), against each
+/// weight rows on `path` (an AVX-512 path or avx2; linear_host.hpp), against each
 /// group of max_split_linear_rows input rows in turn.
 struct LinearSplitHostKernel {
   const float* x_split;  // split_even_odd's layout of each group of x's rows (linear_host.hpp)
@@ -35,7 +35,7 @@ struct LinearSplitHostKernel {
       const int group = std::min(max_split_linear_rows, rows - r0);
       const float* x_group = x_split + static_cast<std::int64_t>(r0) * in;
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-      if (path == CpuPath::avx512_bf16) {
+      if (path >= CpuPath::avx512_fma) {
         linear_features_avx512(x_group, group, in, &w(j0, 0), w_stride, features, &y(r0, j0), y_stride);
         continue;
       }

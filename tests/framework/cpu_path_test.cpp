@@ -38,6 +38,7 @@ TEST(CpuPath, DetectionAgreesWithTheKernelsCpuFlags) {
   const bool bf16 = flags.count("avx512f") && flags.count("avx512bw") && flags.count("avx512vl") &&
                     flags.count("avx512_bf16");
   EXPECT_EQ(cpu_path_supported(CpuPath::avx512_bf16), bf16);
+  EXPECT_EQ(cpu_path_supported(CpuPath::avx512_fma), bf16);
 #endif
 }
 
@@ -46,7 +47,15 @@ TEST(CpuPath, TheBestSupportedPathIsActiveUnlessPinned) {
   const auto& paths = supported_cpu_paths();
   ASSERT_FALSE(paths.empty());
   for (std::size_t i = 1; i < paths.size(); ++i) EXPECT_LT(paths[i - 1], paths[i]);
-  EXPECT_EQ(best_cpu_path(), paths.back());
+  if (paths.back() == CpuPath::avx512_bf16) {
+    const Avx512ProductRates& rates = avx512_product_rates();
+    EXPECT_GT(rates.bf16_dot_gmacs, 0);
+    EXPECT_GT(rates.fp32_fma_gmacs, 0);
+    EXPECT_EQ(best_cpu_path(), faster_avx512_path(rates))
+        << "vdpbf16ps " << rates.bf16_dot_gmacs << ", fp32 FMA " << rates.fp32_fma_gmacs << " GMAC/s";
+  } else {
+    EXPECT_EQ(best_cpu_path(), paths.back());
+  }
   EXPECT_EQ(active_cpu_path(), best_cpu_path());
   {
     ScopedCpuPath pinned(CpuPath::scalar);
@@ -55,16 +64,24 @@ TEST(CpuPath, TheBestSupportedPathIsActiveUnlessPinned) {
   EXPECT_EQ(active_cpu_path(), best_cpu_path());
 }
 
+TEST(CpuPath, TheAvx512PathWithMoreMultiplyAddsIsTheBest) {
+  // Zen 4/5: vdpbf16ps at twice the 16-lane FMA's multiply-adds; the Intel hosts at half.
+  EXPECT_EQ(faster_avx512_path({200, 100}), CpuPath::avx512_bf16);
+  EXPECT_EQ(faster_avx512_path({42, 87}), CpuPath::avx512_fma);
+  // At equal rates vdpbf16ps, with fewer widening operations per multiply-add, stays.
+  EXPECT_EQ(faster_avx512_path({80, 90}), CpuPath::avx512_bf16);
+}
+
 TEST(CpuPath, UnknownOrUnsupportedPathsAreRefusedByName) {
   try {
     parse_cpu_path("avx512");
     FAIL() << "an unknown name was accepted";
   } catch (const std::invalid_argument& error) {
-    EXPECT_NE(std::string(error.what()).find("unknown CPU path 'avx512' (known: scalar, avx2, avx512_bf16)"),
+    EXPECT_NE(std::string(error.what()).find("unknown CPU path 'avx512' (known: scalar, avx2, avx512_fma, avx512_bf16)"),
               std::string::npos)
         << error.what();
   }
-  for (CpuPath path : {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_bf16}) {
+  for (CpuPath path : {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_fma, CpuPath::avx512_bf16}) {
     EXPECT_EQ(parse_cpu_path(cpu_path_name(path)), path);
     if (!cpu_path_supported(path)) {
       EXPECT_THROW(set_cpu_path(path), std::invalid_argument);

@@ -1,6 +1,6 @@
 #include "framework/avx512_diagnostics.hpp"  // first: before <immintrin.h>
 
-#include "experiments/impl/product_peaks.hpp"
+#include "framework/impl/product_peaks.hpp"
 
 #include "framework/simd.hpp"
 

@@ -1,6 +1,6 @@
 #pragma once
-// The AVX-512 multiply-add peaks' workloads for writescope calibrate,
-// without Kokkos: product_peaks.cpp is built by the host compiler alone in
+// The AVX-512 multiply-add peaks' workloads, for writescope calibrate and for
+// the choice between the two AVX-512 paths (cpu_path.cpp), without Kokkos: product_peaks.cpp is built by the host compiler alone in
 // both variants (writescope_host_kernels in cmake/WriteScopeTarget.cmake).
 
 #include <cstdint>
@@ -17,8 +17,8 @@ inline constexpr int peak_chains = 12;
 float bf16_dot_chains(float seed, std::int64_t iterations);
 
 /// The same with 16-lane fp32 FMAs (vfmadd on zmm registers, 16
-/// multiply-adds apiece). Only on CPUs with AVX-512 BF16 (the avx512_bf16
-/// path, whose prefill products these are).
+/// multiply-adds apiece). Only on CPUs with AVX-512 BF16 (the AVX-512 paths,
+/// whose prefill, linear and avx512_fma decode products these are).
 float fp32_fma16_chains(float seed, std::int64_t iterations);
 
 }  // namespace writescope::impl
