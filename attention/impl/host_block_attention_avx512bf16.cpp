@@ -365,16 +365,41 @@ inline void scores_rows_tile_16(const bf16* keys, std::int64_t stride, int chunk
   }
 }
 
+/// `Phases` (2 or 4) consecutive floats at p, repeated over the 16 lanes (a
+/// function, not a lambda: lambdas do not take the target region's options).
+template <int Phases>
+inline __m512 broadcast_floats(const float* p) {
+  if constexpr (Phases == 2) {
+    double both;
+    std::memcpy(&both, p, sizeof both);
+    return _mm512_castpd_ps(_mm512_set1_pd(both));
+  } else {
+    return _mm512_broadcast_f32x4(_mm_load_ps(p));
+  }
+}
+
 /// Token-row scores with fp32 FMAs: lanes (head, phase) as in
-/// scores_rows_tile, for the heads of a group in `Halves` vectors (16: two
+/// scores_rows_tile, for the heads of a group in `halves` vectors (16: two
 /// halves of 8 heads x 2 phases; 8: two of 4 heads x 4 phases; 4: one of 4 x
-/// 4) that share each key broadcast, whose pairs are widened once into their
-/// even and odd elements (two ALU operations per broadcast, shared by
-/// 2 x Halves FMAs). query_lanes: see prepare_query_lanes.
+/// 4) that share each key broadcast. The tile's rows are widened to fp32
+/// once, into L1, so that each broadcast is a load and no ALU operation (two
+/// per broadcast when widened in place: 0.52 of the FMA peak for MLA in
+/// cache). query_lanes: see prepare_query_lanes.
 template <int Group, int Tokens>
-inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int chunks, const float* query_lanes,
+inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int key_dim, const float* query_lanes,
                                   float scale, int column, Work& w, RowPrefetcher& ahead) {
   constexpr int halves = Group == 4 ? 1 : 2, heads = Group / halves, phases = 16 / heads;
+  const int lines = (key_dim + 31) / 32, chunks = lines * 32 / (2 * phases);
+  // Each row's 32-element lines as their 16 even then 16 odd elements; zeros past key_dim.
+  alignas(64) float widened[Tokens][max_key_dim];
+  for (int t = 0; t < Tokens; ++t)
+    for (int line = 0; line < lines; ++line) {
+      const int left = key_dim - 32 * line;
+      const __mmask32 inside = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+      const __m512i pairs = _mm512_maskz_loadu_epi16(inside, keys + t * stride + 32 * line);
+      _mm512_store_ps(widened[t] + 32 * line, even_elements(pairs));
+      _mm512_store_ps(widened[t] + 32 * line + 16, odd_elements(pairs));
+    }
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
   __m512 acc[halves][Tokens];
   WRITESCOPE_UNROLL(2)
@@ -387,15 +412,15 @@ inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int chu
     WRITESCOPE_UNROLL(2)
     for (int half = 0; half < halves; ++half)
       WRITESCOPE_UNROLL(2)
-      for (int e = 0; e < 2; ++e) q[half][e] = _mm512_loadu_ps(query_lanes + ((c * halves + half) * 2 + e) * 16);
+      for (int e = 0; e < 2; ++e) q[half][e] = _mm512_load_ps(query_lanes + ((c * halves + half) * 2 + e) * 16);
     WRITESCOPE_UNROLL(8)
     for (int t = 0; t < Tokens; ++t) {
-      const __m512i key = broadcast_pairs<phases>(keys + t * stride + 2 * phases * c);
-      const __m512 even = even_elements(key), odd = odd_elements(key);
+      const float* slots = widened[t] + 2 * phases * c;
+      const __m512 first = broadcast_floats<phases>(slots), second = broadcast_floats<phases>(slots + phases);
       WRITESCOPE_UNROLL(2)
       for (int half = 0; half < halves; ++half) {
-        acc[half][t] = _mm512_fmadd_ps(even, q[half][0], acc[half][t]);
-        acc[half][t] = _mm512_fmadd_ps(odd, q[half][1], acc[half][t]);
+        acc[half][t] = _mm512_fmadd_ps(first, q[half][0], acc[half][t]);
+        acc[half][t] = _mm512_fmadd_ps(second, q[half][1], acc[half][t]);
       }
     }
   }
@@ -419,12 +444,18 @@ inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int chu
     }
 }
 
+/// Floats per head of prepare_query_lanes' output: token rows take whole
+/// 32-element lines.
+int query_lane_floats(int group, int key_dim) { return group * ((key_dim + 31) / 32 * 32); }
+
 /// The fp32 FMA products' queries of one group (queries (group, key_dim)), in
-/// the order they read them (group * key_dim floats). Tiled keys: (pairs,
-/// group, 2), element 2j + e of head h at (j, h, e). Token rows
-/// (scores_rows_tile_fp32): per chunk of 2 x phases elements, per half, the
-/// even then the odd elements, lane (h, f) holding element 2f (+1) of the
-/// chunk for head half * heads + h: (key_dim / (2 * phases), halves, 2, 16).
+/// the order they read them (query_lane_floats). Tiled keys: (pairs, group,
+/// 2), element 2j + e of head h at (j, h, e). Token rows
+/// (scores_rows_tile_fp32): per chunk of 2 x phases widened slots, per half,
+/// the chunk's first then second `phases` slots, lane (h, f) holding the
+/// element of slot f of head half * heads + h (slot r of a line is its
+/// element 2r, or 2(r - 16) + 1 from r = 16 on; zero past key_dim):
+/// (chunks, halves, 2, 16).
 void prepare_query_lanes(bool tiled, int group, int key_dim, const float* queries, float* query_lanes) {
   if (tiled) {
     for (int j = 0; j < key_dim / 2; ++j)
@@ -433,13 +464,17 @@ void prepare_query_lanes(bool tiled, int group, int key_dim, const float* querie
     return;
   }
   const int halves = group == 4 ? 1 : 2, heads = group / halves, phases = 16 / heads;
-  for (int c = 0; c < key_dim / (2 * phases); ++c)
+  const int slots = (key_dim + 31) / 32 * 32;
+  for (int c = 0; c < slots / (2 * phases); ++c)
     for (int half = 0; half < halves; ++half)
       for (int e = 0; e < 2; ++e)
-        for (int h = 0; h < heads; ++h)
-          for (int f = 0; f < phases; ++f)
+        for (int f = 0; f < phases; ++f) {
+          const int slot = 2 * phases * c + e * phases + f, r = slot % 32;
+          const int element = slot - r + (r < 16 ? 2 * r : 2 * (r - 16) + 1);
+          for (int h = 0; h < heads; ++h)
             query_lanes[((c * halves + half) * 2 + e) * 16 + h * phases + f] =
-                queries[(half * heads + h) * key_dim + c * 2 * phases + 2 * f + e];
+                element < key_dim ? queries[(half * heads + h) * key_dim + element] : 0.0f;
+        }
 }
 
 /// Scores of tokens [first, first + count), keys in token rows, for `heads`
@@ -455,14 +490,14 @@ __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first
   const std::int64_t stride = g.key_token_stride(s.order);
   const std::int64_t head_stride = g.key_offset(s.order, 0, 1, 0) - g.key_offset(s.order, 0, 0, 0);
   const bf16* keys = s.block + g.key_offset(s.order, first, s.kv_head, 0);
-  constexpr int phases = Fp32 ? (Group == 16 ? 2 : 4) : token_row_phases(Group);
-  const int chunks = g.key_dim / (2 * phases);
+  constexpr int phases = token_row_phases(Group);
+  const int chunks = g.key_dim / (2 * phases);  // vdpbf16ps
   // 8 tokens x 2 chunks (groups of 16: x 2 halves): 16 independent
   // accumulators (12 cover vdpbf16ps' latency x 2 ports); single tokens last.
   auto tile = [&](auto tokens, int t, int h) {
     constexpr int n = decltype(tokens)::value;
     const bf16* rows = keys + t * stride + h * head_stride;
-    if constexpr (Fp32) scores_rows_tile_fp32<Group, n>(rows, stride, chunks, w[h].query_lanes, s.scale, t, w[h], ahead);
+    if constexpr (Fp32) scores_rows_tile_fp32<Group, n>(rows, stride, g.key_dim, w[h].query_lanes, s.scale, t, w[h], ahead);
     else if constexpr (Group == 16) scores_rows_tile_16<n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
     else scores_rows_tile<phases, n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
   };
@@ -678,7 +713,7 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
   // whole cache lines (a vector load across two lines ran MLA's scores up to
   // 25% slower).
   constexpr std::size_t line_floats = 16;
-  const std::size_t head_floats = static_cast<std::size_t>(Group) * g.key_dim;
+  const auto head_floats = static_cast<std::size_t>(query_lane_floats(Group, g.key_dim));
   std::vector<float> query_lanes(Fp32 ? heads * head_floats + line_floats : 0);
   for (int h = 0; h < heads; ++h) {
     w[h].query_pairs = Fp32 ? nullptr : query_pairs[h];
@@ -747,8 +782,7 @@ bool avx512_takes(const BlockGeometry& g, BlockOrder order, int group) {
   const int value_tile = group >= 8 ? 32 : 64;
   if (g.value_dim % value_tile != 0) return false;
   if (g.tiled_keys(order)) return g.key_dim % 2 == 0 && g.key_tile_tokens() == tile_tokens;
-  // Chunks of both products: 2 x token_row_phases (vdpbf16ps), 8 (fp32 FMA, groups of 4 and 8) elements.
-  return g.key_dim % (2 * token_row_phases(group)) == 0 && (group == 16 || g.key_dim % 8 == 0);
+  return g.key_dim % (2 * token_row_phases(group)) == 0;
 }
 
 void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, int group, const float* queries,
