@@ -120,6 +120,13 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
                                                    true));
     out << "\n";
   }
+  if (cpu_path_supported(CpuPath::avx512_bf16)) {
+    const Avx512ProductRates& rates = avx512_product_rates();
+    out << "  AVX-512 multiply-adds, one thread: vdpbf16ps " << std::fixed << std::setprecision(1)
+        << rates.bf16_dot_gmacs << ", 16-lane fp32 FMA " << rates.fp32_fma_gmacs << " GMAC/s: the faster path is "
+        << cpu_path_name(faster_avx512_path(rates)) << "\n"
+        << std::defaultfloat;
+  }
   if (active_cpu_path() != best_cpu_path())
     out << "  (pinned by WRITESCOPE_CPU_PATH; the best path here is " << cpu_path_name(best_cpu_path()) << ")\n";
   out << "\nKokkos configuration\n" << machine.kokkos_configuration;

@@ -1,5 +1,8 @@
-// The AVX-512 BF16 block product of CPU decode attention (see
-// host_block_attention.hpp for the contract).
+// The AVX-512 block products of CPU decode attention, in two arithmetics (see
+// host_block_attention.hpp for the contract): vdpbf16ps on bf16 pairs
+// (avx512_bf16) and 16-lane fp32 FMAs on widened bf16 (avx512_fma, for CPUs
+// whose vdpbf16ps runs fewer multiply-adds than their FMAs: the Intel hosts
+// measured run it at half; cpu_path.hpp picks).
 //
 // Why it looks like this: `vdpbf16ps` multiplies 32 bf16 pairs and adds them
 // into 16 fp32 lanes, twice the multiply-adds of an fp32 FMA and with no
@@ -17,7 +20,12 @@
 //    (p_t, p_t+1) pair. Accumulators stay in registers across all token pairs
 //    of a pass.
 // Queries and softmax weights are rounded to bf16 for the products (tensor-core
-// attention does the same); scores, softmax and sums stay fp32. Tokens go in
+// attention does the same); scores, softmax and sums stay fp32.
+// The fp32 FMA products keep each layout and lane assignment and widen the KV
+// bytes in registers instead (a bf16 is the high half of its fp32): tiled
+// keys by two masked word permutes per line, token rows once per 8-row tile
+// into L1, value rows into even and odd dims; queries and weights stay fp32,
+// as broadcasts or vectors in the order the products read them. Tokens go in
 // passes of 128, block-aligned, with an online softmax between passes and
 // across the segments of a run, so that a pass's keys, values, scores and
 // weights stay in L1/L2 and a run's state is normalised once.
@@ -96,6 +104,16 @@ inline __m512 odd_elements(__m512i pairs) {
   return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
+/// Zeroes a 2-D register tile of accumulators (unrolled: GCC keeps an array of
+/// vectors in registers only when every access is).
+template <int Rows, int Columns>
+inline void zero(__m512 (&acc)[Rows][Columns]) {
+  WRITESCOPE_UNROLL(16)
+  for (int r = 0; r < Rows; ++r)
+    WRITESCOPE_UNROLL(16)
+    for (int c = 0; c < Columns; ++c) acc[r][c] = _mm512_setzero_ps();
+}
+
 /// `Phases` consecutive bf16 pairs at p, repeated over the 16 lanes.
 template <int Phases>
 inline __m512i broadcast_pairs(const bf16* p) {
@@ -139,10 +157,7 @@ inline void scores_tiles(const bf16* keys, std::int64_t tile_elements, int pairs
                          __m512 (&acc)[Tiles][Group], RowPrefetcher& ahead) {
   const __m512i order = _mm512_load_si512(pair_dims);
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
-  WRITESCOPE_UNROLL(4)
-  for (int k = 0; k < Tiles; ++k)
-    WRITESCOPE_UNROLL(16)
-    for (int h = 0; h < Group; ++h) acc[k][h] = _mm512_setzero_ps();
+  zero(acc);
   for (int j = 0; j < pairs; ++j) {
     prefetch.step(Tiles);
     __m512i q[Group];
@@ -175,10 +190,7 @@ inline void scores_tiles_fp32(const bf16* keys, std::int64_t tile_elements, int 
   constexpr __mmask32 odd_words = 0xaaaaaaaau;
   const __m512i first = _mm512_load_si512(dim_first), second = _mm512_load_si512(dim_second);
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
-  WRITESCOPE_UNROLL(4)
-  for (int k = 0; k < Tiles; ++k)
-    WRITESCOPE_UNROLL(16)
-    for (int h = 0; h < Group; ++h) acc[k][h] = _mm512_setzero_ps();
+  zero(acc);
   for (int j = 0; j < pairs; ++j) {
     prefetch.step(Tiles);
     WRITESCOPE_UNROLL(4)
@@ -402,10 +414,7 @@ inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int key
     }
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
   __m512 acc[halves][Tokens];
-  WRITESCOPE_UNROLL(2)
-  for (int half = 0; half < halves; ++half)
-    WRITESCOPE_UNROLL(8)
-    for (int t = 0; t < Tokens; ++t) acc[half][t] = _mm512_setzero_ps();
+  zero(acc);
   for (int c = 0; c < chunks; ++c) {
     prefetch.step(1);
     __m512 q[halves][2];
@@ -562,16 +571,32 @@ void exponentiate_heads(int h0, int count, int value_dim, float* o, Work& w) {
   for (int h = 0; h < heads; ++h) w.sums[h0 + h] += sum16(vsum[h]);
 }
 
+/// o(h, 32c + i) += dim i of the chunk's two accumulators acc[h][2c] and
+/// acc[h][2c + 1], which hold dims 0-15 at the lanes `first` names
+/// (permutex2var indices over the pair) and dims 16-31 at those of `second`.
+template <int Heads, int Accumulators>
+inline void add_value_tiles(const __m512 (&acc)[Heads][Accumulators], const std::int32_t* first,
+                            const std::int32_t* second, float* o, int value_dim) {
+  constexpr int Chunks = Accumulators / 2;
+  const __m512i first_order = _mm512_load_si512(first), second_order = _mm512_load_si512(second);
+  WRITESCOPE_UNROLL(16)
+  for (int h = 0; h < Heads; ++h)
+    WRITESCOPE_UNROLL(2)
+    for (int c = 0; c < Chunks; ++c) {
+      float* out = o + h * value_dim + 32 * c;
+      const __m512 a = acc[h][2 * c], b = acc[h][2 * c + 1];
+      _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), _mm512_permutex2var_ps(a, first_order, b)));
+      _mm512_storeu_ps(out + 16, _mm512_add_ps(_mm512_loadu_ps(out + 16), _mm512_permutex2var_ps(a, second_order, b)));
+    }
+}
+
 /// o(h, :) += sum over token pairs of (p_t, p_t+1) . (v_t, v_t+1), values in
 /// token rows: `Heads` heads x `Chunks` x 32 dims of accumulators in registers.
 template <int Heads, int Chunks>
 inline void values_tile(const bf16* values, std::int64_t stride, int count, const std::uint32_t* weights,
                         float* o, int value_dim, RowPrefetcher& ahead, int prefetch_per_pair) {
   __m512 acc[Heads][2 * Chunks];
-  WRITESCOPE_UNROLL(16)
-  for (int h = 0; h < Heads; ++h)
-    WRITESCOPE_UNROLL(4)
-    for (int a = 0; a < 2 * Chunks; ++a) acc[h][a] = _mm512_setzero_ps();
+  zero(acc);
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
   auto pair = [&](const bf16* first, const bf16* second, int k) {
     prefetch.step(prefetch_per_pair);
@@ -596,17 +621,7 @@ inline void values_tile(const bf16* values, std::int64_t stride, int count, cons
   alignas(64) static constexpr std::int32_t first_half[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
   alignas(64) static constexpr std::int32_t second_half[16] = {8,  9,  10, 11, 24, 25, 26, 27,
                                                                12, 13, 14, 15, 28, 29, 30, 31};
-  const __m512i first_order = _mm512_load_si512(first_half), second_order = _mm512_load_si512(second_half);
-  WRITESCOPE_UNROLL(16)
-  for (int h = 0; h < Heads; ++h)
-    WRITESCOPE_UNROLL(2)
-    for (int c = 0; c < Chunks; ++c) {
-      float* out = o + h * value_dim + 32 * c;
-      const __m512 low = acc[h][2 * c], high = acc[h][2 * c + 1];
-      _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), _mm512_permutex2var_ps(low, first_order, high)));
-      _mm512_storeu_ps(out + 16,
-                       _mm512_add_ps(_mm512_loadu_ps(out + 16), _mm512_permutex2var_ps(low, second_order, high)));
-    }
+  add_value_tiles(acc, first_half, second_half, o, value_dim);
 }
 
 /// values_tile with fp32 FMAs: each token row's 32-dim chunk widened once into
@@ -616,10 +631,7 @@ template <int Heads, int Chunks>
 inline void values_tile_fp32(const bf16* values, std::int64_t stride, int count, const float* weights, float* o,
                              int value_dim, RowPrefetcher& ahead, int prefetch_per_row) {
   __m512 acc[Heads][2 * Chunks];  // (head, even / odd dims of each chunk)
-  WRITESCOPE_UNROLL(16)
-  for (int h = 0; h < Heads; ++h)
-    WRITESCOPE_UNROLL(4)
-    for (int a = 0; a < 2 * Chunks; ++a) acc[h][a] = _mm512_setzero_ps();
+  zero(acc);
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
   for (int t = 0; t < count; ++t) {
     prefetch.step(prefetch_per_row);
@@ -640,17 +652,7 @@ inline void values_tile_fp32(const bf16* values, std::int64_t stride, int count,
   alignas(64) static constexpr std::int32_t first_half[16] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
   alignas(64) static constexpr std::int32_t second_half[16] = {8,  24, 9,  25, 10, 26, 11, 27,
                                                                12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i first_order = _mm512_load_si512(first_half), second_order = _mm512_load_si512(second_half);
-  WRITESCOPE_UNROLL(16)
-  for (int h = 0; h < Heads; ++h)
-    WRITESCOPE_UNROLL(2)
-    for (int c = 0; c < Chunks; ++c) {
-      float* out = o + h * value_dim + 32 * c;
-      const __m512 even = acc[h][2 * c], odd = acc[h][2 * c + 1];
-      _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), _mm512_permutex2var_ps(even, first_order, odd)));
-      _mm512_storeu_ps(out + 16,
-                       _mm512_add_ps(_mm512_loadu_ps(out + 16), _mm512_permutex2var_ps(even, second_order, odd)));
-    }
+  add_value_tiles(acc, first_half, second_half, o, value_dim);
 }
 
 /// `sharers`: how many calls (one per KV head) share `ahead`'s lines.
