@@ -21,8 +21,8 @@ namespace writescope {
 /// Both AVX-512 paths need AVX-512 BF16 CPUs (the kernels share one target
 /// region; no machine of the project has AVX-512F without BF16). Which of them
 /// is faster depends on the CPU: AMD Zen 4/5 run vdpbf16ps at twice the
-/// multiply-adds of a 16-lane FMA, the Intel hosts measured at half
-/// (faster_avx512_path). AMX tiles are not used yet (no machine at hand
+/// multiply-adds of a 16-lane FMA, the Intel VM measured on 2026-12-01 at
+/// half (faster_avx512_path). AMX tiles are not used yet (no machine at hand
 /// exposes them).
 enum class CpuPath : int { scalar = 0, avx2 = 1, avx512_fma = 2, avx512_bf16 = 3 };
 
@@ -38,7 +38,7 @@ const std::vector<CpuPath>& supported_cpu_paths();
 CpuPath best_cpu_path();
 
 /// Multiply-adds per second (10^9) of one thread's vdpbf16ps and 16-lane fp32
-/// FMA chains, measured once per process (about 10 ms, best of five each,
+/// FMA chains, measured once per process (a few ms, best of five each,
 /// alternating) where the AVX-512 paths run; zeros elsewhere.
 struct Avx512ProductRates {
   double bf16_dot_gmacs = 0;

@@ -1,8 +1,8 @@
 // The AVX-512 block products of CPU decode attention, in two arithmetics (see
 // host_block_attention.hpp for the contract): vdpbf16ps on bf16 pairs
 // (avx512_bf16) and 16-lane fp32 FMAs on widened bf16 (avx512_fma, for CPUs
-// whose vdpbf16ps runs fewer multiply-adds than their FMAs: the Intel hosts
-// measured run it at half; cpu_path.hpp picks).
+// whose vdpbf16ps runs fewer multiply-adds than their FMAs: the Intel VM
+// measured runs it at half; cpu_path.hpp picks).
 //
 // Why it looks like this: `vdpbf16ps` multiplies 32 bf16 pairs and adds them
 // into 16 fp32 lanes, twice the multiply-adds of an fp32 FMA and with no
