@@ -377,6 +377,17 @@ inline void scores_rows_tile_16(const bf16* keys, std::int64_t stride, int chunk
   }
 }
 
+/// The fp32 token-row scores' layout for a group: `halves` vectors of
+/// `heads` heads x `phases` phases each (16: 2 x 8 x 2; 8: 2 x 4 x 4; 4: 1 x
+/// 4 x 4); each row is widened in whole 32-element lines (`slots`).
+struct Fp32RowLayout {
+  int halves, heads, phases;
+};
+constexpr Fp32RowLayout fp32_row_layout(int group) {
+  return {group == 4 ? 1 : 2, group == 4 ? 4 : group / 2, group == 4 ? 4 : 32 / group};
+}
+constexpr int widened_slots(int key_dim) { return (key_dim + 31) / 32 * 32; }
+
 /// `Phases` (2 or 4) consecutive floats at p, repeated over the 16 lanes (a
 /// function, not a lambda: lambdas do not take the target region's options).
 template <int Phases>
@@ -400,8 +411,9 @@ inline __m512 broadcast_floats(const float* p) {
 template <int Group, int Tokens>
 inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int key_dim, const float* query_lanes,
                                   float scale, int column, Work& w, RowPrefetcher& ahead) {
-  constexpr int halves = Group == 4 ? 1 : 2, heads = Group / halves, phases = 16 / heads;
-  const int lines = (key_dim + 31) / 32, chunks = lines * 32 / (2 * phases);
+  constexpr Fp32RowLayout layout = fp32_row_layout(Group);
+  constexpr int halves = layout.halves, heads = layout.heads, phases = layout.phases;
+  const int lines = widened_slots(key_dim) / 32, chunks = lines * 32 / (2 * phases);
   // Each row's 32-element lines as their 16 even then 16 odd elements; zeros past key_dim.
   alignas(64) float widened[Tokens][max_key_dim];
   for (int t = 0; t < Tokens; ++t)
@@ -455,7 +467,7 @@ inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int key
 
 /// Floats per head of prepare_query_lanes' output: token rows take whole
 /// 32-element lines.
-int query_lane_floats(int group, int key_dim) { return group * ((key_dim + 31) / 32 * 32); }
+int query_lane_floats(int group, int key_dim) { return group * widened_slots(key_dim); }
 
 /// The fp32 FMA products' queries of one group (queries (group, key_dim)), in
 /// the order they read them (query_lane_floats). Tiled keys: (pairs, group,
@@ -472,9 +484,8 @@ void prepare_query_lanes(bool tiled, int group, int key_dim, const float* querie
         for (int e = 0; e < 2; ++e) query_lanes[(j * group + h) * 2 + e] = queries[h * key_dim + 2 * j + e];
     return;
   }
-  const int halves = group == 4 ? 1 : 2, heads = group / halves, phases = 16 / heads;
-  const int slots = (key_dim + 31) / 32 * 32;
-  for (int c = 0; c < slots / (2 * phases); ++c)
+  const auto [halves, heads, phases] = fp32_row_layout(group);
+  for (int c = 0; c < widened_slots(key_dim) / (2 * phases); ++c)
     for (int half = 0; half < halves; ++half)
       for (int e = 0; e < 2; ++e)
         for (int f = 0; f < phases; ++f) {
@@ -816,29 +827,33 @@ void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, i
       for (int f = 0; f < phases; ++f) query_pairs[lanes * c + h * phases + f] = rows[h * pairs + c * phases + f];
 }
 
+namespace {
+
+/// attend for the run's group (avx512_takes admits 4, 8 and 16).
+template <bool Fp32>
+void attend_group(const HostSegment<bf16>* run, int count, int heads, const std::uint32_t* const* query_pairs,
+                  const HostSegment<bf16>* following, float* o, float* lse) {
+  switch (run[0].group) {
+    case 4:
+      return attend<4, Fp32>(run, count, heads, query_pairs, following, o, lse);
+    case 8:
+      return attend<8, Fp32>(run, count, heads, query_pairs, following, o, lse);
+    default:
+      return attend<16, Fp32>(run, count, heads, query_pairs, following, o, lse);
+  }
+}
+
+}  // namespace
+
 void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, int heads,
                                     const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following,
                                     float* o, float* lse) {
-  switch (run[0].group) {
-    case 4:
-      return attend<4, false>(run, count, heads, query_pairs, following, o, lse);
-    case 8:
-      return attend<8, false>(run, count, heads, query_pairs, following, o, lse);
-    default:
-      return attend<16, false>(run, count, heads, query_pairs, following, o, lse);
-  }
+  attend_group<false>(run, count, heads, query_pairs, following, o, lse);
 }
 
 void host_run_attention_avx512_fma(const HostSegment<bf16>* run, int count, int heads,
                                    const HostSegment<bf16>* following, float* o, float* lse) {
-  switch (run[0].group) {
-    case 4:
-      return attend<4, true>(run, count, heads, nullptr, following, o, lse);
-    case 8:
-      return attend<8, true>(run, count, heads, nullptr, following, o, lse);
-    default:
-      return attend<16, true>(run, count, heads, nullptr, following, o, lse);
-  }
+  attend_group<true>(run, count, heads, nullptr, following, o, lse);
 }
 
 }  // namespace writescope::impl
