@@ -132,10 +132,13 @@ inline __m512i broadcast_pairs(const bf16* p) {
 /// (p_t, p_t+1), t counted from the pass start (vdpbf16ps products), or
 /// weights_fp32 (group, pass_tokens) (fp32 FMA products); query_pairs: see
 /// prepare_query_pairs (vdpbf16ps); query_lanes: see prepare_query_lanes
-/// (fp32 FMA).
+/// (fp32 FMA); widened_latent: MLA's pass widened to fp32 by the scores
+/// (pass_tokens, widened_slots(key_dim)), each 32-element line as its 16
+/// even then 16 odd elements, for the value products (fp32 FMA; else null).
 struct Work {
   const std::uint32_t* query_pairs;
   const float* query_lanes;
+  float* widened_latent;
   alignas(64) float scores[max_group * pass_tokens];
   union {
     alignas(64) std::uint32_t weights[max_group * pass_tokens / 2];
@@ -292,6 +295,36 @@ inline void store_two_phase_scores(const __m512 (&sums)[8], float scale, float* 
   }
 }
 
+/// Scores of 8 tokens x 4 heads from lane sums (lane 4h + f: phase f of head
+/// h): four tokens' phases added and transposed at once by in-lane unpacks
+/// (128-bit lane h ends as head h's 4 scores), then each head's 8 scores are
+/// one store (the phase sums and scalar stores of each token alone took a
+/// quarter of Qwen3's fp32 token-row products in cache).
+///   sums: (token) x 16 lanes; scores: (head, pass_tokens), from this tile's first token
+inline void store_four_phase_scores(const __m512 (&sums)[8], float scale, float* scores) {
+  __m512 quads[2];  // 128-bit lane h of quads[k]: head h, tokens 4k to 4k + 3
+  WRITESCOPE_UNROLL(2)
+  for (int k = 0; k < 2; ++k) {
+    const __m512* t = sums + 4 * k;
+    // Lane (h, j): phases j and j + 2 of tokens (0, 1, 0, 1) and (2, 3, 2, 3) added.
+    const __m512 first = _mm512_add_ps(_mm512_unpacklo_ps(t[0], t[1]), _mm512_unpackhi_ps(t[0], t[1]));
+    const __m512 second = _mm512_add_ps(_mm512_unpacklo_ps(t[2], t[3]), _mm512_unpackhi_ps(t[2], t[3]));
+    const __m512d a = _mm512_castps_pd(first), b = _mm512_castps_pd(second);
+    quads[k] = _mm512_mul_ps(
+        _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b))),
+        _mm512_set1_ps(scale));
+  }
+  // Heads (0, 1) and (2, 3): 8 tokens in each 256-bit half.
+  const __m512i low_heads = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i high_heads = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const __m512 low = _mm512_permutex2var_ps(quads[0], low_heads, quads[1]);
+  const __m512 high = _mm512_permutex2var_ps(quads[0], high_heads, quads[1]);
+  _mm256_storeu_ps(scores, _mm512_castps512_ps256(low));
+  _mm256_storeu_ps(scores + pass_tokens, _mm512_extractf32x8_ps(low, 1));
+  _mm256_storeu_ps(scores + 2 * pass_tokens, _mm512_castps512_ps256(high));
+  _mm256_storeu_ps(scores + 3 * pass_tokens, _mm512_extractf32x8_ps(high, 1));
+}
+
 /// `Tokens` tokens from `keys` (row stride `stride`), lanes (head, phase).
 /// Two chunks per step into separate accumulators: 2 x Tokens independent
 /// chains from Tokens row pointers, few enough to stay in registers (16 rows
@@ -408,27 +441,32 @@ inline __m512 broadcast_floats(const float* p) {
 /// once, into L1, so that each broadcast is a load and no ALU operation (two
 /// per broadcast when widened in place: 0.52 of the FMA peak for MLA in
 /// cache). query_lanes: see prepare_query_lanes.
+///   widened: (Tokens, widened_slots(key_dim)) fp32, 64-byte aligned: the
+///   rows as each 32-element line's 16 even then 16 odd elements, zeros past
+///   key_dim (written here)
 template <int Group, int Tokens>
-inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int key_dim, const float* query_lanes,
-                                  float scale, int column, Work& w, RowPrefetcher& ahead) {
+inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int key_dim, float* widened,
+                                  const float* query_lanes, float scale, int column, Work& w, RowPrefetcher& ahead,
+                                  int prefetch_per_chunk) {
   constexpr Fp32RowLayout layout = fp32_row_layout(Group);
   constexpr int halves = layout.halves, heads = layout.heads, phases = layout.phases;
-  const int lines = widened_slots(key_dim) / 32, chunks = lines * 32 / (2 * phases);
-  // Each row's 32-element lines as their 16 even then 16 odd elements; zeros past key_dim.
-  alignas(64) float widened[Tokens][max_key_dim];
-  for (int t = 0; t < Tokens; ++t)
-    for (int line = 0; line < lines; ++line) {
-      const int left = key_dim - 32 * line;
-      const __mmask32 inside = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
-      const __m512i pairs = _mm512_maskz_loadu_epi16(inside, keys + t * stride + 32 * line);
-      _mm512_store_ps(widened[t] + 32 * line, even_elements(pairs));
-      _mm512_store_ps(widened[t] + 32 * line + 16, odd_elements(pairs));
-    }
+  const int slots = widened_slots(key_dim), lines = slots / 32, chunks = slots / (2 * phases);
+  const int whole_lines = key_dim / 32;
+  auto widen = [&](int t, int line, __m512i pairs) {
+    _mm512_store_ps(widened + t * slots + 32 * line, even_elements(pairs));
+    _mm512_store_ps(widened + t * slots + 32 * line + 16, odd_elements(pairs));
+  };
+  for (int t = 0; t < Tokens; ++t) {
+    for (int line = 0; line < whole_lines; ++line) widen(t, line, _mm512_loadu_si512(keys + t * stride + 32 * line));
+    if (whole_lines < lines)
+      widen(t, whole_lines,
+            _mm512_maskz_loadu_epi16((__mmask32{1} << (key_dim % 32)) - 1, keys + t * stride + 32 * whole_lines));
+  }
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
   __m512 acc[halves][Tokens];
   zero(acc);
   for (int c = 0; c < chunks; ++c) {
-    prefetch.step(1);
+    prefetch.step(prefetch_per_chunk);
     __m512 q[halves][2];
     WRITESCOPE_UNROLL(2)
     for (int half = 0; half < halves; ++half)
@@ -436,8 +474,8 @@ inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int key
       for (int e = 0; e < 2; ++e) q[half][e] = _mm512_load_ps(query_lanes + ((c * halves + half) * 2 + e) * 16);
     WRITESCOPE_UNROLL(8)
     for (int t = 0; t < Tokens; ++t) {
-      const float* slots = widened[t] + 2 * phases * c;
-      const __m512 first = broadcast_floats<phases>(slots), second = broadcast_floats<phases>(slots + phases);
+      const float* row = widened + t * slots + 2 * phases * c;
+      const __m512 first = broadcast_floats<phases>(row), second = broadcast_floats<phases>(row + phases);
       WRITESCOPE_UNROLL(2)
       for (int half = 0; half < halves; ++half) {
         acc[half][t] = _mm512_fmadd_ps(first, q[half][0], acc[half][t]);
@@ -446,10 +484,13 @@ inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int key
     }
   }
   ahead = prefetch;
-  if constexpr (phases == 2 && Tokens == 8) {
+  if constexpr (Tokens == 8) {
     WRITESCOPE_UNROLL(2)
-    for (int half = 0; half < halves; ++half)
-      store_two_phase_scores(acc[half], scale, w.scores + half * heads * pass_tokens + column);
+    for (int half = 0; half < halves; ++half) {
+      float* scores = w.scores + half * heads * pass_tokens + column;
+      if constexpr (phases == 2) store_two_phase_scores(acc[half], scale, scores);
+      else store_four_phase_scores(acc[half], scale, scores);
+    }
     return;
   }
   WRITESCOPE_UNROLL(2)
@@ -512,12 +553,24 @@ __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first
   const bf16* keys = s.block + g.key_offset(s.order, first, s.kv_head, 0);
   constexpr int phases = token_row_phases(Group);
   const int chunks = g.key_dim / (2 * phases);  // vdpbf16ps
+  // The fp32 tiles' chunks are fewer (4 phases for groups of 8): enough
+  // lines per chunk that the next pass's keys are all requested during the
+  // products (one per chunk left half of Qwen3's to a burst at the end).
+  const int slots = widened_slots(g.key_dim), fp32_chunks = slots / (2 * fp32_row_layout(Group).phases);
+  const int fp32_steps = (count / 8 + count % 8) * heads * fp32_chunks;
+  const int fp32_lines_per_chunk = (ahead.lines() + fp32_steps - 1) / fp32_steps;
+  // The fp32 tiles' widened rows: MLA's pass buffer (read again by the value
+  // products), else an 8-row tile that stays in L1.
+  alignas(64) float tile_rows[Fp32 ? 8 * max_key_dim : 1];
   // 8 tokens x 2 chunks (groups of 16: x 2 halves): 16 independent
   // accumulators (12 cover vdpbf16ps' latency x 2 ports); single tokens last.
   auto tile = [&](auto tokens, int t, int h) {
     constexpr int n = decltype(tokens)::value;
     const bf16* rows = keys + t * stride + h * head_stride;
-    if constexpr (Fp32) scores_rows_tile_fp32<Group, n>(rows, stride, g.key_dim, w[h].query_lanes, s.scale, t, w[h], ahead);
+    if constexpr (Fp32)
+      scores_rows_tile_fp32<Group, n>(rows, stride, g.key_dim,
+                                      w[h].widened_latent ? w[h].widened_latent + t * slots : tile_rows,
+                                      w[h].query_lanes, s.scale, t, w[h], ahead, fp32_lines_per_chunk);
     else if constexpr (Group == 16) scores_rows_tile_16<n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
     else scores_rows_tile<phases, n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
   };
@@ -638,8 +691,10 @@ inline void values_tile(const bf16* values, std::int64_t stride, int count, cons
 /// values_tile with fp32 FMAs: each token row's 32-dim chunk widened once into
 /// its even and odd dims, each head's weight p_t a broadcast from the fp32
 /// weights (Heads, pass_tokens) folded into the FMA: no pairing of rows.
-template <int Heads, int Chunks>
-inline void values_tile_fp32(const bf16* values, std::int64_t stride, int count, const float* weights, float* o,
+/// Rows of bf16 as stored, or of fp32 already widened (MLA's widened_latent:
+/// no widening here, 2 of every 18 vector operations of the product).
+template <int Heads, int Chunks, class Row>
+inline void values_tile_fp32(const Row* values, std::int64_t stride, int count, const float* weights, float* o,
                              int value_dim, RowPrefetcher& ahead, int prefetch_per_row) {
   __m512 acc[Heads][2 * Chunks];  // (head, even / odd dims of each chunk)
   zero(acc);
@@ -648,8 +703,14 @@ inline void values_tile_fp32(const bf16* values, std::int64_t stride, int count,
     prefetch.step(prefetch_per_row);
     WRITESCOPE_UNROLL(4)
     for (int c = 0; c < Chunks; ++c) {
-      const __m512i line = _mm512_loadu_si512(values + t * stride + 32 * c);
-      const __m512 even = even_elements(line), odd = odd_elements(line);
+      __m512 even, odd;
+      if constexpr (std::is_same_v<Row, float>) {
+        even = _mm512_load_ps(values + t * stride + 32 * c);
+        odd = _mm512_load_ps(values + t * stride + 32 * c + 16);
+      } else {
+        const __m512i line = _mm512_loadu_si512(values + t * stride + 32 * c);
+        even = even_elements(line), odd = odd_elements(line);
+      }
       WRITESCOPE_UNROLL(16)
       for (int h = 0; h < Heads; ++h) {
         const __m512 p = _mm512_set1_ps(weights[h * pass_tokens + t]);
@@ -680,12 +741,17 @@ __attribute__((noinline)) void values_rows(const HostSegment<bf16>& s, int first
   for (int h = 0; h < s.group; h += Heads)
     for (int d = 0; d < g.value_dim; d += 32 * Chunks) {
       float* out = o + h * g.value_dim + d;
-      if constexpr (Fp32)
-        values_tile_fp32<Heads, Chunks>(values + d, stride, count, w.weights_fp32 + h * pass_tokens, out, g.value_dim,
-                                        ahead, per_step);
-      else
+      if constexpr (Fp32) {
+        const float* weights = w.weights_fp32 + h * pass_tokens;
+        if (w.widened_latent)
+          values_tile_fp32<Heads, Chunks>(w.widened_latent + d, widened_slots(g.key_dim), count, weights, out,
+                                          g.value_dim, ahead, per_step);
+        else
+          values_tile_fp32<Heads, Chunks>(values + d, stride, count, weights, out, g.value_dim, ahead, per_step);
+      } else {
         values_tile<Heads, Chunks>(values + d, stride, count, w.weights + h * (pass_tokens / 2), out, g.value_dim,
                                    ahead, per_step);
+      }
     }
 }
 
@@ -712,6 +778,13 @@ RowPrefetcher value_rows(const HostSegment<bf16>& s, int first, int count, int h
                        count);
 }
 
+/// The first 64-byte line of a buffer of floats allocated `line_floats` longer.
+constexpr std::size_t line_floats = 16;
+float* first_line(std::vector<float>& buffer) {
+  const auto address = reinterpret_cast<std::uintptr_t>(buffer.data());
+  return buffer.data() + (line_floats - address / sizeof(float) % line_floats) % line_floats;
+}
+
 /// The run for `heads` KV heads from run[0].kv_head on (one Work, one state
 /// each): o (heads, Group, value_dim), lse (heads, Group). Products in
 /// vdpbf16ps on query_pairs, or (Fp32) in fp32 FMAs on run[0].queries.
@@ -725,16 +798,21 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
   // fp32 FMA products: each head's queries in their order, once per run, on
   // whole cache lines (a vector load across two lines ran MLA's scores up to
   // 25% slower).
-  constexpr std::size_t line_floats = 16;
   const auto head_floats = static_cast<std::size_t>(query_lane_floats(Group, g.key_dim));
   std::vector<float> query_lanes(Fp32 ? heads * head_floats + line_floats : 0);
+  // MLA on fp32 FMAs: the pass's latent widened once, for scores and values.
+  const bool widen_latent = Fp32 && g.values_in_keys && !tiled;
+  const auto latent_floats = static_cast<std::size_t>(pass_tokens * widened_slots(g.key_dim));
+  // Per thread, kept: zeroing or mapping 300 KB per run cost 2% of MLA's.
+  thread_local std::vector<float> widened_latent;
+  if (widen_latent && widened_latent.size() < heads * latent_floats + line_floats)
+    widened_latent.resize(heads * latent_floats + line_floats);
   for (int h = 0; h < heads; ++h) {
     w[h].query_pairs = Fp32 ? nullptr : query_pairs[h];
     w[h].query_lanes = nullptr;
+    w[h].widened_latent = widen_latent ? first_line(widened_latent) + h * latent_floats : nullptr;
     if constexpr (Fp32) {
-      const auto address = reinterpret_cast<std::uintptr_t>(query_lanes.data());
-      float* lanes = query_lanes.data() + (line_floats - address / sizeof(float) % line_floats) % line_floats +
-                     static_cast<std::size_t>(h) * head_floats;
+      float* lanes = first_line(query_lanes) + h * head_floats;
       prepare_query_lanes(tiled, Group, g.key_dim, run[0].queries + static_cast<std::ptrdiff_t>(h) * Group * g.key_dim,
                           lanes);
       w[h].query_lanes = lanes;
