@@ -121,8 +121,8 @@ struct DecodeSegmentsHostKernel {
     if (query_pairs)
       for (int h = kv_head; h < kv_head + heads; ++h)
         pairs.push_back(query_pairs + data.query_pairs_offset(data.segments(first).batch_index, h));
-    // Static schedules give each thread consecutive work items: the next one's
-    // first segment is what this thread reads after the run.
+    // Each thread runs consecutive work items (but for stolen ones): the next
+    // one's first segment is what this thread reads after the run.
     const int next = std::min(work + 1, work_items - 1);
     const HostSegment<Scalar> following = input(run_begins(next / items_per_run()), next % items_per_run());
     const int q0 = kv_head * data.group;
@@ -549,8 +549,12 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
         // The merge below reads each batch entry's runs instead of its segments.
         Kokkos::deep_copy(space, Kokkos::subview(workspace.batch_offsets, std::make_pair(0, batch + 1)),
                           Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(run_offsets.data(), batch + 1));
+        // Work stealing: each thread starts on its own consecutive items and
+        // takes others' last ones when done, so that a core slowed by anything
+        // else on the machine does not hold up the step.
         launch_parallel_for("writescope::attention::decode_segments_host",
-                             Kokkos::RangePolicy<ExecSpace>(space, 0, runs * items_per_run),
+                             Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Dynamic>>(
+                                 space, 0, runs * items_per_run, Kokkos::ChunkSize(1)),
                              HostKernel{data, workspace.run_begins, path, query_pairs, all_heads, runs * items_per_run});
       } else {
         launch_team_kernel();

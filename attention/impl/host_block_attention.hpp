@@ -98,6 +98,18 @@ class RowPrefetcher {
     }
   }
   void finish() { step(lines_); }
+  /// Spreads the lines left over `ticks` calls of tick(): evenly, rather than
+  /// a whole line or more per step and then none (a burst at that rate
+  /// outruns the misses a core keeps in flight).
+  void spread_over(std::int64_t ticks) {
+    per_tick_ = ((std::int64_t{rows_left_} * row_lines_ - line_) << 16) / std::max<std::int64_t>(1, ticks) + 1;
+    credit_ = 0;
+  }
+  void tick() {
+    credit_ += per_tick_;
+    step(static_cast<int>(credit_ >> 16));
+    credit_ &= 0xffff;
+  }
   int lines() const { return lines_; }
 
  private:
@@ -107,6 +119,8 @@ class RowPrefetcher {
   int rows_left_ = 0;
   int line_ = 0;
   int lines_ = 0;
+  std::int64_t per_tick_ = 0;  // lines per tick, 16.16 fixed point
+  std::int64_t credit_ = 0;
 };
 
 // Register tiles: a tile of query heads times a tile of 8-wide vectors, sized

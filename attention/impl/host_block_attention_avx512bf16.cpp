@@ -339,7 +339,7 @@ inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, 
   for (int t = 0; t < Tokens; ++t) even[t] = odd[t] = _mm512_setzero_ps();
   int c = 0;
   for (; c + 2 <= chunks; c += 2) {
-    prefetch.step(2);
+    prefetch.tick();
     const __m512i q0 = _mm512_load_si512(query_pairs + 16 * c), q1 = _mm512_load_si512(query_pairs + 16 * c + 16);
     WRITESCOPE_UNROLL(8)
     for (int t = 0; t < Tokens; ++t) {
@@ -387,7 +387,7 @@ inline void scores_rows_tile_16(const bf16* keys, std::int64_t stride, int chunk
   WRITESCOPE_UNROLL(8)
   for (int t = 0; t < Tokens; ++t) low[t] = high[t] = _mm512_setzero_ps();
   for (int c = 0; c < chunks; ++c) {
-    prefetch.step(1);
+    prefetch.tick();
     const __m512i q_low = _mm512_load_si512(query_pairs + 32 * c),
                   q_high = _mm512_load_si512(query_pairs + 32 * c + 16);
     WRITESCOPE_UNROLL(8)
@@ -446,8 +446,7 @@ inline __m512 broadcast_floats(const float* p) {
 ///   key_dim (written here)
 template <int Group, int Tokens>
 inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int key_dim, float* widened,
-                                  const float* query_lanes, float scale, int column, Work& w, RowPrefetcher& ahead,
-                                  int prefetch_per_chunk) {
+                                  const float* query_lanes, float scale, int column, Work& w, RowPrefetcher& ahead) {
   constexpr Fp32RowLayout layout = fp32_row_layout(Group);
   constexpr int halves = layout.halves, heads = layout.heads, phases = layout.phases;
   const int slots = widened_slots(key_dim), lines = slots / 32, chunks = slots / (2 * phases);
@@ -466,7 +465,7 @@ inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int key
   __m512 acc[halves][Tokens];
   zero(acc);
   for (int c = 0; c < chunks; ++c) {
-    prefetch.step(prefetch_per_chunk);
+    prefetch.tick();
     __m512 q[halves][2];
     WRITESCOPE_UNROLL(2)
     for (int half = 0; half < halves; ++half)
@@ -553,12 +552,11 @@ __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first
   const bf16* keys = s.block + g.key_offset(s.order, first, s.kv_head, 0);
   constexpr int phases = token_row_phases(Group);
   const int chunks = g.key_dim / (2 * phases);  // vdpbf16ps
-  // The fp32 tiles' chunks are fewer (4 phases for groups of 8): enough
-  // lines per chunk that the next pass's keys are all requested during the
-  // products (one per chunk left half of Qwen3's to a burst at the end).
-  const int slots = widened_slots(g.key_dim), fp32_chunks = slots / (2 * fp32_row_layout(Group).phases);
-  const int fp32_steps = (count / 8 + count % 8) * heads * fp32_chunks;
-  const int fp32_lines_per_chunk = (ahead.lines() + fp32_steps - 1) / fp32_steps;
+  // The next pass's keys are requested evenly over the tiles' steps (chunks,
+  // or pairs of chunks for vdpbf16ps' smaller groups).
+  const int slots = widened_slots(g.key_dim);
+  const int steps_per_tile = Fp32 ? slots / (2 * fp32_row_layout(Group).phases) : Group == 16 ? chunks : chunks / 2;
+  ahead.spread_over(std::int64_t{count / 8 + count % 8} * heads * steps_per_tile);
   // The fp32 tiles' widened rows: MLA's pass buffer (read again by the value
   // products), else an 8-row tile that stays in L1.
   alignas(64) float tile_rows[Fp32 ? 8 * max_key_dim : 1];
@@ -570,7 +568,7 @@ __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first
     if constexpr (Fp32)
       scores_rows_tile_fp32<Group, n>(rows, stride, g.key_dim,
                                       w[h].widened_latent ? w[h].widened_latent + t * slots : tile_rows,
-                                      w[h].query_lanes, s.scale, t, w[h], ahead, fp32_lines_per_chunk);
+                                      w[h].query_lanes, s.scale, t, w[h], ahead);
     else if constexpr (Group == 16) scores_rows_tile_16<n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
     else scores_rows_tile<phases, n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
   };
@@ -658,12 +656,12 @@ inline void add_value_tiles(const __m512 (&acc)[Heads][Accumulators], const std:
 /// token rows: `Heads` heads x `Chunks` x 32 dims of accumulators in registers.
 template <int Heads, int Chunks>
 inline void values_tile(const bf16* values, std::int64_t stride, int count, const std::uint32_t* weights,
-                        float* o, int value_dim, RowPrefetcher& ahead, int prefetch_per_pair) {
+                        float* o, int value_dim, RowPrefetcher& ahead) {
   __m512 acc[Heads][2 * Chunks];
   zero(acc);
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
   auto pair = [&](const bf16* first, const bf16* second, int k) {
-    prefetch.step(prefetch_per_pair);
+    prefetch.tick();
     WRITESCOPE_UNROLL(4)
     for (int c = 0; c < Chunks; ++c) {
       const __m512i a = _mm512_loadu_si512(first + 32 * c);
@@ -695,12 +693,12 @@ inline void values_tile(const bf16* values, std::int64_t stride, int count, cons
 /// no widening here, 2 of every 18 vector operations of the product).
 template <int Heads, int Chunks, class Row>
 inline void values_tile_fp32(const Row* values, std::int64_t stride, int count, const float* weights, float* o,
-                             int value_dim, RowPrefetcher& ahead, int prefetch_per_row) {
+                             int value_dim, RowPrefetcher& ahead) {
   __m512 acc[Heads][2 * Chunks];  // (head, even / odd dims of each chunk)
   zero(acc);
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
   for (int t = 0; t < count; ++t) {
-    prefetch.step(prefetch_per_row);
+    prefetch.tick();
     WRITESCOPE_UNROLL(4)
     for (int c = 0; c < Chunks; ++c) {
       __m512 even, odd;
@@ -727,17 +725,19 @@ inline void values_tile_fp32(const Row* values, std::int64_t stride, int count, 
   add_value_tiles(acc, first_half, second_half, o, value_dim);
 }
 
-/// `sharers`: how many calls (one per KV head) share `ahead`'s lines.
+/// `sharers`: how many calls (one per KV head) share `ahead`'s lines; this
+/// is call `sharer` of them.
 template <int Heads, int Chunks, bool Fp32>
 __attribute__((noinline)) void values_rows(const HostSegment<bf16>& s, int first, int count, const Work& w, float* o,
-                                           RowPrefetcher& ahead, int sharers) {
+                                           RowPrefetcher& ahead, int sharer, int sharers) {
   const BlockGeometry& g = s.geometry;
   const std::int64_t stride = g.value_token_stride(s.order);
   const bf16* values = s.block + g.value_offset(s.order, first, s.kv_head, 0);
   const int tiles = (s.group / Heads) * (g.value_dim / (32 * Chunks));
-  // Steps of a tile: token pairs (vdpbf16ps) or tokens (fp32 FMA).
-  const int steps = sharers * tiles * (Fp32 ? count : (count + 1) / 2);
-  const int per_step = (ahead.lines() + steps - 1) / steps;
+  // The next pass's values (or the rest of MLA's latent) are requested
+  // evenly over the steps of all sharers' tiles: token pairs (vdpbf16ps) or
+  // tokens (fp32 FMA).
+  if (sharer == 0) ahead.spread_over(std::int64_t{sharers} * tiles * (Fp32 ? count : (count + 1) / 2));
   for (int h = 0; h < s.group; h += Heads)
     for (int d = 0; d < g.value_dim; d += 32 * Chunks) {
       float* out = o + h * g.value_dim + d;
@@ -745,12 +745,12 @@ __attribute__((noinline)) void values_rows(const HostSegment<bf16>& s, int first
         const float* weights = w.weights_fp32 + h * pass_tokens;
         if (w.widened_latent)
           values_tile_fp32<Heads, Chunks>(w.widened_latent + d, widened_slots(g.key_dim), count, weights, out,
-                                          g.value_dim, ahead, per_step);
+                                          g.value_dim, ahead);
         else
-          values_tile_fp32<Heads, Chunks>(values + d, stride, count, weights, out, g.value_dim, ahead, per_step);
+          values_tile_fp32<Heads, Chunks>(values + d, stride, count, weights, out, g.value_dim, ahead);
       } else {
         values_tile<Heads, Chunks>(values + d, stride, count, w.weights + h * (pass_tokens / 2), out, g.value_dim,
-                                   ahead, per_step);
+                                   ahead);
       }
     }
 }
@@ -849,8 +849,8 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
         head.kv_head += h;
         float* head_o = o + h * state;
         for (int h0 = 0; h0 < Group; h0 += 4) exponentiate_heads<Fp32>(h0, count, g.value_dim, head_o, w[h]);
-        if constexpr (Group >= 8) values_rows<8, 1, Fp32>(head, first, count, w[h], head_o, next_values, heads);
-        else values_rows<Group, 2, Fp32>(head, first, count, w[h], head_o, next_values, heads);
+        if constexpr (Group >= 8) values_rows<8, 1, Fp32>(head, first, count, w[h], head_o, next_values, h, heads);
+        else values_rows<Group, 2, Fp32>(head, first, count, w[h], head_o, next_values, h, heads);
       }
       next_values.finish();
       first = next;
