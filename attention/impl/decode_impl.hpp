@@ -549,12 +549,7 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
         // The merge below reads each batch entry's runs instead of its segments.
         Kokkos::deep_copy(space, Kokkos::subview(workspace.batch_offsets, std::make_pair(0, batch + 1)),
                           Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(run_offsets.data(), batch + 1));
-        // Work stealing: each thread starts on its own consecutive items and
-        // takes others' last ones when done, so that a core slowed by anything
-        // else on the machine does not hold up the step.
-        launch_parallel_for("writescope::attention::decode_segments_host",
-                             Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Dynamic>>(
-                                 space, 0, runs * items_per_run, Kokkos::ChunkSize(1)),
+        launch_parallel_for("writescope::attention::decode_segments_host", work_stealing_range(space, runs * items_per_run),
                              HostKernel{data, workspace.run_begins, path, query_pairs, all_heads, runs * items_per_run});
       } else {
         launch_team_kernel();

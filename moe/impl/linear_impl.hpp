@@ -142,14 +142,13 @@ void linear(const ExecSpace& space,
           impl::split_even_odd(x.data() + r0 * x_stride, x_stride, std::min(impl::max_split_linear_rows, rows - r0), in,
                                path, x_split_floats + static_cast<std::int64_t>(r0) * in);
         launch_parallel_for("writescope::moe::linear_host_split",
-                             Kokkos::RangePolicy<ExecSpace>(
-                                 space, 0, (out + impl::split_linear_features - 1) / impl::split_linear_features),
+                             work_stealing_range(space, (out + impl::split_linear_features - 1) / impl::split_linear_features),
                              impl::LinearSplitHostKernel{x_split_floats, w, y, path});
         return;
       }
     }
     launch_parallel_for("writescope::moe::linear_host",
-                         Kokkos::RangePolicy<ExecSpace>(space, 0, (out + impl::linear_features - 1) / impl::linear_features),
+                         work_stealing_range(space, (out + impl::linear_features - 1) / impl::linear_features),
                          impl::LinearHostKernel<Scalar>{x, w, y, path == CpuPath::avx2});
   } else {
     launch_parallel_for("writescope::moe::linear", Kokkos::TeamPolicy<ExecSpace>(space, out, 4, 32),
