@@ -100,7 +100,8 @@ void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stri
     const float* x_block = x_split + static_cast<std::int64_t>(c0) * Rows;
     // Each weight row's next block is requested while this one is multiplied;
     // during the last block, the first block of the row split_linear_features
-    // rows on: the next work item's, which static schedules give this thread.
+    // rows on: the next work item's, which work stealing gives this thread
+    // (but for the other threads' last items it takes).
     const std::int64_t ahead = static_cast<std::int64_t>(sizeof(bf16)) *
                                (c1 < in ? block : split_linear_features * w_stride - c0);
     if (c1 - c0 == block)
