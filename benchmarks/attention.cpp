@@ -6,7 +6,10 @@
 // copies that together exceed the last-level cache. CPU figures also carry the
 // compute ceiling of the instruction path that runs (its multiply-add peak /
 // multiply-adds per KV byte; the label names the path) and
-// fraction_of_roofline = GB/s / min(DRAM read, that ceiling).
+// fraction_of_roofline = GB/s / min(DRAM read, that ceiling), both bounds the
+// best of five right after the timed iterations; and the same against both
+// rates sampled between the iterations (fraction_of_sampled_roofline): what
+// the machine gave while the kernel ran, where a shared machine's rates drift.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -47,26 +50,36 @@ void decode(benchmark::State& state, const AttentionShape& shape, Region region,
                                                  (caches[c].get()->*pool)(), segments[c], workspace, out);
   };
   run(space);  // warm-up: workspace allocation, first touch of scratch
-  const double total = bench::run_fenced_iterations(state, space, run);
-  const double gbps = kv_bytes * static_cast<double>(state.iterations()) / total / 1e9;
-  const double bound_gbps = memory_bound();
-  state.SetBytesProcessed(static_cast<std::int64_t>(kv_bytes) * state.iterations());
-  state.counters["GB/s"] = gbps;
-  state.counters["bound_GB/s"] = bound_gbps;
-  state.counters["fraction_of_bound"] = gbps / bound_gbps;
-  state.counters["threads"] = space.concurrency();
-  state.counters["kv_copies"] = copies;
+  // Counters common to both spaces; returns GB/s.
+  auto report = [&](double total) {
+    const double gbps = kv_bytes * static_cast<double>(state.iterations()) / total / 1e9;
+    const double bound_gbps = memory_bound();
+    state.SetBytesProcessed(static_cast<std::int64_t>(kv_bytes) * state.iterations());
+    state.counters["GB/s"] = gbps;
+    state.counters["bound_GB/s"] = bound_gbps;
+    state.counters["fraction_of_bound"] = gbps / bound_gbps;
+    state.counters["threads"] = space.concurrency();
+    state.counters["kv_copies"] = copies;
+    return gbps;
+  };
   if constexpr (std::is_same_v<ExecSpace, HostExecSpace>) {
     // The ceiling of the instruction path the product runs on (its
-    // multiply-adds per second, measured right after the kernel) over the shape's
-    // multiply-adds per KV byte (QK^T and P.V for each query head of a group).
+    // multiply-adds per second, measured right after the kernel and sampled
+    // while it ran) over the shape's multiply-adds per KV byte (QK^T and P.V
+    // for each query head of a group).
     const CpuPath path = impl::host_product_path(active_cpu_path(), caches[0]->geometry(), block_order(region),
                                                  shape.group(), true);
     state.SetLabel(cpu_path_name(path));
+    HostRateSampler sampler(path);
+    const double gbps = report(bench::run_sampled_iterations(state, space, run, sampler));
+    const double bound_gbps = state.counters["bound_GB/s"];
     const double compute_bound = measure_host_product_gmacs(path) / shape.fmas_per_byte(sizeof(bf16));
     state.counters["compute_bound_GB/s"] = compute_bound;
     state.counters["fraction_of_compute_bound"] = gbps / compute_bound;
     state.counters["fraction_of_roofline"] = gbps / std::min(bound_gbps, compute_bound);
+    bench::report_sampled_roofline(state, gbps, sampler, shape.fmas_per_byte(sizeof(bf16)));
+  } else {
+    report(bench::run_fenced_iterations(state, space, run));
   }
 }
 

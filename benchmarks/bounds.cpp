@@ -1,5 +1,6 @@
 #include "bounds.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace writescope::bench {
@@ -7,6 +8,15 @@ namespace writescope::bench {
 double kv_bytes(const AttentionShape& shape, std::int64_t tokens) {
   return static_cast<double>(tokens) * shape.kv_heads *
          (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
+}
+
+void report_sampled_roofline(benchmark::State& state, double gbps, const HostRateSampler& sampler,
+                             double multiply_adds_per_byte) {
+  const double dram = sampler.dram_read_gbps(), compute = sampler.product_gmacs() / multiply_adds_per_byte;
+  state.counters["sampled_bound_GB/s"] = dram;
+  state.counters["sampled_compute_bound_GB/s"] = compute;
+  state.counters["fraction_of_sampled_roofline"] = gbps / std::min(dram, compute);
+  state.counters["rate_samples"] = sampler.samples();
 }
 
 double host_dram_read_gbps() {

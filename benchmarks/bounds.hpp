@@ -30,6 +30,35 @@ double run_fenced_iterations(benchmark::State& state, const ExecSpace& space, Wo
   return total;
 }
 
+/// run_fenced_iterations, sampling the host's rates (`sampler`) between
+/// iterations, outside their time: after the first and then whenever
+/// `sample_every` seconds of timed work have passed since the last sample, so
+/// short kernels are not drowned in samples.
+template <class ExecSpace, class Work>
+double run_sampled_iterations(benchmark::State& state, const ExecSpace& space, Work&& work, HostRateSampler& sampler,
+                              double sample_every = 0.01) {
+  double total = 0, since_sample = sample_every;
+  for (auto _ : state) {
+    const double seconds = time_fenced(space, work);
+    state.SetIterationTime(seconds);
+    total += seconds;
+    since_sample += seconds;
+    if (since_sample >= sample_every) {
+      sampler.sample();
+      since_sample = 0;
+    }
+  }
+  return total;
+}
+
+/// The counters of a host kernel against the rates sampled while it ran
+/// (`compute_bound_gbps`: the path's multiply-add rate over the kernel's
+/// multiply-adds per byte), beside its best-of-five bounds:
+/// sampled_bound_GB/s (DRAM read), sampled_compute_bound_GB/s,
+/// fraction_of_sampled_roofline (GB/s / the lower), rate_samples.
+void report_sampled_roofline(benchmark::State& state, double gbps, const HostRateSampler& sampler,
+                             double multiply_adds_per_byte);
+
 /// Bytes of bf16 keys and values of `tokens` tokens of `shape`.
 double kv_bytes(const AttentionShape& shape, std::int64_t tokens);
 

@@ -4,7 +4,8 @@
 // actually streamed and of bf16-equivalent weight bytes, and as a fraction of
 // the host DRAM read bound measured in the same run (and, for the project's
 // kernel, of min(DRAM, the compute roof of the CPU path it runs; the label
-// names the path), with weights rotated past the last-level cache. Shapes: an expert's gate
+// names the path), with weights rotated past the last-level cache; and the
+// same against the rates sampled between iterations (bounds.hpp). Shapes: an expert's gate
 // (or up) projection of Qwen3-30B-A3B (768 x 2048), DeepSeek-V2-Lite
 // (1408 x 2048) and Mixtral-8x7B (14336 x 4096).
 #include <benchmark/benchmark.h>
@@ -71,21 +72,23 @@ void bf16_linear(benchmark::State& state) {
   Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> x("writescope::benchmarks::x", rows, in),
       y("writescope::benchmarks::y", rows, out);
   Kokkos::deep_copy(x, 0.5f);
-  int next = 0;
-  const double total = bench::run_fenced_iterations(state, HostExecSpace(), [&](const HostExecSpace& s) {
-    linear<HostExecSpace, bf16>(s, x, w[next++ % copies], y);
-  });
-  const double dram = report(state, total, weight_bytes, weight_bytes);
   // The multiply-add peak of the fp32 FMA the layer runs on its path (16-lane
   // AVX-512F on both AVX-512 paths), measured, over its multiply-adds per weight byte
   // (rows / 2). Not derived from vdpbf16ps: on Zen 4/5 that runs twice the
   // multiply-adds of the 16-lane FMA, on the Intel hosts measured half.
   const CpuPath path = impl::linear_path(active_cpu_path(), rows, in, true);
   state.SetLabel(cpu_path_name(path));
+  HostRateSampler sampler(fp32_fma_path(path));
+  int next = 0;
+  const double total = bench::run_sampled_iterations(
+      state, HostExecSpace(),
+      [&](const HostExecSpace& s) { linear<HostExecSpace, bf16>(s, x, w[next++ % copies], y); }, sampler);
+  const double dram = report(state, total, weight_bytes, weight_bytes);
   const double compute_bound = measure_host_fp32_fma_gmacs(path) * 2.0 / rows;
   const double gbps = state.counters["GB/s"];
   state.counters["compute_bound_GB/s"] = compute_bound;
   state.counters["fraction_of_roofline"] = gbps / std::min(compute_bound, dram);
+  bench::report_sampled_roofline(state, gbps, sampler, rows / 2.0);
   state.counters["weight_copies"] = copies;
 }
 

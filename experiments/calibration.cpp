@@ -119,15 +119,16 @@ namespace {
 constexpr int fma_chains = impl::peak_chains;
 constexpr std::int64_t fma_iterations = 20'000'000;
 
-/// Per thread: fma_iterations x fma_chains vector FMAs kept in registers.
+/// Per thread: iterations x fma_chains vector FMAs kept in registers.
 struct FmaChains {
   float seed;
+  std::int64_t iterations;
   void operator()(int, float& sink) const {
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 acc[fma_chains];
     for (int c = 0; c < fma_chains; ++c) acc[c] = _mm256_set1_ps(seed + c);
     const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-    for (std::int64_t i = 0; i < fma_iterations; ++i)
+    for (std::int64_t i = 0; i < iterations; ++i)
       for (int c = 0; c < fma_chains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
     float total = 0;
     for (int c = 0; c < fma_chains; ++c) {
@@ -139,43 +140,46 @@ struct FmaChains {
 #else
     float acc[fma_chains];
     for (int c = 0; c < fma_chains; ++c) acc[c] = seed + c;
-    for (std::int64_t i = 0; i < fma_iterations; ++i)
+    for (std::int64_t i = 0; i < iterations; ++i)
       for (int c = 0; c < fma_chains; ++c) acc[c] = acc[c] * 0.999999f + 1e-7f;
     for (float a : acc) sink += a;
 #endif
   }
 };
 
-/// Per thread, scalar: fma_iterations x fma_chains dependent scalar FMAs.
+/// Per thread, scalar: iterations / 8 x fma_chains dependent scalar FMAs.
 struct ScalarFmaChains {
   float seed;
+  std::int64_t iterations;
   void operator()(int, float& sink) const {
     float acc[fma_chains];
     for (int c = 0; c < fma_chains; ++c) acc[c] = seed + c;
-    for (std::int64_t i = 0; i < fma_iterations / 8; ++i)
+    for (std::int64_t i = 0; i < iterations / 8; ++i)
       for (int c = 0; c < fma_chains; ++c) acc[c] = std::fma(acc[c], 0.999999f, 1e-7f);
     for (float a : acc) sink += a;
   }
 };
 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-/// Per thread: fma_iterations x fma_chains vdpbf16ps (32 multiply-adds each).
+/// Per thread: iterations x fma_chains vdpbf16ps (32 multiply-adds each).
 struct Bf16DotChains {
   float seed;
-  void operator()(int, float& sink) const { sink += impl::bf16_dot_chains(seed, fma_iterations); }
+  std::int64_t iterations;
+  void operator()(int, float& sink) const { sink += impl::bf16_dot_chains(seed, iterations); }
 };
-/// Per thread: fma_iterations x fma_chains 16-lane fp32 FMAs (AVX-512F).
+/// Per thread: iterations x fma_chains 16-lane fp32 FMAs (AVX-512F).
 struct Fma16Chains {
   float seed;
-  void operator()(int, float& sink) const { sink += impl::fp32_fma16_chains(seed, fma_iterations); }
+  std::int64_t iterations;
+  void operator()(int, float& sink) const { sink += impl::fp32_fma16_chains(seed, iterations); }
 };
 #endif
 
+/// One fenced run of `chains` on every host thread: seconds.
 template <class Chains>
-double chains_rate(double multiply_adds_per_thread, Chains chains) {
-  const HostExecSpace space;
+double chains_seconds(const HostExecSpace& space, Chains chains) {
   const int threads = space.concurrency();
-  return best_rate(space, static_cast<double>(threads) * multiply_adds_per_thread, [&](const HostExecSpace& s) {
+  return time_fenced(space, [&](const HostExecSpace& s) {
     float sum = 0;
     Kokkos::parallel_reduce("writescope::experiments::product_peak", Kokkos::RangePolicy<HostExecSpace>(s, 0, threads),
                             chains, sum);
@@ -183,44 +187,89 @@ double chains_rate(double multiply_adds_per_thread, Chains chains) {
   });
 }
 
-}  // namespace
-
-double measure_host_fp32_fma_gmacs(CpuPath path) {
-#ifdef WRITESCOPE_HOST_AVX512_BF16
-  if (path >= CpuPath::avx512_fma)
-    return chains_rate(static_cast<double>(fma_iterations) * fma_chains * 16, Fma16Chains{1.0f});
-#endif
-  // The decode products of the other paths are fp32 FMAs already.
-  return measure_host_product_gmacs(path);
-}
-
-double measure_host_product_gmacs(CpuPath path) {
-  const double chained = static_cast<double>(fma_iterations) * fma_chains;
+/// Multiply-adds (all threads) and seconds of one run of `iterations` steps of
+/// the product chains of CPU path `path` on every host thread.
+struct ProductRun {
+  double multiply_adds = 0, seconds = 0;
+};
+ProductRun run_product_chains(CpuPath path, std::int64_t iterations) {
+  const HostExecSpace space;
+  const double steps = static_cast<double>(space.concurrency()) * static_cast<double>(iterations) * fma_chains;
   switch (path) {
     case CpuPath::avx512_bf16:
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-      return chains_rate(chained * 32, Bf16DotChains{1.0f});
+      return {steps * 32, chains_seconds(space, Bf16DotChains{1.0f, iterations})};
 #else
       break;
 #endif
     case CpuPath::avx512_fma:
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-      return chains_rate(chained * 16, Fma16Chains{1.0f});
+      return {steps * 16, chains_seconds(space, Fma16Chains{1.0f, iterations})};
 #else
       break;
 #endif
     case CpuPath::avx2:
 #if defined(__AVX2__) && defined(__FMA__)
-      return chains_rate(chained * 8, FmaChains{1.0f});
+      return {steps * 8, chains_seconds(space, FmaChains{1.0f, iterations})};
 #else
       break;
 #endif
     case CpuPath::scalar:
-      return chains_rate(chained / 8, ScalarFmaChains{1.0f});
+      return {steps / 8, chains_seconds(space, ScalarFmaChains{1.0f, iterations})};
   }
   throw std::invalid_argument(std::string("measure_host_product_gmacs: CPU path '") + cpu_path_name(path) +
                               "' is not compiled in");
 }
+
+/// Best rate (10^9 multiply-adds per second) of `repetitions` runs of path's chains.
+double best_product_gmacs(CpuPath path) {
+  double best = 0;
+  for (int r = 0; r < repetitions; ++r) {
+    const ProductRun run = run_product_chains(path, fma_iterations);
+    best = std::max(best, run.multiply_adds / run.seconds / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+CpuPath fp32_fma_path(CpuPath path) { return path >= CpuPath::avx512_fma ? CpuPath::avx512_fma : path; }
+
+double measure_host_fp32_fma_gmacs(CpuPath path) { return best_product_gmacs(fp32_fma_path(path)); }
+
+double measure_host_product_gmacs(CpuPath path) { return best_product_gmacs(path); }
+
+HostRateSampler::HostRateSampler(CpuPath path, std::int64_t buffer_bytes, std::int64_t slice_bytes)
+    : path_(path), slice_words_(slice_bytes / static_cast<std::int64_t>(sizeof(std::uint64_t))) {
+  if (slice_bytes <= 0 || slice_bytes % static_cast<std::int64_t>(sizeof(std::uint64_t)) != 0)
+    throw std::invalid_argument("HostRateSampler: slice_bytes (" + std::to_string(slice_bytes) +
+                                ") must be a positive multiple of 8");
+  if (buffer_bytes < 2 * slice_bytes)
+    throw std::invalid_argument("HostRateSampler: buffer_bytes (" + std::to_string(buffer_bytes) +
+                                ") must hold at least two slices of " + std::to_string(slice_bytes) +
+                                " bytes, so that a slice is not read again while still cached");
+  words_ = first_touched("writescope::experiments::sampled_dram_read", buffer_bytes);
+  run_product_chains(path_, 1);  // fails here, not in sample(), for a path not compiled in
+}
+
+void HostRateSampler::sample() {
+  const HostExecSpace space;
+  const std::int64_t slices = static_cast<std::int64_t>(words_.extent(0)) / slice_words_;
+  const std::int64_t first = next_slice_ * slice_words_;
+  next_slice_ = (next_slice_ + 1) % slices;
+  const HostWords slice = Kokkos::subview(words_, Kokkos::make_pair(first, first + slice_words_));
+  std::uint64_t sum = 0;
+  read_seconds_ += time_fenced(space, [&](const HostExecSpace& s) { sum = read_words(s, slice); });
+  keep(sum);
+  read_bytes_ += static_cast<double>(slice_words_) * sizeof(std::uint64_t);
+  const ProductRun run = run_product_chains(path_, product_iterations);
+  product_seconds_ += run.seconds;
+  multiply_adds_ += run.multiply_adds;
+  ++samples_;
+}
+
+double HostRateSampler::dram_read_gbps() const { return samples_ ? read_bytes_ / read_seconds_ / 1e9 : 0; }
+double HostRateSampler::product_gmacs() const { return samples_ ? multiply_adds_ / product_seconds_ / 1e9 : 0; }
 
 namespace {
 

@@ -40,6 +40,40 @@ double measure_host_product_gmacs(CpuPath path);
 /// threads: scalar, 8-lane (avx2) or 16-lane AVX-512F (both AVX-512 paths). Their
 /// compute roof.
 double measure_host_fp32_fma_gmacs(CpuPath path);
+/// The path whose product (measure_host_product_gmacs) is `path`'s fp32 FMA:
+/// avx512_fma for both AVX-512 paths, else `path` itself.
+CpuPath fp32_fma_path(CpuPath path);
+/// The host's DRAM read and product rates sampled between a kernel's timed
+/// iterations, to set its figure against what the machine gave while it ran:
+/// a shared machine's rates drift within a benchmark (on the Intel VM both
+/// vCPUs' FMA rate halves for seconds at a time), and a best-of-five bound
+/// taken once is a peak the kernel may never have had. Each sample reads the
+/// next slice of a buffer far larger than the last-level cache, from DRAM, and
+/// runs the product chains of `path` (measure_host_product_gmacs) for about a
+/// millisecond; each rate is the samples' total work over their total time,
+/// as a kernel's GB/s is.
+class HostRateSampler {
+ public:
+  /// Product chain steps per thread of one sample (12 chains each).
+  static constexpr std::int64_t product_iterations = 400'000;
+
+  HostRateSampler(CpuPath path, std::int64_t buffer_bytes = std::int64_t{1} << 30,
+                  std::int64_t slice_bytes = std::int64_t{1} << 26);
+  void sample();
+  int samples() const { return samples_; }
+  /// 0 before the first sample.
+  double dram_read_gbps() const;
+  /// Multiply-adds per second (10^9) of `path`'s product instruction, all host threads; 0 before the first sample.
+  double product_gmacs() const;
+
+ private:
+  CpuPath path_;
+  std::int64_t slice_words_;
+  HostWords words_;
+  std::int64_t next_slice_ = 0;
+  int samples_ = 0;
+  double read_bytes_ = 0, read_seconds_ = 0, multiply_adds_ = 0, product_seconds_ = 0;
+};
 /// Median time of a small two-dimensional host kernel, launched and fenced.
 double measure_host_launch_latency_s();
 /// The project's bf16 SwiGLU expert kernel on the host, from DRAM: weight

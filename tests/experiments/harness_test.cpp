@@ -577,6 +577,41 @@ TEST(Calibration, MeasuresTheKernelsTheSystemsRun) {
   EXPECT_GT(expert.gflops, 0);
 }
 
+// The rates sampled between a benchmark's iterations are all samples' work
+// over all their time: of 20 samples, the product rate lands within 4x of the
+// best-of-five rate of the same chains (a shared machine's rate drifts by up to
+// 3x for seconds), not 20x off as one sample's work, or time, over all would;
+// the read rate is positive, and neither is reported before a sample.
+TEST(Calibration, SampledRatesAddUpTheSamplesWork) {
+  const CpuPath path = active_cpu_path();
+  HostRateSampler sampler(path, std::int64_t{4} << 20, std::int64_t{1} << 20);
+  EXPECT_EQ(sampler.samples(), 0);
+  EXPECT_EQ(sampler.dram_read_gbps(), 0);
+  EXPECT_EQ(sampler.product_gmacs(), 0);
+  constexpr int samples = 20;
+  for (int s = 0; s < samples; ++s) sampler.sample();
+  EXPECT_EQ(sampler.samples(), samples);
+  EXPECT_GT(sampler.dram_read_gbps(), 0);
+  const double best = measure_host_product_gmacs(path);
+  EXPECT_LT(sampler.product_gmacs(), 4 * best);
+  EXPECT_GT(sampler.product_gmacs(), best / 4);
+}
+
+TEST(Calibration, ASamplerOfBadSizesNamesTheSizeAndTheReason) {
+  auto error_of = [](std::int64_t buffer, std::int64_t slice) -> std::string {
+    try {
+      HostRateSampler(active_cpu_path(), buffer, slice);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(error_of(std::int64_t{1} << 20, 12).find("slice_bytes (12) must be a positive multiple of 8"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::int64_t{1} << 20, std::int64_t{1} << 20).find("buffer_bytes (1048576) must hold at least two slices"),
+            std::string::npos);
+}
+
 // The streaming chunk calibrate writes: the smallest copy size at 90% of the link.
 TEST(StreamingChunk, SmallestSizeThatReachesTheFraction) {
   const std::vector<std::uint64_t> sizes{1 << 20, 2 << 20, 4 << 20, 8 << 20};
