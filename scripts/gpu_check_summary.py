@@ -82,7 +82,9 @@ def benchmark_section(folder):
         elif name.startswith("cpu_decode/"):
             lines.append(f"  {name:48s} {b['GB/s']:8.1f}  {b['fraction_of_roofline']:.2f} of roofline "
                          f"(DRAM {b['bound_GB/s']:.0f}, {b.get('label', '?')} {b['compute_bound_GB/s']:.0f}, "
-                         f"{b['threads']:.0f} threads)")
+                         f"{b['threads']:.0f} threads); {b['fraction_of_sampled_roofline']:.2f} of the rates "
+                         f"sampled while it ran (DRAM {b['sampled_bound_GB/s']:.0f}, "
+                         f"{b['sampled_compute_bound_GB/s']:.0f})")
     split = [b for b in runs if b["name"].startswith("split_decode/")]
     if split:
         lines.append("split sweep (cpu share: step GB/s; GPU path alone = streamed decode; CPU path alone):")
