@@ -51,11 +51,11 @@ double run_sampled_iterations(benchmark::State& state, const ExecSpace& space, W
   return total;
 }
 
-/// The counters of a host kernel against the rates sampled while it ran
-/// (`compute_bound_gbps`: the path's multiply-add rate over the kernel's
-/// multiply-adds per byte), beside its best-of-five bounds:
-/// sampled_bound_GB/s (DRAM read), sampled_compute_bound_GB/s,
-/// fraction_of_sampled_roofline (GB/s / the lower), rate_samples.
+/// The counters of a host kernel of `gbps` against the rates sampled while it
+/// ran, beside its best-of-five bounds: sampled_bound_GB/s (DRAM read),
+/// sampled_compute_bound_GB/s (the sampled multiply-add rate over the kernel's
+/// `multiply_adds_per_byte`), fraction_of_sampled_roofline (GB/s / the lower
+/// of the two), rate_samples.
 void report_sampled_roofline(benchmark::State& state, double gbps, const HostRateSampler& sampler,
                              double multiply_adds_per_byte);
 

@@ -217,7 +217,7 @@ ProductRun run_product_chains(CpuPath path, std::int64_t iterations) {
     case CpuPath::scalar:
       return {steps / 8, chains_seconds(space, ScalarFmaChains{1.0f, iterations})};
   }
-  throw std::invalid_argument(std::string("measure_host_product_gmacs: CPU path '") + cpu_path_name(path) +
+  throw std::invalid_argument(std::string("host product chains: CPU path '") + cpu_path_name(path) +
                               "' is not compiled in");
 }
 

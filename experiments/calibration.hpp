@@ -46,7 +46,7 @@ CpuPath fp32_fma_path(CpuPath path);
 /// The host's DRAM read and product rates sampled between a kernel's timed
 /// iterations, to set its figure against what the machine gave while it ran:
 /// a shared machine's rates drift within a benchmark (on the Intel VM both
-/// vCPUs' FMA rate halves for seconds at a time), and a best-of-five bound
+/// vCPUs' FMA rate halves for seconds to minutes at a time), and a best-of-five bound
 /// taken once is a peak the kernel may never have had. Each sample reads the
 /// next slice of a buffer far larger than the last-level cache, from DRAM, and
 /// runs the product chains of `path` (measure_host_product_gmacs) for about a
