@@ -63,6 +63,7 @@ struct DecodeWorkspace {
   Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> segment_o;  // (segments, q_heads, value_dim)
   Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> segment_lse;  // (segments, q_heads)
   Kokkos::View<std::uint32_t*, MemSpace> query_pairs;  // host AVX-512 BF16 path: (batch, kv_heads, group * key_dim / 2)
+  Kokkos::View<float*, MemSpace> query_lanes;  // host AVX-512 FMA path: (batch, kv_heads, impl::query_lane_floats)
   Kokkos::View<int*, MemSpace> run_begins;  // host product: (runs + 1) segment runs, impl::host_segment_runs
 };
 

@@ -58,6 +58,25 @@ struct PrepareQueryPairsKernel {
   }
 };
 
+/// Host work item (batch entry, KV head): the group's queries as the fp32
+/// lanes the AVX-512 FMA product reads, once per call instead of per run.
+template <class ExecSpace, class Scalar, class PoolSpace>
+struct PrepareQueryLanesKernel {
+  DecodeSegmentsData<ExecSpace, Scalar, PoolSpace> data;
+  Kokkos::View<float*, typename ExecSpace::memory_space> query_lanes;  // (batch, kv_heads, lane_floats)
+  int lane_floats;                                                      // impl::query_lane_floats
+
+  void operator()(int work) const {
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+    const int b = work / data.geometry.kv_heads, kv_head = work % data.geometry.kv_heads;
+    prepare_query_lanes_avx512_fma(data.geometry, data.order, data.group, &data.queries(b, kv_head * data.group, 0),
+                                   &query_lanes(static_cast<std::size_t>(work) * lane_floats));
+#else
+    (void)work;
+#endif
+  }
+};
+
 /// The host's runs of segments: consecutive segments of one batch entry that
 /// one work item attends with one running state, so that a partial state is
 /// written to memory (and merged) once per run rather than once per block.
@@ -92,6 +111,8 @@ struct DecodeSegmentsHostKernel {
   Kokkos::View<const int*, typename ExecSpace::memory_space> run_begins;  // (runs + 1), host_segment_runs
   CpuPath path;                          // host_product_path, once per launch
   const std::uint32_t* query_pairs;      // PrepareQueryPairsKernel's output (avx512_bf16 only)
+  const float* query_lanes;              // PrepareQueryLanesKernel's output (avx512_fma only)
+  int lane_floats;                       // its floats per (batch entry, KV head)
   bool all_heads;                        // takes_all_heads: one work item per run, else one per (run, KV head)
   int work_items;
 
@@ -117,17 +138,22 @@ struct DecodeSegmentsHostKernel {
     std::vector<HostSegment<Scalar>> segments;
     segments.reserve(last - first);
     for (int s = first; s < last; ++s) segments.push_back(input(s, kv_head));
+    const int batch_index = data.segments(first).batch_index;
     std::vector<const std::uint32_t*> pairs;
-    if (query_pairs)
-      for (int h = kv_head; h < kv_head + heads; ++h)
-        pairs.push_back(query_pairs + data.query_pairs_offset(data.segments(first).batch_index, h));
+    std::vector<const float*> lanes;
+    for (int h = kv_head; h < kv_head + heads; ++h) {
+      if (query_pairs) pairs.push_back(query_pairs + data.query_pairs_offset(batch_index, h));
+      if (query_lanes)
+        lanes.push_back(query_lanes + (static_cast<std::size_t>(batch_index) * data.geometry.kv_heads + h) * lane_floats);
+    }
     // Each thread runs consecutive work items (but for stolen ones): the next
     // one's first segment is what this thread reads after the run.
     const int next = std::min(work + 1, work_items - 1);
     const HostSegment<Scalar> following = input(run_begins(next / items_per_run()), next % items_per_run());
     const int q0 = kv_head * data.group;
     host_run_attention(segments.data(), last - first, heads, &data.segment_o(run, q0, 0), &data.segment_lse(run, q0),
-                       path, query_pairs ? pairs.data() : nullptr, work + 1 < work_items ? &following : nullptr);
+                       path, query_pairs ? pairs.data() : nullptr, work + 1 < work_items ? &following : nullptr,
+                       query_lanes ? lanes.data() : nullptr);
   }
 };
 
@@ -526,9 +552,13 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
       if (product == BlockProduct::automatic) {
         const CpuPath path = impl::host_product_path(active_cpu_path(), geometry, order, shape.group(),
                                                      std::is_same_v<Scalar, bf16>);
+        // The AVX-512 paths' queries in the order their products read them,
+        // once per (batch entry, KV head).
         const std::uint32_t* query_pairs = nullptr;
+        const float* query_lanes = nullptr;
+        int lane_floats = 0;
+        const int items = batch * geometry.kv_heads;
         if (path == CpuPath::avx512_bf16) {
-          const int items = batch * geometry.kv_heads;
           impl::grow(workspace.query_pairs, "writescope::attention::query_pairs",
                      static_cast<std::size_t>(items) * shape.q_heads / geometry.kv_heads * shape.key_dim / 2);
           launch_parallel_for("writescope::attention::prepare_query_pairs",
@@ -536,6 +566,17 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
                                impl::PrepareQueryPairsKernel<ExecSpace, Scalar, PoolSpace>{data, workspace.query_pairs});
           query_pairs = workspace.query_pairs.data();
         }
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+        if (path == CpuPath::avx512_fma) {
+          lane_floats = impl::query_lane_floats(shape.group(), shape.key_dim);
+          impl::grow(workspace.query_lanes, "writescope::attention::query_lanes",
+                     static_cast<std::size_t>(items) * lane_floats);
+          launch_parallel_for(
+              "writescope::attention::prepare_query_lanes", Kokkos::RangePolicy<ExecSpace>(space, 0, items),
+              impl::PrepareQueryLanesKernel<ExecSpace, Scalar, PoolSpace>{data, workspace.query_lanes, lane_floats});
+          query_lanes = workspace.query_lanes.data();
+        }
+#endif
         using HostKernel = impl::DecodeSegmentsHostKernel<ExecSpace, Scalar, PoolSpace>;
         const bool all_heads = HostKernel::takes_all_heads(geometry, order);
         const int items_per_run = all_heads ? 1 : geometry.kv_heads;
@@ -550,7 +591,8 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
         Kokkos::deep_copy(space, Kokkos::subview(workspace.batch_offsets, std::make_pair(0, batch + 1)),
                           Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(run_offsets.data(), batch + 1));
         launch_parallel_for("writescope::attention::decode_segments_host", work_stealing_range(space, runs * items_per_run),
-                             HostKernel{data, workspace.run_begins, path, query_pairs, all_heads, runs * items_per_run});
+                             HostKernel{data, workspace.run_begins, path, query_pairs, query_lanes, lane_floats, all_heads,
+                                        runs * items_per_run});
       } else {
         launch_team_kernel();
       }

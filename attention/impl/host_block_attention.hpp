@@ -393,20 +393,27 @@ inline void exponentiate(float* scores, int group, int n, float* maxima, float* 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
 /// The AVX-512 paths (host_block_attention_avx512bf16.cpp): whether they
 /// take blocks of this geometry and order with `group` query heads per KV
-/// head; for avx512_bf16, the group's queries (group, key_dim) as bf16 pairs
-/// in the order its products read them (group * key_dim / 2 words, prepared
-/// once per batch entry and KV head, not per segment); the product itself
+/// head; the group's queries (group, key_dim) in the order the path's
+/// products read them, prepared once per batch entry and KV head, not per
+/// run: for avx512_bf16 as bf16 pairs (group * key_dim / 2 words), for
+/// avx512_fma as fp32 lanes (query_lane_floats(group, key_dim) floats, a
+/// whole number of 64-byte lines: keep them line-aligned, a vector load
+/// across two lines ran MLA's scores up to 25% slower); the product itself
 /// (same contract as host_run_attention), one online softmax per head across
-/// the run's segments: in vdpbf16ps (avx512_bf16) or in 16-lane fp32 FMAs on
-/// the fp32 queries (avx512_fma).
+/// the run's segments: in vdpbf16ps (avx512_bf16) or in 16-lane fp32 FMAs
+/// (avx512_fma).
 bool avx512_takes(const BlockGeometry& g, BlockOrder order, int group);
 void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, int group, const float* queries,
                                      std::uint32_t* query_pairs);
+int query_lane_floats(int group, int key_dim);
+void prepare_query_lanes_avx512_fma(const BlockGeometry& g, BlockOrder order, int group, const float* queries,
+                                    float* query_lanes);
 void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, int heads,
                                     const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following,
                                     float* o, float* lse);
 void host_run_attention_avx512_fma(const HostSegment<bf16>* run, int count, int heads,
-                                   const HostSegment<bf16>* following, float* o, float* lse);
+                                   const float* const* query_lanes, const HostSegment<bf16>* following, float* o,
+                                   float* lse);
 #endif
 
 /// The instruction path host_run_attention takes for these blocks.
@@ -485,14 +492,15 @@ inline void merge_state(float* o, float* lse, const float* part_o, const float* 
 ///        follow its queries (run[0].queries + h * group * key_dim)
 ///   o: (heads, group, value_dim) normalised; lse: (heads, group) natural log
 /// `path` comes from host_product_path. avx512_bf16 only: query_pairs, one
-/// per head, from prepare_query_pairs_avx512_bf16; `following`, the segment
+/// per head, from prepare_query_pairs_avx512_bf16; avx512_fma only:
+/// query_lanes, one per head, from prepare_query_lanes_avx512_fma; `following`, the segment
 /// this thread likely attends after the run (or null), whose first keys and
 /// values it prefetches. The other paths attend each segment (for all heads,
 /// reading token-major rows once) and merge it into the heads' states.
 template <class Scalar>
 void host_run_attention(const HostSegment<Scalar>* run, int count, int heads, float* o, float* lse, CpuPath path,
                         const std::uint32_t* const* query_pairs = nullptr,
-                        const HostSegment<Scalar>* following = nullptr) {
+                        const HostSegment<Scalar>* following = nullptr, const float* const* query_lanes = nullptr) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
   if constexpr (std::is_same_v<Scalar, bf16>) {
     if (path == CpuPath::avx512_bf16) {
@@ -500,12 +508,12 @@ void host_run_attention(const HostSegment<Scalar>* run, int count, int heads, fl
       return;
     }
     if (path == CpuPath::avx512_fma) {
-      host_run_attention_avx512_fma(run, count, heads, following, o, lse);
+      host_run_attention_avx512_fma(run, count, heads, query_lanes, following, o, lse);
       return;
     }
   }
 #endif
-  (void)query_pairs, (void)following;
+  (void)query_pairs, (void)following, (void)query_lanes;
   const int rows = heads * run[0].group, value_dim = run[0].geometry.value_dim;
   int longest = 0;
   for (int i = 0; i < count; ++i) longest = std::max(longest, run[i].token_count);
@@ -522,8 +530,10 @@ void host_run_attention(const HostSegment<Scalar>* run, int count, int heads, fl
 // builds alone in both variants: the Kokkos kernels that call it (nvcc in a
 // CUDA build) run the same machine code as a host-only build's.
 extern template void host_run_attention<float>(const HostSegment<float>*, int, int, float*, float*, CpuPath,
-                                               const std::uint32_t* const*, const HostSegment<float>*);
+                                               const std::uint32_t* const*, const HostSegment<float>*,
+                                               const float* const*);
 extern template void host_run_attention<bf16>(const HostSegment<bf16>*, int, int, float*, float*, CpuPath,
-                                              const std::uint32_t* const*, const HostSegment<bf16>*);
+                                              const std::uint32_t* const*, const HostSegment<bf16>*,
+                                              const float* const*);
 
 }  // namespace writescope::impl

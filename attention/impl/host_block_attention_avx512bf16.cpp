@@ -505,9 +505,6 @@ inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int key
     }
 }
 
-/// Floats per head of prepare_query_lanes' output: token rows take whole
-/// 32-element lines.
-int query_lane_floats(int group, int key_dim) { return group * widened_slots(key_dim); }
 
 /// The fp32 FMA products' queries of one group (queries (group, key_dim)), in
 /// the order they read them (query_lane_floats). Tiled keys: (pairs, group,
@@ -790,16 +787,11 @@ float* first_line(std::vector<float>& buffer) {
 /// vdpbf16ps on query_pairs, or (Fp32) in fp32 FMAs on run[0].queries.
 template <int Group, bool Fp32>
 void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::uint32_t* const* query_pairs,
-            const HostSegment<bf16>* following, float* o, float* lse) {
+            const float* const* query_lanes, const HostSegment<bf16>* following, float* o, float* lse) {
   const BlockGeometry& g = run[0].geometry;
   const bool tiled = g.tiled_keys(run[0].order);
   const int state = Group * g.value_dim;
   std::vector<Work> w(heads);
-  // fp32 FMA products: each head's queries in their order, once per run, on
-  // whole cache lines (a vector load across two lines ran MLA's scores up to
-  // 25% slower).
-  const auto head_floats = static_cast<std::size_t>(query_lane_floats(Group, g.key_dim));
-  std::vector<float> query_lanes(Fp32 ? heads * head_floats + line_floats : 0);
   // MLA on fp32 FMAs: the pass's latent widened once, for scores and values.
   const bool widen_latent = Fp32 && g.values_in_keys && !tiled;
   const auto latent_floats = static_cast<std::size_t>(pass_tokens * widened_slots(g.key_dim));
@@ -809,14 +801,8 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
     widened_latent.resize(heads * latent_floats + line_floats);
   for (int h = 0; h < heads; ++h) {
     w[h].query_pairs = Fp32 ? nullptr : query_pairs[h];
-    w[h].query_lanes = nullptr;
+    w[h].query_lanes = Fp32 ? query_lanes[h] : nullptr;
     w[h].widened_latent = widen_latent ? first_line(widened_latent) + h * latent_floats : nullptr;
-    if constexpr (Fp32) {
-      float* lanes = first_line(query_lanes) + h * head_floats;
-      prepare_query_lanes(tiled, Group, g.key_dim, run[0].queries + static_cast<std::ptrdiff_t>(h) * Group * g.key_dim,
-                          lanes);
-      w[h].query_lanes = lanes;
-    }
     std::fill(w[h].maxima, w[h].maxima + Group, -std::numeric_limits<float>::infinity());
     std::fill(w[h].sums, w[h].sums + Group, 0.0f);
   }
@@ -905,19 +891,26 @@ void prepare_query_pairs_avx512_bf16(const BlockGeometry& g, BlockOrder order, i
       for (int f = 0; f < phases; ++f) query_pairs[lanes * c + h * phases + f] = rows[h * pairs + c * phases + f];
 }
 
+int query_lane_floats(int group, int key_dim) { return group * widened_slots(key_dim); }
+
+void prepare_query_lanes_avx512_fma(const BlockGeometry& g, BlockOrder order, int group, const float* queries,
+                                    float* query_lanes) {
+  prepare_query_lanes(g.tiled_keys(order), group, g.key_dim, queries, query_lanes);
+}
+
 namespace {
 
 /// attend for the run's group (avx512_takes admits 4, 8 and 16).
 template <bool Fp32>
 void attend_group(const HostSegment<bf16>* run, int count, int heads, const std::uint32_t* const* query_pairs,
-                  const HostSegment<bf16>* following, float* o, float* lse) {
+                  const float* const* query_lanes, const HostSegment<bf16>* following, float* o, float* lse) {
   switch (run[0].group) {
     case 4:
-      return attend<4, Fp32>(run, count, heads, query_pairs, following, o, lse);
+      return attend<4, Fp32>(run, count, heads, query_pairs, query_lanes, following, o, lse);
     case 8:
-      return attend<8, Fp32>(run, count, heads, query_pairs, following, o, lse);
+      return attend<8, Fp32>(run, count, heads, query_pairs, query_lanes, following, o, lse);
     default:
-      return attend<16, Fp32>(run, count, heads, query_pairs, following, o, lse);
+      return attend<16, Fp32>(run, count, heads, query_pairs, query_lanes, following, o, lse);
   }
 }
 
@@ -926,12 +919,13 @@ void attend_group(const HostSegment<bf16>* run, int count, int heads, const std:
 void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, int heads,
                                     const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following,
                                     float* o, float* lse) {
-  attend_group<false>(run, count, heads, query_pairs, following, o, lse);
+  attend_group<false>(run, count, heads, query_pairs, nullptr, following, o, lse);
 }
 
 void host_run_attention_avx512_fma(const HostSegment<bf16>* run, int count, int heads,
-                                   const HostSegment<bf16>* following, float* o, float* lse) {
-  attend_group<true>(run, count, heads, nullptr, following, o, lse);
+                                   const float* const* query_lanes, const HostSegment<bf16>* following, float* o,
+                                   float* lse) {
+  attend_group<true>(run, count, heads, nullptr, query_lanes, following, o, lse);
 }
 
 }  // namespace writescope::impl
