@@ -259,17 +259,16 @@ void HostRateSampler::sample() {
   next_slice_ = (next_slice_ + 1) % slices;
   const HostWords slice = Kokkos::subview(words_, Kokkos::make_pair(first, first + slice_words_));
   std::uint64_t sum = 0;
-  read_seconds_ += time_fenced(space, [&](const HostExecSpace& s) { sum = read_words(s, slice); });
+  const double read_seconds = time_fenced(space, [&](const HostExecSpace& s) { sum = read_words(s, slice); });
   keep(sum);
-  read_bytes_ += static_cast<double>(slice_words_) * sizeof(std::uint64_t);
+  read_bytes_.add(static_cast<double>(slice_words_) * sizeof(std::uint64_t), read_seconds);
   const ProductRun run = run_product_chains(path_, product_iterations);
-  product_seconds_ += run.seconds;
-  multiply_adds_ += run.multiply_adds;
+  multiply_adds_.add(run.multiply_adds, run.seconds);
   ++samples_;
 }
 
-double HostRateSampler::dram_read_gbps() const { return samples_ ? read_bytes_ / read_seconds_ / 1e9 : 0; }
-double HostRateSampler::product_gmacs() const { return samples_ ? multiply_adds_ / product_seconds_ / 1e9 : 0; }
+double HostRateSampler::dram_read_gbps() const { return read_bytes_.per_second() / 1e9; }
+double HostRateSampler::product_gmacs() const { return multiply_adds_.per_second() / 1e9; }
 
 namespace {
 

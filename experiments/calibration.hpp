@@ -43,6 +43,19 @@ double measure_host_fp32_fma_gmacs(CpuPath path);
 /// The path whose product (measure_host_product_gmacs) is `path`'s fp32 FMA:
 /// avx512_fma for both AVX-512 paths, else `path` itself.
 CpuPath fp32_fma_path(CpuPath path);
+/// Work and seconds added up over samples: their rate together (all the work
+/// over all the time), as a kernel's rate over its iterations is, not the mean
+/// of the samples' rates.
+struct RateTotals {
+  double work = 0, seconds = 0;
+  void add(double sample_work, double sample_seconds) {
+    work += sample_work;
+    seconds += sample_seconds;
+  }
+  /// 0 before the first sample.
+  double per_second() const { return seconds > 0 ? work / seconds : 0; }
+};
+
 /// The host's DRAM read and product rates sampled between a kernel's timed
 /// iterations, to set its figure against what the machine gave while it ran:
 /// a shared machine's rates drift within a benchmark (on the Intel VM both
@@ -72,7 +85,7 @@ class HostRateSampler {
   HostWords words_;
   std::int64_t next_slice_ = 0;
   int samples_ = 0;
-  double read_bytes_ = 0, read_seconds_ = 0, multiply_adds_ = 0, product_seconds_ = 0;
+  RateTotals read_bytes_, multiply_adds_;
 };
 /// Median time of a small two-dimensional host kernel, launched and fenced.
 double measure_host_launch_latency_s();

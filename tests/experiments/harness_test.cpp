@@ -577,12 +577,21 @@ TEST(Calibration, MeasuresTheKernelsTheSystemsRun) {
   EXPECT_GT(expert.gflops, 0);
 }
 
-// The rates sampled between a benchmark's iterations are all samples' work
-// over all their time: of 20 samples, the product rate lands within 4x of the
-// best-of-five rate of the same chains (a shared machine's rate drifts by up to
-// 3x for seconds), not 20x off as one sample's work, or time, over all would;
-// the read rate is positive, and neither is reported before a sample.
-TEST(Calibration, SampledRatesAddUpTheSamplesWork) {
+// Sampled rates add up the samples' work and time: one second of 10 units and
+// four of 10 make 4 per second (the mean of the two rates would be 6.25).
+TEST(Calibration, SampledRatesAreTheSamplesWorkOverTheirTime) {
+  RateTotals totals;
+  EXPECT_EQ(totals.per_second(), 0);
+  totals.add(10, 1);
+  totals.add(10, 4);
+  EXPECT_DOUBLE_EQ(totals.per_second(), 4);
+}
+
+// The sampler counts its samples, reports nothing before the first, and its
+// rates are positive; its product rate is not above the best-of-five rate of
+// the same chains by more than the drift of a shared machine (its samples may
+// be far below it: a vCPU preempted for a few of its 20 milliseconds).
+TEST(Calibration, ASamplerReportsWhatItSampled) {
   const CpuPath path = active_cpu_path();
   HostRateSampler sampler(path, std::int64_t{4} << 20, std::int64_t{1} << 20);
   EXPECT_EQ(sampler.samples(), 0);
@@ -592,9 +601,8 @@ TEST(Calibration, SampledRatesAddUpTheSamplesWork) {
   for (int s = 0; s < samples; ++s) sampler.sample();
   EXPECT_EQ(sampler.samples(), samples);
   EXPECT_GT(sampler.dram_read_gbps(), 0);
-  const double best = measure_host_product_gmacs(path);
-  EXPECT_LT(sampler.product_gmacs(), 4 * best);
-  EXPECT_GT(sampler.product_gmacs(), best / 4);
+  EXPECT_GT(sampler.product_gmacs(), 0);
+  EXPECT_LT(sampler.product_gmacs(), 4 * measure_host_product_gmacs(path));
 }
 
 TEST(Calibration, ASamplerOfBadSizesNamesTheSizeAndTheReason) {
