@@ -38,6 +38,11 @@ struct DecodeSegmentsData {
   std::size_t query_pairs_offset(int batch_index, int kv_head) const {
     return (static_cast<std::size_t>(batch_index) * geometry.kv_heads + kv_head) * group * geometry.key_dim / 2;
   }
+  /// Where (batch entry, KV head)'s prepared query lanes start in the
+  /// (batch, kv_heads, lane_floats) array of PrepareQueryLanesKernel.
+  std::size_t query_lanes_offset(int batch_index, int kv_head, int lane_floats) const {
+    return (static_cast<std::size_t>(batch_index) * geometry.kv_heads + kv_head) * lane_floats;
+  }
 };
 
 /// Host work item (batch entry, KV head): the group's queries as the bf16
@@ -70,7 +75,7 @@ struct PrepareQueryLanesKernel {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
     const int b = work / data.geometry.kv_heads, kv_head = work % data.geometry.kv_heads;
     prepare_query_lanes_avx512_fma(data.geometry, data.order, data.group, &data.queries(b, kv_head * data.group, 0),
-                                   &query_lanes(static_cast<std::size_t>(work) * lane_floats));
+                                   &query_lanes(data.query_lanes_offset(b, kv_head, lane_floats)));
 #else
     (void)work;
 #endif
@@ -143,8 +148,7 @@ struct DecodeSegmentsHostKernel {
     std::vector<const float*> lanes;
     for (int h = kv_head; h < kv_head + heads; ++h) {
       if (query_pairs) pairs.push_back(query_pairs + data.query_pairs_offset(batch_index, h));
-      if (query_lanes)
-        lanes.push_back(query_lanes + (static_cast<std::size_t>(batch_index) * data.geometry.kv_heads + h) * lane_floats);
+      if (query_lanes) lanes.push_back(query_lanes + data.query_lanes_offset(batch_index, h, lane_floats));
     }
     // Each thread runs consecutive work items (but for stolen ones): the next
     // one's first segment is what this thread reads after the run.

@@ -505,7 +505,6 @@ inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int key
     }
 }
 
-
 /// The fp32 FMA products' queries of one group (queries (group, key_dim)), in
 /// the order they read them (query_lane_floats). Tiled keys: (pairs, group,
 /// 2), element 2j + e of head h at (j, h, e). Token rows
@@ -784,7 +783,7 @@ float* first_line(std::vector<float>& buffer) {
 
 /// The run for `heads` KV heads from run[0].kv_head on (one Work, one state
 /// each): o (heads, Group, value_dim), lse (heads, Group). Products in
-/// vdpbf16ps on query_pairs, or (Fp32) in fp32 FMAs on run[0].queries.
+/// vdpbf16ps on query_pairs, or (Fp32) in fp32 FMAs on query_lanes (one per head).
 template <int Group, bool Fp32>
 void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::uint32_t* const* query_pairs,
             const float* const* query_lanes, const HostSegment<bf16>* following, float* o, float* lse) {
