@@ -18,37 +18,39 @@
 namespace writescope::bench {
 
 /// Runs `work(space)` once per benchmark iteration, fenced before and after,
-/// as the iteration's manual time; returns the total seconds.
-template <class ExecSpace, class Work>
-double run_fenced_iterations(benchmark::State& state, const ExecSpace& space, Work&& work) {
+/// as the iteration's manual time, then `between(seconds)` outside that time;
+/// returns the total seconds.
+template <class ExecSpace, class Work, class Between>
+double run_fenced_iterations(benchmark::State& state, const ExecSpace& space, Work&& work, Between&& between) {
   double total = 0;
   for (auto _ : state) {
     const double seconds = time_fenced(space, work);
     state.SetIterationTime(seconds);
     total += seconds;
+    between(seconds);
   }
   return total;
 }
 
+template <class ExecSpace, class Work>
+double run_fenced_iterations(benchmark::State& state, const ExecSpace& space, Work&& work) {
+  return run_fenced_iterations(state, space, work, [](double) {});
+}
+
 /// run_fenced_iterations, sampling the host's rates (`sampler`) between
-/// iterations, outside their time: after the first and then whenever
-/// `sample_every` seconds of timed work have passed since the last sample, so
-/// short kernels are not drowned in samples.
+/// iterations: after the first and then whenever `sample_every` seconds of
+/// timed work have passed since the last sample, so short kernels are not
+/// drowned in samples.
 template <class ExecSpace, class Work>
 double run_sampled_iterations(benchmark::State& state, const ExecSpace& space, Work&& work, HostRateSampler& sampler,
                               double sample_every = 0.01) {
-  double total = 0, since_sample = sample_every;
-  for (auto _ : state) {
-    const double seconds = time_fenced(space, work);
-    state.SetIterationTime(seconds);
-    total += seconds;
+  double since_sample = sample_every;
+  return run_fenced_iterations(state, space, work, [&](double seconds) {
     since_sample += seconds;
-    if (since_sample >= sample_every) {
-      sampler.sample();
-      since_sample = 0;
-    }
-  }
-  return total;
+    if (since_sample < sample_every) return;
+    sampler.sample();
+    since_sample = 0;
+  });
 }
 
 /// The counters of a host kernel of `gbps` against the rates sampled while it
