@@ -181,7 +181,11 @@ inline void scores_tiles(const bf16* keys, std::int64_t tile_elements, int pairs
 /// 16 tokens as two fp32 vectors (one masked word permute each, straight
 /// from the stored tile), and each query element is a broadcast from
 /// query_lanes (pairs, Group, 2): one pointer reaches a step's elements (a
-/// pointer per head spilled the accumulators).
+/// pointer per head spilled the accumulators). Heads outermost within a step,
+/// so that each head's two broadcasts serve all tiles from two registers
+/// (tiles outermost, GCC kept all 2 x Group broadcasts live, spilled
+/// accumulators and reloaded the permute indices: Qwen3 head-major in cache
+/// 15.1 -> 15.6 GB/s, one thread, median of ten alternations).
 template <int Group, int Tiles>
 inline void scores_tiles_fp32(const bf16* keys, std::int64_t tile_elements, int pairs, const float* query_lanes,
                               __m512 (&acc)[Tiles][Group], RowPrefetcher& ahead) {
@@ -196,16 +200,21 @@ inline void scores_tiles_fp32(const bf16* keys, std::int64_t tile_elements, int 
   zero(acc);
   for (int j = 0; j < pairs; ++j) {
     prefetch.step(Tiles);
+    __m512 dim[Tiles], next_dim[Tiles];
     WRITESCOPE_UNROLL(4)
     for (int k = 0; k < Tiles; ++k) {
       const __m512i line = _mm512_loadu_si512(keys + k * tile_elements + 2 * j * tile_tokens);
-      const __m512 dim = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(odd_words, first, line));
-      const __m512 next_dim = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(odd_words, second, line));
-      WRITESCOPE_UNROLL(16)
-      for (int h = 0; h < Group; ++h) {
-        const float* q = query_lanes + (j * Group + h) * 2;
-        acc[k][h] = _mm512_fmadd_ps(dim, _mm512_set1_ps(q[0]), acc[k][h]);
-        acc[k][h] = _mm512_fmadd_ps(next_dim, _mm512_set1_ps(q[1]), acc[k][h]);
+      dim[k] = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(odd_words, first, line));
+      next_dim[k] = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(odd_words, second, line));
+    }
+    WRITESCOPE_UNROLL(16)
+    for (int h = 0; h < Group; ++h) {
+      const float* q = query_lanes + (j * Group + h) * 2;
+      const __m512 q_dim = _mm512_set1_ps(q[0]), q_next_dim = _mm512_set1_ps(q[1]);
+      WRITESCOPE_UNROLL(4)
+      for (int k = 0; k < Tiles; ++k) {
+        acc[k][h] = _mm512_fmadd_ps(dim[k], q_dim, acc[k][h]);
+        acc[k][h] = _mm512_fmadd_ps(next_dim[k], q_next_dim, acc[k][h]);
       }
     }
   }
