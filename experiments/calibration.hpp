@@ -22,7 +22,8 @@ using HostWords = Kokkos::View<std::uint64_t*, HostMemSpace>;
 
 /// `bytes` of host memory, first touched by the threads that read it later.
 HostWords first_touched(const std::string& label, std::int64_t bytes);
-/// Reads every word once on the host execution space (a vectorised integer sum).
+/// Reads every word once on the host execution space: an integer sum with the
+/// CPU's widest loads (impl::sum_words).
 std::uint64_t read_words(const HostExecSpace& space, const HostWords& words);
 /// destination = source on the host execution space.
 void copy_words(const HostExecSpace& space, const HostWords& destination, const HostWords& source);

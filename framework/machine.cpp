@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "framework/cpu_path.hpp"
+#include "framework/impl/read_words.hpp"
 #include "framework/host_memory.hpp"
 #include "framework/results_store.hpp"
 #include "framework/runtime.hpp"
@@ -150,6 +151,7 @@ MachineDescription MachineDescription::detect() {
   const std::string mem_total = proc_field("/proc/meminfo", "MemTotal");  // "24576000 kB"
   if (!mem_total.empty()) m.memory_bytes = std::stoll(mem_total) * 1024;
   m.huge_pages = transparent_huge_pages();
+  m.dram_read_load_bytes = impl::widest_load_bytes();
 #ifdef KOKKOS_ENABLE_CUDA
   cudaDeviceProp prop{};
   const int device = Kokkos::Cuda().cuda_device();
@@ -183,6 +185,7 @@ std::vector<std::pair<std::string, MachineDescription::Value>> MachineDescriptio
           {"thread_placement", thread_placement},
           {"memory_bytes", memory_bytes},
           {"huge_pages", huge_pages},
+          {"dram_read_load_bytes", dram_read_load_bytes},
           {"gpu_name", gpu_name},
           {"gpu_memory_bytes", gpu_memory_bytes},
           {"gpu_compute_capability", gpu_compute_capability},
@@ -223,7 +226,7 @@ std::vector<std::string> MachineDescription::setup_differences(const std::string
 std::vector<std::string> machine_setup_differences(const std::string& then_yaml, const std::string& now_yaml) {
   static const char* const setup[] = {"cpu_model",       "cpu_paths",          "cpu_path",        "logical_cpus",
                                       "host_threads",    "openmp_environment", "thread_placement", "memory_bytes",
-                                      "huge_pages",
+                                      "huge_pages",      "dram_read_load_bytes",
                                       "gpu_name",        "gpu_memory_bytes",   "gpu_compute_capability",
                                       "kokkos_version",  "enabled_exec_spaces", "compiler",        "build_type"};
   const YAML::Node then = YAML::Load(then_yaml), now = YAML::Load(now_yaml);

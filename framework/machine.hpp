@@ -26,6 +26,7 @@ struct MachineDescription {
   std::string thread_placement;     // where the Runtime put OpenMP and the GPU driver (runtime.hpp)
   std::int64_t memory_bytes = 0;    // MemTotal
   std::string huge_pages;           // transparent huge page mode (host_memory.hpp): KV pools and weights use them
+  std::int64_t dram_read_load_bytes = 0;  // load width of the host DRAM-read bound (framework/impl/read_words.hpp)
   std::string gpu_name;             // "" in a host-only build
   std::int64_t gpu_memory_bytes = 0;
   std::string gpu_compute_capability;
