@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "attention/impl/host_block_attention.hpp"
@@ -264,6 +266,46 @@ TEST(HostSegmentRuns, CoverEachBatchEntryInOrderWithEnoughWorkItems) {
       }
     }
 }
+
+#ifdef WRITESCOPE_HOST_AVX2
+// The prefetcher changes no result, so the accuracy tests cannot see a line it
+// skips or requests twice, or parts requested one after another instead of in
+// turn; this records its requests.
+TEST(RowPrefetcher, RequestsEveryLineOnceWithItsPartsInTurn) {
+  struct Case {
+    int rows;
+    std::int64_t row_bytes, stride;
+    int parts;
+  };
+  // Rows split 4, 2 or 1 ways; one row split by lines; rows not whole lines.
+  for (const Case& c : {Case{128, 256, 256, 4}, Case{6, 1152, 1152, 2}, Case{3, 1024, 2048, 1},
+                        Case{1, 32768, 0, 4}, Case{1, 18 * 64, 0, 2}, Case{1, 9 * 64, 0, 1}, Case{8, 1000, 4096, 4}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + " rows of " + std::to_string(c.row_bytes) + " bytes");
+    const int row_lines = static_cast<int>((c.row_bytes + 63) / 64);
+    std::vector<std::int64_t> expected;
+    for (int r = 0; r < c.rows; ++r)
+      for (int l = 0; l < row_lines; ++l) expected.push_back(r * c.stride + 64 * l);
+    const char* base = reinterpret_cast<const char*>(std::uintptr_t{1} << 20);
+    impl::RowPrefetcher ahead(base, c.stride, c.row_bytes, c.rows);
+    EXPECT_EQ(ahead.lines(), static_cast<int>(expected.size()));
+    EXPECT_EQ(ahead.parts(), c.parts);
+    std::vector<std::int64_t> requested;
+    auto record = [&](const char* line) { requested.push_back(line - base); };
+    // A third in steps of 3 lines, a third spread over ticks, the rest at the end.
+    const int third = ahead.lines() / 3;
+    for (int owed = 0; owed + 3 <= third; owed += 3) ahead.step(3, record);
+    ahead.spread_over(50);
+    for (int t = 0; t < 25; ++t) ahead.tick(record);
+    ahead.finish(record);
+    // Consecutive requests go to the parts in turn: the first is each part's first line.
+    const std::int64_t part = static_cast<std::int64_t>(expected.size() / c.parts);
+    for (int p = 0; p < c.parts && p < static_cast<int>(requested.size()); ++p)
+      EXPECT_EQ(requested[p], expected[p * part]) << "request " << p;
+    std::sort(requested.begin(), requested.end());
+    EXPECT_EQ(requested, expected);
+  }
+}
+#endif
 
 // A model shape the fastest path silently refuses would run on a slower one
 // and still pass every accuracy test; this catches it (writescope info shows it).
