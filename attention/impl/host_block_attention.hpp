@@ -85,8 +85,8 @@ struct PrefetchToL1 {
 /// keys or values) a few at a time, spread over the current pass's products,
 /// so that memory streams while the products run: a burst of requests stalls
 /// once the core's misses in flight are exhausted. The set is split into up
-/// to four equal parts (by rows, or a single row by lines) requested in
-/// turn, one line of each: the L2 streamer then runs ahead in four pages at
+/// to four equal parts of a page or more (by rows, or a single row by lines)
+/// requested in turn, one line of each: the L2 streamer then runs ahead in four pages at
 /// once, where one sequential stream gave it a single page to run in (Intel
 /// VM, cpu_decode at 32K / 128K, two threads, medians of four alternations:
 /// Qwen3 head-major 13.5 -> 16.1 / 16.9 -> 19.4 GB/s, Mixtral 16.2 -> 19.8 /
@@ -96,6 +96,7 @@ struct PrefetchToL1 {
 class RowPrefetcher {
  public:
   static constexpr int max_parts = 4;
+  static constexpr std::int64_t page_bytes = 4096;
   RowPrefetcher() = default;
   RowPrefetcher(const void* first_row, std::int64_t stride_bytes, std::int64_t row_bytes, int rows)
       : row_(static_cast<const char*>(first_row)),
@@ -103,12 +104,13 @@ class RowPrefetcher {
         row_lines_(static_cast<int>((row_bytes + 63) / 64)),
         rows_left_(rows),
         lines_(row_lines_ * rows) {
+    // Parts of at least a page: a smaller one gives the streamer no page of its own.
     for (int parts = max_parts; parts > 1; parts /= 2) {
-      if (rows % parts == 0) {
+      if (rows % parts == 0 && rows / parts * stride_ >= page_bytes) {
         parts_ = parts, part_bytes_ = rows / parts * stride_, rows_left_ = rows / parts;
         break;
       }
-      if (rows == 1 && row_lines_ % parts == 0) {
+      if (rows == 1 && row_lines_ % parts == 0 && std::int64_t{row_lines_ / parts} * 64 >= page_bytes) {
         parts_ = parts, part_bytes_ = std::int64_t{row_lines_ / parts} * 64, row_lines_ /= parts;
         break;
       }

@@ -277,9 +277,11 @@ TEST(RowPrefetcher, RequestsEveryLineOnceWithItsPartsInTurn) {
     std::int64_t row_bytes, stride;
     int parts;
   };
-  // Rows split 4, 2 or 1 ways; one row split by lines; rows not whole lines.
-  for (const Case& c : {Case{128, 256, 256, 4}, Case{6, 1152, 1152, 2}, Case{3, 1024, 2048, 1},
-                        Case{1, 32768, 0, 4}, Case{1, 18 * 64, 0, 2}, Case{1, 9 * 64, 0, 1}, Case{8, 1000, 4096, 4}}) {
+  // Rows split 4, 2 or 1 ways; one row split by lines; rows not whole lines;
+  // parts of at least a page (4 KiB) only.
+  for (const Case& c : {Case{128, 256, 256, 4}, Case{10, 1152, 1152, 2}, Case{3, 1024, 2048, 1},
+                        Case{1, 32768, 0, 4}, Case{1, 144 * 64, 0, 2}, Case{1, 9 * 64, 0, 1},
+                        Case{8, 1000, 4096, 4}, Case{16, 256, 256, 1}, Case{4, 1152, 1152, 1}}) {
     SCOPED_TRACE(std::to_string(c.rows) + " rows of " + std::to_string(c.row_bytes) + " bytes");
     const int row_lines = static_cast<int>((c.row_bytes + 63) / 64);
     std::vector<std::int64_t> expected;
