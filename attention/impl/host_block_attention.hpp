@@ -86,13 +86,13 @@ struct PrefetchToL1 {
 /// so that memory streams while the products run: a burst of requests stalls
 /// once the core's misses in flight are exhausted. The set is split into up
 /// to four equal parts of a page or more (by rows, or a single row by lines)
-/// requested in turn, one line of each: the L2 streamer then runs ahead in four pages at
-/// once, where one sequential stream gave it a single page to run in (Intel
-/// VM, cpu_decode at 32K / 128K, two threads, medians of four alternations:
-/// Qwen3 head-major 13.5 -> 16.1 / 16.9 -> 19.4 GB/s, Mixtral 16.2 -> 19.8 /
-/// 16.8 -> 21.2; MLA, compute-bound, unchanged). (Both vector paths; here,
-/// before the AVX-512 file's target region, so that it is compiled for the
-/// baseline in both.)
+/// requested in turn, one line of each: the L2 streamer then runs ahead in
+/// four pages at once, where one sequential stream gave it a single page to
+/// run in (Intel VM, cpu_decode at 32K / 128K, two threads, medians of four
+/// alternations: Qwen3 head-major 13.5 -> 16.1 / 16.9 -> 19.4 GB/s, Mixtral
+/// 16.2 -> 19.8 / 16.8 -> 21.2; MLA, compute-bound, unchanged). (Both vector
+/// paths; here, before the AVX-512 file's target region, so that it is
+/// compiled for the baseline in both.)
 class RowPrefetcher {
  public:
   static constexpr int max_parts = 4;
