@@ -115,7 +115,6 @@ class RowPrefetcher {
         break;
       }
     }
-    group_credit_ = std::int64_t{parts_} << 16;
   }
   /// Requests `lines` more lines (whole groups of one line per part; the
   /// rest is owed to the next call). `request` sees each line's address
@@ -149,7 +148,8 @@ class RowPrefetcher {
  private:
   template <class Request>
   void drain(Request request) {
-    for (; credit_ >= group_credit_ && rows_left_ > 0; credit_ -= group_credit_) {
+    const std::int64_t group = std::int64_t{parts_} << 16;  // one line per part
+    for (; credit_ >= group && rows_left_ > 0; credit_ -= group) {
       const char* line = row_ + 64 * line_;
       for (int p = 0; p < parts_; ++p) request(line + p * part_bytes_);
       if (++line_ == row_lines_) line_ = 0, row_ += stride_, --rows_left_;
@@ -163,9 +163,8 @@ class RowPrefetcher {
   int line_ = 0;
   int lines_ = 0;  // all parts'
   int parts_ = 1;
-  std::int64_t group_credit_ = std::int64_t{1} << 16;  // 16.16 fixed point, as the rest
-  std::int64_t per_tick_ = 0;                           // lines per tick
-  std::int64_t credit_ = 0;                             // lines owed
+  std::int64_t per_tick_ = 0;  // lines per tick, 16.16 fixed point
+  std::int64_t credit_ = 0;    // lines owed, the same
 };
 
 // Register tiles: a tile of query heads times a tile of 8-wide vectors, sized
