@@ -10,7 +10,12 @@
 // best of five right after the timed iterations; and the same against both
 // rates sampled between the iterations (fraction_of_sampled_roofline): what
 // the machine gave while the kernel ran, where a shared machine's rates drift.
+// cpu_decode_from_cache runs the same products over KV that stays in the
+// last-level cache, against the compute ceiling alone: the kernel's efficiency
+// apart from DRAM.
 #include <benchmark/benchmark.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -90,6 +95,78 @@ void cpu_decode(benchmark::State& state, AttentionShape shape, Region region) {
   else
     decode<HostExecSpace, PinnedMemSpace>(state, shape, region, &InplaceKVCache<bf16>::pinned_pool, dram_read);
 }
+
+/// Bytes of the last-level cache (the C library's figure; 32 MiB, a Zen
+/// CCD's, where it gives none).
+std::int64_t llc_bytes() {
+  const long bytes = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return bytes > 0 ? bytes : std::int64_t{32} << 20;
+}
+
+/// The host products over KV that stays in the last-level cache: one cache
+/// of whole blocks, a quarter of the LLC up to 32 MiB (enough for a step of a
+/// millisecond or more, so that the step's launches and merge stay a few
+/// percent), not rotated, with only the product rate sampled between
+/// iterations (a DRAM read would evict the KV). Its fraction of the compute
+/// roof is the kernel's own efficiency, apart from DRAM; cpu_decode's figures
+/// set against it show what feeding the product from DRAM costs.
+void cpu_decode_from_cache(benchmark::State& state, AttentionShape shape, Region region) {
+  const HostExecSpace space;
+  const std::int64_t cache_bytes = std::min(llc_bytes() / 4, std::int64_t{32} << 20);
+  const std::int64_t blocks = std::max<std::int64_t>(
+      1, static_cast<std::int64_t>(static_cast<double>(cache_bytes) / bench::kv_bytes(shape, calibration_block_tokens)));
+  const std::int64_t tokens = blocks * calibration_block_tokens;
+  const auto cache = filled_cache(shape, region, tokens);
+  const auto segments = cache->segments(0, region, {0}, {TokenRange{0, tokens}});
+  Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> queries("writescope::benchmarks::queries", 1,
+                                                                    shape.q_heads, shape.key_dim);
+  Kokkos::deep_copy(queries, 0.05f);
+  PartialState<HostMemSpace> out("writescope::benchmarks::out", 1, shape.q_heads, shape.value_dim);
+  DecodeWorkspace<HostMemSpace> workspace;
+  auto run = [&](const HostExecSpace& s) {
+    if (region == Region::cpu_resident)
+      decode_attention<HostExecSpace, bf16, HostMemSpace>(s, shape, cache->geometry(), block_order(region), queries,
+                                                          cache->host_pool(), segments, workspace, out);
+    else
+      decode_attention<HostExecSpace, bf16, PinnedMemSpace>(s, shape, cache->geometry(), block_order(region),
+                                                            queries, cache->pinned_pool(), segments, workspace, out);
+  };
+  run(space);  // warm-up: workspace allocation, the KV into the cache
+  const CpuPath path = impl::host_product_path(active_cpu_path(), cache->geometry(), block_order(region),
+                                               shape.group(), true);
+  state.SetLabel(cpu_path_name(path));
+  HostProductSampler sampler(path);
+  double since_sample = 0;
+  const double total = bench::run_fenced_iterations(state, space, run, [&](double seconds) {
+    // A sample per 10 ms of timed work, as run_sampled_iterations takes them.
+    if ((since_sample += seconds) < 0.01 && sampler.samples() > 0) return;
+    sampler.sample();
+    since_sample = 0;
+  });
+  const double gbps = bench::kv_bytes(shape, tokens) * static_cast<double>(state.iterations()) / total / 1e9;
+  const double multiply_adds_per_byte = shape.fmas_per_byte(sizeof(bf16));
+  const double compute_bound = measure_host_product_gmacs(path) / multiply_adds_per_byte;
+  const double sampled_compute_bound = sampler.product_gmacs() / multiply_adds_per_byte;
+  state.SetBytesProcessed(static_cast<std::int64_t>(bench::kv_bytes(shape, tokens)) * state.iterations());
+  state.counters["GB/s"] = gbps;
+  state.counters["tokens"] = static_cast<double>(tokens);
+  state.counters["llc_bytes"] = static_cast<double>(llc_bytes());
+  state.counters["compute_bound_GB/s"] = compute_bound;
+  state.counters["fraction_of_compute_bound"] = gbps / compute_bound;
+  state.counters["sampled_compute_bound_GB/s"] = sampled_compute_bound;
+  state.counters["fraction_of_sampled_compute_bound"] = gbps / sampled_compute_bound;
+  state.counters["rate_samples"] = sampler.samples();
+  state.counters["threads"] = space.concurrency();
+}
+
+#define WRITESCOPE_FROM_CACHE_BENCHMARK(name, ...) \
+  BENCHMARK_CAPTURE(cpu_decode_from_cache, name, __VA_ARGS__)->UseManualTime()->Unit(benchmark::kMillisecond)
+WRITESCOPE_FROM_CACHE_BENCHMARK(qwen3_gqa_cpu_resident, qwen3_30b_a3b_attention(), Region::cpu_resident);
+WRITESCOPE_FROM_CACHE_BENCHMARK(qwen3_gqa_cpu_streamed, qwen3_30b_a3b_attention(), Region::cpu_streamed);
+WRITESCOPE_FROM_CACHE_BENCHMARK(mixtral_gqa_cpu_resident, mixtral_8x7b_attention(), Region::cpu_resident);
+WRITESCOPE_FROM_CACHE_BENCHMARK(deepseek_mla_cpu_resident, deepseek_v2_lite_mla_attention(), Region::cpu_resident);
+WRITESCOPE_FROM_CACHE_BENCHMARK(deepseek_mla_cpu_streamed, deepseek_v2_lite_mla_attention(), Region::cpu_streamed);
+#undef WRITESCOPE_FROM_CACHE_BENCHMARK
 
 #define WRITESCOPE_DECODE_BENCHMARK(function, name, ...)                                      \
   BENCHMARK_CAPTURE(function, name, __VA_ARGS__)                                               \

@@ -240,8 +240,20 @@ double measure_host_fp32_fma_gmacs(CpuPath path) { return best_product_gmacs(fp3
 
 double measure_host_product_gmacs(CpuPath path) { return best_product_gmacs(path); }
 
+HostProductSampler::HostProductSampler(CpuPath path) : path_(path) {
+  run_product_chains(path_, 1);  // fails here, not in sample(), for a path not compiled in
+}
+
+void HostProductSampler::sample() {
+  const ProductRun run = run_product_chains(path_, product_iterations);
+  multiply_adds_.add(run.multiply_adds, run.seconds);
+  ++samples_;
+}
+
+double HostProductSampler::product_gmacs() const { return multiply_adds_.per_second() / 1e9; }
+
 HostRateSampler::HostRateSampler(CpuPath path, std::int64_t buffer_bytes, std::int64_t slice_bytes)
-    : path_(path), slice_words_(slice_bytes / static_cast<std::int64_t>(sizeof(std::uint64_t))) {
+    : products_(path), slice_words_(slice_bytes / static_cast<std::int64_t>(sizeof(std::uint64_t))) {
   if (slice_bytes <= 0 || slice_bytes % static_cast<std::int64_t>(sizeof(std::uint64_t)) != 0)
     throw std::invalid_argument("HostRateSampler: slice_bytes (" + std::to_string(slice_bytes) +
                                 ") must be a positive multiple of 8");
@@ -250,7 +262,6 @@ HostRateSampler::HostRateSampler(CpuPath path, std::int64_t buffer_bytes, std::i
                                 ") must hold at least two slices of " + std::to_string(slice_bytes) +
                                 " bytes, so that a slice is not read again while still cached");
   words_ = first_touched("writescope::experiments::sampled_dram_read", buffer_bytes);
-  run_product_chains(path_, 1);  // fails here, not in sample(), for a path not compiled in
 }
 
 void HostRateSampler::sample() {
@@ -263,13 +274,10 @@ void HostRateSampler::sample() {
   const double read_seconds = time_fenced(space, [&](const HostExecSpace& s) { sum = read_words(s, slice); });
   keep(sum);
   read_bytes_.add(static_cast<double>(slice_words_) * sizeof(std::uint64_t), read_seconds);
-  const ProductRun run = run_product_chains(path_, product_iterations);
-  multiply_adds_.add(run.multiply_adds, run.seconds);
-  ++samples_;
+  products_.sample();
 }
 
 double HostRateSampler::dram_read_gbps() const { return read_bytes_.per_second() / 1e9; }
-double HostRateSampler::product_gmacs() const { return multiply_adds_.per_second() / 1e9; }
 
 namespace {
 

@@ -57,36 +57,53 @@ struct RateTotals {
   double per_second() const { return seconds > 0 ? work / seconds : 0; }
 };
 
+/// The product rate of CPU path `path` (measure_host_product_gmacs' chains,
+/// all host threads, about a millisecond a sample) sampled between a
+/// kernel's timed iterations, alone: for kernels whose data must stay in the
+/// caches between iterations. The rate is the samples' total work over their
+/// total time, as a kernel's GB/s is.
+class HostProductSampler {
+ public:
+  /// Product chain steps per thread of one sample (12 chains each).
+  static constexpr std::int64_t product_iterations = 400'000;
+
+  explicit HostProductSampler(CpuPath path);
+  void sample();
+  int samples() const { return samples_; }
+  /// Multiply-adds per second (10^9) of `path`'s product instruction, all host threads; 0 before the first sample.
+  double product_gmacs() const;
+
+ private:
+  CpuPath path_;
+  int samples_ = 0;
+  RateTotals multiply_adds_;
+};
+
 /// The host's DRAM read and product rates sampled between a kernel's timed
 /// iterations, to set its figure against what the machine gave while it ran:
 /// a shared machine's rates drift within a benchmark (on the Intel VM both
 /// vCPUs' FMA rate halves for seconds to minutes at a time), and a best-of-five bound
 /// taken once is a peak the kernel may never have had. Each sample reads the
 /// next slice of a buffer far larger than the last-level cache, from DRAM, and
-/// runs the product chains of `path` (measure_host_product_gmacs) for about a
-/// millisecond; each rate is the samples' total work over their total time,
-/// as a kernel's GB/s is.
+/// takes a HostProductSampler sample; each rate is the samples' total work
+/// over their total time.
 class HostRateSampler {
  public:
-  /// Product chain steps per thread of one sample (12 chains each).
-  static constexpr std::int64_t product_iterations = 400'000;
-
   HostRateSampler(CpuPath path, std::int64_t buffer_bytes = std::int64_t{1} << 30,
                   std::int64_t slice_bytes = std::int64_t{1} << 26);
   void sample();
-  int samples() const { return samples_; }
+  int samples() const { return products_.samples(); }
   /// 0 before the first sample.
   double dram_read_gbps() const;
   /// Multiply-adds per second (10^9) of `path`'s product instruction, all host threads; 0 before the first sample.
-  double product_gmacs() const;
+  double product_gmacs() const { return products_.product_gmacs(); }
 
  private:
-  CpuPath path_;
+  HostProductSampler products_;
   std::int64_t slice_words_;
   HostWords words_;
   std::int64_t next_slice_ = 0;
-  int samples_ = 0;
-  RateTotals read_bytes_, multiply_adds_;
+  RateTotals read_bytes_;
 };
 /// Median time of a small two-dimensional host kernel, launched and fenced.
 double measure_host_launch_latency_s();
