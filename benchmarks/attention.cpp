@@ -29,31 +29,55 @@
 namespace writescope {
 namespace {
 
+template <class PoolSpace>
+using PoolOf = const Kokkos::View<bf16**, Kokkos::LayoutRight, PoolSpace>& (InplaceKVCache<bf16>::*)() const;
+
+/// The step the decode benchmarks time: one query's decode attention over
+/// the next of `caches` (rotated copies, or one cache), its KV read by
+/// ExecSpace from each cache's `pool`.
+template <class ExecSpace, class PoolSpace>
+class DecodeStep {
+ public:
+  using MemSpace = typename ExecSpace::memory_space;
+  DecodeStep(const AttentionShape& shape, Region region, const bench::RotatedCaches& caches, PoolOf<PoolSpace> pool)
+      : shape_(shape),
+        region_(region),
+        caches_(caches),
+        pool_(pool),
+        queries_("writescope::benchmarks::queries", 1, shape.q_heads, shape.key_dim),
+        out_("writescope::benchmarks::out", 1, shape.q_heads, shape.value_dim) {
+    Kokkos::deep_copy(queries_, 0.05f);
+  }
+  void operator()(const ExecSpace& space) {
+    const int c = next_++ % caches_.copies();
+    const InplaceKVCache<bf16>& cache = *caches_.caches[c];
+    decode_attention<ExecSpace, bf16, PoolSpace>(space, shape_, cache.geometry(), block_order(region_), queries_,
+                                                 (cache.*pool_)(), caches_.segments[c], workspace_, out_);
+  }
+
+ private:
+  AttentionShape shape_;
+  Region region_;
+  const bench::RotatedCaches& caches_;
+  PoolOf<PoolSpace> pool_;
+  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> queries_;
+  PartialState<MemSpace> out_;
+  DecodeWorkspace<MemSpace> workspace_;
+  int next_ = 0;
+};
+
 /// `memory_bound()`: the memory bound in GB/s, called right after the timed
 /// iterations (a shared machine's rates drift between benchmarks).
 template <class ExecSpace, class PoolSpace, class MemoryBound>
-void decode(benchmark::State& state, const AttentionShape& shape, Region region,
-            const Kokkos::View<bf16**, Kokkos::LayoutRight, PoolSpace>& (InplaceKVCache<bf16>::*pool)() const,
+void decode(benchmark::State& state, const AttentionShape& shape, Region region, PoolOf<PoolSpace> pool,
             MemoryBound memory_bound) {
-  using MemSpace = typename ExecSpace::memory_space;
   const std::int64_t tokens = state.range(0);
   const double kv_bytes = bench::kv_bytes(shape, tokens);
   const bench::RotatedCaches rotated = bench::rotated_caches(shape, region, tokens);
-  const int copies = rotated.copies();
   const auto& caches = rotated.caches;
-  const auto& segments = rotated.segments;
-  Kokkos::View<float***, Kokkos::LayoutRight, MemSpace> queries("writescope::benchmarks::queries", 1, shape.q_heads,
-                                                                shape.key_dim);
-  Kokkos::deep_copy(queries, 0.05f);
-  PartialState<MemSpace> out("writescope::benchmarks::out", 1, shape.q_heads, shape.value_dim);
-  DecodeWorkspace<MemSpace> workspace;
+  const int copies = rotated.copies();
+  DecodeStep<ExecSpace, PoolSpace> run(shape, region, rotated, pool);
   const ExecSpace space;
-  int next = 0;
-  auto run = [&](const ExecSpace& s) {
-    const int c = next++ % copies;
-    decode_attention<ExecSpace, bf16, PoolSpace>(s, shape, caches[c]->geometry(), block_order(region), queries,
-                                                 (caches[c].get()->*pool)(), segments[c], workspace, out);
-  };
   run(space);  // warm-up: workspace allocation, first touch of scratch
   // Counters common to both spaces; returns GB/s.
   auto report = [&](double total) {
@@ -110,53 +134,44 @@ std::int64_t llc_bytes() {
 /// iterations (a DRAM read would evict the KV). Its fraction of the compute
 /// roof is the kernel's own efficiency, apart from DRAM; cpu_decode's figures
 /// set against it show what feeding the product from DRAM costs.
-void cpu_decode_from_cache(benchmark::State& state, AttentionShape shape, Region region) {
+template <class PoolSpace>
+void from_cache(benchmark::State& state, const AttentionShape& shape, Region region, PoolOf<PoolSpace> pool) {
   const HostExecSpace space;
-  const std::int64_t cache_bytes = std::min(llc_bytes() / 4, std::int64_t{32} << 20);
+  const std::int64_t llc = llc_bytes();
   const std::int64_t blocks = std::max<std::int64_t>(
-      1, static_cast<std::int64_t>(static_cast<double>(cache_bytes) / bench::kv_bytes(shape, calibration_block_tokens)));
+      1, static_cast<std::int64_t>(static_cast<double>(std::min(llc / 4, std::int64_t{32} << 20)) /
+                                   bench::kv_bytes(shape, calibration_block_tokens)));
   const std::int64_t tokens = blocks * calibration_block_tokens;
-  const auto cache = filled_cache(shape, region, tokens);
-  const auto segments = cache->segments(0, region, {0}, {TokenRange{0, tokens}});
-  Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> queries("writescope::benchmarks::queries", 1,
-                                                                    shape.q_heads, shape.key_dim);
-  Kokkos::deep_copy(queries, 0.05f);
-  PartialState<HostMemSpace> out("writescope::benchmarks::out", 1, shape.q_heads, shape.value_dim);
-  DecodeWorkspace<HostMemSpace> workspace;
-  auto run = [&](const HostExecSpace& s) {
-    if (region == Region::cpu_resident)
-      decode_attention<HostExecSpace, bf16, HostMemSpace>(s, shape, cache->geometry(), block_order(region), queries,
-                                                          cache->host_pool(), segments, workspace, out);
-    else
-      decode_attention<HostExecSpace, bf16, PinnedMemSpace>(s, shape, cache->geometry(), block_order(region),
-                                                            queries, cache->pinned_pool(), segments, workspace, out);
-  };
+  bench::RotatedCaches one;
+  one.caches.push_back(filled_cache(shape, region, tokens));
+  one.segments.push_back(one.caches[0]->segments(0, region, {0}, {TokenRange{0, tokens}}));
+  DecodeStep<HostExecSpace, PoolSpace> run(shape, region, one, pool);
   run(space);  // warm-up: workspace allocation, the KV into the cache
-  const CpuPath path = impl::host_product_path(active_cpu_path(), cache->geometry(), block_order(region),
+  const CpuPath path = impl::host_product_path(active_cpu_path(), one.caches[0]->geometry(), block_order(region),
                                                shape.group(), true);
   state.SetLabel(cpu_path_name(path));
   HostProductSampler sampler(path);
-  double since_sample = 0;
-  const double total = bench::run_fenced_iterations(state, space, run, [&](double seconds) {
-    // A sample per 10 ms of timed work, as run_sampled_iterations takes them.
-    if ((since_sample += seconds) < 0.01 && sampler.samples() > 0) return;
-    sampler.sample();
-    since_sample = 0;
-  });
-  const double gbps = bench::kv_bytes(shape, tokens) * static_cast<double>(state.iterations()) / total / 1e9;
+  const double total = bench::run_sampled_iterations(state, space, run, sampler);
+  const double kv_bytes = bench::kv_bytes(shape, tokens);
+  const double gbps = kv_bytes * static_cast<double>(state.iterations()) / total / 1e9;
   const double multiply_adds_per_byte = shape.fmas_per_byte(sizeof(bf16));
   const double compute_bound = measure_host_product_gmacs(path) / multiply_adds_per_byte;
   const double sampled_compute_bound = sampler.product_gmacs() / multiply_adds_per_byte;
-  state.SetBytesProcessed(static_cast<std::int64_t>(bench::kv_bytes(shape, tokens)) * state.iterations());
+  state.SetBytesProcessed(static_cast<std::int64_t>(kv_bytes) * state.iterations());
   state.counters["GB/s"] = gbps;
   state.counters["tokens"] = static_cast<double>(tokens);
-  state.counters["llc_bytes"] = static_cast<double>(llc_bytes());
+  state.counters["llc_bytes"] = static_cast<double>(llc);
   state.counters["compute_bound_GB/s"] = compute_bound;
   state.counters["fraction_of_compute_bound"] = gbps / compute_bound;
   state.counters["sampled_compute_bound_GB/s"] = sampled_compute_bound;
   state.counters["fraction_of_sampled_compute_bound"] = gbps / sampled_compute_bound;
   state.counters["rate_samples"] = sampler.samples();
   state.counters["threads"] = space.concurrency();
+}
+
+void cpu_decode_from_cache(benchmark::State& state, AttentionShape shape, Region region) {
+  if (region == Region::cpu_resident) from_cache<HostMemSpace>(state, shape, region, &InplaceKVCache<bf16>::host_pool);
+  else from_cache<PinnedMemSpace>(state, shape, region, &InplaceKVCache<bf16>::pinned_pool);
 }
 
 #define WRITESCOPE_FROM_CACHE_BENCHMARK(name, ...) \

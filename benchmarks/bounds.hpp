@@ -37,12 +37,13 @@ double run_fenced_iterations(benchmark::State& state, const ExecSpace& space, Wo
   return run_fenced_iterations(state, space, work, [](double) {});
 }
 
-/// run_fenced_iterations, sampling the host's rates (`sampler`) between
-/// iterations: after the first and then whenever `sample_every` seconds of
-/// timed work have passed since the last sample, so short kernels are not
-/// drowned in samples.
-template <class ExecSpace, class Work>
-double run_sampled_iterations(benchmark::State& state, const ExecSpace& space, Work&& work, HostRateSampler& sampler,
+/// run_fenced_iterations, sampling the host's rates (`sampler`: a
+/// HostRateSampler, or a HostProductSampler where the data must stay cached)
+/// between iterations: after the first and then whenever `sample_every`
+/// seconds of timed work have passed since the last sample, so short kernels
+/// are not drowned in samples.
+template <class ExecSpace, class Work, class Sampler>
+double run_sampled_iterations(benchmark::State& state, const ExecSpace& space, Work&& work, Sampler& sampler,
                               double sample_every = 0.01) {
   double since_sample = sample_every;
   return run_fenced_iterations(state, space, work, [&](double seconds) {
