@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -82,6 +83,54 @@ struct PrepareQueryLanesKernel {
   }
 };
 
+/// Whether a host work item takes every KV head of its segments (token-major
+/// blocks with several KV heads: the heads share each token row, which is then
+/// read once for all) or one.
+inline bool host_takes_all_heads(const BlockGeometry& geometry, BlockOrder order) {
+  return order == BlockOrder::token_major && geometry.kv_heads > 1;
+}
+
+/// Tokens a piece of a split segment holds at least, and the multiple of the
+/// block's tokens its boundaries fall on: the host products' passes (64-token
+/// pieces ran slower than 128-token ones, Intel VM).
+inline constexpr int host_piece_tokens = 128;
+
+/// The host products' segments, each split along its tokens into up to
+/// enough pieces that every thread has a work item, when the step has fewer
+/// (`items_per_segment` per segment): a step over a block or a few otherwise
+/// leaves threads idle (MLA over one 256-token block: one work item for all
+/// threads; split, 0.13 -> 0.09 ms a step on two threads; more items than
+/// threads gained nothing). Pieces keep their segment's order;
+/// std::nullopt when no segment is split.
+inline std::optional<std::vector<BlockSegment>> host_split_segments(const std::vector<BlockSegment>& segments,
+                                                                    int items_per_segment, int concurrency) {
+  const std::int64_t items = static_cast<std::int64_t>(segments.size()) * items_per_segment;
+  const std::int64_t wanted = concurrency;
+  if (items == 0 || items >= wanted) return std::nullopt;
+  const int pieces_wanted = static_cast<int>((wanted + items - 1) / items);
+  std::vector<BlockSegment> pieces;
+  for (const BlockSegment& segment : segments) {
+    const int first = segment.token_begin, end = first + segment.token_count;
+    const int n = std::max(1, std::min(pieces_wanted, segment.token_count / host_piece_tokens));
+    // Cut i at or below the even split's, on a multiple of host_piece_tokens:
+    // each piece at least one token, since the even pieces have
+    // host_piece_tokens or more.
+    int begin = first;
+    for (int i = 1; i <= n; ++i) {
+      const int cut = i == n ? end
+                             : (first + static_cast<int>(std::int64_t{segment.token_count} * i / n)) /
+                                   host_piece_tokens * host_piece_tokens;
+      BlockSegment piece = segment;
+      piece.token_begin = begin;
+      piece.token_count = cut - begin;
+      piece.position = segment.position + (begin - first);
+      pieces.push_back(piece);
+      begin = cut;
+    }
+  }
+  return pieces;
+}
+
 /// The host's runs of segments: consecutive segments of one batch entry that
 /// one work item attends with one running state, so that a partial state is
 /// written to memory (and merged) once per run rather than once per block.
@@ -118,12 +167,9 @@ struct DecodeSegmentsHostKernel {
   const std::uint32_t* query_pairs;      // PrepareQueryPairsKernel's output (avx512_bf16 only)
   const float* query_lanes;              // PrepareQueryLanesKernel's output (avx512_fma only)
   int lane_floats;                       // its floats per (batch entry, KV head)
-  bool all_heads;                        // takes_all_heads: one work item per run, else one per (run, KV head)
+  bool all_heads;                        // host_takes_all_heads: one work item per run, else one per (run, KV head)
   int work_items;
 
-  static bool takes_all_heads(const BlockGeometry& geometry, BlockOrder order) {
-    return order == BlockOrder::token_major && geometry.kv_heads > 1;
-  }
   int items_per_run() const { return all_heads ? 1 : data.geometry.kv_heads; }
 
   /// Segment `s` for one KV head.
@@ -507,8 +553,7 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
       out.q_heads() != shape.q_heads || out.value_dim() != shape.value_dim)
     throw std::invalid_argument("decode_attention: queries must be (batch, q_heads, key_dim) and out (batch, q_heads, value_dim)");
 
-  // Segment list and per-batch offsets, checked and copied to the device.
-  std::vector<int> offsets(static_cast<std::size_t>(batch) + 1, 0);
+  // Segment list checked; the host products' split when they are few.
   for (std::size_t s = 0; s < segments.size(); ++s) {
     const BlockSegment& seg = segments[s];
     if (seg.batch_index < 0 || seg.batch_index >= batch || (s > 0 && seg.batch_index < segments[s - 1].batch_index))
@@ -516,10 +561,18 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
     if (seg.slot < 0 || seg.slot >= static_cast<int>(pool.extent(0)) || seg.token_begin < 0 || seg.token_count < 1 ||
         seg.token_begin + seg.token_count > geometry.block_tokens)
       throw std::invalid_argument("decode_attention: segment " + std::to_string(s) + " lies outside the pool");
-    offsets[seg.batch_index + 1] += 1;
   }
+  const bool host_products = is_host_exec_space<ExecSpace> && product == BlockProduct::automatic;
+  const bool all_heads = impl::host_takes_all_heads(geometry, order);
+  const int items_per_run = all_heads ? 1 : geometry.kv_heads;
+  const std::optional<std::vector<BlockSegment>> pieces =
+      host_products ? impl::host_split_segments(segments, items_per_run, space.concurrency()) : std::nullopt;
+  const std::vector<BlockSegment>& work_segments = pieces ? *pieces : segments;
+  // Per-batch offsets; both copied to the device.
+  std::vector<int> offsets(static_cast<std::size_t>(batch) + 1, 0);
+  for (const BlockSegment& seg : work_segments) offsets[seg.batch_index + 1] += 1;
   for (int b = 0; b < batch; ++b) offsets[b + 1] += offsets[b];
-  const int count = static_cast<int>(segments.size());
+  const int count = static_cast<int>(work_segments.size());
   impl::grow(workspace.segments, "writescope::attention::segments", std::max(count, 1));
   impl::grow(workspace.batch_offsets, "writescope::attention::batch_offsets", batch + 1);
   impl::grow(workspace.segment_o, "writescope::attention::segment_o", std::max(count, 1), shape.q_heads,
@@ -527,7 +580,7 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
   impl::grow(workspace.segment_lse, "writescope::attention::segment_lse", std::max(count, 1), shape.q_heads);
   using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
   Kokkos::deep_copy(space, Kokkos::subview(workspace.segments, std::make_pair(0, count)),
-                    Kokkos::View<const BlockSegment*, Kokkos::HostSpace, Unmanaged>(segments.data(), count));
+                    Kokkos::View<const BlockSegment*, Kokkos::HostSpace, Unmanaged>(work_segments.data(), count));
   Kokkos::deep_copy(space, Kokkos::subview(workspace.batch_offsets, std::make_pair(0, batch + 1)),
                     Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(offsets.data(), batch + 1));
 
@@ -553,7 +606,7 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
   };
   if (work_items > 0) {
     if constexpr (is_host_exec_space<ExecSpace>) {
-      if (product == BlockProduct::automatic) {
+      if (host_products) {
         const CpuPath path = impl::host_product_path(active_cpu_path(), geometry, order, shape.group(),
                                                      std::is_same_v<Scalar, bf16>);
         // The AVX-512 paths' queries in the order their products read them,
@@ -582,8 +635,6 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
         }
 #endif
         using HostKernel = impl::DecodeSegmentsHostKernel<ExecSpace, Scalar, PoolSpace>;
-        const bool all_heads = HostKernel::takes_all_heads(geometry, order);
-        const int items_per_run = all_heads ? 1 : geometry.kv_heads;
         std::vector<int> run_offsets;
         const std::vector<int> run_begins =
             impl::host_segment_runs(offsets, items_per_run, space.concurrency(), run_offsets);
@@ -607,7 +658,7 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
   const impl::MergeSegmentsKernel<ExecSpace> merge{workspace.batch_offsets, workspace.segment_o, workspace.segment_lse,
                                                    out.o, out.lse};
   // The portable product merges with the GPU's team kernel too, so host tests cover it.
-  if (is_host_exec_space<ExecSpace> && product == BlockProduct::automatic)
+  if (host_products)
     launch_parallel_for("writescope::attention::merge_segments",
                          Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {batch, shape.q_heads}), merge);
   else

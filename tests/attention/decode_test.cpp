@@ -235,6 +235,69 @@ TYPED_TEST(DecodeAttentionTest, RunsOfManySegmentsMatchReferenceOnEveryCpuPath) 
   }
 }
 
+// A step over a block or two: the host products split the blocks into
+// passes so that both threads work; the pieces' states merge to the reference.
+TYPED_TEST(DecodeAttentionTest, HostProductSplitsFewBlocksOnEveryCpuPath) {
+  const int threads = HostExecSpace().concurrency();
+  if (threads < 2) GTEST_SKIP() << "one host thread: the host products split nothing";
+  // One whole 256-token block in each CPU region (the fifth, partial, in the GPU's).
+  constexpr int block_tokens = 256;
+  const std::int64_t length = 4 * block_tokens + 100;
+  int split_regions = 0;
+  for (const AttentionShape& shape :
+       {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()}) {
+    SCOPED_TRACE(shape.name);
+    this->build(shape, {length}, block_tokens);
+    const std::vector<TokenRange> full = this->full_ranges(), inner{{70, length - 3}};
+    for (Region region : {Region::cpu_resident, Region::cpu_streamed}) {
+      const auto segments = this->cache_->segments(0, region, this->sequences_, full);
+      const int items = impl::host_takes_all_heads(this->cache_->geometry(), block_order(region)) ? 1 : shape.kv_heads;
+      if (impl::host_split_segments(segments, items, threads)) ++split_regions;
+    }
+    test::for_each_cpu_path([&](CpuPath path) {
+      const bool bf16_products = path == CpuPath::avx512_bf16 && TestFixture::bf16_products();
+      this->expect_reference(this->attend_all_regions(full, BlockProduct::automatic), full, bf16_products);
+      this->expect_reference(this->attend_all_regions(inner, BlockProduct::automatic), inner, bf16_products);
+    });
+  }
+  // Qwen3's token-major region and both of MLA's have one work item a block.
+  EXPECT_GE(split_regions, 3) << "the test no longer covers split blocks";
+}
+
+TEST(HostSplitSegments, CutsFewSegmentsIntoWholePassesInOrder) {
+  // (batch, slot, first token, tokens, position); blocks of 1024 tokens.
+  const std::vector<BlockSegment> segments{{0, 3, 0, 1024, 0}, {0, 9, 7, 600, 1031}, {1, 4, 100, 100, 5}};
+  // Enough items already, or one thread: nothing split.
+  EXPECT_FALSE(impl::host_split_segments(segments, 4, 12).has_value());
+  EXPECT_FALSE(impl::host_split_segments(segments, 1, 1).has_value());
+  EXPECT_FALSE(impl::host_split_segments({}, 1, 16).has_value());
+  for (int threads : {4, 6, 64}) {
+    SCOPED_TRACE(std::to_string(threads) + " threads");
+    const auto pieces = impl::host_split_segments(segments, 1, threads);
+    ASSERT_TRUE(pieces.has_value());
+    // Up to enough pieces for every thread, in whole passes of the block.
+    const int wanted = (threads + 2) / 3;
+    std::size_t next = 0;
+    for (const BlockSegment& segment : segments) {
+      const int expected = std::max(1, std::min(wanted, segment.token_count / impl::host_piece_tokens));
+      int begin = segment.token_begin;
+      for (int k = 0; k < expected; ++k, ++next) {
+        ASSERT_LT(next, pieces->size());
+        const BlockSegment& piece = (*pieces)[next];
+        EXPECT_EQ(piece.batch_index, segment.batch_index);
+        EXPECT_EQ(piece.slot, segment.slot);
+        EXPECT_EQ(piece.token_begin, begin) << "piece " << next << " does not follow the one before";
+        EXPECT_GE(piece.token_count, 1);
+        EXPECT_EQ(piece.position, segment.position + (begin - segment.token_begin));
+        begin += piece.token_count;
+        if (k + 1 < expected) EXPECT_EQ(begin % impl::host_piece_tokens, 0) << "a cut inside a pass";
+      }
+      EXPECT_EQ(begin, segment.token_begin + segment.token_count) << "a segment not covered";
+    }
+    EXPECT_EQ(next, pieces->size());
+  }
+}
+
 TEST(HostSegmentRuns, CoverEachBatchEntryInOrderWithEnoughWorkItems) {
   // Batch entries of 100, 3, 0 and 97 segments.
   const std::vector<int> batch_offsets{0, 100, 103, 103, 200};
