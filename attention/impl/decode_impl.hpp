@@ -90,9 +90,9 @@ inline bool host_takes_all_heads(const BlockGeometry& geometry, BlockOrder order
   return order == BlockOrder::token_major && geometry.kv_heads > 1;
 }
 
-/// Tokens a piece of a split segment holds at least, and the multiple of the
-/// block's tokens its boundaries fall on: the host products' passes (64-token
-/// pieces ran slower than 128-token ones, Intel VM).
+/// Split segments are cut on multiples of this many tokens from the block's
+/// start, the host products' passes, into pieces of about this many or more
+/// (64-token pieces ran slower than 128-token ones, Intel VM).
 inline constexpr int host_piece_tokens = 128;
 
 /// The host products' segments, each split along its tokens into up to
@@ -112,14 +112,12 @@ inline std::optional<std::vector<BlockSegment>> host_split_segments(const std::v
   for (const BlockSegment& segment : segments) {
     const int first = segment.token_begin, end = first + segment.token_count;
     const int n = std::max(1, std::min(pieces_wanted, segment.token_count / host_piece_tokens));
-    // Cut i at or below the even split's, on a multiple of host_piece_tokens:
-    // each piece at least one token, since the even pieces have
-    // host_piece_tokens or more.
+    // Cut i on the multiple of host_piece_tokens nearest the even split's:
+    // pieces of half of it or more, since the even pieces have all of it.
     int begin = first;
     for (int i = 1; i <= n; ++i) {
-      const int cut = i == n ? end
-                             : (first + static_cast<int>(std::int64_t{segment.token_count} * i / n)) /
-                                   host_piece_tokens * host_piece_tokens;
+      const int even = first + static_cast<int>(std::int64_t{segment.token_count} * i / n);
+      const int cut = i == n ? end : (even + host_piece_tokens / 2) / host_piece_tokens * host_piece_tokens;
       BlockSegment piece = segment;
       piece.token_begin = begin;
       piece.token_count = cut - begin;

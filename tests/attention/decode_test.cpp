@@ -266,17 +266,18 @@ TYPED_TEST(DecodeAttentionTest, HostProductSplitsFewBlocksOnEveryCpuPath) {
 
 TEST(HostSplitSegments, CutsFewSegmentsIntoWholePassesInOrder) {
   // (batch, slot, first token, tokens, position); blocks of 1024 tokens.
-  const std::vector<BlockSegment> segments{{0, 3, 0, 1024, 0}, {0, 9, 7, 600, 1031}, {1, 4, 100, 100, 5}};
+  const std::vector<BlockSegment> segments{
+      {0, 3, 0, 1024, 0}, {0, 9, 7, 600, 1031}, {1, 4, 100, 100, 5}, {1, 6, 100, 300, 105}};
   // Enough items already, or one thread: nothing split.
   EXPECT_FALSE(impl::host_split_segments(segments, 4, 12).has_value());
   EXPECT_FALSE(impl::host_split_segments(segments, 1, 1).has_value());
   EXPECT_FALSE(impl::host_split_segments({}, 1, 16).has_value());
-  for (int threads : {4, 6, 64}) {
+  for (int threads : {6, 8, 64}) {
     SCOPED_TRACE(std::to_string(threads) + " threads");
     const auto pieces = impl::host_split_segments(segments, 1, threads);
     ASSERT_TRUE(pieces.has_value());
     // Up to enough pieces for every thread, in whole passes of the block.
-    const int wanted = (threads + 2) / 3;
+    const int wanted = (threads + 3) / 4;
     std::size_t next = 0;
     for (const BlockSegment& segment : segments) {
       const int expected = std::max(1, std::min(wanted, segment.token_count / impl::host_piece_tokens));
@@ -287,7 +288,7 @@ TEST(HostSplitSegments, CutsFewSegmentsIntoWholePassesInOrder) {
         EXPECT_EQ(piece.batch_index, segment.batch_index);
         EXPECT_EQ(piece.slot, segment.slot);
         EXPECT_EQ(piece.token_begin, begin) << "piece " << next << " does not follow the one before";
-        EXPECT_GE(piece.token_count, 1);
+        EXPECT_GE(piece.token_count, expected > 1 ? impl::host_piece_tokens / 2 : 1);
         EXPECT_EQ(piece.position, segment.position + (begin - segment.token_begin));
         begin += piece.token_count;
         if (k + 1 < expected) EXPECT_EQ(begin % impl::host_piece_tokens, 0) << "a cut inside a pass";
