@@ -12,7 +12,8 @@
 // the machine gave while the kernel ran, where a shared machine's rates drift.
 // cpu_decode_from_cache runs the same products over KV that stays in the
 // last-level cache, against the compute ceiling alone: the kernel's efficiency
-// apart from DRAM.
+// apart from DRAM; cpu_decode_small_step the same over steps of 256 or 1024
+// tokens, where the step's own work and how it spreads over the threads count.
 #include <benchmark/benchmark.h>
 
 #include <unistd.h>
@@ -128,20 +129,23 @@ std::int64_t llc_bytes() {
 }
 
 /// The host products over KV that stays in the last-level cache: one cache
-/// of whole blocks, a quarter of the LLC up to 32 MiB (enough for a step of a
-/// millisecond or more, so that the step's launches and merge stay a few
-/// percent), not rotated, with only the product rate sampled between
-/// iterations (a DRAM read would evict the KV). Its fraction of the compute
-/// roof is the kernel's own efficiency, apart from DRAM; cpu_decode's figures
-/// set against it show what feeding the product from DRAM costs.
+/// of `tokens` tokens, or (0) of whole blocks filling a quarter of the LLC up
+/// to 32 MiB (enough for a step of a millisecond or more, so that the step's
+/// launches and merge stay a few percent), not rotated, with only the product
+/// rate sampled between iterations (a DRAM read would evict the KV). Its
+/// fraction of the compute roof is the kernel's own efficiency, apart from
+/// DRAM; cpu_decode's figures set against it show what feeding the product
+/// from DRAM costs.
 template <class PoolSpace>
-void from_cache(benchmark::State& state, const AttentionShape& shape, Region region, PoolOf<PoolSpace> pool) {
+void from_cache(benchmark::State& state, const AttentionShape& shape, Region region, PoolOf<PoolSpace> pool,
+                std::int64_t tokens) {
   const HostExecSpace space;
   const std::int64_t llc = llc_bytes();
-  const std::int64_t blocks = std::max<std::int64_t>(
-      1, static_cast<std::int64_t>(static_cast<double>(std::min(llc / 4, std::int64_t{32} << 20)) /
-                                   bench::kv_bytes(shape, calibration_block_tokens)));
-  const std::int64_t tokens = blocks * calibration_block_tokens;
+  if (tokens == 0)
+    tokens = calibration_block_tokens *
+             std::max<std::int64_t>(
+                 1, static_cast<std::int64_t>(static_cast<double>(std::min(llc / 4, std::int64_t{32} << 20)) /
+                                              bench::kv_bytes(shape, calibration_block_tokens)));
   bench::RotatedCaches one;
   one.caches.push_back(filled_cache(shape, region, tokens));
   one.segments.push_back(one.caches[0]->segments(0, region, {0}, {TokenRange{0, tokens}}));
@@ -169,13 +173,29 @@ void from_cache(benchmark::State& state, const AttentionShape& shape, Region reg
   state.counters["threads"] = space.concurrency();
 }
 
-void cpu_decode_from_cache(benchmark::State& state, AttentionShape shape, Region region) {
-  if (region == Region::cpu_resident) from_cache<HostMemSpace>(state, shape, region, &InplaceKVCache<bf16>::host_pool);
-  else from_cache<PinnedMemSpace>(state, shape, region, &InplaceKVCache<bf16>::pinned_pool);
+void decode_from_cache(benchmark::State& state, const AttentionShape& shape, Region region, std::int64_t tokens) {
+  if (region == Region::cpu_resident)
+    from_cache<HostMemSpace>(state, shape, region, &InplaceKVCache<bf16>::host_pool, tokens);
+  else from_cache<PinnedMemSpace>(state, shape, region, &InplaceKVCache<bf16>::pinned_pool, tokens);
 }
 
-#define WRITESCOPE_FROM_CACHE_BENCHMARK(name, ...) \
-  BENCHMARK_CAPTURE(cpu_decode_from_cache, name, __VA_ARGS__)->UseManualTime()->Unit(benchmark::kMillisecond)
+void cpu_decode_from_cache(benchmark::State& state, AttentionShape shape, Region region) {
+  decode_from_cache(state, shape, region, 0);
+}
+
+/// Steps of state.range(0) tokens from the cache: a block or a few, as a
+/// layer's CPU share of a short sequence.
+void cpu_decode_small_step(benchmark::State& state, AttentionShape shape, Region region) {
+  decode_from_cache(state, shape, region, state.range(0));
+}
+
+#define WRITESCOPE_FROM_CACHE_BENCHMARK(name, ...)                                                             \
+  BENCHMARK_CAPTURE(cpu_decode_from_cache, name, __VA_ARGS__)->UseManualTime()->Unit(benchmark::kMillisecond); \
+  BENCHMARK_CAPTURE(cpu_decode_small_step, name, __VA_ARGS__)                                                  \
+      ->Arg(256)                                                                                               \
+      ->Arg(1024)                                                                                              \
+      ->UseManualTime()                                                                                        \
+      ->Unit(benchmark::kMicrosecond)
 WRITESCOPE_FROM_CACHE_BENCHMARK(qwen3_gqa_cpu_resident, qwen3_30b_a3b_attention(), Region::cpu_resident);
 WRITESCOPE_FROM_CACHE_BENCHMARK(qwen3_gqa_cpu_streamed, qwen3_30b_a3b_attention(), Region::cpu_streamed);
 WRITESCOPE_FROM_CACHE_BENCHMARK(mixtral_gqa_cpu_resident, mixtral_8x7b_attention(), Region::cpu_resident);
