@@ -587,37 +587,36 @@ TEST(Calibration, SampledRatesAreTheSamplesWorkOverTheirTime) {
   EXPECT_DOUBLE_EQ(totals.per_second(), 4);
 }
 
-// The sampler counts its samples, reports nothing before the first, and its
-// rates are positive; its product rate is not above the best-of-five rate of
-// the same chains by more than the drift of a shared machine (its samples may
-// be far below it: a vCPU preempted for a few of its 20 milliseconds).
-TEST(Calibration, ASamplerReportsWhatItSampled) {
-  const CpuPath path = active_cpu_path();
-  HostRateSampler sampler(path, std::int64_t{4} << 20, std::int64_t{1} << 20);
+// Takes `samples` samples of a fresh sampler of `path`'s products: it counts
+// them, reports no product rate before the first, and a positive one after
+// that is not above the best-of-five rate of the same chains by more than the
+// drift of a shared machine (its samples may be far below it: a vCPU
+// preempted for a few of its milliseconds).
+template <class Sampler>
+void expect_product_samples(Sampler& sampler, CpuPath path, int samples) {
   EXPECT_EQ(sampler.samples(), 0);
-  EXPECT_EQ(sampler.dram_read_gbps(), 0);
   EXPECT_EQ(sampler.product_gmacs(), 0);
-  constexpr int samples = 20;
   for (int s = 0; s < samples; ++s) sampler.sample();
   EXPECT_EQ(sampler.samples(), samples);
-  EXPECT_GT(sampler.dram_read_gbps(), 0);
   EXPECT_GT(sampler.product_gmacs(), 0);
   EXPECT_LT(sampler.product_gmacs(), 4 * measure_host_product_gmacs(path));
 }
 
-// The products-only sampler (kernels whose data must stay cached) counts its
-// samples, reports nothing before the first and a positive rate after, within
-// the same drift of the best-of-five rate.
+// The sampler of both rates: its DRAM read rate too, none before the first
+// sample and positive after.
+TEST(Calibration, ASamplerReportsWhatItSampled) {
+  const CpuPath path = active_cpu_path();
+  HostRateSampler sampler(path, std::int64_t{4} << 20, std::int64_t{1} << 20);
+  EXPECT_EQ(sampler.dram_read_gbps(), 0);
+  expect_product_samples(sampler, path, 20);
+  EXPECT_GT(sampler.dram_read_gbps(), 0);
+}
+
+// The products-only sampler (kernels whose data must stay cached).
 TEST(Calibration, AProductSamplerReportsWhatItSampled) {
   const CpuPath path = active_cpu_path();
   HostProductSampler sampler(path);
-  EXPECT_EQ(sampler.samples(), 0);
-  EXPECT_EQ(sampler.product_gmacs(), 0);
-  constexpr int samples = 5;
-  for (int s = 0; s < samples; ++s) sampler.sample();
-  EXPECT_EQ(sampler.samples(), samples);
-  EXPECT_GT(sampler.product_gmacs(), 0);
-  EXPECT_LT(sampler.product_gmacs(), 4 * measure_host_product_gmacs(path));
+  expect_product_samples(sampler, path, 5);
 }
 
 TEST(Calibration, ASamplerOfBadSizesNamesTheSizeAndTheReason) {
