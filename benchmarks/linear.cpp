@@ -90,6 +90,7 @@ void bf16_linear(benchmark::State& state) {
   state.counters["fraction_of_roofline"] = gbps / std::min(compute_bound, dram);
   bench::report_sampled_roofline(state, gbps, sampler, rows / 2.0);
   state.counters["weight_copies"] = copies;
+  state.counters["threads"] = HostExecSpace().concurrency();
 }
 
 void openblas_float_linear(benchmark::State& state) {

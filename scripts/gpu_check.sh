@@ -14,10 +14,15 @@
 #         3 calibrate   the machine profile (profile.yaml)
 #         4 benchmarks  bandwidth bounds, GPU resident decode, the split sweep
 #                   (its 0% point is the GPU streamed path), CPU decode
-#         5 slice   experiments/configs/h200-slice.yaml (host-slice.yaml with
+#         5 host_kernels  the host kernels against their roofs on this host:
+#                   CPU decode from the last-level cache, the expert linear
+#                   layer at 1-8 rows (a stage of its own, so that a time-out
+#                   here keeps stage 4's figures)
+#         6 slice   experiments/configs/h200-slice.yaml (host-slice.yaml with
 #                   --host) with the measured profile, and its report
 # WRITESCOPE_GPU_CHECK_STAGES (e.g. "smoke,tests,benchmarks") runs a subset, in
-# order; WRITESCOPE_BENCHMARK_FILTER replaces stage 4's benchmark regex.
+# order; WRITESCOPE_BENCHMARK_FILTER and WRITESCOPE_HOST_KERNEL_FILTER replace
+# stages 4 and 5's benchmark regexes.
 # Everything goes into one folder that is packed as $OUT/gpu-check.tar.gz,
 # beside $OUT/summary.txt: which stages passed and the headline figures
 # (scripts/gpu_check_summary.py). Two files come back from the device.
@@ -50,7 +55,8 @@ if [ "$mode" = gpu ]; then
   slice_config=$repo/experiments/configs/h200-slice.yaml
   profile_option=(--profile "$work/profile.yaml")
   bench_filter="^(pcie/.*/1024/|hbm/.*/1024/|host_dram/read/1024/|gpu_decode/.*/(32768|131072)/|split_decode/.*/131072/(0|25|50|75|100)/|cpu_decode/qwen3.*/32768/|cpu_decode/.*/131072/|prefill/.*/16384/)"
-  limits=(smoke:45 tests:120 calibrate:60 benchmarks:110 slice:170)
+  host_kernel_filter="^(cpu_decode_from_cache/|expert_linear/bf16_writescope/(1|2|4|8)/14336/4096/)"
+  limits=(smoke:45 tests:120 calibrate:60 benchmarks:110 host_kernels:75 slice:170)
 else
   build=${WRITESCOPE_BUILD:-$repo/build/host}
   writescope=$build/experiments/writescope tests=$build/tests/writescope_tests
@@ -61,14 +67,16 @@ else
   # of the one measured here, so that its split is exercised.
   profile_option=()
   bench_filter="^(host_dram/read/1024/|split_decode/.*/32768/(0|50|100)/|cpu_decode/qwen3_gqa_cpu_resident/8192/)"
-  limits=(smoke:120 tests:240 calibrate:120 benchmarks:240 slice:180)
+  host_kernel_filter="^(cpu_decode_from_cache/qwen3_gqa_cpu_resident/|expert_linear/bf16_writescope/8/768/2048/)"
+  limits=(smoke:120 tests:240 calibrate:120 benchmarks:240 host_kernels:120 slice:180)
 fi
 slice_profile=${profile_option[*]:-}
 # On the GPU machine the Runtime places the threads itself (framework/runtime.hpp:
 # the GPU driver on a CPU of its own, OpenMP pinned to the others).
 [ "$mode" = host ] && export OMP_PROC_BIND=${OMP_PROC_BIND:-spread} OMP_PLACES=${OMP_PLACES:-threads}
 bench_filter=${WRITESCOPE_BENCHMARK_FILTER:-$bench_filter}
-export slice_profile writescope tests benchmarks space slice_config bench_filter work repo
+host_kernel_filter=${WRITESCOPE_HOST_KERNEL_FILTER:-$host_kernel_filter}
+export slice_profile writescope tests benchmarks space slice_config bench_filter host_kernel_filter work repo
 
 stage_smoke() {
   nvidia-smi >"$work/nvidia-smi.txt" 2>&1
@@ -89,6 +97,10 @@ stage_benchmarks() {
   "$benchmarks" --benchmark_filter="$bench_filter" --benchmark_min_time=0.1 \
     --benchmark_out="$work/benchmarks.json" --benchmark_out_format=json
 }
+stage_host_kernels() {
+  "$benchmarks" --benchmark_filter="$host_kernel_filter" --benchmark_min_time=0.1 \
+    --benchmark_out="$work/host_kernels.json" --benchmark_out_format=json
+}
 stage_slice() {
   "$writescope" run "$slice_config" $slice_profile --output "$work/slice.h5" || return 1
   local python
@@ -100,13 +112,13 @@ stage_slice() {
   done
   echo "gpu_check: no Python 3 with h5py, matplotlib and numpy: report skipped (slice.h5 is in the archive)"
 }
-export -f stage_smoke stage_tests stage_calibrate stage_benchmarks stage_slice
+export -f stage_smoke stage_tests stage_calibrate stage_benchmarks stage_host_kernels stage_slice
 
 : >"$work/stages.txt"
 failed=
 for entry in "${limits[@]}"; do
   name=${entry%%:*} limit=${entry##*:}
-  case ",${WRITESCOPE_GPU_CHECK_STAGES:-smoke,tests,calibrate,benchmarks,slice}," in
+  case ",${WRITESCOPE_GPU_CHECK_STAGES:-smoke,tests,calibrate,benchmarks,host_kernels,slice}," in
     *",$name,"*) ;;
     *) continue ;;
   esac

@@ -4,9 +4,10 @@
     gpu_check_summary.py FOLDER
 
 Reads what the stages left in FOLDER (tests.xml, smoke.xml, info.txt,
-profile.yaml, benchmarks.json, slice.h5) and prints, per stage, what a reader
-of the device note needs: test counts and failures, the bounds measured in the
-benchmark run, each kernel as a fraction of its bound, the split sweep, and the
+profile.yaml, benchmarks.json, host_kernels.json, slice.h5) and prints, per
+stage, what a reader of the device note needs: test counts and failures, the
+bounds measured in the benchmark run, each kernel as a fraction of its bound,
+the split sweep, the host kernels against their roofs, and the
 slice's speedups with its checks (alpha strictly between 0 and 1, at least half
 of WriteScope's KV outside VRAM). Whatever is missing is said to be missing.
 Needs only the standard library; the slice section uses h5py when it is there.
@@ -60,12 +61,28 @@ def profile_section(folder):
                           tuple(key + ":" for key in keys), "profile: no profile.yaml (calibrate did not finish)")
 
 
-def benchmark_section(folder):
-    path = os.path.join(folder, "benchmarks.json")
+def benchmark_runs(folder, name):
+    """The iteration runs of FOLDER/name.json, or None where it is missing."""
+    path = os.path.join(folder, name + ".json")
     if not os.path.exists(path):
-        return ["benchmarks: no benchmarks.json"]
+        return None
     with open(path) as source:
-        runs = [b for b in json.load(source).get("benchmarks", []) if b.get("run_type") == "iteration"]
+        return [b for b in json.load(source).get("benchmarks", []) if b.get("run_type") == "iteration"]
+
+
+def host_roofline_line(name, b):
+    """A host kernel from DRAM (cpu_decode, expert_linear) against min(DRAM read, the compute roof of its path)."""
+    return (f"  {name:48s} {b['GB/s']:8.1f}  {b['fraction_of_roofline']:.2f} of roofline "
+            f"(DRAM {b['bound_GB/s']:.0f}, {b.get('label', '?')} {b['compute_bound_GB/s']:.0f}, "
+            f"{b['threads']:.0f} threads); {b['fraction_of_sampled_roofline']:.2f} of the rates "
+            f"sampled while it ran (DRAM {b['sampled_bound_GB/s']:.0f}, "
+            f"{b['sampled_compute_bound_GB/s']:.0f})")
+
+
+def benchmark_section(folder):
+    runs = benchmark_runs(folder, "benchmarks")
+    if runs is None:
+        return ["benchmarks: no benchmarks.json"]
     by_name = {b["name"]: b for b in runs}
     lines = ["bounds (GB/s, this run):"]
     for name in ("pcie/pinned_h2d/1024/manual_time", "pcie/pinned_d2h/1024/manual_time",
@@ -80,11 +97,7 @@ def benchmark_section(folder):
         if name.startswith("gpu_decode/"):
             lines.append(f"  {name:48s} {b['GB/s']:8.1f}  {b['fraction_of_bound']:.2f} of HBM {b['bound_GB/s']:.0f}")
         elif name.startswith("cpu_decode/"):
-            lines.append(f"  {name:48s} {b['GB/s']:8.1f}  {b['fraction_of_roofline']:.2f} of roofline "
-                         f"(DRAM {b['bound_GB/s']:.0f}, {b.get('label', '?')} {b['compute_bound_GB/s']:.0f}, "
-                         f"{b['threads']:.0f} threads); {b['fraction_of_sampled_roofline']:.2f} of the rates "
-                         f"sampled while it ran (DRAM {b['sampled_bound_GB/s']:.0f}, "
-                         f"{b['sampled_compute_bound_GB/s']:.0f})")
+            lines.append(host_roofline_line(name, b))
     split = [b for b in runs if b["name"].startswith("split_decode/")]
     if split:
         lines.append("split sweep (cpu share: step GB/s; GPU path alone = streamed decode; CPU path alone):")
@@ -96,6 +109,23 @@ def benchmark_section(folder):
         if pinned and b["cpu_share"] == 0:
             line += f"; streamed {b['GB/s'] / pinned:.2f} of pinned H2D"
         lines.append(line)
+    return lines
+
+
+def host_kernel_section(folder):
+    runs = benchmark_runs(folder, "host_kernels")
+    if runs is None:
+        return ["host kernels: no host_kernels.json"]
+    lines = ["host kernels (GB/s; CPU decode from the last-level cache against its compute roof alone):"]
+    for b in runs:
+        name = b["name"].replace("/manual_time", "")
+        if name.startswith("expert_linear/"):
+            lines.append(host_roofline_line(name, b))
+        elif name.startswith("cpu_decode_from_cache/"):
+            lines.append(f"  {name:48s} {b['GB/s']:8.1f}  {b['fraction_of_compute_bound']:.2f} of "
+                         f"{b.get('label', '?')} {b['compute_bound_GB/s']:.0f} ({b['tokens']:.0f} tokens, "
+                         f"{b['threads']:.0f} threads); {b['fraction_of_sampled_compute_bound']:.2f} of the rate "
+                         f"sampled while it ran ({b['sampled_compute_bound_GB/s']:.0f})")
     return lines
 
 
@@ -162,7 +192,7 @@ def main():
         sys.exit("usage: gpu_check_summary.py FOLDER")
     folder = sys.argv[1]
     sections = [info_section, lambda f: tests_section(f, "smoke"), lambda f: tests_section(f, "tests"),
-                profile_section, benchmark_section, slice_section]
+                profile_section, benchmark_section, host_kernel_section, slice_section]
     for section in sections:
         try:
             lines = section(folder)

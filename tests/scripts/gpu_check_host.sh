@@ -13,17 +13,20 @@ out=$scratch/out
 OUT=$out WRITESCOPE_BUILD=$build "$repo/scripts/gpu_check.sh" --host >"$scratch/check.log" 2>&1 ||
   fail "the check failed on the host build (see $scratch/check.log)"
 [ "$(ls "$out" | tr '\n' ' ')" = "gpu-check.tar.gz summary.txt " ] || fail "expected 2 files in $out, got: $(ls "$out")"
-for stage in smoke tests calibrate benchmarks slice; do
+for stage in smoke tests calibrate benchmarks host_kernels slice; do
   grep -q "^  $stage passed " "$out/summary.txt" || fail "stage $stage is not reported passed"
 done
 for line in "tests: [0-9]+ tests, 0 failed" "split_decode/qwen3_gqa_band/32768/50 +share 0.50" \
             "check: alpha strictly between 0 and 1: yes" "check: at least half of WriteScope's KV outside VRAM: yes" \
             "speedup of writescope over the best baseline" \
-            "cpu_decode/qwen3_gqa_cpu_resident/8192 .* of roofline .* of the rates sampled while it ran"; do
+            "cpu_decode/qwen3_gqa_cpu_resident/8192 .* of roofline .* of the rates sampled while it ran" \
+            "expert_linear/bf16_writescope/8/768/2048 .* of roofline .*, 2 threads\); .* of the rates sampled" \
+            "cpu_decode_from_cache/qwen3_gqa_cpu_resident .* of .* tokens, 2 threads\); .* of the rate sampled"; do
   grep -Eq "$line" "$out/summary.txt" || fail "summary.txt lacks '$line'"
 done
 archive=$(tar -tzf "$out/gpu-check.tar.gz")
-for file in summary.txt stages.txt tests.xml profile.yaml benchmarks.json slice.h5 slice-report/report.md; do
+for file in summary.txt stages.txt tests.xml profile.yaml benchmarks.json host_kernels.json slice.h5 \
+            slice-report/report.md; do
   grep -qx "gpu-check/$file" <<<"$archive" || fail "the archive lacks $file"
 done
 
