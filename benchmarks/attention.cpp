@@ -171,6 +171,7 @@ void from_cache(benchmark::State& state, const AttentionShape& shape, Region reg
   state.counters["fraction_of_sampled_compute_bound"] = gbps / sampled_compute_bound;
   state.counters["rate_samples"] = sampler.samples();
   state.counters["threads"] = space.concurrency();
+  bench::report_sampled_l2(state, sampler);
 }
 
 void decode_from_cache(benchmark::State& state, const AttentionShape& shape, Region region, std::int64_t tokens) {

@@ -17,6 +17,7 @@ void report_sampled_roofline(benchmark::State& state, double gbps, const HostRat
   state.counters["sampled_compute_bound_GB/s"] = compute;
   state.counters["fraction_of_sampled_roofline"] = gbps / std::min(dram, compute);
   state.counters["rate_samples"] = sampler.samples();
+  report_sampled_l2(state, sampler);
 }
 
 double host_dram_read_gbps() {

@@ -58,9 +58,18 @@ double run_sampled_iterations(benchmark::State& state, const ExecSpace& space, W
 /// ran, beside its best-of-five bounds: sampled_bound_GB/s (DRAM read),
 /// sampled_compute_bound_GB/s (the sampled multiply-add rate over the kernel's
 /// `multiply_adds_per_byte`), fraction_of_sampled_roofline (GB/s / the lower
-/// of the two), rate_samples.
+/// of the two), rate_samples, and report_sampled_l2's.
 void report_sampled_roofline(benchmark::State& state, double gbps, const HostRateSampler& sampler,
                              double multiply_adds_per_byte);
+
+/// The sampler's L2 reads (HostProductSampler says why), as context:
+/// sampled_l2_read_GB/s (over all samples) and l2_read_of_fastest (that over
+/// the fastest sample's: below 1 where the run fell in slow periods).
+template <class Sampler>
+void report_sampled_l2(benchmark::State& state, const Sampler& sampler) {
+  state.counters["sampled_l2_read_GB/s"] = sampler.l2_read_gbps();
+  state.counters["l2_read_of_fastest"] = sampler.l2_read_gbps() / sampler.fastest_l2_read_gbps();
+}
 
 /// Bytes of bf16 keys and values of `tokens` tokens of `shape`.
 double kv_bytes(const AttentionShape& shape, std::int64_t tokens);

@@ -240,13 +240,60 @@ double measure_host_fp32_fma_gmacs(CpuPath path) { return best_product_gmacs(fp3
 
 double measure_host_product_gmacs(CpuPath path) { return best_product_gmacs(path); }
 
+std::int64_t l2_slice_bytes() {
+  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  const std::int64_t bytes = l2 > 0 ? l2 : std::int64_t{1} << 20;
+  return std::max<std::int64_t>(64, bytes / 2 / 64 * 64);
+}
+
+namespace {
+
+/// Thread t's slice of `slices` (RangePolicy(0, threads), static: thread t
+/// takes item t): first touched by FillSlice, read `passes` times by ReadSlice.
+struct FillSlice {
+  HostWords slices;
+  std::int64_t slice_words;
+  void operator()(int t) const {
+    for (std::int64_t i = t * slice_words; i < (t + 1) * slice_words; ++i) slices(i) = static_cast<std::uint64_t>(i);
+  }
+};
+struct ReadSlice {
+  HostWords slices;
+  std::int64_t slice_words;
+  int passes, load_bytes;
+  void operator()(int t, std::uint64_t& sum) const {
+    for (int p = 0; p < passes; ++p) sum += impl::sum_words(slices.data() + t * slice_words, slice_words, load_bytes);
+  }
+};
+
+}  // namespace
+
 HostProductSampler::HostProductSampler(CpuPath path) : path_(path) {
   run_product_chains(path_, 1);  // fails here, not in sample(), for a path not compiled in
+  const HostExecSpace space;
+  const std::int64_t slice_words = l2_slice_bytes() / static_cast<std::int64_t>(sizeof(std::uint64_t));
+  l2_slices_ = HostWords(Kokkos::view_alloc("writescope::experiments::sampled_l2_read", Kokkos::WithoutInitializing),
+                         static_cast<std::size_t>(space.concurrency() * slice_words));
+  launch_parallel_for("writescope::experiments::first_touch_l2",
+                      Kokkos::RangePolicy<HostExecSpace>(space, 0, space.concurrency()),
+                      FillSlice{l2_slices_, slice_words});
+  space.fence();
 }
 
 void HostProductSampler::sample() {
   const ProductRun run = run_product_chains(path_, product_iterations);
   multiply_adds_.add(run.multiply_adds, run.seconds);
+  const HostExecSpace space;
+  const std::int64_t slice_words = static_cast<std::int64_t>(l2_slices_.extent(0)) / space.concurrency();
+  std::uint64_t sum = 0;
+  const double seconds = time_fenced(space, [&](const HostExecSpace& s) {
+    Kokkos::parallel_reduce("writescope::experiments::l2_read", Kokkos::RangePolicy<HostExecSpace>(s, 0, s.concurrency()),
+                            ReadSlice{l2_slices_, slice_words, l2_passes, impl::widest_load_bytes()}, sum);
+  });
+  keep(sum);
+  const double bytes = static_cast<double>(l2_slices_.extent(0)) * sizeof(std::uint64_t) * l2_passes;
+  l2_bytes_.add(bytes, seconds);
+  fastest_l2_read_gbps_ = std::max(fastest_l2_read_gbps_, bytes / seconds / 1e9);
   ++samples_;
 }
 

@@ -62,22 +62,43 @@ struct RateTotals {
 /// kernel's timed iterations, alone: for kernels whose data must stay in the
 /// caches between iterations. The rate is the samples' total work over their
 /// total time, as a kernel's GB/s is.
+///
+/// Each sample also reads a slice per thread that stays in that core's L2
+/// (half its L2, l2_slice_bytes), as the products' operands do: on the Intel
+/// VM the kernels lose a third of their speed for seconds at a time while
+/// L2 reads lose a quarter and the chains, which use registers alone, hardly
+/// change. The L2 rates say whether a run fell in such a period; they are
+/// context, not a bound.
 class HostProductSampler {
  public:
   /// Product chain steps per thread of one sample (12 chains each).
   static constexpr std::int64_t product_iterations = 400'000;
+  /// Reads of each thread's L2 slice per sample (the first sample's first
+  /// brings it in).
+  static constexpr int l2_passes = 8;
 
   explicit HostProductSampler(CpuPath path);
   void sample();
   int samples() const { return samples_; }
   /// Multiply-adds per second (10^9) of `path`'s product instruction, all host threads; 0 before the first sample.
   double product_gmacs() const;
+  /// Bytes per second (10^9) read from the threads' L2 slices, all host
+  /// threads: over all samples, and in the fastest sample; 0 before the first.
+  double l2_read_gbps() const { return l2_bytes_.per_second() / 1e9; }
+  double fastest_l2_read_gbps() const { return fastest_l2_read_gbps_; }
 
  private:
   CpuPath path_;
   int samples_ = 0;
   RateTotals multiply_adds_;
+  HostWords l2_slices_;  // (threads x slice words): thread t's slice first touched and read by thread t
+  RateTotals l2_bytes_;
+  double fastest_l2_read_gbps_ = 0;
 };
+
+/// Half the L2 of one core (sysconf; 512 KiB where the system does not say),
+/// in whole 64-byte lines: what a thread's L2 slice of HostProductSampler holds.
+std::int64_t l2_slice_bytes();
 
 /// The host's DRAM read and product rates sampled between a kernel's timed
 /// iterations, to set its figure against what the machine gave while it ran:
@@ -97,6 +118,9 @@ class HostRateSampler {
   double dram_read_gbps() const;
   /// Multiply-adds per second (10^9) of `path`'s product instruction, all host threads; 0 before the first sample.
   double product_gmacs() const { return products_.product_gmacs(); }
+  /// HostProductSampler's L2 reads.
+  double l2_read_gbps() const { return products_.l2_read_gbps(); }
+  double fastest_l2_read_gbps() const { return products_.fastest_l2_read_gbps(); }
 
  private:
   HostProductSampler products_;

@@ -76,7 +76,12 @@ def host_roofline_line(name, b):
             f"(DRAM {b['bound_GB/s']:.0f}, {b.get('label', '?')} {b['compute_bound_GB/s']:.0f}, "
             f"{b['threads']:.0f} threads); {b['fraction_of_sampled_roofline']:.2f} of the rates "
             f"sampled while it ran (DRAM {b['sampled_bound_GB/s']:.0f}, "
-            f"{b['sampled_compute_bound_GB/s']:.0f})")
+            f"{b['sampled_compute_bound_GB/s']:.0f}){l2_context(b)}")
+
+
+def l2_context(b):
+    """The sampled L2 reads against their fastest sample (HostProductSampler): below 1 in a shared host's slow periods."""
+    return f"; L2 reads {b['l2_read_of_fastest']:.2f} of their fastest" if "l2_read_of_fastest" in b else ""
 
 
 def benchmark_section(folder):
@@ -125,7 +130,7 @@ def host_kernel_section(folder):
             lines.append(f"  {name:48s} {b['GB/s']:8.1f}  {b['fraction_of_compute_bound']:.2f} of "
                          f"{b.get('label', '?')} {b['compute_bound_GB/s']:.0f} ({b['tokens']:.0f} tokens, "
                          f"{b['threads']:.0f} threads); {b['fraction_of_sampled_compute_bound']:.2f} of the rate "
-                         f"sampled while it ran ({b['sampled_compute_bound_GB/s']:.0f})")
+                         f"sampled while it ran ({b['sampled_compute_bound_GB/s']:.0f}){l2_context(b)}")
     return lines
 
 

@@ -591,15 +591,23 @@ TEST(Calibration, SampledRatesAreTheSamplesWorkOverTheirTime) {
 // them, reports no product rate before the first, and a positive one after
 // that is not above the best-of-five rate of the same chains by more than the
 // drift of a shared machine (its samples may be far below it: a vCPU
-// preempted for a few of its milliseconds).
+// preempted for a few of its milliseconds); the same for its L2 reads.
 template <class Sampler>
 void expect_product_samples(Sampler& sampler, CpuPath path, int samples) {
   EXPECT_EQ(sampler.samples(), 0);
   EXPECT_EQ(sampler.product_gmacs(), 0);
+  EXPECT_EQ(sampler.l2_read_gbps(), 0);
+  EXPECT_EQ(sampler.fastest_l2_read_gbps(), 0);
   for (int s = 0; s < samples; ++s) sampler.sample();
   EXPECT_EQ(sampler.samples(), samples);
   EXPECT_GT(sampler.product_gmacs(), 0);
   EXPECT_LT(sampler.product_gmacs(), 4 * measure_host_product_gmacs(path));
+  // The L2 reads: over all samples no faster than the fastest sample, and
+  // faster than DRAM (a slice that left the L2, or a rate counted over the
+  // wrong bytes, would not be).
+  EXPECT_GT(sampler.l2_read_gbps(), 0);
+  EXPECT_LE(sampler.l2_read_gbps(), sampler.fastest_l2_read_gbps());
+  EXPECT_GT(sampler.fastest_l2_read_gbps(), measure_host_dram_read_gbps(std::int64_t{256} << 20));
 }
 
 // The sampler of both rates: its DRAM read rate too, none before the first
