@@ -132,7 +132,8 @@ std::int64_t llc_bytes() {
 /// of `tokens` tokens, or (0) of whole blocks filling a quarter of the LLC up
 /// to 32 MiB (enough for a step of a millisecond or more, so that the step's
 /// launches and merge stay a few percent), not rotated, with only the product
-/// rate sampled between iterations (a DRAM read would evict the KV). Its
+/// rate and the L2 read of a HostProductSampler sampled between iterations (a
+/// DRAM read would evict the KV). Its
 /// fraction of the compute roof is the kernel's own efficiency, apart from
 /// DRAM; cpu_decode's figures set against it show what feeding the product
 /// from DRAM costs.
