@@ -10,6 +10,12 @@
 #include "framework/impl/product_peaks.hpp"
 #include "framework/simd.hpp"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace writescope {
 namespace {
 
@@ -127,6 +133,29 @@ bool cpu_path_supported(CpuPath path) {
   for (CpuPath supported : supported_cpu_paths())
     if (supported == path) return true;
   return false;
+}
+
+std::string describe_amx(unsigned cpuid7_edx, bool os_tile_data) {
+  constexpr unsigned amx_bf16 = 1u << 22, amx_tile = 1u << 24, amx_int8 = 1u << 25;
+  if (!(cpuid7_edx & amx_tile)) return "not in CPUID";
+  std::string description = "amx_tile";
+  if (cpuid7_edx & amx_bf16) description += ", amx_bf16";
+  if (cpuid7_edx & amx_int8) description += ", amx_int8";
+  return description + (os_tile_data ? "; the OS supports tile data" : "; the OS does not support tile data");
+}
+
+std::string amx_description() {
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return describe_amx(0, false);
+  constexpr int arch_get_xcomp_supp = 0x1021, xfeature_xtiledata = 18;  // Linux 5.16+, asm/prctl.h
+  unsigned long features = 0;
+  const bool os_tile_data =
+      syscall(SYS_arch_prctl, arch_get_xcomp_supp, &features) == 0 && (features >> xfeature_xtiledata & 1u);
+  return describe_amx(edx, os_tile_data);
+#else
+  return describe_amx(0, false);
+#endif
 }
 
 CpuPath active_cpu_path() {

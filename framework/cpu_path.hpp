@@ -23,7 +23,7 @@ namespace writescope {
 /// is faster depends on the CPU: AMD Zen 4/5 run vdpbf16ps at twice the
 /// multiply-adds of a 16-lane FMA, the Intel VM measured on 2026-12-01 at
 /// half (faster_avx512_path). AMX tiles are not used yet (no machine at hand
-/// exposes them).
+/// exposes them; amx_description says whether one does).
 enum class CpuPath : int { scalar = 0, avx2 = 1, avx512_fma = 2, avx512_bf16 = 3 };
 
 /// "scalar", "avx2", "avx512_fma", "avx512_bf16".
@@ -51,6 +51,17 @@ const Avx512ProductRates& avx512_product_rates();
 /// per eight, so at equal rates vdpbf16ps wins.
 CpuPath faster_avx512_path(const Avx512ProductRates& rates);
 bool cpu_path_supported(CpuPath path);
+
+/// AMX on this machine, recorded with results (MachineDescription::amx); no
+/// kernel uses its tiles yet. describe_amx of CPUID leaf 7's EDX and of
+/// whether the OS would grant this process the tile data state
+/// (arch_prctl ARCH_GET_XCOMP_SUPP; asking for it, ARCH_REQ_XCOMP_PERM, is
+/// left to a kernel that uses it).
+std::string amx_description();
+/// "not in CPUID" without AMX-TILE (EDX bit 24), else its extensions
+/// ("amx_tile, amx_bf16, amx_int8": bits 24, 22, 25) and "; the OS supports
+/// tile data" or "; the OS does not support tile data".
+std::string describe_amx(unsigned cpuid7_edx, bool os_tile_data);
 
 /// The path kernels take now: WRITESCOPE_CPU_PATH if set (an unsupported or
 /// unknown name is an error naming the variable), else the best one.

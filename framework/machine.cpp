@@ -144,6 +144,7 @@ MachineDescription MachineDescription::detect() {
   for (CpuPath path : supported_cpu_paths())
     m.cpu_paths += (m.cpu_paths.empty() ? "" : ", ") + std::string(cpu_path_name(path));
   m.cpu_path = cpu_path_name(active_cpu_path());
+  m.amx = amx_description();
   m.logical_cpus = sysconf(_SC_NPROCESSORS_ONLN);
   m.host_threads = HostExecSpace().concurrency();
   m.openmp_environment = read_openmp_environment();
@@ -179,6 +180,7 @@ std::vector<std::pair<std::string, MachineDescription::Value>> MachineDescriptio
           {"cpu_model", cpu_model},
           {"cpu_paths", cpu_paths},
           {"cpu_path", cpu_path},
+          {"amx", amx},
           {"logical_cpus", logical_cpus},
           {"host_threads", host_threads},
           {"openmp_environment", openmp_environment},

@@ -20,6 +20,7 @@ struct MachineDescription {
   std::string cpu_model;
   std::string cpu_paths;            // host kernel paths this CPU and build run, comma-separated
   std::string cpu_path;             // the one host kernels take (framework/cpu_path.hpp)
+  std::string amx;                  // amx_description(): AMX and the OS's tile data; no kernel uses it yet
   std::int64_t logical_cpus = 0;    // online CPUs
   std::int64_t host_threads = 0;    // Kokkos host execution space concurrency
   std::string openmp_environment;   // OMP_* variables as set, "" when none
@@ -56,7 +57,8 @@ struct MachineDescription {
 /// type) of machine description `now_yaml` differs from `then_yaml` (both
 /// MachineDescription::to_yaml()), one "field: 'then' -> 'now'" each; empty
 /// when the same. Host name and git revision are not setup: containers and
-/// cluster nodes differ in names, and runs record their revision.
+/// cluster nodes differ in names, and runs record their revision; nor is
+/// amx, which no kernel uses (the CPU model and its paths already differ).
 std::vector<std::string> machine_setup_differences(const std::string& then_yaml, const std::string& now_yaml);
 
 /// Bytes of memory this process can still allocate without the kernel

@@ -291,7 +291,9 @@ TEST(HostSplitSegments, CutsFewSegmentsIntoWholePassesInOrder) {
         EXPECT_GE(piece.token_count, expected > 1 ? impl::host_piece_tokens / 2 : 1);
         EXPECT_EQ(piece.position, segment.position + (begin - segment.token_begin));
         begin += piece.token_count;
-        if (k + 1 < expected) EXPECT_EQ(begin % impl::host_piece_tokens, 0) << "a cut inside a pass";
+        if (k + 1 < expected) {
+          EXPECT_EQ(begin % impl::host_piece_tokens, 0) << "a cut inside a pass";
+        }
       }
       EXPECT_EQ(begin, segment.token_begin + segment.token_count) << "a segment not covered";
     }

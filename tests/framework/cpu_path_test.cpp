@@ -42,6 +42,26 @@ TEST(CpuPath, DetectionAgreesWithTheKernelsCpuFlags) {
 #endif
 }
 
+// AMX as recorded with results: what CPUID says, read here as the kernel
+// reports it, and each extension's bit named in the description.
+TEST(Amx, DescriptionAgreesWithTheKernelsCpuFlags) {
+  const auto flags = proc_cpu_flags();
+  if (flags.empty()) GTEST_SKIP() << "no /proc/cpuinfo flags";
+  const std::string description = amx_description();
+  EXPECT_EQ(description.rfind("amx_tile", 0) == 0, flags.count("amx_tile") == 1) << description;
+  for (const char* extension : {"amx_bf16", "amx_int8"})
+    EXPECT_EQ(description.find(extension) != std::string::npos, flags.count(extension) == 1) << description;
+}
+
+TEST(Amx, DescribesEachExtensionAndTheOsSupport) {
+  EXPECT_EQ(describe_amx(0, true), "not in CPUID");
+  EXPECT_EQ(describe_amx(1u << 22, true), "not in CPUID");  // AMX-BF16 without AMX-TILE
+  EXPECT_EQ(describe_amx(1u << 24, false), "amx_tile; the OS does not support tile data");
+  EXPECT_EQ(describe_amx((1u << 24) | (1u << 22), true), "amx_tile, amx_bf16; the OS supports tile data");
+  EXPECT_EQ(describe_amx((1u << 24) | (1u << 25) | (1u << 22), true),
+            "amx_tile, amx_bf16, amx_int8; the OS supports tile data");
+}
+
 TEST(CpuPath, TheBestSupportedPathIsActiveUnlessPinned) {
   ASSERT_EQ(std::getenv("WRITESCOPE_CPU_PATH"), nullptr) << "the test expects no pinned path in its environment";
   const auto& paths = supported_cpu_paths();
