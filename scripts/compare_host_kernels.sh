@@ -7,13 +7,18 @@
 #   scripts/compare_host_kernels.sh      (after scripts/build.sh host and cuda)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-objects=(
-  attention/CMakeFiles/writescope_attention.dir/impl/host_block_attention.cpp.o
-  attention/CMakeFiles/writescope_attention.dir/impl/host_block_attention_avx512bf16.cpp.o
-  moe/CMakeFiles/writescope_moe.dir/impl/linear_host.cpp.o
-  moe/CMakeFiles/writescope_moe.dir/impl/linear_avx512.cpp.o
-  experiments/CMakeFiles/writescope_experiments.dir/impl/product_peaks.cpp.o
-)
+# The objects of every writescope_host_kernels(<target> <source>...) call in
+# the folders' CMakeLists.txt, as CMake names them: read from there, so that the
+# list follows the build.
+objects=()
+for lists in "$repo"/*/CMakeLists.txt; do
+  folder=$(basename "$(dirname "$lists")")
+  while read -r target sources; do
+    for source in $sources; do objects+=("$folder/CMakeFiles/$target.dir/$source.o"); done
+  done < <(tr '\n' ' ' <"$lists" | grep -o 'writescope_host_kernels([^)]*)' |
+             sed -E 's/writescope_host_kernels\(([^)]*)\)/\1/')
+done
+[ ${#objects[@]} -gt 0 ] || { echo "no writescope_host_kernels() call found"; exit 1; }
 # Instructions only: no addresses, no raw bytes, no file names.
 disassemble() { objdump -d --no-show-raw-insn -C "$1" | sed -n '/^Disassembly/,$p' | grep -v '^Disassembly' |
   sed -E 's/^ *[0-9a-f]+:\t//; s/^[0-9a-f]{16} /<fn> /'; }
