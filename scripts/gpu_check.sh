@@ -22,7 +22,10 @@
 #                   --host) with the measured profile, and its report
 # WRITESCOPE_GPU_CHECK_STAGES (e.g. "smoke,tests,benchmarks") runs a subset, in
 # order; WRITESCOPE_BENCHMARK_FILTER and WRITESCOPE_HOST_KERNEL_FILTER replace
-# stages 4 and 5's benchmark regexes.
+# stages 4 and 5's benchmark regexes. WRITESCOPE_GPU_CHECK_SECONDS (default
+# 540; 1200 with --host) bounds the whole check: a stage's limit is cut to
+# what is left of it and a stage with under 15 s left is skipped, so that the
+# results are packed before the device tool's 600 s per call run out.
 # Everything goes into one folder that is packed as $OUT/gpu-check.tar.gz,
 # beside $OUT/summary.txt: which stages passed and the headline figures
 # (scripts/gpu_check_summary.py). Two files come back from the device.
@@ -35,6 +38,13 @@ case "${1:-}" in
   "") ;;
   *) echo "usage: scripts/gpu_check.sh [--host]" >&2; exit 2 ;;
 esac
+# The host build's stages have longer limits (a 2-core CI machine).
+budget=${WRITESCOPE_GPU_CHECK_SECONDS:-$([ "$mode" = gpu ] && echo 540 || echo 1200)}
+case $budget in
+  "" | *[!0-9]*) echo "gpu_check: WRITESCOPE_GPU_CHECK_SECONDS must be a whole number of seconds, not '$budget'" >&2
+                 exit 2 ;;
+esac
+check_started=$(date +%s)
 out=${OUT:-$repo/gpu-results}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -126,6 +136,14 @@ for entry in "${limits[@]}"; do
     echo "$name skipped 0 $limit no profile (calibrate failed)" >>"$work/stages.txt"
     continue
   fi
+  left=$((budget - ($(date +%s) - check_started)))
+  if [ "$left" -lt 15 ]; then
+    echo "$name skipped 0 $limit no time left of the check's ${budget}s" >>"$work/stages.txt"
+    echo "gpu_check: stage $name skipped: no time left of the check's ${budget}s"
+    failed="$failed $name"
+    continue
+  fi
+  [ "$left" -lt "$limit" ] && limit=$left
   started=$(date +%s)
   timeout --kill-after=10 "$limit" bash -c "stage_$name" >"$work/$name.log" 2>&1
   status=$?

@@ -2,7 +2,9 @@
 # ctest scripts.gpu_check_host: scripts/gpu_check.sh --host on this build
 # writes exactly summary.txt and gpu-check.tar.gz, runs every stage, and its
 # summary carries the slice's checks; with a smoke stage that fails it stops
-# there, says so, and still packs what it has.
+# there, says so, and still packs what it has; out of its seconds
+# (WRITESCOPE_GPU_CHECK_SECONDS) it skips the stages left and still packs; a
+# budget that is not a number is one error.
 #   gpu_check_host.sh REPO BUILD SCRATCH
 set -uo pipefail
 repo=$1 build=$2 scratch=$3
@@ -44,4 +46,31 @@ grep -q "^  smoke failed " "$out/summary.txt" || fail "the failed smoke stage is
 grep -q "the remaining stages are not run" "$out/summary.txt" || fail "summary.txt does not say the check stopped"
 grep -q "^  tests " "$out/summary.txt" && fail "stages after a failed smoke stage ran"
 [ "$(ls "$out" | tr '\n' ' ')" = "gpu-check.tar.gz summary.txt " ] || fail "expected 2 files after a failed smoke stage"
+# A check that runs out of its seconds: stand-ins that pass after 4 s (smoke
+# runs two: 8 s); with 20 s for the whole check, smoke runs, every later stage
+# is skipped, and the results are still packed.
+slow=$scratch/slow
+mkdir -p "$slow/experiments" "$slow/tests" "$slow/benchmarks"
+for program in experiments/writescope tests/writescope_tests benchmarks/writescope_benchmarks; do
+  printf '#!/bin/sh\nsleep 4\n' >"$slow/$program" && chmod +x "$slow/$program"
+done
+out=$scratch/out-slow
+if OUT=$out WRITESCOPE_BUILD=$slow WRITESCOPE_GPU_CHECK_SECONDS=20 "$repo/scripts/gpu_check.sh" --host \
+     >"$scratch/slow.log" 2>&1; then
+  fail "a check whose stages were skipped for time exited 0"
+fi
+grep -q "^  smoke passed " "$out/summary.txt" || fail "smoke did not run within the check's seconds"
+for stage in tests calibrate benchmarks host_kernels slice; do
+  grep -q "^  $stage skipped 0 [0-9]* no time left of the check's 20s" "$out/summary.txt" ||
+    fail "stage $stage is not reported skipped for time"
+done
+[ "$(ls "$out" | tr '\n' ' ')" = "gpu-check.tar.gz summary.txt " ] || fail "expected 2 files after a check out of time"
+# A budget that is not a number: one error naming the variable, nothing run.
+if message=$(OUT=$scratch/out-bad WRITESCOPE_BUILD=$slow WRITESCOPE_GPU_CHECK_SECONDS=5m \
+               "$repo/scripts/gpu_check.sh" --host 2>&1); then
+  fail "a budget of '5m' was accepted"
+fi
+grep -q "WRITESCOPE_GPU_CHECK_SECONDS must be a whole number of seconds, not '5m'" <<<"$message" ||
+  fail "the bad budget's error does not name it: $message"
+[ -e "$scratch/out-bad" ] && fail "a check with a bad budget wrote $scratch/out-bad"
 echo "gpu_check_host: passed"
