@@ -9,12 +9,22 @@
 set -uo pipefail
 repo=$1 build=$2 scratch=$3
 fail() { echo "gpu_check_host: $*" >&2; [ -f "$out/summary.txt" ] && cat "$out/summary.txt" >&2; exit 1; }
+# Whether folder $1 holds exactly the check's two files.
+two_files() { [ "$(ls "$1" | tr '\n' ' ')" = "gpu-check.tar.gz summary.txt " ]; }
+# A build folder $1 whose three programs are the shell command $2.
+stand_in_build() {
+  local program
+  mkdir -p "$1/experiments" "$1/tests" "$1/benchmarks"
+  for program in experiments/writescope tests/writescope_tests benchmarks/writescope_benchmarks; do
+    printf '#!/bin/sh\n%s\n' "$2" >"$1/$program" && chmod +x "$1/$program"
+  done
+}
 rm -rf "$scratch" && mkdir -p "$scratch"
 
 out=$scratch/out
 OUT=$out WRITESCOPE_BUILD=$build "$repo/scripts/gpu_check.sh" --host >"$scratch/check.log" 2>&1 ||
   fail "the check failed on the host build (see $scratch/check.log)"
-[ "$(ls "$out" | tr '\n' ' ')" = "gpu-check.tar.gz summary.txt " ] || fail "expected 2 files in $out, got: $(ls "$out")"
+two_files "$out" || fail "expected 2 files in $out, got: $(ls "$out")"
 for stage in smoke tests calibrate benchmarks host_kernels slice; do
   grep -q "^  $stage passed " "$out/summary.txt" || fail "stage $stage is not reported passed"
 done
@@ -34,10 +44,7 @@ done
 
 # A smoke stage that fails: programs that exit 1 stand in for the build.
 broken=$scratch/broken
-mkdir -p "$broken/experiments" "$broken/tests" "$broken/benchmarks"
-for program in experiments/writescope tests/writescope_tests benchmarks/writescope_benchmarks; do
-  printf '#!/bin/sh\necho "stand-in failure"; exit 1\n' >"$broken/$program" && chmod +x "$broken/$program"
-done
+stand_in_build "$broken" 'echo "stand-in failure"; exit 1'
 out=$scratch/out-broken
 if OUT=$out WRITESCOPE_BUILD=$broken "$repo/scripts/gpu_check.sh" --host >"$scratch/broken.log" 2>&1; then
   fail "a failing smoke stage exited 0"
@@ -45,15 +52,12 @@ fi
 grep -q "^  smoke failed " "$out/summary.txt" || fail "the failed smoke stage is not in summary.txt"
 grep -q "the remaining stages are not run" "$out/summary.txt" || fail "summary.txt does not say the check stopped"
 grep -q "^  tests " "$out/summary.txt" && fail "stages after a failed smoke stage ran"
-[ "$(ls "$out" | tr '\n' ' ')" = "gpu-check.tar.gz summary.txt " ] || fail "expected 2 files after a failed smoke stage"
+two_files "$out" || fail "expected 2 files after a failed smoke stage"
 # A check that runs out of its seconds: stand-ins that pass after 4 s (smoke
 # runs two: 8 s); with 20 s for the whole check, smoke runs, every later stage
 # is skipped, and the results are still packed.
 slow=$scratch/slow
-mkdir -p "$slow/experiments" "$slow/tests" "$slow/benchmarks"
-for program in experiments/writescope tests/writescope_tests benchmarks/writescope_benchmarks; do
-  printf '#!/bin/sh\nsleep 4\n' >"$slow/$program" && chmod +x "$slow/$program"
-done
+stand_in_build "$slow" 'sleep 4'
 out=$scratch/out-slow
 if OUT=$out WRITESCOPE_BUILD=$slow WRITESCOPE_GPU_CHECK_SECONDS=20 "$repo/scripts/gpu_check.sh" --host \
      >"$scratch/slow.log" 2>&1; then
@@ -64,7 +68,7 @@ for stage in tests calibrate benchmarks host_kernels slice; do
   grep -q "^  $stage skipped 0 [0-9]* no time left of the check's 20s" "$out/summary.txt" ||
     fail "stage $stage is not reported skipped for time"
 done
-[ "$(ls "$out" | tr '\n' ' ')" = "gpu-check.tar.gz summary.txt " ] || fail "expected 2 files after a check out of time"
+two_files "$out" || fail "expected 2 files after a check out of time"
 # A budget that is not a number: one error naming the variable, nothing run.
 if message=$(OUT=$scratch/out-bad WRITESCOPE_BUILD=$slow WRITESCOPE_GPU_CHECK_SECONDS=5m \
                "$repo/scripts/gpu_check.sh" --host 2>&1); then
