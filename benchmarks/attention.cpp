@@ -133,10 +133,9 @@ std::int64_t llc_bytes() {
 /// to 32 MiB (enough for a step of a millisecond or more, so that the step's
 /// launches and merge stay a few percent), not rotated, with only the product
 /// rate and the L2 read of a HostProductSampler sampled between iterations (a
-/// DRAM read would evict the KV). Its
-/// fraction of the compute roof is the kernel's own efficiency, apart from
-/// DRAM; cpu_decode's figures set against it show what feeding the product
-/// from DRAM costs.
+/// DRAM read would evict the KV). Its fraction of the compute roof is the
+/// kernel's own efficiency, apart from DRAM; cpu_decode's figures set against
+/// it show what feeding the product from DRAM costs.
 template <class PoolSpace>
 void from_cache(benchmark::State& state, const AttentionShape& shape, Region region, PoolOf<PoolSpace> pool,
                 std::int64_t tokens) {
