@@ -174,6 +174,12 @@ struct Fma16Chains {
   std::int64_t iterations;
   void operator()(int, float& sink) const { sink += impl::fp32_fma16_chains(seed, iterations); }
 };
+/// Per thread: iterations x tile_chains tdpbf16ps (amx_bf16).
+struct TileDotChains {
+  float seed;
+  std::int64_t iterations;
+  void operator()(int, float& sink) const { sink += impl::amx_tile_chains(seed, iterations); }
+};
 #endif
 
 /// One fenced run of `chains` on every host thread: seconds.
@@ -197,6 +203,19 @@ ProductRun run_product_chains(CpuPath path, std::int64_t iterations) {
   const HostExecSpace space;
   const double steps = static_cast<double>(space.concurrency()) * static_cast<double>(iterations) * fma_chains;
   switch (path) {
+    case CpuPath::amx_bf16:
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+    {
+      // A tdpbf16ps issues about every 16 cycles: a sixteenth of the steps
+      // takes about as long as the vector chains.
+      const std::int64_t tile_iterations = std::max<std::int64_t>(1, iterations * fma_chains / impl::tile_chains / 16);
+      const double tile_steps = static_cast<double>(space.concurrency()) * tile_iterations * impl::tile_chains;
+      return {tile_steps * impl::tile_dot_multiply_adds,
+              chains_seconds(space, TileDotChains{1.0f, tile_iterations})};
+    }
+#else
+      break;
+#endif
     case CpuPath::avx512_bf16:
 #ifdef WRITESCOPE_HOST_AVX512_BF16
       return {steps * 32, chains_seconds(space, Bf16DotChains{1.0f, iterations})};

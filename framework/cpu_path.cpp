@@ -19,7 +19,35 @@
 namespace writescope {
 namespace {
 
-constexpr CpuPath all_paths[] = {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_fma, CpuPath::avx512_bf16};
+constexpr CpuPath all_paths[] = {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_fma, CpuPath::avx512_bf16,
+                                 CpuPath::amx_bf16};
+
+constexpr unsigned amx_bf16_bit = 1u << 22, amx_tile_bit = 1u << 24, amx_int8_bit = 1u << 25;
+constexpr int xfeature_xtiledata = 18;
+
+/// CPUID leaf 7's EDX (0 where there is none).
+unsigned cpuid7_edx() {
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return edx;
+#endif
+  return 0;
+}
+
+/// Whether Linux lets this process use the AMX tile data: asked once
+/// (ARCH_REQ_XCOMP_PERM, Linux 5.16+); without the grant a tile instruction
+/// faults.
+bool tile_data_granted() {
+#if defined(__x86_64__)
+  static const bool granted = [] {
+    constexpr int arch_req_xcomp_perm = 0x1023;  // asm/prctl.h
+    return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+  }();
+  return granted;
+#else
+  return false;
+#endif
+}
 
 bool cpu_runs(CpuPath path) {
   switch (path) {
@@ -40,6 +68,17 @@ bool cpu_runs(CpuPath path) {
 #else
       return false;
 #endif
+    case CpuPath::amx_bf16: {
+#if defined(WRITESCOPE_HOST_AVX512_BF16) && defined(__x86_64__)
+      const unsigned edx = cpuid7_edx();
+      // The tiles' own result checked once, before any kernel trusts them.
+      static const bool runs = cpu_runs(CpuPath::avx512_bf16) && (edx & amx_tile_bit) && (edx & amx_bf16_bit) &&
+                               tile_data_granted() && impl::amx_tiles_match_emulation();
+      return runs;
+#else
+      return false;
+#endif
+    }
   }
   return false;
 }
@@ -81,6 +120,8 @@ const char* cpu_path_name(CpuPath path) {
       return "avx512_fma";
     case CpuPath::avx512_bf16:
       return "avx512_bf16";
+    case CpuPath::amx_bf16:
+      return "amx_bf16";
   }
   return "unknown";
 }
@@ -88,7 +129,7 @@ const char* cpu_path_name(CpuPath path) {
 CpuPath parse_cpu_path(const std::string& name) {
   for (CpuPath path : all_paths)
     if (name == cpu_path_name(path)) return path;
-  throw std::invalid_argument("unknown CPU path '" + name + "' (known: scalar, avx2, avx512_fma, avx512_bf16)");
+  throw std::invalid_argument("unknown CPU path '" + name + "' (known: scalar, avx2, avx512_fma, avx512_bf16, amx_bf16)");
 }
 
 const std::vector<CpuPath>& supported_cpu_paths() {
@@ -99,6 +140,10 @@ const std::vector<CpuPath>& supported_cpu_paths() {
 CpuPath best_cpu_path() {
   const CpuPath last = supported_cpu_paths().back();
   return last == CpuPath::avx512_bf16 ? faster_avx512_path(avx512_product_rates()) : last;
+}
+
+CpuPath vector_path(CpuPath path) {
+  return path == CpuPath::amx_bf16 ? faster_avx512_path(avx512_product_rates()) : path;
 }
 
 const Avx512ProductRates& avx512_product_rates() {
@@ -136,23 +181,20 @@ bool cpu_path_supported(CpuPath path) {
 }
 
 std::string describe_amx(unsigned cpuid7_edx, bool os_tile_data) {
-  constexpr unsigned amx_bf16 = 1u << 22, amx_tile = 1u << 24, amx_int8 = 1u << 25;
-  if (!(cpuid7_edx & amx_tile)) return "not in CPUID";
+  if (!(cpuid7_edx & amx_tile_bit)) return "not in CPUID";
   std::string description = "amx_tile";
-  if (cpuid7_edx & amx_bf16) description += ", amx_bf16";
-  if (cpuid7_edx & amx_int8) description += ", amx_int8";
+  if (cpuid7_edx & amx_bf16_bit) description += ", amx_bf16";
+  if (cpuid7_edx & amx_int8_bit) description += ", amx_int8";
   return description + (os_tile_data ? "; the OS supports tile data" : "; the OS does not support tile data");
 }
 
 std::string amx_description() {
 #if defined(__x86_64__)
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return describe_amx(0, false);
-  constexpr int arch_get_xcomp_supp = 0x1021, xfeature_xtiledata = 18;  // Linux 5.16+, asm/prctl.h
+  constexpr int arch_get_xcomp_supp = 0x1021;  // Linux 5.16+, asm/prctl.h
   unsigned long features = 0;
   const bool os_tile_data =
       syscall(SYS_arch_prctl, arch_get_xcomp_supp, &features) == 0 && (features >> xfeature_xtiledata & 1u);
-  return describe_amx(edx, os_tile_data);
+  return describe_amx(cpuid7_edx(), os_tile_data);
 #else
   return describe_amx(0, false);
 #endif

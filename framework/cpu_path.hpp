@@ -22,11 +22,15 @@ namespace writescope {
 /// region; no machine of the project has AVX-512F without BF16). Which of them
 /// is faster depends on the CPU: AMD Zen 4/5 run vdpbf16ps at twice the
 /// multiply-adds of a 16-lane FMA, the Intel VM measured on 2026-12-01 at
-/// half (faster_avx512_path). AMX tiles are not used yet (no machine at hand
-/// exposes them; amx_description says whether one does).
-enum class CpuPath : int { scalar = 0, avx2 = 1, avx512_fma = 2, avx512_bf16 = 3 };
+/// half (faster_avx512_path).
+///  - amx_bf16: AMX tile products (`tdpbf16ps`, 16 x 16 fp32 tiles of bf16
+///    pairs) where a kernel has them (MLA decode attention), elsewhere the
+///    faster AVX-512 path (vector_path). Needs AMX-TILE and AMX-BF16 in
+///    CPUID, AVX-512 BF16, and the OS's grant of the tile data state, which
+///    this module requests for the process.
+enum class CpuPath : int { scalar = 0, avx2 = 1, avx512_fma = 2, avx512_bf16 = 3, amx_bf16 = 4 };
 
-/// "scalar", "avx2", "avx512_fma", "avx512_bf16".
+/// "scalar", "avx2", "avx512_fma", "avx512_bf16", "amx_bf16".
 const char* cpu_path_name(CpuPath path);
 /// Inverse of cpu_path_name; throws std::invalid_argument naming the valid names.
 CpuPath parse_cpu_path(const std::string& name);
@@ -36,6 +40,9 @@ const std::vector<CpuPath>& supported_cpu_paths();
 /// The fastest supported path: the last one, or of the two AVX-512 paths the
 /// faster one here (faster_avx512_path on avx512_product_rates).
 CpuPath best_cpu_path();
+/// The vector path a kernel without tile products takes on `path`: the
+/// faster AVX-512 path for amx_bf16, `path` itself for the others.
+CpuPath vector_path(CpuPath path);
 
 /// Multiply-adds per second (10^9) of one thread's vdpbf16ps and 16-lane fp32
 /// FMA chains, measured once per process (a few ms, best of five each,
@@ -52,11 +59,10 @@ const Avx512ProductRates& avx512_product_rates();
 CpuPath faster_avx512_path(const Avx512ProductRates& rates);
 bool cpu_path_supported(CpuPath path);
 
-/// AMX on this machine, recorded with results (MachineDescription::amx); no
-/// kernel uses its tiles yet. describe_amx of CPUID leaf 7's EDX and of
-/// whether the OS would grant this process the tile data state
-/// (arch_prctl ARCH_GET_XCOMP_SUPP; asking for it, ARCH_REQ_XCOMP_PERM, is
-/// left to a kernel that uses it).
+/// AMX on this machine, recorded with results (MachineDescription::amx):
+/// describe_amx of CPUID leaf 7's EDX and of whether the OS supports the
+/// tile data state (arch_prctl ARCH_GET_XCOMP_SUPP; the amx_bf16 path asks
+/// for it with ARCH_REQ_XCOMP_PERM).
 std::string amx_description();
 /// "not in CPUID" without AMX-TILE (EDX bit 24), else its extensions
 /// ("amx_tile, amx_bf16, amx_int8": bits 24, 22, 25) and "; the OS supports

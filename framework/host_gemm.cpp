@@ -9,7 +9,7 @@ namespace writescope {
 
 CpuPath host_gemm_path(CpuPath active) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-  if (active >= CpuPath::avx512_fma) return active;
+  if (active >= CpuPath::avx512_fma) return vector_path(active);
 #endif
 #ifdef WRITESCOPE_HOST_AVX2
   if (active >= CpuPath::avx2) return CpuPath::avx2;

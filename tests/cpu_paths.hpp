@@ -12,7 +12,8 @@ namespace writescope::test {
 
 template <class Body>
 void for_each_cpu_path(Body&& body) {
-  for (CpuPath path : {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_fma, CpuPath::avx512_bf16}) {
+  for (CpuPath path :
+       {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_fma, CpuPath::avx512_bf16, CpuPath::amx_bf16}) {
     if (!cpu_path_supported(path)) {
       std::cout << "[ SKIPPED  ] CPU path " << cpu_path_name(path) << ": not supported by this CPU or build\n";
       continue;

@@ -42,12 +42,14 @@ Kokkos::View<const Scalar***, Kokkos::LayoutRight, MemSpace> token_view(const st
   return device;
 }
 
-/// Whether host decode products of Scalar KV run on bf16 pairs at the active
-/// CPU path (AVX-512 BF16): queries and softmax weights are then rounded to
-/// bf16 (relative 2^-9) before their products.
+/// Whether host decode products of Scalar KV run on bf16 pairs on
+/// `product_path` (impl::host_product_path's choice for the blocks:
+/// avx512_bf16, or amx_bf16's tiles): queries and softmax weights are then
+/// rounded to bf16 (relative 2^-9) before their products.
 template <class Scalar>
-bool host_bf16_products() {
-  return std::is_same_v<Scalar, bf16> && active_cpu_path() == CpuPath::avx512_bf16;
+bool host_bf16_products(CpuPath product_path) {
+  return std::is_same_v<Scalar, bf16> &&
+         (product_path == CpuPath::avx512_bf16 || product_path == CpuPath::amx_bf16);
 }
 
 /// The CPU path for host products in a result that GPU products share: in a

@@ -52,12 +52,13 @@ template <class ExecSpace, class Scalar, class PoolSpace>
 struct PrepareQueryPairsKernel {
   DecodeSegmentsData<ExecSpace, Scalar, PoolSpace> data;
   Kokkos::View<std::uint32_t*, typename ExecSpace::memory_space> query_pairs;  // (batch, kv_heads, group * key_dim / 2)
+  CpuPath path;  // avx512_bf16 or amx_bf16: whose order
 
   void operator()(int work) const {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
     const int b = work / data.geometry.kv_heads, kv_head = work % data.geometry.kv_heads;
-    prepare_query_pairs_avx512_bf16(data.geometry, data.order, data.group, &data.queries(b, kv_head * data.group, 0),
-                                    &query_pairs(data.query_pairs_offset(b, kv_head)));
+    prepare_query_pairs(path, data.geometry, data.order, data.group, &data.queries(b, kv_head * data.group, 0),
+                        &query_pairs(data.query_pairs_offset(b, kv_head)));
 #else
     (void)work;
 #endif
@@ -162,7 +163,7 @@ struct DecodeSegmentsHostKernel {
   DecodeSegmentsData<ExecSpace, Scalar, PoolSpace> data;
   Kokkos::View<const int*, typename ExecSpace::memory_space> run_begins;  // (runs + 1), host_segment_runs
   CpuPath path;                          // host_product_path, once per launch
-  const std::uint32_t* query_pairs;      // PrepareQueryPairsKernel's output (avx512_bf16 only)
+  const std::uint32_t* query_pairs;      // PrepareQueryPairsKernel's output (avx512_bf16, amx_bf16 only)
   const float* query_lanes;              // PrepareQueryLanesKernel's output (avx512_fma only)
   int lane_floats;                       // its floats per (batch entry, KV head)
   bool all_heads;                        // host_takes_all_heads: one work item per run, else one per (run, KV head)
@@ -613,12 +614,12 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
         const float* query_lanes = nullptr;
         int lane_floats = 0;
         const int items = batch * geometry.kv_heads;
-        if (path == CpuPath::avx512_bf16) {
+        if (path == CpuPath::avx512_bf16 || path == CpuPath::amx_bf16) {
           impl::grow(workspace.query_pairs, "writescope::attention::query_pairs",
                      static_cast<std::size_t>(items) * shape.q_heads / geometry.kv_heads * shape.key_dim / 2);
-          launch_parallel_for("writescope::attention::prepare_query_pairs",
-                               Kokkos::RangePolicy<ExecSpace>(space, 0, items),
-                               impl::PrepareQueryPairsKernel<ExecSpace, Scalar, PoolSpace>{data, workspace.query_pairs});
+          launch_parallel_for(
+              "writescope::attention::prepare_query_pairs", Kokkos::RangePolicy<ExecSpace>(space, 0, items),
+              impl::PrepareQueryPairsKernel<ExecSpace, Scalar, PoolSpace>{data, workspace.query_pairs, path});
           query_pairs = workspace.query_pairs.data();
         }
 #ifdef WRITESCOPE_HOST_AVX512_BF16

@@ -458,11 +458,37 @@ void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, int
 void host_run_attention_avx512_fma(const HostSegment<bf16>* run, int count, int heads,
                                    const float* const* query_lanes, const HostSegment<bf16>* following, float* o,
                                    float* lse);
+
+/// The AMX tile product (host_block_attention_amx.cpp): whether it takes
+/// blocks of this geometry and order with `group` query heads per KV head
+/// (MLA: one latent, 16 heads, values in the keys); the group's queries
+/// (group, key_dim) as bf16 pairs, pair-major (group * key_dim / 2 words:
+/// pair j of head h at j * group + h); the product over a run of one KV
+/// head's segments (host_run_attention's contract with heads = 1), on AMX
+/// tiles or (tests, on any AVX-512 BF16 CPU) on their emulation.
+bool amx_takes(const BlockGeometry& g, BlockOrder order, int group);
+void prepare_query_pairs_amx(const BlockGeometry& g, int group, const float* queries, std::uint32_t* query_pairs);
+void host_run_attention_amx(const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
+                            const HostSegment<bf16>* following, float* o, float* lse);
+void host_run_attention_amx_emulated(const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
+                                     const HostSegment<bf16>* following, float* o, float* lse);
+#endif
+
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+/// The queries of one (batch entry, KV head) as the bf16 pairs that `path`'s
+/// products read (avx512_bf16 or amx_bf16).
+inline void prepare_query_pairs(CpuPath path, const BlockGeometry& g, BlockOrder order, int group,
+                                const float* queries, std::uint32_t* query_pairs) {
+  if (path == CpuPath::amx_bf16) prepare_query_pairs_amx(g, group, queries, query_pairs);
+  else prepare_query_pairs_avx512_bf16(g, order, group, queries, query_pairs);
+}
 #endif
 
 /// The instruction path host_run_attention takes for these blocks.
 inline CpuPath host_product_path(CpuPath active, const BlockGeometry& g, BlockOrder order, int group, bool bf16_kv) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
+  if (active == CpuPath::amx_bf16 && bf16_kv && amx_takes(g, order, group)) return active;
+  active = vector_path(active);
   if (active >= CpuPath::avx512_fma && bf16_kv && avx512_takes(g, order, group)) return active;
 #else
   (void)order, (void)group, (void)bf16_kv;
@@ -535,8 +561,8 @@ inline void merge_state(float* o, float* lse, const float* part_o, const float* 
 ///   run: (count) segments of the first head; the next heads' query groups
 ///        follow its queries (run[0].queries + h * group * key_dim)
 ///   o: (heads, group, value_dim) normalised; lse: (heads, group) natural log
-/// `path` comes from host_product_path. avx512_bf16 only: query_pairs, one
-/// per head, from prepare_query_pairs_avx512_bf16; avx512_fma only:
+/// `path` comes from host_product_path. avx512_bf16 and amx_bf16 only:
+/// query_pairs, one per head, from prepare_query_pairs (by path); avx512_fma only:
 /// query_lanes, one per head, from prepare_query_lanes_avx512_fma; `following`, the segment
 /// this thread likely attends after the run (or null), whose first keys and
 /// values it prefetches. The other paths attend each segment (for all heads,
@@ -553,6 +579,10 @@ void host_run_attention(const HostSegment<Scalar>* run, int count, int heads, fl
     }
     if (path == CpuPath::avx512_fma) {
       host_run_attention_avx512_fma(run, count, heads, query_lanes, following, o, lse);
+      return;
+    }
+    if (path == CpuPath::amx_bf16) {
+      host_run_attention_amx(run, count, query_pairs[0], following, o, lse);
       return;
     }
   }

@@ -2,6 +2,10 @@
 
 #include "framework/impl/product_peaks.hpp"
 
+#include <cstring>
+
+#include "framework/impl/amx_tiles.hpp"
+
 #include "framework/simd.hpp"
 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
@@ -41,6 +45,56 @@ float bf16_dot_chains(float seed, std::int64_t iterations) {
   return chains(seed, iterations, [&](__m512 acc) { return _mm512_dpbf16_ps(acc, a, b); });
 }
 #pragma GCC pop_options
+
+float amx_tile_chains(float seed, std::int64_t iterations) {
+  static_assert(tile_chains == 4, "the step below names four accumulators");
+  alignas(64) float operand[tile_rows * 16];
+  for (float& value : operand) value = seed;  // as bf16 pairs: any finite values
+  AmxTiles tiles;
+  tiles.configure();
+  tiles.zero<0>(), tiles.zero<1>(), tiles.zero<2>(), tiles.zero<3>();
+  tiles.load<4>(operand, tile_row_bytes), tiles.load<5>(operand, tile_row_bytes);
+  tiles.load<6>(operand, tile_row_bytes), tiles.load<7>(operand, tile_row_bytes);
+  for (std::int64_t i = 0; i < iterations; ++i) {
+    tiles.dot<0, 4, 6>();
+    tiles.dot<1, 4, 7>();
+    tiles.dot<2, 5, 6>();
+    tiles.dot<3, 5, 7>();
+  }
+  alignas(64) float result[tile_rows * 16];
+  tiles.store<3>(result, tile_row_bytes);
+  tiles.release();
+  return result[0];
+}
+
+namespace {
+/// One tile product C += A B on `Tiles`: C (16 x 16 fp32), A and B (16 x 32 bf16).
+template <class Tiles>
+void one_tile_product(Tiles& tiles, float* c, const bf16* a, const bf16* b) {
+  tiles.configure();
+  tiles.template load<0>(c, tile_row_bytes);
+  tiles.template load<1>(a, tile_row_bytes);
+  tiles.template load<2>(b, tile_row_bytes);
+  tiles.template dot<0, 1, 2>();
+  tiles.template store<0>(c, tile_row_bytes);
+  tiles.release();
+}
+}  // namespace
+
+bool amx_tiles_match_emulation() {
+  alignas(64) bf16 a[tile_rows * 32], b[tile_rows * 32];
+  alignas(64) float c[2][tile_rows * 16];
+  for (int i = 0; i < tile_rows * 32; ++i) {
+    a[i] = from_float<bf16>(static_cast<float>(i * 7 % 9) - 4);
+    b[i] = from_float<bf16>(static_cast<float>(i * 5 % 7) - 3);
+  }
+  for (int i = 0; i < tile_rows * 16; ++i) c[0][i] = c[1][i] = static_cast<float>(i % 11);
+  AmxTiles hardware;
+  EmulatedTiles emulated;
+  one_tile_product(hardware, c[0], a, b);
+  one_tile_product(emulated, c[1], a, b);
+  return std::memcmp(c[0], c[1], sizeof c[0]) == 0;
+}
 
 }  // namespace writescope::impl
 #endif

@@ -21,4 +21,22 @@ float bf16_dot_chains(float seed, std::int64_t iterations);
 /// whose prefill, linear and avx512_fma decode products these are).
 float fp32_fma16_chains(float seed, std::int64_t iterations);
 
+/// Multiply-adds of one tdpbf16ps (16 x 16 x 32).
+inline constexpr double tile_dot_multiply_adds = 16.0 * 16 * 32;
+/// Independent tile accumulators of amx_tile_chains (tdpbf16ps' latency is
+/// about four times its issue interval).
+inline constexpr int tile_chains = 4;
+
+/// `iterations` steps of tile_chains dependent tdpbf16ps each, on this
+/// thread's tiles (configured and released here); returns an element of the
+/// accumulators so that the work cannot be dropped. Only where
+/// cpu_path_supported(CpuPath::amx_bf16).
+float amx_tile_chains(float seed, std::int64_t iterations);
+
+/// Whether tdpbf16ps on this CPU gives EmulatedTiles' result for operands of
+/// small integers (exact in any summation order): the dispatcher's check
+/// before it trusts the amx_bf16 path. Only on CPUs with AMX-BF16 whose OS
+/// granted the tile data.
+bool amx_tiles_match_emulation();
+
 }  // namespace writescope::impl

@@ -62,9 +62,10 @@ void linear_features_avx2(const float* x_split, int rows, int in, const bf16* w,
 /// The instruction path linear() takes on the host for these operands.
 inline CpuPath linear_path(CpuPath active, int rows, int in, bool bf16_weights) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-  // Both AVX-512 paths run the same 16-lane fp32 FMA kernel here.
+  // Both AVX-512 paths run the same 16-lane fp32 FMA kernel here (no tile
+  // products: the layer is DRAM-bound at these rows).
   if (active >= CpuPath::avx512_fma && bf16_weights && rows >= 1 && rows <= max_linear_rows && in % 32 == 0)
-    return active;
+    return vector_path(active);
 #else
   (void)rows, (void)bf16_weights;
 #endif

@@ -66,9 +66,14 @@ class DecodeAttentionTest : public ::testing::Test {
     host_queries_ = q;
   }
 
-  /// Whether the host products of this fixture run on bf16 pairs: only in
-  /// host-only builds, where the host spaces attend every region (attend()).
-  static bool bf16_products() { return !has_gpu && test::host_bf16_products<Scalar>(); }
+  /// Whether the host products of this fixture's blocks run on bf16 pairs on
+  /// CPU path `path`: only in host-only builds, where the host spaces attend
+  /// every region (attend()).
+  bool bf16_products(CpuPath path) const {
+    const CpuPath product_path = impl::host_product_path(path, cache_->geometry(), BlockOrder::head_major,
+                                                         shape_.group(), std::is_same_v<Scalar, bf16>);
+    return !has_gpu && test::host_bf16_products<Scalar>(product_path);
+  }
 
   /// A state of the right shape (zeros; clear() makes it the empty state).
   State empty_state() const {
@@ -187,7 +192,6 @@ TYPED_TEST(DecodeAttentionTest, HostProductMatchesReferenceOnEveryCpuPath) {
   odd_chunks.name = "qwen3 with 132-dim keys";
   odd_chunks.key_dim = 132;
   test::for_each_cpu_path([&](CpuPath path) {
-    const bool bf16_products = path == CpuPath::avx512_bf16 && TestFixture::bf16_products();
     for (const AttentionShape& shape :
          {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention(), odd_chunks}) {
       // 256-token blocks: segments span several of the AVX-512 product's
@@ -195,10 +199,11 @@ TYPED_TEST(DecodeAttentionTest, HostProductMatchesReferenceOnEveryCpuPath) {
       for (int block_tokens : {default_block_tokens, 256}) {
         SCOPED_TRACE(shape.name + ", blocks of " + std::to_string(block_tokens));
         this->build(shape, {1, 150, 333}, block_tokens);
+        const bool rounded = this->bf16_products(path);
         this->expect_reference(this->attend_all_regions(this->full_ranges(), BlockProduct::automatic),
-                               this->full_ranges(), bf16_products);
+                               this->full_ranges(), rounded);
         std::vector<TokenRange> inner{{0, 1}, {7, 141}, {21, 300}};
-        this->expect_reference(this->attend_all_regions(inner, BlockProduct::automatic), inner, bf16_products);
+        this->expect_reference(this->attend_all_regions(inner, BlockProduct::automatic), inner, rounded);
       }
     }
   });
@@ -226,11 +231,11 @@ TYPED_TEST(DecodeAttentionTest, RunsOfManySegmentsMatchReferenceOnEveryCpuPath) 
     SCOPED_TRACE(shape.name);
     this->build(shape, {length, 150}, block_tokens);
     test::for_each_cpu_path([&](CpuPath path) {
-      const bool bf16_products = path == CpuPath::avx512_bf16 && TestFixture::bf16_products();
+      const bool rounded = this->bf16_products(path);
       this->expect_reference(this->attend_all_regions(this->full_ranges(), BlockProduct::automatic),
-                             this->full_ranges(), bf16_products);
+                             this->full_ranges(), rounded);
       std::vector<TokenRange> inner{{21, length - 100}, {7, 141}};
-      this->expect_reference(this->attend_all_regions(inner, BlockProduct::automatic), inner, bf16_products);
+      this->expect_reference(this->attend_all_regions(inner, BlockProduct::automatic), inner, rounded);
     });
   }
 }
@@ -255,9 +260,9 @@ TYPED_TEST(DecodeAttentionTest, HostProductSplitsFewBlocksOnEveryCpuPath) {
       if (impl::host_split_segments(segments, items, threads)) ++split_regions;
     }
     test::for_each_cpu_path([&](CpuPath path) {
-      const bool bf16_products = path == CpuPath::avx512_bf16 && TestFixture::bf16_products();
-      this->expect_reference(this->attend_all_regions(full, BlockProduct::automatic), full, bf16_products);
-      this->expect_reference(this->attend_all_regions(inner, BlockProduct::automatic), inner, bf16_products);
+      const bool rounded = this->bf16_products(path);
+      this->expect_reference(this->attend_all_regions(full, BlockProduct::automatic), full, rounded);
+      this->expect_reference(this->attend_all_regions(inner, BlockProduct::automatic), inner, rounded);
     });
   }
   // Qwen3's token-major region and both of MLA's have one work item a block.
@@ -377,13 +382,14 @@ TEST(RowPrefetcher, RequestsEveryLineOnceWithItsPartsInTurn) {
 
 // A model shape the fastest path silently refuses would run on a slower one
 // and still pass every accuracy test; this catches it (writescope info shows it).
+// On amx_bf16, MLA takes the tiles and the other shapes the faster vector path.
 TEST(DecodeAttentionDispatch, EveryModelShapeTakesTheBestCpuPath) {
+  const CpuPath best = best_cpu_path();
   for (const AttentionShape& shape :
        {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()})
     for (Region region : {Region::cpu_resident, Region::cpu_streamed, Region::gpu_streamed})
-      EXPECT_EQ(impl::host_product_path(best_cpu_path(), shape.block_geometry(256), block_order(region), shape.group(),
-                                        true),
-                best_cpu_path())
+      EXPECT_EQ(impl::host_product_path(best, shape.block_geometry(256), block_order(region), shape.group(), true),
+                shape.values_in_keys ? best : vector_path(best))
           << shape.name << " " << region_name(region);
 }
 
@@ -400,7 +406,7 @@ TYPED_TEST(DecodeAttentionTest, SplitAtAnyPointAndMergeEqualsMonolithic) {
     auto merged = this->attend_all_regions(head, BlockProduct::automatic);
     merge_into(typename TestFixture::ExecSpace(), merged, this->attend_all_regions(tail, BlockProduct::portable));
     typename TestFixture::ExecSpace().fence();
-    this->expect_reference(merged, this->full_ranges(), TestFixture::bf16_products());
+    this->expect_reference(merged, this->full_ranges(), this->bf16_products(active_cpu_path()));
   }
 }
 
@@ -409,7 +415,7 @@ TYPED_TEST(DecodeAttentionTest, EmptyRangesGiveMinusInfinityAndMergeAsNoOps) {
   std::vector<TokenRange> ranges = this->full_ranges();
   ranges[2] = TokenRange{20, 20};  // empty on purpose
   const auto state = this->attend_all_regions(ranges, BlockProduct::automatic);
-  this->expect_reference(state, ranges, TestFixture::bf16_products());
+  this->expect_reference(state, ranges, this->bf16_products(active_cpu_path()));
   auto lse = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), state.lse);
   EXPECT_EQ(lse(1, 0), -std::numeric_limits<float>::infinity());
   EXPECT_EQ(lse(2, 5), -std::numeric_limits<float>::infinity());

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "attention/impl/host_block_attention.hpp"
 #include "attention/reference.hpp"
 #include "framework/concurrent.hpp"
 #include "kv_test_data.hpp"
@@ -66,7 +67,9 @@ TYPED_TEST(SplitDecodeTest, BothDevicesTogetherMatchTheReferenceWhereverTheBandI
 
   // In a CUDA build the GPU's products share the result (kv_test_data.hpp).
   const ScopedCpuPath host_path(has_gpu ? test::fp32_cpu_path() : active_cpu_path());
-  const bool bf16_products = !has_gpu && test::host_bf16_products<Scalar>();
+  const bool bf16_products =
+      !has_gpu && test::host_bf16_products<Scalar>(impl::host_product_path(
+                      active_cpu_path(), g, BlockOrder::head_major, shape.group(), std::is_same_v<Scalar, bf16>));
   SplitDecode<Scalar> split(shape, g, 2, 2);
   PartialState<GpuMemSpace> out("writescope::test::split_out", 2, shape.q_heads, shape.value_dim);
   // Each plan with the two shares one after the other, then on two threads.

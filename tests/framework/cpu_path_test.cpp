@@ -39,6 +39,9 @@ TEST(CpuPath, DetectionAgreesWithTheKernelsCpuFlags) {
                     flags.count("avx512_bf16");
   EXPECT_EQ(cpu_path_supported(CpuPath::avx512_bf16), bf16);
   EXPECT_EQ(cpu_path_supported(CpuPath::avx512_fma), bf16);
+  // Linux lists the AMX flags only where it supports the tile data state.
+  EXPECT_EQ(cpu_path_supported(CpuPath::amx_bf16), bf16 && flags.count("amx_tile") && flags.count("amx_bf16"))
+      << amx_description();
 #endif
 }
 
@@ -67,7 +70,10 @@ TEST(CpuPath, TheBestSupportedPathIsActiveUnlessPinned) {
   const auto& paths = supported_cpu_paths();
   ASSERT_FALSE(paths.empty());
   for (std::size_t i = 1; i < paths.size(); ++i) EXPECT_LT(paths[i - 1], paths[i]);
-  if (paths.back() == CpuPath::avx512_bf16) {
+  if (paths.back() == CpuPath::amx_bf16) {
+    EXPECT_EQ(best_cpu_path(), CpuPath::amx_bf16);
+    EXPECT_EQ(vector_path(CpuPath::amx_bf16), faster_avx512_path(avx512_product_rates()));
+  } else if (paths.back() == CpuPath::avx512_bf16) {
     const Avx512ProductRates& rates = avx512_product_rates();
     EXPECT_GT(rates.bf16_dot_gmacs, 0);
     EXPECT_GT(rates.fp32_fma_gmacs, 0);
@@ -92,16 +98,25 @@ TEST(CpuPath, TheAvx512PathWithMoreMultiplyAddsIsTheBest) {
   EXPECT_EQ(faster_avx512_path({80, 90}), CpuPath::avx512_bf16);
 }
 
+TEST(CpuPath, KernelsWithoutTileProductsTakeTheFasterVectorPathOnAmx) {
+  for (CpuPath path : {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_fma, CpuPath::avx512_bf16})
+    EXPECT_EQ(vector_path(path), path) << cpu_path_name(path);
+  const CpuPath vector = vector_path(CpuPath::amx_bf16);
+  EXPECT_EQ(vector, faster_avx512_path(avx512_product_rates()));
+}
+
 TEST(CpuPath, UnknownOrUnsupportedPathsAreRefusedByName) {
   try {
     parse_cpu_path("avx512");
     FAIL() << "an unknown name was accepted";
   } catch (const std::invalid_argument& error) {
-    EXPECT_NE(std::string(error.what()).find("unknown CPU path 'avx512' (known: scalar, avx2, avx512_fma, avx512_bf16)"),
+    EXPECT_NE(std::string(error.what()).find(
+                  "unknown CPU path 'avx512' (known: scalar, avx2, avx512_fma, avx512_bf16, amx_bf16)"),
               std::string::npos)
         << error.what();
   }
-  for (CpuPath path : {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_fma, CpuPath::avx512_bf16}) {
+  for (CpuPath path :
+       {CpuPath::scalar, CpuPath::avx2, CpuPath::avx512_fma, CpuPath::avx512_bf16, CpuPath::amx_bf16}) {
     EXPECT_EQ(parse_cpu_path(cpu_path_name(path)), path);
     if (!cpu_path_supported(path)) {
       EXPECT_THROW(set_cpu_path(path), std::invalid_argument);

@@ -1,0 +1,158 @@
+// The AMX tile product of MLA decode attention (host_block_attention_amx.cpp)
+// against a double reference: on emulated tiles wherever AVX-512 BF16 runs,
+// and on the hardware's tiles where the amx_bf16 path is supported (there the
+// decode tests also run it through decode_attention, test::for_each_cpu_path).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/impl/host_block_attention.hpp"
+#include "attention/shape.hpp"
+#include "framework/bf16.hpp"
+#include "framework/cpu_path.hpp"
+#include "kv_test_data.hpp"
+
+namespace writescope {
+namespace {
+
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+
+using RunProduct = std::function<void(const impl::HostSegment<bf16>*, int, const std::uint32_t*,
+                                      const impl::HostSegment<bf16>*, float*, float*)>;
+
+/// Three blocks of MLA latent rows and one query group; runs of segments
+/// that start and end inside 32-token chunks, checked against a double
+/// reference of the same bf16 latent with bf16-rounded queries.
+class AmxMlaRuns {
+ public:
+  explicit AmxMlaRuns(BlockOrder order) : order_(order) {
+    const AttentionShape shape = deepseek_v2_lite_mla_attention();
+    geometry_ = shape.block_geometry(block_tokens);
+    std::mt19937 random(7);
+    std::normal_distribution<float> normal;
+    pool_.resize(static_cast<std::size_t>(blocks * geometry_.block_elements()));
+    for (bf16& element : pool_) element = from_float<bf16>(normal(random));
+    queries_.resize(static_cast<std::size_t>(group * geometry_.key_dim));
+    for (float& q : queries_) q = normal(random);
+    query_pairs_.resize(queries_.size() / 2);
+    impl::prepare_query_pairs_amx(geometry_, group, queries_.data(), query_pairs_.data());
+  }
+
+  /// (block, first token, tokens) per segment of one run.
+  struct Piece {
+    int block, first, tokens;
+  };
+
+  void expect_reference(const RunProduct& product, const std::vector<Piece>& pieces) const {
+    std::vector<impl::HostSegment<bf16>> run;
+    for (const Piece& piece : pieces)
+      run.push_back({pool_.data() + piece.block * geometry_.block_elements(), geometry_, order_, 0, piece.first,
+                     piece.tokens, queries_.data(), group, scale});
+    std::vector<float> o(static_cast<std::size_t>(group * geometry_.value_dim)), lse(group);
+    product(run.data(), static_cast<int>(run.size()), query_pairs_.data(), nullptr, o.data(), lse.data());
+    std::vector<double> ref_o, ref_lse;
+    reference(pieces, ref_o, ref_lse);
+    for (int h = 0; h < group; ++h) {
+      ASSERT_NEAR(lse[h], ref_lse[h], test::attention_lse_tolerance(true, ref_lse[h])) << "head " << h;
+      for (int d = 0; d < geometry_.value_dim; ++d)
+        ASSERT_NEAR(o[h * geometry_.value_dim + d], ref_o[h * geometry_.value_dim + d],
+                    test::attention_o_tolerance(true))
+            << "head " << h << " dim " << d;
+    }
+  }
+
+  const BlockGeometry& geometry() const { return geometry_; }
+
+ private:
+  static constexpr int block_tokens = 256, blocks = 3, group = 16;
+  static constexpr float scale = 0.0722f;  // about 1 / sqrt(192), DeepSeek-V2-Lite's
+
+  float latent(int block, int token, int d) const {
+    return to_float(pool_[block * geometry_.block_elements() + geometry_.key_offset(order_, token, 0, d)]);
+  }
+
+  void reference(const std::vector<Piece>& pieces, std::vector<double>& o, std::vector<double>& lse) const {
+    o.assign(static_cast<std::size_t>(group * geometry_.value_dim), 0.0);
+    lse.assign(group, 0.0);
+    for (int h = 0; h < group; ++h) {
+      std::vector<double> scores;
+      std::vector<std::pair<int, int>> tokens;
+      for (const Piece& piece : pieces)
+        for (int t = piece.first; t < piece.first + piece.tokens; ++t) {
+          double dot = 0;
+          for (int d = 0; d < geometry_.key_dim; ++d)
+            dot += double{round_to<bf16>(queries_[h * geometry_.key_dim + d])} * latent(piece.block, t, d);
+          scores.push_back(dot * scale);
+          tokens.emplace_back(piece.block, t);
+        }
+      double maximum = -INFINITY, sum = 0;
+      for (double s : scores) maximum = std::max(maximum, s);
+      for (std::size_t i = 0; i < scores.size(); ++i) {
+        const double p = std::exp(scores[i] - maximum);
+        sum += p;
+        for (int d = 0; d < geometry_.value_dim; ++d)
+          o[h * geometry_.value_dim + d] += p * latent(tokens[i].first, tokens[i].second, d);
+      }
+      for (int d = 0; d < geometry_.value_dim; ++d) o[h * geometry_.value_dim + d] /= sum;
+      lse[h] = maximum + std::log(sum);
+    }
+  }
+
+  BlockOrder order_;
+  BlockGeometry geometry_;
+  std::vector<bf16> pool_;
+  std::vector<float> queries_;
+  std::vector<std::uint32_t> query_pairs_;
+};
+
+/// Runs with whole and partial chunks, one token, chunks across segments.
+const std::vector<std::vector<AmxMlaRuns::Piece>> runs{
+    {{0, 0, 32}}, {{1, 200, 1}}, {{2, 3, 17}}, {{0, 5, 251}, {1, 0, 256}, {2, 0, 40}}, {{2, 100, 64}, {0, 31, 33}}};
+
+void expect_every_run(const RunProduct& product) {
+  for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major}) {
+    const AmxMlaRuns mla(order);
+    ASSERT_TRUE(impl::amx_takes(mla.geometry(), order, 16));
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      SCOPED_TRACE("run " + std::to_string(r) + (order == BlockOrder::head_major ? ", head-major" : ", token-major"));
+      mla.expect_reference(product, runs[r]);
+    }
+  }
+}
+
+TEST(AmxDecodeProduct, EmulatedTilesMatchTheReference) {
+  if (!cpu_path_supported(CpuPath::avx512_bf16))
+    GTEST_SKIP() << "the kernel's softmax needs AVX-512 BF16, which this CPU or build lacks";
+  expect_every_run(impl::host_run_attention_amx_emulated);
+}
+
+TEST(AmxDecodeProduct, HardwareTilesMatchTheReference) {
+  if (!cpu_path_supported(CpuPath::amx_bf16))
+    GTEST_SKIP() << "the amx_bf16 path is not supported here (amx: " << amx_description() << ")";
+  expect_every_run(impl::host_run_attention_amx);
+}
+
+#endif
+
+TEST(AmxDecodeProduct, TakesOnlyOneLatentWithSixteenHeads) {
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+  const BlockGeometry mla = deepseek_v2_lite_mla_attention().block_geometry(256);
+  EXPECT_TRUE(impl::amx_takes(mla, BlockOrder::token_major, 16));
+  EXPECT_FALSE(impl::amx_takes(mla, BlockOrder::token_major, 8));
+  for (const AttentionShape& gqa : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention()})
+    for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major})
+      EXPECT_FALSE(impl::amx_takes(gqa.block_geometry(256), order, gqa.group())) << gqa.name;
+  BlockGeometry odd = mla;
+  odd.key_dim = 560;  // not whole 32-dim tile steps
+  EXPECT_FALSE(impl::amx_takes(odd, BlockOrder::token_major, 16));
+#else
+  GTEST_SKIP() << "built without the AVX-512 kernels";
+#endif
+}
+
+}  // namespace
+}  // namespace writescope
