@@ -127,6 +127,9 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
         << cpu_path_name(faster_avx512_path(rates)) << "\n"
         << std::defaultfloat;
   }
+  if (cpu_path_supported(CpuPath::amx_bf16))
+    out << "  amx_bf16: MLA's products on AMX tiles; the other kernels on "
+        << cpu_path_name(vector_path(CpuPath::amx_bf16)) << "\n";
   if (active_cpu_path() != best_cpu_path())
     out << "  (pinned by WRITESCOPE_CPU_PATH; the best path here is " << cpu_path_name(best_cpu_path()) << ")\n";
   out << "\nKokkos configuration\n" << machine.kokkos_configuration;

@@ -17,7 +17,8 @@
 #         5 host_kernels  the host kernels against their roofs on this host:
 #                   CPU decode from the last-level cache, the expert linear
 #                   layer at 1-8 rows (a stage of its own, so that a time-out
-#                   here keeps stage 4's figures)
+#                   here keeps stage 4's figures); where MLA runs on AMX
+#                   tiles, MLA again on the vector path, for the tiles' gain
 #         6 slice   experiments/configs/h200-slice.yaml (host-slice.yaml with
 #                   --host) with the measured profile, and its report
 # WRITESCOPE_GPU_CHECK_STAGES (e.g. "smoke,tests,benchmarks") runs a subset, in
@@ -66,7 +67,8 @@ if [ "$mode" = gpu ]; then
   profile_option=(--profile "$work/profile.yaml")
   bench_filter="^(pcie/.*/1024/|hbm/.*/1024/|host_dram/read/1024/|gpu_decode/.*/(32768|131072)/|split_decode/.*/131072/(0|25|50|75|100)/|cpu_decode/qwen3.*/32768/|cpu_decode/.*/131072/|prefill/.*/16384/)"
   host_kernel_filter="^(cpu_decode_from_cache/|expert_linear/bf16_writescope/(1|2|4|8)/14336/4096/)"
-  limits=(smoke:45 tests:120 calibrate:60 benchmarks:110 host_kernels:75 slice:170)
+  vector_kernel_filter="^(cpu_decode_from_cache/deepseek_mla_|cpu_decode/deepseek_mla_cpu_resident/131072/)"
+  limits=(smoke:45 tests:120 calibrate:60 benchmarks:110 host_kernels:90 slice:155)
 else
   build=${WRITESCOPE_BUILD:-$repo/build/host}
   writescope=$build/experiments/writescope tests=$build/tests/writescope_tests
@@ -78,6 +80,7 @@ else
   profile_option=()
   bench_filter="^(host_dram/read/1024/|split_decode/.*/32768/(0|50|100)/|cpu_decode/qwen3_gqa_cpu_resident/8192/)"
   host_kernel_filter="^(cpu_decode_from_cache/qwen3_gqa_cpu_resident/|expert_linear/bf16_writescope/8/768/2048/)"
+  vector_kernel_filter="^cpu_decode_from_cache/deepseek_mla_cpu_resident/"
   limits=(smoke:120 tests:240 calibrate:120 benchmarks:240 host_kernels:120 slice:180)
 fi
 slice_profile=${profile_option[*]:-}
@@ -86,7 +89,8 @@ slice_profile=${profile_option[*]:-}
 [ "$mode" = host ] && export OMP_PROC_BIND=${OMP_PROC_BIND:-spread} OMP_PLACES=${OMP_PLACES:-threads}
 bench_filter=${WRITESCOPE_BENCHMARK_FILTER:-$bench_filter}
 host_kernel_filter=${WRITESCOPE_HOST_KERNEL_FILTER:-$host_kernel_filter}
-export slice_profile writescope tests benchmarks space slice_config bench_filter host_kernel_filter work repo
+export slice_profile writescope tests benchmarks space slice_config bench_filter host_kernel_filter vector_kernel_filter work
+export repo
 
 stage_smoke() {
   nvidia-smi >"$work/nvidia-smi.txt" 2>&1
@@ -109,7 +113,13 @@ stage_benchmarks() {
 }
 stage_host_kernels() {
   "$benchmarks" --benchmark_filter="$host_kernel_filter" --benchmark_min_time=0.1 \
-    --benchmark_out="$work/host_kernels.json" --benchmark_out_format=json
+    --benchmark_out="$work/host_kernels.json" --benchmark_out_format=json || return 1
+  # Where MLA runs on AMX tiles, MLA again on the vector path: the tiles' gain in one run.
+  local vector
+  vector=$(sed -n 's/^ *amx_bf16: .* the other kernels on \([a-z0-9_]*\)$/\1/p' "$work/info.txt")
+  [ -n "$vector" ] || return 0
+  WRITESCOPE_CPU_PATH=$vector "$benchmarks" --benchmark_filter="$vector_kernel_filter" --benchmark_min_time=0.1 \
+    --benchmark_out="$work/host_kernels_vector.json" --benchmark_out_format=json
 }
 stage_slice() {
   "$writescope" run "$slice_config" $slice_profile --output "$work/slice.h5" || return 1

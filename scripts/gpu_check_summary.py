@@ -122,9 +122,11 @@ def host_kernel_section(folder):
     if runs is None:
         return ["host kernels: no host_kernels.json"]
     lines = ["host kernels (GB/s; CPU decode from the last-level cache against its compute roof alone):"]
-    for b in runs:
+    # Where MLA ran on AMX tiles, the stage ran it again on the vector path.
+    vector_runs = benchmark_runs(folder, "host_kernels_vector") or []
+    for b in runs + vector_runs:
         name = b["name"].replace("/manual_time", "")
-        if name.startswith("expert_linear/"):
+        if name.startswith(("expert_linear/", "cpu_decode/")):
             lines.append(host_roofline_line(name, b))
         elif name.startswith("cpu_decode_from_cache/"):
             lines.append(f"  {name:48s} {b['GB/s']:8.1f}  {b['fraction_of_compute_bound']:.2f} of "

@@ -146,6 +146,9 @@ TEST(AmxDecodeProduct, TakesOnlyOneLatentWithSixteenHeads) {
   for (const AttentionShape& gqa : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention()})
     for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major})
       EXPECT_FALSE(impl::amx_takes(gqa.block_geometry(256), order, gqa.group())) << gqa.name;
+  BlockGeometry separate_values = mla;  // a group of 16 whose values are not its keys
+  separate_values.values_in_keys = false;
+  EXPECT_FALSE(impl::amx_takes(separate_values, BlockOrder::token_major, 16));
   BlockGeometry odd = mla;
   odd.key_dim = 560;  // not whole 32-dim tile steps
   EXPECT_FALSE(impl::amx_takes(odd, BlockOrder::token_major, 16));

@@ -3,8 +3,9 @@
 # writes exactly summary.txt and gpu-check.tar.gz, runs every stage, and its
 # summary carries the slice's checks; with a smoke stage that fails it stops
 # there, says so, and still packs what it has; out of its seconds
-# (WRITESCOPE_GPU_CHECK_SECONDS) it skips the stages left and still packs; a
-# budget that is not a number is one error.
+# (WRITESCOPE_GPU_CHECK_SECONDS) it skips the stages left and still packs;
+# where MLA runs on AMX it also runs MLA on the vector path; a budget that is
+# not a number is one error.
 #   gpu_check_host.sh REPO BUILD SCRATCH
 set -uo pipefail
 repo=$1 build=$2 scratch=$3
@@ -69,6 +70,23 @@ for stage in tests calibrate benchmarks host_kernels slice; do
     fail "stage $stage is not reported skipped for time"
 done
 two_files "$out" || fail "expected 2 files after a check out of time"
+# A host whose `writescope info` says MLA runs on AMX tiles: the host_kernels
+# stage runs MLA again with the vector path it names pinned. Stand-ins write
+# the path they ran with and their filter as their JSON.
+amx=$scratch/amx
+stand_in_build "$amx" 'case "$1" in info) echo "  amx_bf16: MLA'"'"'s products on AMX tiles; the other kernels on avx512_fma" ;; esac
+for arg; do case "$arg" in --benchmark_out=*)
+  printf "{\"context\": {\"cpu_path\": \"%s\", \"filter\": \"%s\"}, \"benchmarks\": []}\n" "${WRITESCOPE_CPU_PATH:-}" "$1" >"${arg#--benchmark_out=}" ;;
+esac; done'
+out=$scratch/out-amx
+OUT=$out WRITESCOPE_BUILD=$amx WRITESCOPE_GPU_CHECK_STAGES=smoke,host_kernels "$repo/scripts/gpu_check.sh" --host \
+  >"$scratch/amx.log" 2>&1 || fail "the check with AMX stand-ins failed (see $scratch/amx.log)"
+vector_run=$(tar -xzOf "$out/gpu-check.tar.gz" gpu-check/host_kernels_vector.json 2>/dev/null) ||
+  fail "on AMX the archive lacks host_kernels_vector.json"
+grep -q '"cpu_path": "avx512_fma", "filter": "--benchmark_filter=^cpu_decode_from_cache/deepseek_mla_cpu_resident/"' \
+  <<<"$vector_run" || fail "the vector path's run was not MLA pinned to avx512_fma: $vector_run"
+grep -q '"cpu_path": "",' <<<"$(tar -xzOf "$out/gpu-check.tar.gz" gpu-check/host_kernels.json)" ||
+  fail "the host_kernels run had a path pinned"
 # A budget that is not a number: one error naming the variable, nothing run.
 if message=$(OUT=$scratch/out-bad WRITESCOPE_BUILD=$slow WRITESCOPE_GPU_CHECK_SECONDS=5m \
                "$repo/scripts/gpu_check.sh" --host 2>&1); then
