@@ -34,20 +34,18 @@ unsigned cpuid7_edx() {
   return 0;
 }
 
+#if defined(WRITESCOPE_HOST_AVX512_BF16) && defined(__x86_64__)
 /// Whether Linux lets this process use the AMX tile data: asked once
 /// (ARCH_REQ_XCOMP_PERM, Linux 5.16+); without the grant a tile instruction
 /// faults.
 bool tile_data_granted() {
-#if defined(__x86_64__)
   static const bool granted = [] {
     constexpr int arch_req_xcomp_perm = 0x1023;  // asm/prctl.h
     return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
   }();
   return granted;
-#else
-  return false;
-#endif
 }
+#endif
 
 bool cpu_runs(CpuPath path) {
   switch (path) {

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include "framework/impl/amx_tiles.hpp"
 
@@ -50,13 +51,13 @@ constexpr int chunk_tokens = 32;   // two score tiles; one weight tile's tokens
 constexpr int max_key_dim = 1024;  // scratch bounds (amx_takes)
 constexpr int max_value_dim = 1024;
 
-/// Per-thread state of one run.
+/// Per-thread scratch of one run.
 struct alignas(64) TileRunState {
-  float scores[chunk_tokens * heads];       // S^T (tokens, heads), then the weights
-  std::uint32_t weight_pairs[heads * 16];   // (token pair, head) bf16 pairs, then transposed: the A tile
+  float scores[chunk_tokens * heads];        // S^T (tokens, heads), scaled in place
+  std::uint32_t weight_pairs[heads * 16];    // P, the A tile: (heads, token pairs) of bf16 pairs
   std::uint32_t value_pairs[2][2][16 * 16];  // per parity of the 32-dim step: its two B tiles
-  float o[max_value_dim / 16][heads * 16];  // O as tiles of 16 columns (value_tile_column's order)
-  bf16 padded[chunk_tokens * max_key_dim];  // a partial chunk's rows, zeros after them
+  float o[max_value_dim / 16][heads * 16];   // O as tiles of 16 columns (value_tile_column's order)
+  bf16 padded[chunk_tokens * max_key_dim];   // a partial chunk's rows, zeros after them
 };
 
 /// Column n of the value tile `half` (0 or 1) of a 32-dim step holds dim
@@ -189,7 +190,9 @@ template <class Tiles>
 void attend_run(Tiles& tiles, const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
                 const HostSegment<bf16>* following, float* o, float* lse) {
   const BlockGeometry& g = run[0].geometry;
-  thread_local TileRunState w;
+  // On the heap, once per thread: 130 KB of static TLS would be set up for every thread.
+  thread_local const std::unique_ptr<TileRunState> state = std::make_unique<TileRunState>();
+  TileRunState& w = *state;
   const int value_tiles = g.value_dim / 16;
   std::fill(&w.o[0][0], &w.o[0][0] + value_tiles * heads * 16, 0.0f);
   __m512 maxima = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), sums = _mm512_setzero_ps();
