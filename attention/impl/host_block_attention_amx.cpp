@@ -16,8 +16,9 @@
 //    lane order permutes the tile's columns, undone once at the end). O
 //    (16 heads x value_dim fp32) is too large for the eight tiles and stays
 //    in L1/L2 as 16 x 16 tiles, loaded and stored around each product.
-// The online softmax runs across the run's chunks and segments; a chunk with
-// fewer than 32 tokens is copied into zero-padded rows first. Queries and
+// The online softmax runs across the run's chunks and segments, rescaling O
+// lazily; a chunk with fewer than 32 tokens is copied into zero-padded rows
+// first. Queries and
 // weights are rounded to bf16, as on the avx512_bf16 path. The kernel is a
 // template over the tile backend (framework/impl/amx_tiles.hpp), so that its
 // emulated instance is tested on machines without AMX.
@@ -90,10 +91,19 @@ inline void transpose16(__m512i (&r)[16]) {
   }
 }
 
+/// A head's weights are exp(score - reference), its reference at most
+/// rescale_margin below its running maximum: O is rescaled only when a score
+/// passes reference + margin (lazy rescaling, as in FlashAttention-3), not at
+/// every new maximum, which in a run of a few blocks comes in most chunks.
+/// Weights stay below e^8, far inside bf16's and fp32's range.
+constexpr float rescale_margin = 8.0f;
+
 /// The softmax of one chunk's scores (`tokens` valid of chunk_tokens) into
-/// the running maxima and sums, rescaling O where a maximum grew; leaves the
-/// chunk's weights, as the A tile P (heads, 16 token pairs), in weight_pairs.
-inline void chunk_softmax(TileRunState& w, int tokens, float scale, int value_tiles, __m512& maxima, __m512& sums) {
+/// the running references and sums, rescaling O where a reference moved;
+/// leaves the chunk's weights, as the A tile P (heads, 16 token pairs), in
+/// weight_pairs.
+inline void chunk_softmax(TileRunState& w, int tokens, float scale, int value_tiles, __m512& references,
+                          __m512& sums) {
   const __m512 vscale = _mm512_set1_ps(scale);
   __m512 chunk_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int t = 0; t < tokens; ++t) {
@@ -101,9 +111,9 @@ inline void chunk_softmax(TileRunState& w, int tokens, float scale, int value_ti
     _mm512_store_ps(w.scores + heads * t, score);
     chunk_max = _mm512_max_ps(chunk_max, score);
   }
-  const __m512 grown = _mm512_max_ps(maxima, chunk_max);
-  if (_mm512_cmp_ps_mask(grown, maxima, _CMP_GT_OQ)) {
-    const __m512 factor = exp16(_mm512_sub_ps(maxima, grown));  // 0 from -inf: O and sums are still 0
+  if (_mm512_cmp_ps_mask(chunk_max, _mm512_add_ps(references, _mm512_set1_ps(rescale_margin)), _CMP_GT_OQ)) {
+    const __m512 grown = _mm512_max_ps(references, chunk_max);
+    const __m512 factor = exp16(_mm512_sub_ps(references, grown));  // 0 from -inf: O and sums are still 0
     sums = _mm512_mul_ps(sums, factor);
     alignas(64) float factors[heads];
     _mm512_store_ps(factors, factor);
@@ -112,7 +122,7 @@ inline void chunk_softmax(TileRunState& w, int tokens, float scale, int value_ti
         float* row = w.o[tile] + 16 * h;
         _mm512_store_ps(row, _mm512_mul_ps(_mm512_load_ps(row), _mm512_set1_ps(factors[h])));
       }
-    maxima = grown;
+    references = grown;
   }
   // (p_2j, p_2j+1) of each head: word h of row j; then rows = heads.
   alignas(64) static constexpr std::int16_t interleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
@@ -124,7 +134,8 @@ inline void chunk_softmax(TileRunState& w, int tokens, float scale, int value_ti
     __m512 p[2];
     for (int k = 0; k < 2; ++k) {
       const int t = 2 * j + k;
-      p[k] = t < tokens ? exp16(_mm512_sub_ps(_mm512_load_ps(w.scores + heads * t), maxima)) : _mm512_setzero_ps();
+      p[k] = t < tokens ? exp16(_mm512_sub_ps(_mm512_load_ps(w.scores + heads * t), references))
+                         : _mm512_setzero_ps();
       sums = _mm512_add_ps(sums, p[k]);
     }
     pairs[j] = _mm512_permutexvar_epi16(order, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0])));
@@ -138,8 +149,8 @@ inline void chunk_softmax(TileRunState& w, int tokens, float scale, int value_ti
 /// pairs; 4 query pairs; 5 weights; 6, 7 O.
 template <class Tiles>
 void attend_chunk(Tiles& tiles, TileRunState& w, const BlockGeometry& g, const bf16* rows, std::int64_t stride,
-                  int tokens, const std::uint32_t* query_pairs, float scale, RowPrefetcher& ahead, __m512& maxima,
-                  __m512& sums) {
+                  int tokens, const std::uint32_t* query_pairs, float scale, RowPrefetcher& ahead,
+                  __m512& references, __m512& sums) {
   const int key_steps = g.key_dim / 32, value_steps = g.value_dim / 32;
   const char* first = reinterpret_cast<const char*>(rows);
   tiles.template zero<0>();
@@ -154,7 +165,7 @@ void attend_chunk(Tiles& tiles, TileRunState& w, const BlockGeometry& g, const b
   }
   tiles.template store<0>(w.scores, tile_row_bytes);
   tiles.template store<1>(w.scores + 16 * heads, tile_row_bytes);
-  chunk_softmax(w, tokens, scale, 2 * value_steps, maxima, sums);
+  chunk_softmax(w, tokens, scale, 2 * value_steps, references, sums);
   tiles.template load<5>(w.weight_pairs, tile_row_bytes);
   for (int c = 0; c < value_steps; ++c) {
     std::uint32_t* low = w.value_pairs[c % 2][0];
@@ -195,7 +206,7 @@ void attend_run(Tiles& tiles, const HostSegment<bf16>* run, int count, const std
   TileRunState& w = *state;
   const int value_tiles = g.value_dim / 16;
   std::fill(&w.o[0][0], &w.o[0][0] + value_tiles * heads * 16, 0.0f);
-  __m512 maxima = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), sums = _mm512_setzero_ps();
+  __m512 references = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), sums = _mm512_setzero_ps();
   const std::int64_t row_elements = g.key_token_stride(run[0].order);
   tiles.configure();
   for (int r = 0; r < count; ++r) {
@@ -218,14 +229,14 @@ void attend_run(Tiles& tiles, const HostSegment<bf16>* run, int count, const std
         rows = w.padded;
         stride = g.key_dim * static_cast<std::int64_t>(sizeof(bf16));
       }
-      attend_chunk(tiles, w, g, rows, stride, tokens, query_pairs, s.scale, ahead, maxima, sums);
+      attend_chunk(tiles, w, g, rows, stride, tokens, query_pairs, s.scale, ahead, references, sums);
       ahead.finish();
     }
   }
   tiles.release();
   // O's columns back in dim order, normalised.
-  alignas(64) float maximum[heads], sum[heads];
-  _mm512_store_ps(maximum, maxima);
+  alignas(64) float reference[heads], sum[heads];
+  _mm512_store_ps(reference, references);
   _mm512_store_ps(sum, sums);
   alignas(64) static constexpr std::int32_t first_half[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
   alignas(64) static constexpr std::int32_t second_half[16] = {8,  9,  10, 11, 24, 25, 26, 27,
@@ -240,7 +251,7 @@ void attend_run(Tiles& tiles, const HostSegment<bf16>* run, int count, const std
       _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutex2var_ps(low, low_dims, high), inverse));
       _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_permutex2var_ps(low, high_dims, high), inverse));
     }
-    lse[h] = maximum[h] + std::log(sum[h]);
+    lse[h] = reference[h] + std::log(sum[h]);
   }
 }
 
