@@ -77,7 +77,7 @@ class AmxMlaRuns {
   const BlockGeometry& geometry() const { return geometry_; }
 
  private:
-  static constexpr int block_tokens = 256, blocks = 3, group = 16;
+  static constexpr int block_tokens = 640, blocks = 3, group = 16;
   static constexpr float scale = 0.0722f;  // about 1 / sqrt(192), DeepSeek-V2-Lite's
 
   float latent(int block, int token, int d) const {
@@ -129,9 +129,14 @@ class AmxMlaRuns {
   std::vector<std::uint32_t> query_pairs_;
 };
 
-/// Runs with whole and partial chunks, one token, chunks across segments.
-const std::vector<std::vector<AmxMlaRuns::Piece>> runs{
-    {{0, 0, 32}}, {{1, 200, 1}}, {{2, 3, 17}}, {{0, 5, 251}, {1, 0, 256}, {2, 0, 40}}, {{2, 100, 64}, {0, 31, 33}}};
+/// Runs with whole and partial chunks (640-token blocks: segments that are
+/// not a whole number of them), one token, chunks across segments.
+const std::vector<std::vector<AmxMlaRuns::Piece>> runs{{{0, 0, 32}},
+                                                       {{1, 200, 1}},
+                                                       {{2, 3, 17}},
+                                                       {{0, 5, 600}, {1, 0, 640}, {2, 0, 40}},
+                                                       {{2, 100, 64}, {0, 31, 33}},
+                                                       {{1, 300, 300}}};
 
 void expect_every_run(const RunProduct& product) {
   for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major}) {
