@@ -125,9 +125,12 @@ const char* cpu_path_name(CpuPath path) {
 }
 
 CpuPath parse_cpu_path(const std::string& name) {
-  for (CpuPath path : all_paths)
+  std::string known;
+  for (CpuPath path : all_paths) {
     if (name == cpu_path_name(path)) return path;
-  throw std::invalid_argument("unknown CPU path '" + name + "' (known: scalar, avx2, avx512_fma, avx512_bf16, amx_bf16)");
+    known += (known.empty() ? "" : ", ") + std::string(cpu_path_name(path));
+  }
+  throw std::invalid_argument("unknown CPU path '" + name + "' (known: " + known + ")");
 }
 
 const std::vector<CpuPath>& supported_cpu_paths() {
