@@ -18,10 +18,10 @@
 //    in L1/L2 as 16 x 16 tiles, loaded and stored around each product.
 // The online softmax runs across the run's chunks and segments, rescaling O
 // lazily; a chunk with fewer than 32 tokens is copied into zero-padded rows
-// first. Queries and
-// weights are rounded to bf16, as on the avx512_bf16 path. The kernel is a
-// template over the tile backend (framework/impl/amx_tiles.hpp), so that its
-// emulated instance is tested on machines without AMX.
+// first. Queries and weights are rounded to bf16, as on the avx512_bf16
+// path. The kernel is a template over the tile backend
+// (framework/impl/amx_tiles.hpp), so that its emulated instance is tested on
+// machines without AMX.
 
 #include "framework/avx512_diagnostics.hpp"  // first: before <immintrin.h>
 
@@ -201,7 +201,7 @@ template <class Tiles>
 void attend_run(Tiles& tiles, const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
                 const HostSegment<bf16>* following, float* o, float* lse) {
   const BlockGeometry& g = run[0].geometry;
-  // On the heap, once per thread: 130 KB of static TLS would be set up for every thread.
+  // On the heap, once per thread: 135 KB of static TLS would be set up for every thread.
   thread_local const std::unique_ptr<TileRunState> state = std::make_unique<TileRunState>();
   TileRunState& w = *state;
   const int value_tiles = g.value_dim / 16;
