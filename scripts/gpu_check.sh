@@ -17,8 +17,9 @@
 #         5 host_kernels  the host kernels against their roofs on this host:
 #                   CPU decode from the last-level cache, the expert linear
 #                   layer at 1-8 rows (a stage of its own, so that a time-out
-#                   here keeps stage 4's figures); where MLA runs on AMX
-#                   tiles, MLA again on the vector path, for the tiles' gain
+#                   here keeps stage 4's figures); where decode runs on AMX
+#                   tiles, those kernels again on the vector path, for the
+#                   tiles' gain
 #         6 slice   experiments/configs/h200-slice.yaml (host-slice.yaml with
 #                   --host) with the measured profile, and its report
 # WRITESCOPE_GPU_CHECK_STAGES (e.g. "smoke,tests,benchmarks") runs a subset, in
@@ -67,8 +68,8 @@ if [ "$mode" = gpu ]; then
   profile_option=(--profile "$work/profile.yaml")
   bench_filter="^(pcie/.*/1024/|hbm/.*/1024/|host_dram/read/1024/|gpu_decode/.*/(32768|131072)/|split_decode/.*/131072/(0|25|50|75|100)/|cpu_decode/qwen3.*/32768/|cpu_decode/.*/131072/|prefill/.*/16384/)"
   host_kernel_filter="^(cpu_decode_from_cache/|expert_linear/bf16_writescope/(1|2|4|8)/14336/4096/)"
-  vector_kernel_filter="^(cpu_decode_from_cache/deepseek_mla_|cpu_decode/deepseek_mla_cpu_resident/131072/)"
-  limits=(smoke:45 tests:120 calibrate:60 benchmarks:110 host_kernels:90 slice:155)
+  vector_kernel_filter="^(cpu_decode_from_cache/(deepseek_mla_|qwen3_gqa_cpu_resident|mixtral_gqa_cpu_resident)|cpu_decode/(deepseek_mla|qwen3_gqa)_cpu_resident/131072/)"
+  limits=(smoke:45 tests:120 calibrate:60 benchmarks:110 host_kernels:100 slice:145)
 else
   build=${WRITESCOPE_BUILD:-$repo/build/host}
   writescope=$build/experiments/writescope tests=$build/tests/writescope_tests
@@ -114,7 +115,7 @@ stage_benchmarks() {
 stage_host_kernels() {
   "$benchmarks" --benchmark_filter="$host_kernel_filter" --benchmark_min_time=0.1 \
     --benchmark_out="$work/host_kernels.json" --benchmark_out_format=json || return 1
-  # Where MLA runs on AMX tiles, MLA again on the vector path: the tiles' gain in one run.
+  # Where the tiles run, their kernels again on the vector path: the tiles' gain in one run.
   local vector
   vector=$(sed -n 's/^ *amx_bf16: .* the other kernels on \([a-z0-9_]*\)$/\1/p' "$work/info.txt")
   [ -n "$vector" ] || return 0

@@ -122,7 +122,7 @@ def host_kernel_section(folder):
     if runs is None:
         return ["host kernels: no host_kernels.json"]
     lines = ["host kernels (GB/s; CPU decode from the last-level cache against its compute roof alone):"]
-    # Where MLA ran on AMX tiles, the stage ran it again on the vector path.
+    # Where decode ran on AMX tiles, the stage ran those kernels again on the vector path.
     vector_runs = benchmark_runs(folder, "host_kernels_vector") or []
     for b in runs + vector_runs:
         name = b["name"].replace("/manual_time", "")

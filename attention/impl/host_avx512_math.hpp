@@ -30,6 +30,15 @@ inline __m512 exp16(__m512 x) {
   return _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(exponent));
 }
 
+/// Sum and maximum of 16 lanes (GCC 12's own 512-bit reductions warn about
+/// their undefined vectors).
+inline __m256 fold_halves(__m512 v, bool maximum) {
+  const __m512 swapped = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));
+  return _mm512_castps512_ps256(maximum ? _mm512_max_ps(v, swapped) : _mm512_add_ps(v, swapped));
+}
+inline float sum16(__m512 v) { return simd::horizontal_sum(fold_halves(v, false)); }
+inline float max16(__m512 v) { return simd::horizontal_max(fold_halves(v, true)); }
+
 /// (first, second) rounded to bf16 as one word, first in the low half: the
 /// order of a pair in vdpbf16ps and tdpbf16ps operands.
 inline std::uint32_t bf16_pair(float first, float second) {

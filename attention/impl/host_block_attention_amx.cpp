@@ -1,6 +1,6 @@
-// The AMX block product of CPU decode attention for MLA (amx_bf16 path; see
-// host_block_attention.hpp for the contract): the latent's products in
-// tdpbf16ps tiles, the softmax in 16-lane AVX-512.
+// The AMX block products of CPU decode attention (amx_bf16 path; see
+// host_block_attention.hpp for the contract): MLA's latent, and GQA's
+// head-major blocks, in tdpbf16ps tiles, the softmax in 16-lane AVX-512.
 //
 // Why it looks like this: MLA's 16 query heads share one latent row per
 // token, read for both products, so both become tile products of 32 tokens
@@ -16,9 +16,15 @@
 //    lane order permutes the tile's columns, undone once at the end). O
 //    (16 heads x value_dim fp32) is too large for the eight tiles and stays
 //    in L1/L2 as 16 x 16 tiles, loaded and stored around each product.
+// GQA's head-major keys are 16-token tiles of dims x tokens, so its scores
+// are S = Q K^T with the group's heads as rows (tiles of `group` rows): one
+// word permute per 64-byte line makes a line of the key tile a row of the B
+// tile; the softmax then runs with lanes = tokens and its weights are the A
+// tile as they are; the values go as MLA's. Its chunks are the block's
+// 32-token windows, masked to the segment.
 // The online softmax runs across the run's chunks and segments, rescaling O
-// lazily; a chunk with fewer than 32 tokens is copied into zero-padded rows
-// first. Queries and weights are rounded to bf16, as on the avx512_bf16
+// lazily; the rows of a chunk with fewer than 32 tokens are copied into
+// zero-padded ones first (rows outside a segment may hold anything). Queries and weights are rounded to bf16, as on the avx512_bf16
 // path. The kernel is a template over the tile backend
 // (framework/impl/amx_tiles.hpp), so that its emulated instance is tested on
 // machines without AMX.
@@ -52,10 +58,11 @@ constexpr int chunk_tokens = 32;   // two score tiles; one weight tile's tokens
 constexpr int max_key_dim = 1024;  // scratch bounds (amx_takes)
 constexpr int max_value_dim = 1024;
 
-/// Per-thread scratch of one run.
+/// Per-thread scratch of one run (MLA's layouts; GQA's where they differ).
 struct alignas(64) TileRunState {
-  float scores[chunk_tokens * heads];        // S^T (tokens, heads), scaled in place
+  float scores[chunk_tokens * heads];        // S^T (tokens, heads), scaled in place; GQA: S (heads, tokens)
   std::uint32_t weight_pairs[heads * 16];    // P, the A tile: (heads, token pairs) of bf16 pairs
+  std::uint32_t key_pairs[2][16 * 16];       // GQA: a step's K^T B tiles, (key pairs, tokens) of bf16 pairs
   std::uint32_t value_pairs[2][2][16 * 16];  // per parity of the 32-dim step: its two B tiles
   float o[max_value_dim / 16][heads * 16];   // O as tiles of 16 columns (value_tile_column's order)
   bf16 padded[chunk_tokens * max_key_dim];   // a partial chunk's rows, zeros after them
@@ -98,6 +105,24 @@ inline void transpose16(__m512i (&r)[16]) {
 /// Weights stay below e^8, far inside bf16's and fp32's range.
 constexpr float rescale_margin = 8.0f;
 
+/// Moves the references (lanes = heads, the first `rows`) where a chunk's
+/// maxima pass them by the margin, rescaling sums and O's rows to match.
+inline void follow_maxima(TileRunState& w, int value_tiles, int rows, __m512 chunk_max, __m512& references,
+                          __m512& sums) {
+  if (!_mm512_cmp_ps_mask(chunk_max, _mm512_add_ps(references, _mm512_set1_ps(rescale_margin)), _CMP_GT_OQ)) return;
+  const __m512 grown = _mm512_max_ps(references, chunk_max);
+  const __m512 factor = exp16(_mm512_sub_ps(references, grown));  // 0 from -inf: O and sums are still 0
+  sums = _mm512_mul_ps(sums, factor);
+  alignas(64) float factors[heads];
+  _mm512_store_ps(factors, factor);
+  for (int tile = 0; tile < value_tiles; ++tile)
+    for (int h = 0; h < rows; ++h) {
+      float* row = w.o[tile] + 16 * h;
+      _mm512_store_ps(row, _mm512_mul_ps(_mm512_load_ps(row), _mm512_set1_ps(factors[h])));
+    }
+  references = grown;
+}
+
 /// The softmax of one chunk's scores (`tokens` valid of chunk_tokens) into
 /// the running references and sums, rescaling O where a reference moved;
 /// leaves the chunk's weights, as the A tile P (heads, 16 token pairs), in
@@ -111,19 +136,7 @@ inline void chunk_softmax(TileRunState& w, int tokens, float scale, int value_ti
     _mm512_store_ps(w.scores + heads * t, score);
     chunk_max = _mm512_max_ps(chunk_max, score);
   }
-  if (_mm512_cmp_ps_mask(chunk_max, _mm512_add_ps(references, _mm512_set1_ps(rescale_margin)), _CMP_GT_OQ)) {
-    const __m512 grown = _mm512_max_ps(references, chunk_max);
-    const __m512 factor = exp16(_mm512_sub_ps(references, grown));  // 0 from -inf: O and sums are still 0
-    sums = _mm512_mul_ps(sums, factor);
-    alignas(64) float factors[heads];
-    _mm512_store_ps(factors, factor);
-    for (int tile = 0; tile < value_tiles; ++tile)
-      for (int h = 0; h < heads; ++h) {
-        float* row = w.o[tile] + 16 * h;
-        _mm512_store_ps(row, _mm512_mul_ps(_mm512_load_ps(row), _mm512_set1_ps(factors[h])));
-      }
-    references = grown;
-  }
+  follow_maxima(w, value_tiles, heads, chunk_max, references, sums);
   // (p_2j, p_2j+1) of each head: word h of row j; then rows = heads.
   alignas(64) static constexpr std::int16_t interleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
                                                               21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
@@ -144,30 +157,15 @@ inline void chunk_softmax(TileRunState& w, int tokens, float scale, int value_ti
   for (int h = 0; h < heads; ++h) _mm512_store_si512(w.weight_pairs + 16 * h, pairs[h]);
 }
 
-/// One chunk of `tokens` token rows (`stride` bytes apart; chunk_tokens rows
-/// readable) into the run's state. Tiles: 0, 1 scores; 2, 3 keys, then value
-/// pairs; 4 query pairs; 5 weights; 6, 7 O.
+/// O += P V for one chunk: P in tile 5 (rows = heads), the value rows of its
+/// chunk_tokens tokens `stride` bytes apart from `first`; per 32 dims the
+/// rows interleaved in token pairs (tiles 2, 3) and O's two tiles (6, 7)
+/// loaded, added to and stored.
 template <class Tiles>
-void attend_chunk(Tiles& tiles, TileRunState& w, const BlockGeometry& g, const bf16* rows, std::int64_t stride,
-                  int tokens, const std::uint32_t* query_pairs, float scale, RowPrefetcher& ahead,
-                  __m512& references, __m512& sums) {
-  const int key_steps = g.key_dim / 32, value_steps = g.value_dim / 32;
-  const char* first = reinterpret_cast<const char*>(rows);
-  tiles.template zero<0>();
-  tiles.template zero<1>();
-  for (int c = 0; c < key_steps; ++c) {
-    tiles.template load<4>(query_pairs + 256 * c, tile_row_bytes);
-    tiles.template load<2>(first + 64 * c, stride);
-    tiles.template load<3>(first + 16 * stride + 64 * c, stride);
-    tiles.template dot<0, 2, 4>();
-    tiles.template dot<1, 3, 4>();
-    ahead.tick();
-  }
-  tiles.template store<0>(w.scores, tile_row_bytes);
-  tiles.template store<1>(w.scores + 16 * heads, tile_row_bytes);
-  chunk_softmax(w, tokens, scale, 2 * value_steps, references, sums);
+void add_values(Tiles& tiles, TileRunState& w, const BlockGeometry& g, const char* first, std::int64_t stride,
+                RowPrefetcher& ahead) {
   tiles.template load<5>(w.weight_pairs, tile_row_bytes);
-  for (int c = 0; c < value_steps; ++c) {
+  for (int c = 0; c < g.value_dim / 32; ++c) {
     std::uint32_t* low = w.value_pairs[c % 2][0];
     std::uint32_t* high = w.value_pairs[c % 2][1];
     for (int j = 0; j < 16; ++j) {
@@ -188,6 +186,31 @@ void attend_chunk(Tiles& tiles, TileRunState& w, const BlockGeometry& g, const b
   }
 }
 
+/// One chunk of `tokens` token rows (`stride` bytes apart; chunk_tokens rows
+/// readable) into the run's state. Tiles: 0, 1 scores; 2, 3 keys, then value
+/// pairs; 4 query pairs; 5 weights; 6, 7 O.
+template <class Tiles>
+void attend_chunk(Tiles& tiles, TileRunState& w, const BlockGeometry& g, const bf16* rows, std::int64_t stride,
+                  int tokens, const std::uint32_t* query_pairs, float scale, RowPrefetcher& ahead,
+                  __m512& references, __m512& sums) {
+  const int key_steps = g.key_dim / 32;
+  const char* first = reinterpret_cast<const char*>(rows);
+  tiles.template zero<0>();
+  tiles.template zero<1>();
+  for (int c = 0; c < key_steps; ++c) {
+    tiles.template load<4>(query_pairs + 256 * c, tile_row_bytes);
+    tiles.template load<2>(first + 64 * c, stride);
+    tiles.template load<3>(first + 16 * stride + 64 * c, stride);
+    tiles.template dot<0, 2, 4>();
+    tiles.template dot<1, 3, 4>();
+    ahead.tick();
+  }
+  tiles.template store<0>(w.scores, tile_row_bytes);
+  tiles.template store<1>(w.scores + 16 * heads, tile_row_bytes);
+  chunk_softmax(w, tokens, scale, g.value_dim / 16, references, sums);
+  add_values(tiles, w, g, first, stride, ahead);
+}
+
 /// The rows of the chunk of `s` from token `first` on (up to chunk_tokens).
 RowPrefetcher chunk_rows(const HostSegment<bf16>& s, int first) {
   const BlockGeometry& g = s.geometry;
@@ -197,18 +220,47 @@ RowPrefetcher chunk_rows(const HostSegment<bf16>& s, int first) {
                        g.key_token_stride(s.order) * sizeof(bf16), g.key_dim * sizeof(bf16), count);
 }
 
-template <class Tiles>
-void attend_run(Tiles& tiles, const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
-                const HostSegment<bf16>* following, float* o, float* lse) {
-  const BlockGeometry& g = run[0].geometry;
-  // On the heap, once per thread: 135 KB of static TLS would be set up for every thread.
+/// O's first `rows` rows, their columns back in dim order and normalised, to
+/// o (rows, value_dim); lse (rows) natural log.
+void write_output(const TileRunState& w, int rows, int value_dim, __m512 references, __m512 sums, float* o,
+                  float* lse) {
+  alignas(64) float reference[heads], sum[heads];
+  _mm512_store_ps(reference, references);
+  _mm512_store_ps(sum, sums);
+  alignas(64) static constexpr std::int32_t first_half[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
+  alignas(64) static constexpr std::int32_t second_half[16] = {8,  9,  10, 11, 24, 25, 26, 27,
+                                                               12, 13, 14, 15, 28, 29, 30, 31};
+  static_assert(value_tile_column(1, 0) == 4 && value_tile_column(0, 4) == 8, "the permutes below");
+  const __m512i low_dims = _mm512_load_si512(first_half), high_dims = _mm512_load_si512(second_half);
+  for (int h = 0; h < rows; ++h) {
+    const __m512 inverse = _mm512_set1_ps(1.0f / sum[h]);
+    for (int c = 0; c < value_dim / 32; ++c) {
+      const __m512 low = _mm512_load_ps(w.o[2 * c] + 16 * h), high = _mm512_load_ps(w.o[2 * c + 1] + 16 * h);
+      float* out = o + h * value_dim + 32 * c;
+      _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutex2var_ps(low, low_dims, high), inverse));
+      _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_permutex2var_ps(low, high_dims, high), inverse));
+    }
+    lse[h] = reference[h] + std::log(sum[h]);
+  }
+}
+
+/// This thread's scratch, with O's first `value_tiles` tiles zeroed. On the
+/// heap, once per thread: 140 KB of static TLS would be set up for every thread.
+TileRunState& fresh_state(int value_tiles) {
   thread_local const std::unique_ptr<TileRunState> state = std::make_unique<TileRunState>();
-  TileRunState& w = *state;
-  const int value_tiles = g.value_dim / 16;
-  std::fill(&w.o[0][0], &w.o[0][0] + value_tiles * heads * 16, 0.0f);
+  std::fill(&state->o[0][0], &state->o[0][0] + value_tiles * heads * 16, 0.0f);
+  return *state;
+}
+
+/// MLA: a run of one latent's segments (16 heads).
+template <class Tiles>
+void attend_latent_run(Tiles& tiles, const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
+                       const HostSegment<bf16>* following, float* o, float* lse) {
+  const BlockGeometry& g = run[0].geometry;
+  TileRunState& w = fresh_state(g.value_dim / 16);
   __m512 references = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), sums = _mm512_setzero_ps();
   const std::int64_t row_elements = g.key_token_stride(run[0].order);
-  tiles.configure();
+  tiles.configure(TileConfig{});
   for (int r = 0; r < count; ++r) {
     const HostSegment<bf16>& s = run[r];
     const HostSegment<bf16>* after = r + 1 < count ? &run[r + 1] : following;
@@ -234,39 +286,136 @@ void attend_run(Tiles& tiles, const HostSegment<bf16>* run, int count, const std
     }
   }
   tiles.release();
-  // O's columns back in dim order, normalised.
-  alignas(64) float reference[heads], sum[heads];
-  _mm512_store_ps(reference, references);
-  _mm512_store_ps(sum, sums);
-  alignas(64) static constexpr std::int32_t first_half[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
-  alignas(64) static constexpr std::int32_t second_half[16] = {8,  9,  10, 11, 24, 25, 26, 27,
-                                                               12, 13, 14, 15, 28, 29, 30, 31};
-  static_assert(value_tile_column(1, 0) == 4 && value_tile_column(0, 4) == 8, "the permutes below");
-  const __m512i low_dims = _mm512_load_si512(first_half), high_dims = _mm512_load_si512(second_half);
-  for (int h = 0; h < heads; ++h) {
-    const __m512 inverse = _mm512_set1_ps(1.0f / sum[h]);
-    for (int c = 0; c < g.value_dim / 32; ++c) {
-      const __m512 low = _mm512_load_ps(w.o[2 * c] + 16 * h), high = _mm512_load_ps(w.o[2 * c + 1] + 16 * h);
-      float* out = o + h * g.value_dim + 32 * c;
-      _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutex2var_ps(low, low_dims, high), inverse));
-      _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_permutex2var_ps(low, high_dims, high), inverse));
+  write_output(w, heads, g.value_dim, references, sums, o, lse);
+}
+
+/// GQA, head-major blocks (keys in 16-token tiles, dims x tokens; values in
+/// token rows): S = Q K^T with the group's heads as rows, so the softmax runs
+/// with lanes = tokens and its weights are the A tile P as they are. Chunks
+/// are the block's 32-token windows (two key tiles), masked to the segment.
+/// Tiles (`group` rows where marked *): 0*, 1* scores; 2, 3 key pairs, then
+/// value pairs; 4* queries; 5* weights; 6*, 7* O.
+template <class Tiles>
+void attend_group_run(Tiles& tiles, const HostSegment<bf16>* run, int count, const std::uint32_t* query_rows,
+                      const HostSegment<bf16>* following, float* o, float* lse) {
+  const BlockGeometry& g = run[0].geometry;
+  const int group = run[0].group;
+  TileRunState& w = fresh_state(g.value_dim / 16);
+  __m512 references = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), sums = _mm512_setzero_ps();
+  const std::int64_t query_stride = g.key_dim * static_cast<std::int64_t>(sizeof(bf16));
+  const std::int64_t value_stride = g.value_token_stride(run[0].order) * static_cast<std::int64_t>(sizeof(bf16));
+  // Pair j of a step: dims 2j and 2j + 1 of the tile's 16 tokens interleaved.
+  alignas(64) static constexpr std::int16_t interleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                              21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                              11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i pair_order = _mm512_load_si512(interleave);
+  tiles.configure(TileConfig(0b11110011u, group));
+  for (int r = 0; r < count; ++r) {
+    const HostSegment<bf16>& s = run[r];
+    const HostSegment<bf16>* after = r + 1 < count ? &run[r + 1] : following;
+    const int end = s.token_begin + s.token_count;
+    for (int window = s.token_begin / chunk_tokens * chunk_tokens; window < end; window += chunk_tokens) {
+      const int begin = std::max(window, s.token_begin), stop = std::min(window + chunk_tokens, end);
+      const auto valid = static_cast<__mmask32>((~0ull << (begin - window)) & ~(~0ull << (stop - window)));
+      // The next window's keys and values, requested over this window's products.
+      const HostSegment<bf16>* next = window + chunk_tokens < end ? &s : after;
+      RowPrefetcher ahead_keys, ahead_values;
+      if (next != nullptr) {
+        const int next_window = next == &s ? window + chunk_tokens : next->token_begin / chunk_tokens * chunk_tokens;
+        ahead_keys = RowPrefetcher(next->block + g.key_offset(next->order, next_window, next->kv_head, 0), 0,
+                                   std::int64_t{chunk_tokens} * g.key_dim * sizeof(bf16), 1);
+        ahead_values = RowPrefetcher(next->block + g.value_offset(next->order, next_window, next->kv_head, 0),
+                                     value_stride, g.value_dim * sizeof(bf16), chunk_tokens);
+      }
+      ahead_keys.spread_over(g.key_dim / 32);
+      ahead_values.spread_over((g.key_dim + g.value_dim) / 32);
+      // Scores: per 32 dims, each key tile's 16 rows of (dim 2j, dim 2j + 1)
+      // interleaved into the B tile of pairs, times the queries' 32 dims.
+      const bf16* keys = s.block + g.key_offset(s.order, window, s.kv_head, 0);
+      tiles.template zero<0>();
+      tiles.template zero<1>();
+      for (int c = 0; c < g.key_dim / 32; ++c) {
+        for (int half = 0; half < 2; ++half) {
+          const bf16* tile = keys + (std::int64_t{half} * g.key_dim + 32 * c) * 16;
+          for (int j = 0; j < 16; ++j)
+            _mm512_store_si512(w.key_pairs[half] + 16 * j,
+                               _mm512_permutexvar_epi16(pair_order, _mm512_loadu_si512(tile + 32 * j)));
+        }
+        tiles.template load<4>(query_rows + 16 * c, query_stride);
+        tiles.template load<2>(w.key_pairs[0], tile_row_bytes);
+        tiles.template load<3>(w.key_pairs[1], tile_row_bytes);
+        tiles.template dot<0, 4, 2>();
+        tiles.template dot<1, 4, 3>();
+        ahead_keys.tick();
+        ahead_values.tick();
+      }
+      tiles.template store<0>(w.scores, 2 * tile_row_bytes);
+      tiles.template store<1>(w.scores + 16, 2 * tile_row_bytes);
+      // Softmax per head (lanes = tokens), the tokens outside the segment masked.
+      const float minus_infinity = -std::numeric_limits<float>::infinity();
+      const __m512 vscale = _mm512_set1_ps(s.scale);
+      alignas(64) float chunk_maxima[heads];
+      std::fill(chunk_maxima, chunk_maxima + heads, minus_infinity);
+      __m512 scaled[heads][2];
+      for (int h = 0; h < group; ++h)
+        for (int half = 0; half < 2; ++half) {
+          const auto lanes = static_cast<__mmask16>(valid >> (16 * half));
+          scaled[h][half] = _mm512_mask_mul_ps(_mm512_set1_ps(minus_infinity), lanes,
+                                               _mm512_load_ps(w.scores + 32 * h + 16 * half), vscale);
+          chunk_maxima[h] = std::max(chunk_maxima[h], max16(scaled[h][half]));
+        }
+      follow_maxima(w, g.value_dim / 16, group, _mm512_load_ps(chunk_maxima), references, sums);
+      alignas(64) float reference[heads], chunk_sums[heads] = {};
+      _mm512_store_ps(reference, references);
+      for (int h = 0; h < group; ++h) {
+        const __m512 low = exp16(_mm512_sub_ps(scaled[h][0], _mm512_set1_ps(reference[h])));
+        const __m512 high = exp16(_mm512_sub_ps(scaled[h][1], _mm512_set1_ps(reference[h])));
+        chunk_sums[h] = sum16(_mm512_add_ps(low, high));
+        _mm512_store_si512(w.weight_pairs + 16 * h, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(high, low)));
+      }
+      sums = _mm512_add_ps(sums, _mm512_load_ps(chunk_sums));
+      // Values: rows outside the segment may hold anything, so a partial
+      // window's rows are copied, zeros around them.
+      const char* values = reinterpret_cast<const char*>(s.block + g.value_offset(s.order, window, s.kv_head, 0));
+      std::int64_t stride = value_stride;
+      if (begin > window || stop < window + chunk_tokens) {
+        std::fill(w.padded, w.padded + chunk_tokens * g.value_dim, bf16{0});
+        for (int t = begin - window; t < stop - window; ++t)
+          std::memcpy(w.padded + t * g.value_dim, values + t * value_stride, g.value_dim * sizeof(bf16));
+        values = reinterpret_cast<const char*>(w.padded);
+        stride = g.value_dim * static_cast<std::int64_t>(sizeof(bf16));
+      }
+      add_values(tiles, w, g, values, stride, ahead_values);
+      ahead_keys.finish();
+      ahead_values.finish();
     }
-    lse[h] = reference[h] + std::log(sum[h]);
   }
+  tiles.release();
+  write_output(w, group, g.value_dim, references, sums, o, lse);
+}
+
+template <class Tiles>
+void attend_run(Tiles& tiles, const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
+                const HostSegment<bf16>* following, float* o, float* lse) {
+  if (run[0].geometry.values_in_keys) attend_latent_run(tiles, run, count, query_pairs, following, o, lse);
+  else attend_group_run(tiles, run, count, query_pairs, following, o, lse);
 }
 
 }  // namespace
 
 bool amx_takes(const BlockGeometry& g, BlockOrder order, int group) {
-  return group == heads && g.values_in_keys && g.kv_heads == 1 && !g.tiled_keys(order) && g.key_dim % 32 == 0 &&
-         g.value_dim % 32 == 0 && g.value_dim <= g.key_dim && g.key_dim <= max_key_dim &&
-         g.value_dim <= max_value_dim;
+  if (g.key_dim % 32 != 0 || g.value_dim % 32 != 0 || g.key_dim > max_key_dim || g.value_dim > max_value_dim)
+    return false;
+  if (g.values_in_keys) return group == heads && g.kv_heads == 1 && g.value_dim <= g.key_dim;
+  return g.tiled_keys(order) && g.key_tile_tokens() == 16 && g.block_tokens % chunk_tokens == 0 && group >= 1 &&
+         group <= heads;
 }
 
 void prepare_query_pairs_amx(const BlockGeometry& g, int group, const float* queries, std::uint32_t* query_pairs) {
   for (int j = 0; j < g.key_dim / 2; ++j)
     for (int h = 0; h < group; ++h)
-      query_pairs[j * group + h] = bf16_pair(queries[h * g.key_dim + 2 * j], queries[h * g.key_dim + 2 * j + 1]);
+      query_pairs[g.values_in_keys ? j * group + h : h * g.key_dim / 2 + j] =
+          bf16_pair(queries[h * g.key_dim + 2 * j], queries[h * g.key_dim + 2 * j + 1]);
 }
 
 void host_run_attention_amx(const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,

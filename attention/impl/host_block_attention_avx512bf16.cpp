@@ -65,15 +65,6 @@ constexpr int max_value_dim = 1024;
 /// 4 or 8; groups of 16 as two groups of 8 (scores_rows_tile_16).
 constexpr int token_row_phases(int group) { return group == 16 ? 2 : 16 / group; }
 
-/// Sum and maximum of 16 lanes (GCC 12's own 512-bit reductions warn about
-/// their undefined vectors).
-inline __m256 fold_halves(__m512 v, bool maximum) {
-  const __m512 swapped = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));
-  return _mm512_castps512_ps256(maximum ? _mm512_max_ps(v, swapped) : _mm512_add_ps(v, swapped));
-}
-inline float sum16(__m512 v) { return simd::horizontal_sum(fold_halves(v, false)); }
-inline float max16(__m512 v) { return simd::horizontal_max(fold_halves(v, true)); }
-
 inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
 }

@@ -51,7 +51,7 @@ float amx_tile_chains(float seed, std::int64_t iterations) {
   alignas(64) float operand[tile_rows * 16];
   for (float& value : operand) value = seed;  // as bf16 pairs: any finite values
   AmxTiles tiles;
-  tiles.configure();
+  tiles.configure(TileConfig{});
   tiles.zero<0>(), tiles.zero<1>(), tiles.zero<2>(), tiles.zero<3>();
   tiles.load<4>(operand, tile_row_bytes), tiles.load<5>(operand, tile_row_bytes);
   tiles.load<6>(operand, tile_row_bytes), tiles.load<7>(operand, tile_row_bytes);
@@ -71,7 +71,7 @@ namespace {
 /// One tile product C += A B on `Tiles`: C (16 x 16 fp32), A and B (16 x 32 bf16).
 template <class Tiles>
 void one_tile_product(Tiles& tiles, float* c, const bf16* a, const bf16* b) {
-  tiles.configure();
+  tiles.configure(TileConfig{});
   tiles.template load<0>(c, tile_row_bytes);
   tiles.template load<1>(a, tile_row_bytes);
   tiles.template load<2>(b, tile_row_bytes);

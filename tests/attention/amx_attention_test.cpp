@@ -24,31 +24,32 @@ namespace {
 using RunProduct = std::function<void(const impl::HostSegment<bf16>*, int, const std::uint32_t*,
                                       const impl::HostSegment<bf16>*, float*, float*)>;
 
-/// Three blocks of MLA latent rows and one query group; runs of segments
-/// that start and end inside 32-token chunks, and that rise into (or fall
-/// from) much larger scores, checked against a double reference of the same
-/// bf16 latent with bf16-rounded queries.
-class AmxMlaRuns {
+/// Three blocks of one shape's KV (its last KV head) and that head's query
+/// group; runs of segments that start and end inside 32-token chunks (NaN
+/// around them), and that rise into (or fall from) much larger scores,
+/// checked against a double reference of the same bf16 KV with bf16-rounded
+/// queries.
+class AmxRuns {
  public:
-  explicit AmxMlaRuns(BlockOrder order) : order_(order) {
-    const AttentionShape shape = deepseek_v2_lite_mla_attention();
-    geometry_ = shape.block_geometry(block_tokens);
+  AmxRuns(const AttentionShape& shape, BlockOrder order)
+      : order_(order), geometry_(shape.block_geometry(block_tokens)), group_(shape.group()),
+        kv_head_(shape.kv_heads - 1), scale_(1.0f / std::sqrt(static_cast<float>(shape.key_dim))) {
     std::mt19937 random(7);
     std::normal_distribution<float> normal;
     pool_.resize(static_cast<std::size_t>(blocks * geometry_.block_elements()));
     for (bf16& element : pool_) element = from_float<bf16>(normal(random));
-    queries_.resize(static_cast<std::size_t>(group * geometry_.key_dim));
+    queries_.resize(static_cast<std::size_t>(group_ * geometry_.key_dim));
     for (float& q : queries_) q = normal(random);
-    // Block 2's scores some 14 above the others' (its rope dims, keys only,
-    // along the queries' constant ones): a run into it rescales its state
-    // beyond any lazy margin.
-    for (int h = 0; h < group; ++h)
-      for (int d = geometry_.value_dim; d < geometry_.key_dim; ++d) queries_[h * geometry_.key_dim + d] = 1.0f;
+    // Block 2's scores some 14 to 17 above the others' (its last 32 key
+    // dims, keys only, along the queries' constant ones): a run into it
+    // rescales its state beyond any lazy margin.
+    for (int h = 0; h < group_; ++h)
+      for (int d = geometry_.key_dim - 32; d < geometry_.key_dim; ++d) queries_[h * geometry_.key_dim + d] = 1.0f;
     for (int t = 0; t < block_tokens; ++t)
-      for (int d = geometry_.value_dim; d < geometry_.key_dim; ++d)
-        pool_[2 * geometry_.block_elements() + geometry_.key_offset(order_, t, 0, d)] = from_float<bf16>(3.0f);
+      for (int d = geometry_.key_dim - 32; d < geometry_.key_dim; ++d)
+        pool_[2 * geometry_.block_elements() + geometry_.key_offset(order_, t, kv_head_, d)] = from_float<bf16>(6.0f);
     query_pairs_.resize(queries_.size() / 2);
-    impl::prepare_query_pairs_amx(geometry_, group, queries_.data(), query_pairs_.data());
+    impl::prepare_query_pairs_amx(geometry_, group_, queries_.data(), query_pairs_.data());
   }
 
   /// (block, first token, tokens) per segment of one run.
@@ -57,15 +58,28 @@ class AmxMlaRuns {
   };
 
   void expect_reference(const RunProduct& product, const std::vector<Piece>& pieces) const {
+    // The head's keys and values outside the run are NaN: nothing of them may
+    // reach the result (the kernels read whole chunks around the segments).
+    std::vector<bf16> pool = pool_;
+    for (int block = 0; block < blocks; ++block)
+      for (int t = 0; t < block_tokens; ++t) {
+        bool inside = false;
+        for (const Piece& piece : pieces)
+          inside |= piece.block == block && t >= piece.first && t < piece.first + piece.tokens;
+        if (inside) continue;
+        bf16* kv = pool.data() + block * geometry_.block_elements();
+        for (int d = 0; d < geometry_.key_dim; ++d) kv[geometry_.key_offset(order_, t, kv_head_, d)] = bf16{0x7fc0};
+        for (int d = 0; d < geometry_.value_dim; ++d) kv[geometry_.value_offset(order_, t, kv_head_, d)] = bf16{0x7fc0};
+      }
     std::vector<impl::HostSegment<bf16>> run;
     for (const Piece& piece : pieces)
-      run.push_back({pool_.data() + piece.block * geometry_.block_elements(), geometry_, order_, 0, piece.first,
-                     piece.tokens, queries_.data(), group, scale});
-    std::vector<float> o(static_cast<std::size_t>(group * geometry_.value_dim)), lse(group);
+      run.push_back({pool.data() + piece.block * geometry_.block_elements(), geometry_, order_, kv_head_,
+                     piece.first, piece.tokens, queries_.data(), group_, scale_});
+    std::vector<float> o(static_cast<std::size_t>(group_ * geometry_.value_dim)), lse(group_);
     product(run.data(), static_cast<int>(run.size()), query_pairs_.data(), nullptr, o.data(), lse.data());
     std::vector<double> ref_o, ref_lse, rounding;
     reference(pieces, ref_o, ref_lse, rounding);
-    for (int h = 0; h < group; ++h) {
+    for (int h = 0; h < group_; ++h) {
       ASSERT_NEAR(lse[h], ref_lse[h], test::attention_lse_tolerance(true, ref_lse[h])) << "head " << h;
       for (int d = 0; d < geometry_.value_dim; ++d) {
         const int i = h * geometry_.value_dim + d;
@@ -77,11 +91,13 @@ class AmxMlaRuns {
   const BlockGeometry& geometry() const { return geometry_; }
 
  private:
-  static constexpr int block_tokens = 640, blocks = 3, group = 16;
-  static constexpr float scale = 0.0722f;  // about 1 / sqrt(192), DeepSeek-V2-Lite's
+  static constexpr int block_tokens = 640, blocks = 3;
 
-  float latent(int block, int token, int d) const {
-    return to_float(pool_[block * geometry_.block_elements() + geometry_.key_offset(order_, token, 0, d)]);
+  float key(int block, int token, int d) const {
+    return to_float(pool_[block * geometry_.block_elements() + geometry_.key_offset(order_, token, kv_head_, d)]);
+  }
+  float value(int block, int token, int d) const {
+    return to_float(pool_[block * geometry_.block_elements() + geometry_.value_offset(order_, token, kv_head_, d)]);
   }
 
   /// o (group, value_dim), lse (group) natural log, and `rounding`, what
@@ -89,18 +105,18 @@ class AmxMlaRuns {
   /// weight: sum of p |v| / sum of p, times 2^-8).
   void reference(const std::vector<Piece>& pieces, std::vector<double>& o, std::vector<double>& lse,
                  std::vector<double>& rounding) const {
-    o.assign(static_cast<std::size_t>(group * geometry_.value_dim), 0.0);
+    o.assign(static_cast<std::size_t>(group_ * geometry_.value_dim), 0.0);
     rounding.assign(o.size(), 0.0);
-    lse.assign(group, 0.0);
-    for (int h = 0; h < group; ++h) {
+    lse.assign(group_, 0.0);
+    for (int h = 0; h < group_; ++h) {
       std::vector<double> scores;
       std::vector<std::pair<int, int>> tokens;
       for (const Piece& piece : pieces)
         for (int t = piece.first; t < piece.first + piece.tokens; ++t) {
           double dot = 0;
           for (int d = 0; d < geometry_.key_dim; ++d)
-            dot += double{round_to<bf16>(queries_[h * geometry_.key_dim + d])} * latent(piece.block, t, d);
-          scores.push_back(dot * scale);
+            dot += double{round_to<bf16>(queries_[h * geometry_.key_dim + d])} * key(piece.block, t, d);
+          scores.push_back(dot * scale_);
           tokens.emplace_back(piece.block, t);
         }
       double maximum = -INFINITY, sum = 0;
@@ -109,7 +125,7 @@ class AmxMlaRuns {
         const double p = std::exp(scores[i] - maximum);
         sum += p;
         for (int d = 0; d < geometry_.value_dim; ++d) {
-          const double v = latent(tokens[i].first, tokens[i].second, d);
+          const double v = value(tokens[i].first, tokens[i].second, d);
           o[h * geometry_.value_dim + d] += p * v;
           rounding[h * geometry_.value_dim + d] += p * std::abs(v);
         }
@@ -124,6 +140,8 @@ class AmxMlaRuns {
 
   BlockOrder order_;
   BlockGeometry geometry_;
+  int group_, kv_head_;
+  float scale_;
   std::vector<bf16> pool_;
   std::vector<float> queries_;
   std::vector<std::uint32_t> query_pairs_;
@@ -131,20 +149,28 @@ class AmxMlaRuns {
 
 /// Runs with whole and partial chunks (640-token blocks: segments that are
 /// not a whole number of them), one token, chunks across segments.
-const std::vector<std::vector<AmxMlaRuns::Piece>> runs{{{0, 0, 32}},
-                                                       {{1, 200, 1}},
-                                                       {{2, 3, 17}},
-                                                       {{0, 5, 600}, {1, 0, 640}, {2, 0, 40}},
-                                                       {{2, 100, 64}, {0, 31, 33}},
-                                                       {{1, 300, 300}}};
+const std::vector<std::vector<AmxRuns::Piece>> runs{{{0, 0, 32}},
+                                                    {{1, 200, 1}},
+                                                    {{2, 3, 17}},
+                                                    {{0, 5, 600}, {1, 0, 640}, {2, 0, 40}},
+                                                    {{2, 100, 64}, {0, 31, 33}},
+                                                    {{1, 300, 300}}};
 
+/// Every run, for MLA (both orders: token rows either way) and the GQA shapes
+/// in head-major blocks (the orders the tiles take).
 void expect_every_run(const RunProduct& product) {
-  for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major}) {
-    const AmxMlaRuns mla(order);
-    ASSERT_TRUE(impl::amx_takes(mla.geometry(), order, 16));
+  const std::vector<std::pair<AttentionShape, BlockOrder>> cases{
+      {deepseek_v2_lite_mla_attention(), BlockOrder::head_major},
+      {deepseek_v2_lite_mla_attention(), BlockOrder::token_major},
+      {qwen3_30b_a3b_attention(), BlockOrder::head_major},
+      {mixtral_8x7b_attention(), BlockOrder::head_major}};
+  for (const auto& [shape, order] : cases) {
+    const AmxRuns kv(shape, order);
+    ASSERT_TRUE(impl::amx_takes(kv.geometry(), order, shape.group())) << shape.name;
     for (std::size_t r = 0; r < runs.size(); ++r) {
-      SCOPED_TRACE("run " + std::to_string(r) + (order == BlockOrder::head_major ? ", head-major" : ", token-major"));
-      mla.expect_reference(product, runs[r]);
+      SCOPED_TRACE(shape.name + ", run " + std::to_string(r) +
+                   (order == BlockOrder::head_major ? ", head-major" : ", token-major"));
+      kv.expect_reference(product, runs[r]);
     }
   }
 }
@@ -163,17 +189,20 @@ TEST(AmxDecodeProduct, HardwareTilesMatchTheReference) {
 
 #endif
 
-TEST(AmxDecodeProduct, TakesOnlyOneLatentWithSixteenHeads) {
+// MLA in either order; GQA in head-major blocks (16-token key tiles, blocks
+// of whole 32-token chunks), not in token rows.
+TEST(AmxDecodeProduct, TakesMlaAndHeadMajorGroups) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
   const BlockGeometry mla = deepseek_v2_lite_mla_attention().block_geometry(256);
-  EXPECT_TRUE(impl::amx_takes(mla, BlockOrder::token_major, 16));
+  for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major})
+    EXPECT_TRUE(impl::amx_takes(mla, order, 16));
   EXPECT_FALSE(impl::amx_takes(mla, BlockOrder::token_major, 8));
-  for (const AttentionShape& gqa : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention()})
-    for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major})
-      EXPECT_FALSE(impl::amx_takes(gqa.block_geometry(256), order, gqa.group())) << gqa.name;
-  BlockGeometry separate_values = mla;  // a group of 16 whose values are not its keys
-  separate_values.values_in_keys = false;
-  EXPECT_FALSE(impl::amx_takes(separate_values, BlockOrder::token_major, 16));
+  for (const AttentionShape& gqa : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention()}) {
+    EXPECT_TRUE(impl::amx_takes(gqa.block_geometry(256), BlockOrder::head_major, gqa.group())) << gqa.name;
+    EXPECT_FALSE(impl::amx_takes(gqa.block_geometry(256), BlockOrder::token_major, gqa.group())) << gqa.name;
+    EXPECT_FALSE(impl::amx_takes(gqa.block_geometry(48), BlockOrder::head_major, gqa.group()))
+        << gqa.name << ": 48-token blocks end inside a chunk";
+  }
   BlockGeometry odd = mla;
   odd.key_dim = 560;  // not whole 32-dim tile steps
   EXPECT_FALSE(impl::amx_takes(odd, BlockOrder::token_major, 16));

@@ -70,11 +70,12 @@ for stage in tests calibrate benchmarks host_kernels slice; do
     fail "stage $stage is not reported skipped for time"
 done
 two_files "$out" || fail "expected 2 files after a check out of time"
-# A host whose `writescope info` says MLA runs on AMX tiles: the host_kernels
-# stage runs MLA again with the vector path it names pinned. Stand-ins write
+# A host whose `writescope info` says decode runs on AMX tiles: the
+# host_kernels stage runs those kernels again with the vector path it names
+# pinned. Stand-ins write
 # the path they ran with and their filter as their JSON.
 amx=$scratch/amx
-stand_in_build "$amx" 'case "$1" in info) echo "  amx_bf16: MLA'"'"'s products on AMX tiles; the other kernels on avx512_fma" ;; esac
+stand_in_build "$amx" 'case "$1" in info) echo "  amx_bf16: MLA'"'"'s and head-major GQA'"'"'s products on AMX tiles; the other kernels on avx512_fma" ;; esac
 for arg; do case "$arg" in --benchmark_out=*)
   printf "{\"context\": {\"cpu_path\": \"%s\", \"filter\": \"%s\"}, \"benchmarks\": []}\n" "${WRITESCOPE_CPU_PATH:-}" "$1" >"${arg#--benchmark_out=}" ;;
 esac; done'
@@ -84,7 +85,7 @@ OUT=$out WRITESCOPE_BUILD=$amx WRITESCOPE_GPU_CHECK_STAGES=smoke,host_kernels "$
 vector_run=$(tar -xzOf "$out/gpu-check.tar.gz" gpu-check/host_kernels_vector.json 2>/dev/null) ||
   fail "on AMX the archive lacks host_kernels_vector.json"
 grep -q '"cpu_path": "avx512_fma", "filter": "--benchmark_filter=^cpu_decode_from_cache/deepseek_mla_cpu_resident/"' \
-  <<<"$vector_run" || fail "the vector path's run was not MLA pinned to avx512_fma: $vector_run"
+  <<<"$vector_run" || fail "the vector path's run was not pinned to avx512_fma: $vector_run"
 grep -q '"cpu_path": "",' <<<"$(tar -xzOf "$out/gpu-check.tar.gz" gpu-check/host_kernels.json)" ||
   fail "the host_kernels run had a path pinned"
 # A budget that is not a number: one error naming the variable, nothing run.
