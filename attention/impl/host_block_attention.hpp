@@ -459,19 +459,23 @@ void host_run_attention_avx512_fma(const HostSegment<bf16>* run, int count, int 
                                    const float* const* query_lanes, const HostSegment<bf16>* following, float* o,
                                    float* lse);
 
-/// The AMX tile product (host_block_attention_amx.cpp): whether it takes
+/// The AMX tile products (host_block_attention_amx.cpp): whether they take
 /// blocks of this geometry and order with `group` query heads per KV head
-/// (MLA: one latent, 16 heads, values in the keys); the group's queries
-/// (group, key_dim) as bf16 pairs, pair-major (group * key_dim / 2 words:
-/// pair j of head h at j * group + h); the product over a run of one KV
-/// head's segments (host_run_attention's contract with heads = 1), on AMX
-/// tiles or (tests, on any AVX-512 BF16 CPU) on their emulation.
+/// (MLA: one latent, 16 heads, values in the keys; GQA: 16-token key tiles or
+/// token rows, blocks of whole 32-token chunks); the group's queries
+/// (group, key_dim) as bf16 pairs, group * key_dim / 2 words: for MLA
+/// pair-major (pair j of head h at j * group + h), for GQA head-major (at
+/// h * key_dim / 2 + j); the product (host_run_attention's contract, one
+/// query_pairs per head), on AMX tiles or (tests, on any AVX-512 BF16 CPU)
+/// on their emulation.
 bool amx_takes(const BlockGeometry& g, BlockOrder order, int group);
 void prepare_query_pairs_amx(const BlockGeometry& g, int group, const float* queries, std::uint32_t* query_pairs);
-void host_run_attention_amx(const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
-                            const HostSegment<bf16>* following, float* o, float* lse);
-void host_run_attention_amx_emulated(const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
-                                     const HostSegment<bf16>* following, float* o, float* lse);
+void host_run_attention_amx(const HostSegment<bf16>* run, int count, int heads,
+                            const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following, float* o,
+                            float* lse);
+void host_run_attention_amx_emulated(const HostSegment<bf16>* run, int count, int heads,
+                                     const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following,
+                                     float* o, float* lse);
 #endif
 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
@@ -582,7 +586,7 @@ void host_run_attention(const HostSegment<Scalar>* run, int count, int heads, fl
       return;
     }
     if (path == CpuPath::amx_bf16) {
-      host_run_attention_amx(run, count, query_pairs[0], following, o, lse);
+      host_run_attention_amx(run, count, heads, query_pairs, following, o, lse);
       return;
     }
   }

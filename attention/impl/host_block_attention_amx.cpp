@@ -1,6 +1,6 @@
 // The AMX block products of CPU decode attention (amx_bf16 path; see
-// host_block_attention.hpp for the contract): MLA's latent, and GQA's
-// head-major blocks, in tdpbf16ps tiles, the softmax in 16-lane AVX-512.
+// host_block_attention.hpp for the contract): MLA's latent and GQA's blocks
+// in tdpbf16ps tiles, the softmax in 16-lane AVX-512.
 //
 // Why it looks like this: MLA's 16 query heads share one latent row per
 // token, read for both products, so both become tile products of 32 tokens
@@ -16,12 +16,14 @@
 //    lane order permutes the tile's columns, undone once at the end). O
 //    (16 heads x value_dim fp32) is too large for the eight tiles and stays
 //    in L1/L2 as 16 x 16 tiles, loaded and stored around each product.
-// GQA's head-major keys are 16-token tiles of dims x tokens, so its scores
-// are S = Q K^T with the group's heads as rows (tiles of `group` rows): one
-// word permute per 64-byte line makes a line of the key tile a row of the B
-// tile; the softmax then runs with lanes = tokens and its weights are the A
-// tile as they are; the values go as MLA's. Its chunks are the block's
-// 32-token windows, masked to the segment.
+// GQA's scores are S = Q K^T with the group's heads as rows (tiles of
+// `group` rows): its head-major keys are 16-token tiles of dims x tokens, and
+// one word permute per 64-byte line makes a line of the key tile a row of the
+// B tile (token rows take one 16 x 16 word transpose per 32 dims instead);
+// the softmax then runs with lanes = tokens and its weights are the A tile as
+// they are; the values go as MLA's. Its chunks are the block's 32-token
+// windows, masked to the segment; token-major blocks' KV heads go one after
+// the other.
 // The online softmax runs across the run's chunks and segments, rescaling O
 // lazily; the rows of a chunk with fewer than 32 tokens are copied into
 // zero-padded ones first (rows outside a segment may hold anything). Queries and weights are rounded to bf16, as on the avx512_bf16
@@ -289,17 +291,21 @@ void attend_latent_run(Tiles& tiles, const HostSegment<bf16>* run, int count, co
   write_output(w, heads, g.value_dim, references, sums, o, lse);
 }
 
-/// GQA, head-major blocks (keys in 16-token tiles, dims x tokens; values in
-/// token rows): S = Q K^T with the group's heads as rows, so the softmax runs
-/// with lanes = tokens and its weights are the A tile P as they are. Chunks
-/// are the block's 32-token windows (two key tiles), masked to the segment.
-/// Tiles (`group` rows where marked *): 0*, 1* scores; 2, 3 key pairs, then
-/// value pairs; 4* queries; 5* weights; 6*, 7* O.
+/// GQA, KV head run[0].kv_head + head: S = Q K^T with the group's heads as
+/// rows, so the softmax runs with lanes = tokens and its weights are the A
+/// tile P as they are. The B tiles of key pairs come from head-major key
+/// tiles (16 tokens, dims x tokens) by one word permute per 64-byte line, or
+/// from token rows by a 16 x 16 word transpose per 32 dims. Chunks are the
+/// block's 32-token windows, masked to the segment. Tiles (`group` rows where
+/// marked *): 0*, 1* scores; 2, 3 key pairs, then value pairs; 4* queries;
+/// 5* weights; 6*, 7* O.
 template <class Tiles>
-void attend_group_run(Tiles& tiles, const HostSegment<bf16>* run, int count, const std::uint32_t* query_rows,
-                      const HostSegment<bf16>* following, float* o, float* lse) {
+void attend_group_run(Tiles& tiles, const HostSegment<bf16>* run, int count, int head,
+                      const std::uint32_t* query_rows, const HostSegment<bf16>* following, float* o, float* lse) {
   const BlockGeometry& g = run[0].geometry;
   const int group = run[0].group;
+  const bool tiled = g.tiled_keys(run[0].order);
+  const std::int64_t key_stride = g.key_token_stride(run[0].order) * static_cast<std::int64_t>(sizeof(bf16));
   TileRunState& w = fresh_state(g.value_dim / 16);
   __m512 references = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), sums = _mm512_setzero_ps();
   const std::int64_t query_stride = g.key_dim * static_cast<std::int64_t>(sizeof(bf16));
@@ -322,24 +328,36 @@ void attend_group_run(Tiles& tiles, const HostSegment<bf16>* run, int count, con
       RowPrefetcher ahead_keys, ahead_values;
       if (next != nullptr) {
         const int next_window = next == &s ? window + chunk_tokens : next->token_begin / chunk_tokens * chunk_tokens;
-        ahead_keys = RowPrefetcher(next->block + g.key_offset(next->order, next_window, next->kv_head, 0), 0,
-                                   std::int64_t{chunk_tokens} * g.key_dim * sizeof(bf16), 1);
-        ahead_values = RowPrefetcher(next->block + g.value_offset(next->order, next_window, next->kv_head, 0),
+        const int next_head = next->kv_head + head;
+        // Head-major: the window's two key tiles are one run of bytes.
+        ahead_keys = tiled ? RowPrefetcher(next->block + g.key_offset(next->order, next_window, next_head, 0), 0,
+                                           std::int64_t{chunk_tokens} * g.key_dim * sizeof(bf16), 1)
+                           : RowPrefetcher(next->block + g.key_offset(next->order, next_window, next_head, 0),
+                                           key_stride, g.key_dim * sizeof(bf16), chunk_tokens);
+        ahead_values = RowPrefetcher(next->block + g.value_offset(next->order, next_window, next_head, 0),
                                      value_stride, g.value_dim * sizeof(bf16), chunk_tokens);
       }
       ahead_keys.spread_over(g.key_dim / 32);
       ahead_values.spread_over((g.key_dim + g.value_dim) / 32);
-      // Scores: per 32 dims, each key tile's 16 rows of (dim 2j, dim 2j + 1)
-      // interleaved into the B tile of pairs, times the queries' 32 dims.
-      const bf16* keys = s.block + g.key_offset(s.order, window, s.kv_head, 0);
+      // Scores: per 32 dims, the B tiles of (dim 2j, dim 2j + 1) pairs of
+      // each 16 tokens, times the queries' 32 dims.
+      const bf16* keys = s.block + g.key_offset(s.order, window, s.kv_head + head, 0);
       tiles.template zero<0>();
       tiles.template zero<1>();
       for (int c = 0; c < g.key_dim / 32; ++c) {
         for (int half = 0; half < 2; ++half) {
-          const bf16* tile = keys + (std::int64_t{half} * g.key_dim + 32 * c) * 16;
-          for (int j = 0; j < 16; ++j)
-            _mm512_store_si512(w.key_pairs[half] + 16 * j,
-                               _mm512_permutexvar_epi16(pair_order, _mm512_loadu_si512(tile + 32 * j)));
+          if (tiled) {
+            const bf16* tile = keys + (std::int64_t{half} * g.key_dim + 32 * c) * 16;
+            for (int j = 0; j < 16; ++j)
+              _mm512_store_si512(w.key_pairs[half] + 16 * j,
+                                 _mm512_permutexvar_epi16(pair_order, _mm512_loadu_si512(tile + 32 * j)));
+          } else {
+            const char* rows = reinterpret_cast<const char*>(keys) + 16 * half * key_stride + 64 * c;
+            __m512i lines[16];
+            for (int t = 0; t < 16; ++t) lines[t] = _mm512_loadu_si512(rows + t * key_stride);
+            transpose16(lines);
+            for (int j = 0; j < 16; ++j) _mm512_store_si512(w.key_pairs[half] + 16 * j, lines[j]);
+          }
         }
         tiles.template load<4>(query_rows + 16 * c, query_stride);
         tiles.template load<2>(w.key_pairs[0], tile_row_bytes);
@@ -376,7 +394,8 @@ void attend_group_run(Tiles& tiles, const HostSegment<bf16>* run, int count, con
       sums = _mm512_add_ps(sums, _mm512_load_ps(chunk_sums));
       // Values: rows outside the segment may hold anything, so a partial
       // window's rows are copied, zeros around them.
-      const char* values = reinterpret_cast<const char*>(s.block + g.value_offset(s.order, window, s.kv_head, 0));
+      const char* values =
+          reinterpret_cast<const char*>(s.block + g.value_offset(s.order, window, s.kv_head + head, 0));
       std::int64_t stride = value_stride;
       if (begin > window || stop < window + chunk_tokens) {
         std::fill(w.padded, w.padded + chunk_tokens * g.value_dim, bf16{0});
@@ -394,11 +413,17 @@ void attend_group_run(Tiles& tiles, const HostSegment<bf16>* run, int count, con
   write_output(w, group, g.value_dim, references, sums, o, lse);
 }
 
+/// The run for `kv_heads` KV heads from run[0].kv_head on (several only in
+/// token-major GQA blocks), one after the other: o (kv_heads, group,
+/// value_dim), lse (kv_heads, group).
 template <class Tiles>
-void attend_run(Tiles& tiles, const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
-                const HostSegment<bf16>* following, float* o, float* lse) {
-  if (run[0].geometry.values_in_keys) attend_latent_run(tiles, run, count, query_pairs, following, o, lse);
-  else attend_group_run(tiles, run, count, query_pairs, following, o, lse);
+void attend_run(Tiles& tiles, const HostSegment<bf16>* run, int count, int kv_heads,
+                const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following, float* o, float* lse) {
+  if (run[0].geometry.values_in_keys) return attend_latent_run(tiles, run, count, query_pairs[0], following, o, lse);
+  const int rows = run[0].group;
+  for (int h = 0; h < kv_heads; ++h)
+    attend_group_run(tiles, run, count, h, query_pairs[h], following, o + h * rows * run[0].geometry.value_dim,
+                     lse + h * rows);
 }
 
 }  // namespace
@@ -407,7 +432,7 @@ bool amx_takes(const BlockGeometry& g, BlockOrder order, int group) {
   if (g.key_dim % 32 != 0 || g.value_dim % 32 != 0 || g.key_dim > max_key_dim || g.value_dim > max_value_dim)
     return false;
   if (g.values_in_keys) return group == heads && g.kv_heads == 1 && g.value_dim <= g.key_dim;
-  return g.tiled_keys(order) && g.key_tile_tokens() == 16 && g.block_tokens % chunk_tokens == 0 && group >= 1 &&
+  return (!g.tiled_keys(order) || g.key_tile_tokens() == 16) && g.block_tokens % chunk_tokens == 0 && group >= 1 &&
          group <= heads;
 }
 
@@ -418,16 +443,18 @@ void prepare_query_pairs_amx(const BlockGeometry& g, int group, const float* que
           bf16_pair(queries[h * g.key_dim + 2 * j], queries[h * g.key_dim + 2 * j + 1]);
 }
 
-void host_run_attention_amx(const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
-                            const HostSegment<bf16>* following, float* o, float* lse) {
+void host_run_attention_amx(const HostSegment<bf16>* run, int count, int heads,
+                            const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following, float* o,
+                            float* lse) {
   AmxTiles tiles;
-  attend_run(tiles, run, count, query_pairs, following, o, lse);
+  attend_run(tiles, run, count, heads, query_pairs, following, o, lse);
 }
 
-void host_run_attention_amx_emulated(const HostSegment<bf16>* run, int count, const std::uint32_t* query_pairs,
-                                     const HostSegment<bf16>* following, float* o, float* lse) {
+void host_run_attention_amx_emulated(const HostSegment<bf16>* run, int count, int heads,
+                                     const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following,
+                                     float* o, float* lse) {
   EmulatedTiles tiles;
-  attend_run(tiles, run, count, query_pairs, following, o, lse);
+  attend_run(tiles, run, count, heads, query_pairs, following, o, lse);
 }
 
 }  // namespace writescope::impl

@@ -21,35 +21,40 @@ namespace {
 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
 
-using RunProduct = std::function<void(const impl::HostSegment<bf16>*, int, const std::uint32_t*,
+using RunProduct = std::function<void(const impl::HostSegment<bf16>*, int, int, const std::uint32_t* const*,
                                       const impl::HostSegment<bf16>*, float*, float*)>;
 
-/// Three blocks of one shape's KV (its last KV head) and that head's query
-/// group; runs of segments that start and end inside 32-token chunks (NaN
+/// Three blocks of one shape's KV, `heads` of its KV heads (the last ones)
+/// and their query groups; runs of segments that start and end inside 32-token chunks (NaN
 /// around them), and that rise into (or fall from) much larger scores,
 /// checked against a double reference of the same bf16 KV with bf16-rounded
 /// queries.
 class AmxRuns {
  public:
-  AmxRuns(const AttentionShape& shape, BlockOrder order)
-      : order_(order), geometry_(shape.block_geometry(block_tokens)), group_(shape.group()),
-        kv_head_(shape.kv_heads - 1), scale_(1.0f / std::sqrt(static_cast<float>(shape.key_dim))) {
+  AmxRuns(const AttentionShape& shape, BlockOrder order, int heads)
+      : order_(order), geometry_(shape.block_geometry(block_tokens)), group_(shape.group()), heads_(heads),
+        first_head_(shape.kv_heads - heads), scale_(1.0f / std::sqrt(static_cast<float>(shape.key_dim))) {
     std::mt19937 random(7);
     std::normal_distribution<float> normal;
     pool_.resize(static_cast<std::size_t>(blocks * geometry_.block_elements()));
     for (bf16& element : pool_) element = from_float<bf16>(normal(random));
-    queries_.resize(static_cast<std::size_t>(group_ * geometry_.key_dim));
+    const int rows = heads_ * group_;  // query heads, head-major
+    queries_.resize(static_cast<std::size_t>(rows * geometry_.key_dim));
     for (float& q : queries_) q = normal(random);
     // Block 2's scores some 14 to 17 above the others' (its last 32 key
     // dims, keys only, along the queries' constant ones): a run into it
     // rescales its state beyond any lazy margin.
-    for (int h = 0; h < group_; ++h)
-      for (int d = geometry_.key_dim - 32; d < geometry_.key_dim; ++d) queries_[h * geometry_.key_dim + d] = 1.0f;
-    for (int t = 0; t < block_tokens; ++t)
-      for (int d = geometry_.key_dim - 32; d < geometry_.key_dim; ++d)
-        pool_[2 * geometry_.block_elements() + geometry_.key_offset(order_, t, kv_head_, d)] = from_float<bf16>(6.0f);
+    for (int q = 0; q < rows; ++q)
+      for (int d = geometry_.key_dim - 32; d < geometry_.key_dim; ++d) queries_[q * geometry_.key_dim + d] = 1.0f;
+    for (int k = first_head_; k < first_head_ + heads_; ++k)
+      for (int t = 0; t < block_tokens; ++t)
+        for (int d = geometry_.key_dim - 32; d < geometry_.key_dim; ++d)
+          pool_[2 * geometry_.block_elements() + geometry_.key_offset(order_, t, k, d)] = from_float<bf16>(6.0f);
     query_pairs_.resize(queries_.size() / 2);
-    impl::prepare_query_pairs_amx(geometry_, group_, queries_.data(), query_pairs_.data());
+    const std::size_t head_words = static_cast<std::size_t>(group_ * geometry_.key_dim / 2);
+    for (int h = 0; h < heads_; ++h)
+      impl::prepare_query_pairs_amx(geometry_, group_, queries_.data() + h * group_ * geometry_.key_dim,
+                                    query_pairs_.data() + h * head_words);
   }
 
   /// (block, first token, tokens) per segment of one run.
@@ -68,18 +73,23 @@ class AmxRuns {
           inside |= piece.block == block && t >= piece.first && t < piece.first + piece.tokens;
         if (inside) continue;
         bf16* kv = pool.data() + block * geometry_.block_elements();
-        for (int d = 0; d < geometry_.key_dim; ++d) kv[geometry_.key_offset(order_, t, kv_head_, d)] = bf16{0x7fc0};
-        for (int d = 0; d < geometry_.value_dim; ++d) kv[geometry_.value_offset(order_, t, kv_head_, d)] = bf16{0x7fc0};
+        for (int k = first_head_; k < first_head_ + heads_; ++k) {
+          for (int d = 0; d < geometry_.key_dim; ++d) kv[geometry_.key_offset(order_, t, k, d)] = bf16{0x7fc0};
+          for (int d = 0; d < geometry_.value_dim; ++d) kv[geometry_.value_offset(order_, t, k, d)] = bf16{0x7fc0};
+        }
       }
     std::vector<impl::HostSegment<bf16>> run;
     for (const Piece& piece : pieces)
-      run.push_back({pool.data() + piece.block * geometry_.block_elements(), geometry_, order_, kv_head_,
+      run.push_back({pool.data() + piece.block * geometry_.block_elements(), geometry_, order_, first_head_,
                      piece.first, piece.tokens, queries_.data(), group_, scale_});
-    std::vector<float> o(static_cast<std::size_t>(group_ * geometry_.value_dim)), lse(group_);
-    product(run.data(), static_cast<int>(run.size()), query_pairs_.data(), nullptr, o.data(), lse.data());
+    const int rows = heads_ * group_;
+    std::vector<float> o(static_cast<std::size_t>(rows * geometry_.value_dim)), lse(rows);
+    std::vector<const std::uint32_t*> pairs;
+    for (int h = 0; h < heads_; ++h) pairs.push_back(query_pairs_.data() + h * group_ * geometry_.key_dim / 2);
+    product(run.data(), static_cast<int>(run.size()), heads_, pairs.data(), nullptr, o.data(), lse.data());
     std::vector<double> ref_o, ref_lse, rounding;
     reference(pieces, ref_o, ref_lse, rounding);
-    for (int h = 0; h < group_; ++h) {
+    for (int h = 0; h < rows; ++h) {
       ASSERT_NEAR(lse[h], ref_lse[h], test::attention_lse_tolerance(true, ref_lse[h])) << "head " << h;
       for (int d = 0; d < geometry_.value_dim; ++d) {
         const int i = h * geometry_.value_dim + d;
@@ -93,29 +103,30 @@ class AmxRuns {
  private:
   static constexpr int block_tokens = 640, blocks = 3;
 
-  float key(int block, int token, int d) const {
-    return to_float(pool_[block * geometry_.block_elements() + geometry_.key_offset(order_, token, kv_head_, d)]);
+  float key(int block, int token, int head, int d) const {
+    return to_float(pool_[block * geometry_.block_elements() + geometry_.key_offset(order_, token, head, d)]);
   }
-  float value(int block, int token, int d) const {
-    return to_float(pool_[block * geometry_.block_elements() + geometry_.value_offset(order_, token, kv_head_, d)]);
+  float value(int block, int token, int head, int d) const {
+    return to_float(pool_[block * geometry_.block_elements() + geometry_.value_offset(order_, token, head, d)]);
   }
 
-  /// o (group, value_dim), lse (group) natural log, and `rounding`, what
+  /// o (heads * group, value_dim), lse (heads * group) natural log, and `rounding`, what
   /// rounding the weights to bf16 can move each o by (at most 2^-8 of each
   /// weight: sum of p |v| / sum of p, times 2^-8).
   void reference(const std::vector<Piece>& pieces, std::vector<double>& o, std::vector<double>& lse,
                  std::vector<double>& rounding) const {
-    o.assign(static_cast<std::size_t>(group_ * geometry_.value_dim), 0.0);
+    o.assign(static_cast<std::size_t>(heads_ * group_ * geometry_.value_dim), 0.0);
     rounding.assign(o.size(), 0.0);
-    lse.assign(group_, 0.0);
-    for (int h = 0; h < group_; ++h) {
+    lse.assign(heads_ * group_, 0.0);
+    for (int h = 0; h < heads_ * group_; ++h) {
+      const int kv_head = first_head_ + h / group_;
       std::vector<double> scores;
       std::vector<std::pair<int, int>> tokens;
       for (const Piece& piece : pieces)
         for (int t = piece.first; t < piece.first + piece.tokens; ++t) {
           double dot = 0;
           for (int d = 0; d < geometry_.key_dim; ++d)
-            dot += double{round_to<bf16>(queries_[h * geometry_.key_dim + d])} * key(piece.block, t, d);
+            dot += double{round_to<bf16>(queries_[h * geometry_.key_dim + d])} * key(piece.block, t, kv_head, d);
           scores.push_back(dot * scale_);
           tokens.emplace_back(piece.block, t);
         }
@@ -125,7 +136,7 @@ class AmxRuns {
         const double p = std::exp(scores[i] - maximum);
         sum += p;
         for (int d = 0; d < geometry_.value_dim; ++d) {
-          const double v = value(tokens[i].first, tokens[i].second, d);
+          const double v = value(tokens[i].first, tokens[i].second, kv_head, d);
           o[h * geometry_.value_dim + d] += p * v;
           rounding[h * geometry_.value_dim + d] += p * std::abs(v);
         }
@@ -140,7 +151,7 @@ class AmxRuns {
 
   BlockOrder order_;
   BlockGeometry geometry_;
-  int group_, kv_head_;
+  int group_, heads_, first_head_;
   float scale_;
   std::vector<bf16> pool_;
   std::vector<float> queries_;
@@ -157,15 +168,22 @@ const std::vector<std::vector<AmxRuns::Piece>> runs{{{0, 0, 32}},
                                                     {{1, 300, 300}}};
 
 /// Every run, for MLA (both orders: token rows either way) and the GQA shapes
-/// in head-major blocks (the orders the tiles take).
+/// in both orders (token-major blocks: two KV heads in one call, as their
+/// work items take all heads).
 void expect_every_run(const RunProduct& product) {
-  const std::vector<std::pair<AttentionShape, BlockOrder>> cases{
-      {deepseek_v2_lite_mla_attention(), BlockOrder::head_major},
-      {deepseek_v2_lite_mla_attention(), BlockOrder::token_major},
-      {qwen3_30b_a3b_attention(), BlockOrder::head_major},
-      {mixtral_8x7b_attention(), BlockOrder::head_major}};
-  for (const auto& [shape, order] : cases) {
-    const AmxRuns kv(shape, order);
+  struct Case {
+    AttentionShape shape;
+    BlockOrder order;
+    int heads;
+  };
+  const std::vector<Case> cases{{deepseek_v2_lite_mla_attention(), BlockOrder::head_major, 1},
+                                {deepseek_v2_lite_mla_attention(), BlockOrder::token_major, 1},
+                                {qwen3_30b_a3b_attention(), BlockOrder::head_major, 1},
+                                {qwen3_30b_a3b_attention(), BlockOrder::token_major, 2},
+                                {mixtral_8x7b_attention(), BlockOrder::head_major, 1},
+                                {mixtral_8x7b_attention(), BlockOrder::token_major, 2}};
+  for (const auto& [shape, order, heads] : cases) {
+    const AmxRuns kv(shape, order, heads);
     ASSERT_TRUE(impl::amx_takes(kv.geometry(), order, shape.group())) << shape.name;
     for (std::size_t r = 0; r < runs.size(); ++r) {
       SCOPED_TRACE(shape.name + ", run " + std::to_string(r) +
@@ -189,19 +207,20 @@ TEST(AmxDecodeProduct, HardwareTilesMatchTheReference) {
 
 #endif
 
-// MLA in either order; GQA in head-major blocks (16-token key tiles, blocks
-// of whole 32-token chunks), not in token rows.
-TEST(AmxDecodeProduct, TakesMlaAndHeadMajorGroups) {
+// MLA and GQA in either order, in blocks of whole 32-token chunks; MLA only
+// with its 16 heads.
+TEST(AmxDecodeProduct, TakesMlaAndGroupsInBlocksOfWholeChunks) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
   const BlockGeometry mla = deepseek_v2_lite_mla_attention().block_geometry(256);
   for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major})
     EXPECT_TRUE(impl::amx_takes(mla, order, 16));
   EXPECT_FALSE(impl::amx_takes(mla, BlockOrder::token_major, 8));
   for (const AttentionShape& gqa : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention()}) {
-    EXPECT_TRUE(impl::amx_takes(gqa.block_geometry(256), BlockOrder::head_major, gqa.group())) << gqa.name;
-    EXPECT_FALSE(impl::amx_takes(gqa.block_geometry(256), BlockOrder::token_major, gqa.group())) << gqa.name;
-    EXPECT_FALSE(impl::amx_takes(gqa.block_geometry(48), BlockOrder::head_major, gqa.group()))
-        << gqa.name << ": 48-token blocks end inside a chunk";
+    for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major}) {
+      EXPECT_TRUE(impl::amx_takes(gqa.block_geometry(256), order, gqa.group())) << gqa.name;
+      EXPECT_FALSE(impl::amx_takes(gqa.block_geometry(48), order, gqa.group()))
+          << gqa.name << ": 48-token blocks end inside a chunk";
+    }
   }
   BlockGeometry odd = mla;
   odd.key_dim = 560;  // not whole 32-dim tile steps

@@ -382,18 +382,14 @@ TEST(RowPrefetcher, RequestsEveryLineOnceWithItsPartsInTurn) {
 
 // A model shape the fastest path silently refuses would run on a slower one
 // and still pass every accuracy test; this catches it (writescope info shows it).
-// On amx_bf16, MLA and the head-major (CpuResident) GQA blocks take the
-// tiles, token rows of GQA the faster vector path.
 TEST(DecodeAttentionDispatch, EveryModelShapeTakesTheBestCpuPath) {
-  const CpuPath best = best_cpu_path();
   for (const AttentionShape& shape :
        {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()})
-    for (Region region : {Region::cpu_resident, Region::cpu_streamed, Region::gpu_streamed}) {
-      const bool tiles = shape.values_in_keys || block_order(region) == BlockOrder::head_major;
-      EXPECT_EQ(impl::host_product_path(best, shape.block_geometry(256), block_order(region), shape.group(), true),
-                tiles ? best : vector_path(best))
+    for (Region region : {Region::cpu_resident, Region::cpu_streamed, Region::gpu_streamed})
+      EXPECT_EQ(impl::host_product_path(best_cpu_path(), shape.block_geometry(256), block_order(region), shape.group(),
+                                        true),
+                best_cpu_path())
           << shape.name << " " << region_name(region);
-    }
 }
 
 TYPED_TEST(DecodeAttentionTest, SplitAtAnyPointAndMergeEqualsMonolithic) {

@@ -75,7 +75,7 @@ two_files "$out" || fail "expected 2 files after a check out of time"
 # pinned. Stand-ins write
 # the path they ran with and their filter as their JSON.
 amx=$scratch/amx
-stand_in_build "$amx" 'case "$1" in info) echo "  amx_bf16: MLA'"'"'s and head-major GQA'"'"'s products on AMX tiles; the other kernels on avx512_fma" ;; esac
+stand_in_build "$amx" 'case "$1" in info) echo "  amx_bf16: decode attention'"'"'s products on AMX tiles; the other kernels on avx512_fma" ;; esac
 for arg; do case "$arg" in --benchmark_out=*)
   printf "{\"context\": {\"cpu_path\": \"%s\", \"filter\": \"%s\"}, \"benchmarks\": []}\n" "${WRITESCOPE_CPU_PATH:-}" "$1" >"${arg#--benchmark_out=}" ;;
 esac; done'
