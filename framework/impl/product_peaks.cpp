@@ -3,6 +3,7 @@
 #include "framework/impl/product_peaks.hpp"
 
 #include <cstring>
+#include <initializer_list>
 
 #include "framework/impl/amx_tiles.hpp"
 
@@ -68,12 +69,15 @@ float amx_tile_chains(float seed, std::int64_t iterations) {
 }
 
 namespace {
-/// One tile product C += A B on `Tiles`: C (16 x 16 fp32), A and B (16 x 32 bf16).
+/// One tile product C += A B on `Tiles` configured by `config` (tiles 0, 1,
+/// 2: C, A, B): C (rows x 16 fp32), A (rows x 32 bf16, `a_stride` bytes
+/// apart), B (16 x 32 bf16).
 template <class Tiles>
-void one_tile_product(Tiles& tiles, float* c, const bf16* a, const bf16* b) {
-  tiles.configure(TileConfig{});
+void one_tile_product(Tiles& tiles, const TileConfig& config, float* c, const bf16* a, std::int64_t a_stride,
+                      const bf16* b) {
+  tiles.configure(config);
   tiles.template load<0>(c, tile_row_bytes);
-  tiles.template load<1>(a, tile_row_bytes);
+  tiles.template load<1>(a, a_stride);
   tiles.template load<2>(b, tile_row_bytes);
   tiles.template dot<0, 1, 2>();
   tiles.template store<0>(c, tile_row_bytes);
@@ -82,18 +86,21 @@ void one_tile_product(Tiles& tiles, float* c, const bf16* a, const bf16* b) {
 }  // namespace
 
 bool amx_tiles_match_emulation() {
-  alignas(64) bf16 a[tile_rows * 32], b[tile_rows * 32];
+  // A's rows 128 bytes apart (a strided load), every tile whole, then C and
+  // A of 8 rows (the short tiles of the GQA decode product).
+  alignas(64) bf16 a[2 * tile_rows * 32], b[tile_rows * 32];
   alignas(64) float c[2][tile_rows * 16];
-  for (int i = 0; i < tile_rows * 32; ++i) {
-    a[i] = from_float<bf16>(static_cast<float>(i * 7 % 9) - 4);
-    b[i] = from_float<bf16>(static_cast<float>(i * 5 % 7) - 3);
-  }
-  for (int i = 0; i < tile_rows * 16; ++i) c[0][i] = c[1][i] = static_cast<float>(i % 11);
+  for (int i = 0; i < 2 * tile_rows * 32; ++i) a[i] = from_float<bf16>(static_cast<float>(i * 7 % 9) - 4);
+  for (int i = 0; i < tile_rows * 32; ++i) b[i] = from_float<bf16>(static_cast<float>(i * 5 % 7) - 3);
   AmxTiles hardware;
   EmulatedTiles emulated;
-  one_tile_product(hardware, c[0], a, b);
-  one_tile_product(emulated, c[1], a, b);
-  return std::memcmp(c[0], c[1], sizeof c[0]) == 0;
+  for (const TileConfig& config : {TileConfig{}, TileConfig(0b011u, 8)}) {
+    for (int i = 0; i < tile_rows * 16; ++i) c[0][i] = c[1][i] = static_cast<float>(i % 11);
+    one_tile_product(hardware, config, c[0], a, 2 * tile_row_bytes, b);
+    one_tile_product(emulated, config, c[1], a, 2 * tile_row_bytes, b);
+    if (std::memcmp(c[0], c[1], sizeof c[0]) != 0) return false;
+  }
+  return true;
 }
 
 }  // namespace writescope::impl
