@@ -24,8 +24,9 @@ namespace writescope {
 /// multiply-adds of a 16-lane FMA, the Intel VM measured on 2026-12-01 at
 /// half (faster_avx512_path).
 ///  - amx_bf16: AMX tile products (`tdpbf16ps`, 16 x 16 fp32 tiles of bf16
-///    pairs) where a kernel has them (MLA decode attention), elsewhere the
-///    faster AVX-512 path (vector_path). Needs AMX-TILE and AMX-BF16 in
+///    pairs) where a kernel has them (decode attention, the bf16 linear
+///    layer's decode batches), elsewhere the faster AVX-512 path
+///    (vector_path). Needs AMX-TILE and AMX-BF16 in
 ///    CPUID, AVX-512 BF16, and the OS's grant of the tile data state, which
 ///    this module requests for the process.
 enum class CpuPath : int { scalar = 0, avx2 = 1, avx512_fma = 2, avx512_bf16 = 3, amx_bf16 = 4 };

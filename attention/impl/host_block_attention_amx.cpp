@@ -315,7 +315,7 @@ void attend_group_run(Tiles& tiles, const HostSegment<bf16>* run, int count, int
                                                               21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                                               11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i pair_order = _mm512_load_si512(interleave);
-  tiles.configure(TileConfig(0b11110011u, group));
+  tiles.configure(TileConfig{}.rows_of(0b11110011u, group));
   for (int r = 0; r < count; ++r) {
     const HostSegment<bf16>& s = run[r];
     const HostSegment<bf16>* after = r + 1 < count ? &run[r + 1] : following;

@@ -1,7 +1,7 @@
 #pragma once
-// AMX tile operations for the amx_bf16 CPU path, in one shape: tile
-// registers of 64-byte rows (fp32 16 columns, or bf16 32 / 16 pairs x 2), 16
-// rows or fewer (TileConfig). Two backends with the same members:
+// AMX tile operations for the amx_bf16 CPU path: tile registers of up to 16
+// rows of up to 64 bytes (fp32 16 columns, or bf16 32 / 16 pairs x 2;
+// TileConfig). Two backends with the same members:
 //  - AmxTiles: the instructions, as inline assembly (GCC's intrinsics paste
 //    the register number into the text, so a template parameter cannot name
 //    it), for CPUs where cpu_path_supported(CpuPath::amx_bf16);
@@ -20,19 +20,27 @@ namespace writescope::impl {
 inline constexpr int tile_rows = 16;
 inline constexpr int tile_row_bytes = 64;
 
-/// The LDTILECFG operand: palette 1, the eight tiles 64 bytes wide and
-/// tile_rows high, but those in `short_tiles` (bit t: tile t) `short_rows`.
+/// The LDTILECFG operand: palette 1, the eight tiles tile_rows high and
+/// tile_row_bytes wide but where rows_of / bytes_of say otherwise (bit t of
+/// `tiles`: tile t).
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1;
   std::uint8_t start_row = 0;
   std::uint8_t reserved[14] = {};
   std::uint16_t bytes_per_row[16] = {};
   std::uint8_t rows[16] = {};
-  explicit TileConfig(unsigned short_tiles = 0, int short_rows = tile_rows) {
-    for (int t = 0; t < 8; ++t) {
-      bytes_per_row[t] = tile_row_bytes;
-      rows[t] = static_cast<std::uint8_t>(short_tiles >> t & 1u ? short_rows : tile_rows);
-    }
+  TileConfig() {
+    for (int t = 0; t < 8; ++t) bytes_per_row[t] = tile_row_bytes, rows[t] = tile_rows;
+  }
+  TileConfig& rows_of(unsigned tiles, int count) {
+    for (int t = 0; t < 8; ++t)
+      if (tiles >> t & 1u) rows[t] = static_cast<std::uint8_t>(count);
+    return *this;
+  }
+  TileConfig& bytes_of(unsigned tiles, int bytes) {
+    for (int t = 0; t < 8; ++t)
+      if (tiles >> t & 1u) bytes_per_row[t] = static_cast<std::uint16_t>(bytes);
+    return *this;
   }
 };
 static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
@@ -67,13 +75,13 @@ struct AmxTiles {
 
 /// The same in plain C++ (fp32 accumulation of each pair's products; the
 /// hardware flushes denormals and may round differently in the last bit).
-/// Rows past a tile's configured ones are zero, as LDTILECFG and loads leave
-/// them.
+/// Rows and bytes past a tile's configured ones are zero, as LDTILECFG and
+/// loads leave them.
 class EmulatedTiles {
  public:
   void configure(const TileConfig& config) {
     std::memset(tiles_, 0, sizeof tiles_);
-    for (int t = 0; t < 8; ++t) rows_[t] = config.rows[t];
+    for (int t = 0; t < 8; ++t) rows_[t] = config.rows[t], bytes_[t] = config.bytes_per_row[t];
   }
   void release() {}
   template <int T>
@@ -83,14 +91,15 @@ class EmulatedTiles {
   template <int T>
   void load(const void* rows, std::int64_t stride) {
     for (int r = 0; r < rows_[T]; ++r)
-      std::memcpy(tiles_[T] + r * tile_row_bytes, static_cast<const char*>(rows) + r * stride, tile_row_bytes);
+      std::memcpy(tiles_[T] + r * tile_row_bytes, static_cast<const char*>(rows) + r * stride, bytes_[T]);
   }
   template <int T>
   void store(void* rows, std::int64_t stride) const {
     for (int r = 0; r < rows_[T]; ++r)
-      std::memcpy(static_cast<char*>(rows) + r * stride, tiles_[T] + r * tile_row_bytes, tile_row_bytes);
+      std::memcpy(static_cast<char*>(rows) + r * stride, tiles_[T] + r * tile_row_bytes, bytes_[T]);
   }
-  /// C (M x 16) += A (M x 2K) B (K pairs x 16): M = C's (and A's) rows, K = B's.
+  /// C (M x N) += A (M x 2K) B (K pairs x N): M = C's (and A's) rows, K = B's
+  /// rows, N = C's (and B's) bytes / 4.
   template <int C, int A, int B>
   void dot() {
     float c[tile_rows][16];
@@ -99,7 +108,7 @@ class EmulatedTiles {
     std::memcpy(a, tiles_[A], sizeof a);
     std::memcpy(b, tiles_[B], sizeof b);
     for (int m = 0; m < rows_[C]; ++m)
-      for (int n = 0; n < 16; ++n)
+      for (int n = 0; n < bytes_[C] / 4; ++n)
         for (int p = 0; p < rows_[B]; ++p)
           c[m][n] += to_float(a[m][2 * p]) * to_float(b[p][2 * n]) + to_float(a[m][2 * p + 1]) * to_float(b[p][2 * n + 1]);
     std::memcpy(tiles_[C], c, sizeof c);
@@ -108,6 +117,8 @@ class EmulatedTiles {
  private:
   alignas(64) unsigned char tiles_[8][tile_rows * tile_row_bytes];
   int rows_[8] = {tile_rows, tile_rows, tile_rows, tile_rows, tile_rows, tile_rows, tile_rows, tile_rows};
+  int bytes_[8] = {tile_row_bytes, tile_row_bytes, tile_row_bytes, tile_row_bytes,
+                   tile_row_bytes, tile_row_bytes, tile_row_bytes, tile_row_bytes};
 };
 
 }  // namespace writescope::impl

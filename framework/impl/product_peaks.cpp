@@ -3,7 +3,6 @@
 #include "framework/impl/product_peaks.hpp"
 
 #include <cstring>
-#include <initializer_list>
 
 #include "framework/impl/amx_tiles.hpp"
 
@@ -87,14 +86,16 @@ void one_tile_product(Tiles& tiles, const TileConfig& config, float* c, const bf
 
 bool amx_tiles_match_emulation() {
   // A's rows 128 bytes apart (a strided load), every tile whole, then C and
-  // A of 8 rows (the short tiles of the GQA decode product).
+  // A of 8 rows (the short tiles of the GQA decode product), then C and B of
+  // 4 columns (the narrow tiles of the linear layer).
   alignas(64) bf16 a[2 * tile_rows * 32], b[tile_rows * 32];
   alignas(64) float c[2][tile_rows * 16];
   for (int i = 0; i < 2 * tile_rows * 32; ++i) a[i] = from_float<bf16>(static_cast<float>(i * 7 % 9) - 4);
   for (int i = 0; i < tile_rows * 32; ++i) b[i] = from_float<bf16>(static_cast<float>(i * 5 % 7) - 3);
   AmxTiles hardware;
   EmulatedTiles emulated;
-  for (const TileConfig& config : {TileConfig{}, TileConfig(0b011u, 8)}) {
+  const TileConfig configs[] = {TileConfig{}, TileConfig{}.rows_of(0b011u, 8), TileConfig{}.bytes_of(0b101u, 16)};
+  for (const TileConfig& config : configs) {
     for (int i = 0; i < tile_rows * 16; ++i) c[0][i] = c[1][i] = static_cast<float>(i % 11);
     one_tile_product(hardware, config, c[0], a, 2 * tile_row_bytes, b);
     one_tile_product(emulated, config, c[1], a, 2 * tile_row_bytes, b);

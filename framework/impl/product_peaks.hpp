@@ -34,8 +34,8 @@ inline constexpr int tile_chains = 4;
 float amx_tile_chains(float seed, std::int64_t iterations);
 
 /// Whether tdpbf16ps on this CPU gives EmulatedTiles' result for operands of
-/// small integers (exact in any summation order), with whole tiles and with
-/// short ones, one operand loaded with a stride: the dispatcher's check
+/// small integers (exact in any summation order), with whole tiles, short
+/// ones and narrow ones, one operand loaded with a stride: the dispatcher's check
 /// before it trusts the amx_bf16 path. Only on CPUs with AMX-BF16 whose OS
 /// granted the tile data.
 bool amx_tiles_match_emulation();

@@ -53,6 +53,17 @@ void split_even_odd(const float* x, std::int64_t x_stride, int rows, int in, Cpu
 #ifdef WRITESCOPE_HOST_AVX512_BF16
 void linear_features_avx512(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
                             float* y, std::int64_t y_stride);
+/// The amx_bf16 path (linear_amx.cpp), in % 32 == 0, rows <=
+/// max_split_linear_rows: pair_inputs_amx writes x (rows, in) as the B tiles
+/// of each 32 input columns, (16 pairs, rows) words of the bf16 high halves
+/// then of the low ones (rows x in words in all, in x_split's place);
+/// linear_features_amx is the split kernels' contract on them, on AMX tiles
+/// or (tests, on any CPU) on their emulation.
+void pair_inputs_amx(const float* x, std::int64_t x_stride, int rows, int in, std::uint32_t* x_pairs);
+void linear_features_amx(const std::uint32_t* x_pairs, int rows, int in, const bf16* w, std::int64_t w_stride,
+                         int features, float* y, std::int64_t y_stride);
+void linear_features_amx_emulated(const std::uint32_t* x_pairs, int rows, int in, const bf16* w,
+                                  std::int64_t w_stride, int features, float* y, std::int64_t y_stride);
 #endif
 #ifdef WRITESCOPE_HOST_AVX2
 void linear_features_avx2(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
@@ -62,10 +73,9 @@ void linear_features_avx2(const float* x_split, int rows, int in, const bf16* w,
 /// The instruction path linear() takes on the host for these operands.
 inline CpuPath linear_path(CpuPath active, int rows, int in, bool bf16_weights) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-  // Both AVX-512 paths run the same 16-lane fp32 FMA kernel here (no tile
-  // products: the layer is DRAM-bound at these rows).
+  // Both AVX-512 paths run the same 16-lane fp32 FMA kernel here; amx_bf16 its tiles.
   if (active >= CpuPath::avx512_fma && bf16_weights && rows >= 1 && rows <= max_linear_rows && in % 32 == 0)
-    return vector_path(active);
+    return active == CpuPath::amx_bf16 ? active : vector_path(active);
 #else
   (void)rows, (void)bf16_weights;
 #endif

@@ -17,10 +17,10 @@ namespace writescope {
 namespace impl {
 
 /// Host work item of the split-input decode paths: split_linear_features
-/// weight rows on `path` (an AVX-512 path or avx2; linear_host.hpp), against each
-/// group of max_split_linear_rows input rows in turn.
+/// weight rows on `path` (amx_bf16, an AVX-512 path or avx2; linear_host.hpp),
+/// against each group of max_split_linear_rows input rows in turn.
 struct LinearSplitHostKernel {
-  const float* x_split;  // split_even_odd's layout of each group of x's rows (linear_host.hpp)
+  const float* x_split;  // each group of x's rows as split_even_odd (pair_inputs_amx on amx_bf16) lays it out
   Kokkos::View<const bf16**, Kokkos::LayoutRight, HostMemSpace> w;
   Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> y;
   CpuPath path;
@@ -35,6 +35,11 @@ struct LinearSplitHostKernel {
       const int group = std::min(max_split_linear_rows, rows - r0);
       const float* x_group = x_split + static_cast<std::int64_t>(r0) * in;
 #ifdef WRITESCOPE_HOST_AVX512_BF16
+      if (path == CpuPath::amx_bf16) {
+        linear_features_amx(reinterpret_cast<const std::uint32_t*>(x_group), group, in, &w(j0, 0), w_stride,
+                            features, &y(r0, j0), y_stride);
+        continue;
+      }
       if (path >= CpuPath::avx512_fma) {
         linear_features_avx512(x_group, group, in, &w(j0, 0), w_stride, features, &y(r0, j0), y_stride);
         continue;
@@ -138,9 +143,18 @@ void linear(const ExecSpace& space,
         float* x_split_floats = x_split.data()->lanes;
         const auto x_stride = static_cast<std::int64_t>(x.stride(0));
         // Groups lie 8 x in floats apart (in % 16 == 0): each 64-byte aligned.
-        for (int r0 = 0; r0 < rows; r0 += impl::max_split_linear_rows)
-          impl::split_even_odd(x.data() + r0 * x_stride, x_stride, std::min(impl::max_split_linear_rows, rows - r0), in,
-                               path, x_split_floats + static_cast<std::int64_t>(r0) * in);
+        for (int r0 = 0; r0 < rows; r0 += impl::max_split_linear_rows) {
+          const int group = std::min(impl::max_split_linear_rows, rows - r0);
+          float* group_split = x_split_floats + static_cast<std::int64_t>(r0) * in;
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+          if (path == CpuPath::amx_bf16) {
+            impl::pair_inputs_amx(x.data() + r0 * x_stride, x_stride, group, in,
+                                  reinterpret_cast<std::uint32_t*>(group_split));
+            continue;
+          }
+#endif
+          impl::split_even_odd(x.data() + r0 * x_stride, x_stride, group, in, path, group_split);
+        }
         launch_parallel_for("writescope::moe::linear_host_split",
                              work_stealing_range(space, (out + impl::split_linear_features - 1) / impl::split_linear_features),
                              impl::LinearSplitHostKernel{x_split_floats, w, y, path});

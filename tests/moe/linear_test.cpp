@@ -83,6 +83,49 @@ TYPED_TEST(LinearTest, RejectsMismatchedShapes) {
 }
 
 
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+/// The AMX linear kernel (`kernel`: hardware or emulated tiles) on split
+/// groups of 1 to 8 rows, whole and partial feature blocks, weight rows
+/// further apart than `in`, against a double reference: inputs split into
+/// bf16 high and low halves stay near fp32 (one bf16 input alone misses the
+/// tolerance by far).
+template <class Kernel>
+void expect_tile_linear(Kernel kernel) {
+  for (const auto& [rows, in, features] :
+       std::vector<std::tuple<int, int, int>>{{1, 32, 16}, {3, 96, 5}, {8, 256, 16}, {5, 4096, 13}}) {
+    const std::int64_t w_stride = in + 32, y_stride = features + 3;
+    const auto x = test::random_values<float>(rows * in, 3);
+    const auto w_values = test::random_values<bf16>(static_cast<int>(features * w_stride), 4);
+    std::vector<bf16> w(w_values.size());
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = from_float<bf16>(w_values[i]);
+    std::vector<std::uint32_t> pairs(static_cast<std::size_t>(rows) * in);
+    impl::pair_inputs_amx(x.data(), in, rows, in, pairs.data());
+    std::vector<float> y(static_cast<std::size_t>(rows * y_stride), -1.0f);
+    kernel(pairs.data(), rows, in, w.data(), w_stride, features, y.data(), y_stride);
+    for (int r = 0; r < rows; ++r)
+      for (int f = 0; f < features; ++f) {
+        // Rounding errors of independent terms add up like their root sum of squares.
+        double expected = 0, squares = 0;
+        for (int c = 0; c < in; ++c) {
+          const double term = static_cast<double>(x[r * in + c]) * to_float(w[f * w_stride + c]);
+          expected += term, squares += term * term;
+        }
+        ASSERT_NEAR(y[r * y_stride + f], expected, 1e-4 * (1 + std::sqrt(squares)))
+            << rows << " rows x " << in << " x " << features << " features, row " << r << " feature " << f;
+      }
+  }
+}
+
+TEST(LinearAmx, EmulatedTilesMatchADoubleReference) { expect_tile_linear(impl::linear_features_amx_emulated); }
+
+// Where amx_bf16 runs, linear() takes the tiles on every CPU path test as well.
+TEST(LinearAmx, HardwareTilesMatchADoubleReference) {
+  if (!cpu_path_supported(CpuPath::amx_bf16))
+    GTEST_SKIP() << "the amx_bf16 path is not supported here (amx: " << amx_description() << ")";
+  expect_tile_linear(impl::linear_features_amx);
+}
+#endif
+
 // A decode batch the fastest path silently refuses would run on a slower one
 // and still pass every accuracy test; this catches it.
 TEST(LinearDispatch, DecodeBatchesOfExpertWeightsTakeTheBestCpuPath) {
