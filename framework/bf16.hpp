@@ -51,6 +51,12 @@ WRITESCOPE_INLINE_FUNCTION Scalar from_float(float value) {
   }
 }
 
+/// Two bf16 as one word, `first` in the low half: the order of a pair in the
+/// vdpbf16ps and tdpbf16ps operands.
+WRITESCOPE_INLINE_FUNCTION std::uint32_t bf16_pair(bf16 first, bf16 second) {
+  return std::uint32_t{first.bits} | (std::uint32_t{second.bits} << 16);
+}
+
 /// The value `value` takes after a round trip through Scalar.
 template <class Scalar>
 WRITESCOPE_INLINE_FUNCTION float round_to(float value) {

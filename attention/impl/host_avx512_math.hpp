@@ -39,10 +39,19 @@ inline __m256 fold_halves(__m512 v, bool maximum) {
 inline float sum16(__m512 v) { return simd::horizontal_sum(fold_halves(v, false)); }
 inline float max16(__m512 v) { return simd::horizontal_max(fold_halves(v, true)); }
 
-/// (first, second) rounded to bf16 as one word, first in the low half: the
-/// order of a pair in vdpbf16ps and tdpbf16ps operands.
+/// The _mm512_permutexvar_epi16 index whose word i is element (i % 2) * 16 +
+/// i / 2: the two 16-word halves of a vector interleaved into 16 pairs (a key
+/// line's dims d and d + 1 of 16 tokens into (d, d + 1) pairs; two rows'
+/// weights into (p_t, p_t+1) pairs).
+inline __m512i interleave_halves() {
+  alignas(64) static constexpr std::int16_t order[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                         8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  return _mm512_load_si512(order);
+}
+
+/// (first, second) rounded to bf16 as one pair word (framework/bf16.hpp).
 inline std::uint32_t bf16_pair(float first, float second) {
-  return std::uint32_t{from_float<bf16>(first).bits} | (std::uint32_t{from_float<bf16>(second).bits} << 16);
+  return bf16_pair(from_float<bf16>(first), from_float<bf16>(second));
 }
 
 }  // namespace

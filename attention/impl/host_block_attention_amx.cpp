@@ -140,10 +140,7 @@ inline void chunk_softmax(TileRunState& w, int tokens, float scale, int value_ti
   }
   follow_maxima(w, value_tiles, heads, chunk_max, references, sums);
   // (p_2j, p_2j+1) of each head: word h of row j; then rows = heads.
-  alignas(64) static constexpr std::int16_t interleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                              21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                              11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i order = _mm512_load_si512(interleave);
+  const __m512i order = interleave_halves();
   __m512i pairs[16];
   for (int j = 0; j < 16; ++j) {
     __m512 p[2];
@@ -311,10 +308,7 @@ void attend_group_run(Tiles& tiles, const HostSegment<bf16>* run, int count, int
   const std::int64_t query_stride = g.key_dim * static_cast<std::int64_t>(sizeof(bf16));
   const std::int64_t value_stride = g.value_token_stride(run[0].order) * static_cast<std::int64_t>(sizeof(bf16));
   // Pair j of a step: dims 2j and 2j + 1 of the tile's 16 tokens interleaved.
-  alignas(64) static constexpr std::int16_t interleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                              21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                              11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i pair_order = _mm512_load_si512(interleave);
+  const __m512i pair_order = interleave_halves();
   tiles.configure(TileConfig{}.rows_of(0b11110011u, group));
   for (int r = 0; r < count; ++r) {
     const HostSegment<bf16>& s = run[r];

@@ -120,17 +120,12 @@ struct Work {
   float sums[max_group];
 };
 
-/// Word i of a permuted 64-byte line is element (i % 2) * 16 + i / 2: the line
-/// holds dims d and d + 1 of 16 tokens, the permuted line 16 (d, d + 1) pairs.
-alignas(64) constexpr std::int16_t pair_dims[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                   8,  24, 9,  25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-
 /// `Tiles` consecutive 16-token key tiles from `keys`: Tiles x Group
 /// independent accumulators (at least 12 cover vdpbf16ps' latency x 2 ports).
 template <int Group, int Tiles>
 inline void scores_tiles(const bf16* keys, std::int64_t tile_elements, int pairs, const std::uint32_t* query_pairs,
                          __m512 (&acc)[Tiles][Group], RowPrefetcher& ahead) {
-  const __m512i order = _mm512_load_si512(pair_dims);
+  const __m512i order = interleave_halves();
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
   zero(acc);
   for (int j = 0; j < pairs; ++j) {

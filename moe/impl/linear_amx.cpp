@@ -75,9 +75,9 @@ void pair_inputs_amx(const float* x, std::int64_t x_stride, int rows, int in, st
         const float first = x[r * x_stride + 32 * c + 2 * p], second = x[r * x_stride + 32 * c + 2 * p + 1];
         const bf16 first_high = from_float<bf16>(first), second_high = from_float<bf16>(second);
         std::uint32_t* step = x_pairs + static_cast<std::int64_t>(c) * 32 * rows;
-        step[p * rows + r] = std::uint32_t{first_high.bits} | std::uint32_t{second_high.bits} << 16;
-        step[(16 + p) * rows + r] = std::uint32_t{from_float<bf16>(first - to_float(first_high)).bits} |
-                                    std::uint32_t{from_float<bf16>(second - to_float(second_high)).bits} << 16;
+        step[p * rows + r] = bf16_pair(first_high, second_high);
+        step[(16 + p) * rows + r] = bf16_pair(from_float<bf16>(first - to_float(first_high)),
+                                              from_float<bf16>(second - to_float(second_high)));
       }
 }
 
