@@ -130,6 +130,8 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
   if (cpu_path_supported(CpuPath::amx_bf16))
     out << "  amx_bf16: decode attention and the bf16 linear layer on AMX tiles; the other kernels on "
         << cpu_path_name(vector_path(CpuPath::amx_bf16)) << "\n";
+  else
+    out << "  amx_bf16: not offered: " << amx_bf16_unavailable_reason() << "\n";
   if (active_cpu_path() != best_cpu_path())
     out << "  (pinned by WRITESCOPE_CPU_PATH; the best path here is " << cpu_path_name(best_cpu_path()) << ")\n";
   out << "\nKokkos configuration\n" << machine.kokkos_configuration;

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 #include "framework/impl/product_peaks.hpp"
@@ -34,18 +36,28 @@ unsigned cpuid7_edx() {
   return 0;
 }
 
+bool cpu_runs(CpuPath path);
+
+/// Why this process cannot take the amx_bf16 path, "" where it can: asked
+/// once, the tile data from Linux (ARCH_REQ_XCOMP_PERM, 5.16+; without the
+/// grant a tile instruction faults), then the tiles' own result checked
+/// before any kernel trusts them.
+std::string amx_bf16_refusal() {
 #if defined(WRITESCOPE_HOST_AVX512_BF16) && defined(__x86_64__)
-/// Whether Linux lets this process use the AMX tile data: asked once
-/// (ARCH_REQ_XCOMP_PERM, Linux 5.16+); without the grant a tile instruction
-/// faults.
-bool tile_data_granted() {
-  static const bool granted = [] {
-    constexpr int arch_req_xcomp_perm = 0x1023;  // asm/prctl.h
-    return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
-  }();
-  return granted;
-}
+  if (!cpu_runs(CpuPath::avx512_bf16)) return "no AVX-512 BF16";
+  const unsigned edx = cpuid7_edx();
+  if (!(edx & amx_tile_bit) || !(edx & amx_bf16_bit)) return "AMX-TILE and AMX-BF16 are not both in CPUID";
+  constexpr int arch_req_xcomp_perm = 0x1023;  // asm/prctl.h
+  if (syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) != 0)
+    return std::string("Linux did not grant the tile data (arch_prctl ARCH_REQ_XCOMP_PERM: ") +
+           std::strerror(errno) + ")";
+  const std::string mismatch = impl::amx_tiles_mismatch();
+  if (!mismatch.empty()) return "the tiles' self-check failed: " + mismatch;
+  return "";
+#else
+  return "this build has no AVX-512 BF16 kernels";
 #endif
+}
 
 bool cpu_runs(CpuPath path) {
   switch (path) {
@@ -66,17 +78,8 @@ bool cpu_runs(CpuPath path) {
 #else
       return false;
 #endif
-    case CpuPath::amx_bf16: {
-#if defined(WRITESCOPE_HOST_AVX512_BF16) && defined(__x86_64__)
-      const unsigned edx = cpuid7_edx();
-      // The tiles' own result checked once, before any kernel trusts them.
-      static const bool runs = cpu_runs(CpuPath::avx512_bf16) && (edx & amx_tile_bit) && (edx & amx_bf16_bit) &&
-                               tile_data_granted() && impl::amx_tiles_match_emulation();
-      return runs;
-#else
-      return false;
-#endif
-    }
+    case CpuPath::amx_bf16:
+      return amx_bf16_unavailable_reason().empty();
   }
   return false;
 }
@@ -86,6 +89,12 @@ std::vector<CpuPath> detect() {
   for (CpuPath path : all_paths)
     if (cpu_runs(path)) paths.push_back(path);
   return paths;
+}
+
+/// Why `path`, which this CPU or build does not run, is refused: for
+/// amx_bf16 the check that failed.
+std::string refusal_of(CpuPath path) {
+  return path == CpuPath::amx_bf16 ? ": " + amx_bf16_unavailable_reason() : "";
 }
 
 constexpr int unset = -1;
@@ -101,8 +110,8 @@ CpuPath from_environment() {
     throw std::invalid_argument(std::string("WRITESCOPE_CPU_PATH: ") + error.what());
   }
   if (!cpu_path_supported(path))
-    throw std::invalid_argument(std::string("WRITESCOPE_CPU_PATH: this CPU or build cannot run '") + value +
-                                "' (best here: " + cpu_path_name(best_cpu_path()) + ")");
+    throw std::invalid_argument(std::string("WRITESCOPE_CPU_PATH: this CPU or build cannot run '") + value + "'" +
+                                refusal_of(path) + " (best here: " + cpu_path_name(best_cpu_path()) + ")");
   return path;
 }
 
@@ -181,6 +190,11 @@ bool cpu_path_supported(CpuPath path) {
   return false;
 }
 
+const std::string& amx_bf16_unavailable_reason() {
+  static const std::string reason = amx_bf16_refusal();
+  return reason;
+}
+
 std::string describe_amx(unsigned cpuid7_edx, bool os_tile_data) {
   if (!(cpuid7_edx & amx_tile_bit)) return "not in CPUID";
   std::string description = "amx_tile";
@@ -213,7 +227,7 @@ CpuPath active_cpu_path() {
 void set_cpu_path(CpuPath path) {
   if (!cpu_path_supported(path))
     throw std::invalid_argument(std::string("CPU path '") + cpu_path_name(path) +
-                                "' is not supported by this CPU or build (best here: " +
+                                "' is not supported by this CPU or build" + refusal_of(path) + " (best here: " +
                                 cpu_path_name(best_cpu_path()) + ")");
   pinned.store(static_cast<int>(path), std::memory_order_relaxed);
 }

@@ -59,6 +59,11 @@ const Avx512ProductRates& avx512_product_rates();
 /// per eight, so at equal rates vdpbf16ps wins.
 CpuPath faster_avx512_path(const Avx512ProductRates& rates);
 bool cpu_path_supported(CpuPath path);
+/// "" where amx_bf16 is supported, else why not, naming the check that
+/// failed: no AVX-512 BF16, AMX-TILE / AMX-BF16 not in CPUID, Linux's refusal
+/// of the tile data (with its errno), or the tiles' self-check against
+/// EmulatedTiles (with the case and the first element that differed).
+const std::string& amx_bf16_unavailable_reason();
 
 /// AMX on this machine, recorded with results (MachineDescription::amx):
 /// describe_amx of CPUID leaf 7's EDX and of whether the OS supports the

@@ -145,6 +145,8 @@ MachineDescription MachineDescription::detect() {
     m.cpu_paths += (m.cpu_paths.empty() ? "" : ", ") + std::string(cpu_path_name(path));
   m.cpu_path = cpu_path_name(active_cpu_path());
   m.amx = amx_description();
+  if (!cpu_path_supported(CpuPath::amx_bf16) && m.amx != "not in CPUID")
+    m.amx += "; amx_bf16 not offered: " + amx_bf16_unavailable_reason();
   m.logical_cpus = sysconf(_SC_NPROCESSORS_ONLN);
   m.host_threads = HostExecSpace().concurrency();
   m.openmp_environment = read_openmp_environment();

@@ -20,7 +20,7 @@ struct MachineDescription {
   std::string cpu_model;
   std::string cpu_paths;            // host kernel paths this CPU and build run, comma-separated
   std::string cpu_path;             // the one host kernels take (framework/cpu_path.hpp)
-  std::string amx;                  // amx_description(): AMX and the OS's tile data; no kernel uses it yet
+  std::string amx;                  // amx_description(), and why amx_bf16 is not offered where CPUID has AMX
   std::int64_t logical_cpus = 0;    // online CPUs
   std::int64_t host_threads = 0;    // Kokkos host execution space concurrency
   std::string openmp_environment;   // OMP_* variables as set, "" when none

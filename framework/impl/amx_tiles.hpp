@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <sstream>
+#include <string>
 
 #include "framework/bf16.hpp"
 
@@ -120,5 +122,19 @@ class EmulatedTiles {
   int bytes_[8] = {tile_row_bytes, tile_row_bytes, tile_row_bytes, tile_row_bytes,
                    tile_row_bytes, tile_row_bytes, tile_row_bytes, tile_row_bytes};
 };
+
+/// "" where the first `rows` rows of two 16-column fp32 tiles (e.g. the
+/// hardware's and EmulatedTiles' result) agree bit for bit, else the first
+/// element that differs: "C[r][n] is <first> on the tiles, <second> emulated".
+inline std::string first_tile_difference(const float* tiles, const float* emulated, int rows) {
+  for (int i = 0; i < rows * 16; ++i)
+    if (std::memcmp(tiles + i, emulated + i, sizeof(float)) != 0) {
+      std::ostringstream difference;
+      difference << "C[" << i / 16 << "][" << i % 16 << "] is " << tiles[i] << " on the tiles, " << emulated[i]
+                 << " emulated";
+      return difference.str();
+    }
+  return "";
+}
 
 }  // namespace writescope::impl

@@ -84,7 +84,7 @@ void one_tile_product(Tiles& tiles, const TileConfig& config, float* c, const bf
 }
 }  // namespace
 
-bool amx_tiles_match_emulation() {
+std::string amx_tiles_mismatch() {
   // A's rows 128 bytes apart (a strided load), every tile whole, then C and
   // A of 8 rows (the short tiles of the GQA decode product), then C and B of
   // 4 columns (the narrow tiles of the linear layer).
@@ -94,14 +94,20 @@ bool amx_tiles_match_emulation() {
   for (int i = 0; i < tile_rows * 32; ++i) b[i] = from_float<bf16>(static_cast<float>(i * 5 % 7) - 3);
   AmxTiles hardware;
   EmulatedTiles emulated;
-  const TileConfig configs[] = {TileConfig{}, TileConfig{}.rows_of(0b011u, 8), TileConfig{}.bytes_of(0b101u, 16)};
-  for (const TileConfig& config : configs) {
+  const struct {
+    const char* name;
+    TileConfig config;
+  } cases[] = {{"whole tiles", TileConfig{}},
+               {"tiles of 8 rows", TileConfig{}.rows_of(0b011u, 8)},
+               {"tiles of 16 bytes", TileConfig{}.bytes_of(0b101u, 16)}};
+  for (const auto& tile_case : cases) {
     for (int i = 0; i < tile_rows * 16; ++i) c[0][i] = c[1][i] = static_cast<float>(i % 11);
-    one_tile_product(hardware, config, c[0], a, 2 * tile_row_bytes, b);
-    one_tile_product(emulated, config, c[1], a, 2 * tile_row_bytes, b);
-    if (std::memcmp(c[0], c[1], sizeof c[0]) != 0) return false;
+    one_tile_product(hardware, tile_case.config, c[0], a, 2 * tile_row_bytes, b);
+    one_tile_product(emulated, tile_case.config, c[1], a, 2 * tile_row_bytes, b);
+    const std::string difference = first_tile_difference(c[0], c[1], tile_rows);
+    if (!difference.empty()) return std::string(tile_case.name) + ": " + difference;
   }
-  return true;
+  return "";
 }
 
 }  // namespace writescope::impl

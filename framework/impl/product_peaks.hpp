@@ -4,6 +4,7 @@
 // both variants (writescope_host_kernels in cmake/WriteScopeTarget.cmake).
 
 #include <cstdint>
+#include <string>
 
 namespace writescope::impl {
 
@@ -33,11 +34,12 @@ inline constexpr int tile_chains = 4;
 /// cpu_path_supported(CpuPath::amx_bf16).
 float amx_tile_chains(float seed, std::int64_t iterations);
 
-/// Whether tdpbf16ps on this CPU gives EmulatedTiles' result for operands of
-/// small integers (exact in any summation order), with whole tiles, short
-/// ones and narrow ones, one operand loaded with a stride: the dispatcher's check
-/// before it trusts the amx_bf16 path. Only on CPUs with AMX-BF16 whose OS
-/// granted the tile data.
-bool amx_tiles_match_emulation();
+/// "" where tdpbf16ps on this CPU gives EmulatedTiles' result for operands
+/// of small integers (exact in any summation order), with whole tiles, short
+/// ones and narrow ones, one operand loaded with a stride; else which tiles
+/// differed and where (first_tile_difference). The dispatcher's check before
+/// it trusts the amx_bf16 path. Only on CPUs with AMX-BF16 whose OS granted
+/// the tile data.
+std::string amx_tiles_mismatch();
 
 }  // namespace writescope::impl

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "framework/impl/amx_tiles.hpp"
 #include "framework/simd.hpp"
 
 namespace writescope {
@@ -41,8 +42,46 @@ TEST(CpuPath, DetectionAgreesWithTheKernelsCpuFlags) {
   EXPECT_EQ(cpu_path_supported(CpuPath::avx512_fma), bf16);
   // Linux lists the AMX flags only where it supports the tile data state.
   EXPECT_EQ(cpu_path_supported(CpuPath::amx_bf16), bf16 && flags.count("amx_tile") && flags.count("amx_bf16"))
-      << amx_description();
+      << amx_description() << "; " << amx_bf16_unavailable_reason();
 #endif
+}
+
+// Where amx_bf16 is refused, the reason names the check that failed, and a
+// request for the path repeats it.
+TEST(CpuPath, AmxRefusalNamesTheCheckThatFailed) {
+  const std::string& reason = amx_bf16_unavailable_reason();
+  EXPECT_EQ(cpu_path_supported(CpuPath::amx_bf16), reason.empty()) << reason;
+  const auto flags = proc_cpu_flags();
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+  if (!flags.empty() && !flags.count("avx512_bf16")) {
+    EXPECT_EQ(reason, "no AVX-512 BF16");
+  } else if (!flags.empty() && !(flags.count("amx_tile") && flags.count("amx_bf16"))) {
+    EXPECT_EQ(reason, "AMX-TILE and AMX-BF16 are not both in CPUID");
+  }
+#else
+  EXPECT_EQ(reason, "this build has no AVX-512 BF16 kernels");
+#endif
+  if (reason.empty()) return;
+  try {
+    set_cpu_path(CpuPath::amx_bf16);
+    FAIL() << "an unsupported amx_bf16 was accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("not supported by this CPU or build: " + reason), std::string::npos)
+        << error.what();
+  }
+}
+
+// The self-check's report: the first element, row by row, whose bits differ.
+TEST(Amx, FirstTileDifferenceNamesTheElement) {
+  float tiles[impl::tile_rows * 16], emulated[impl::tile_rows * 16];
+  for (int i = 0; i < impl::tile_rows * 16; ++i) tiles[i] = emulated[i] = static_cast<float>(i % 11);
+  EXPECT_EQ(impl::first_tile_difference(tiles, emulated, impl::tile_rows), "");
+  tiles[10 * 16 + 2] = 0.5f;  // past 8 rows: not compared there
+  EXPECT_EQ(impl::first_tile_difference(tiles, emulated, 8), "");
+  tiles[3 * 16 + 5] = -0.0f, emulated[3 * 16 + 5] = 0.0f;
+  EXPECT_EQ(impl::first_tile_difference(tiles, emulated, impl::tile_rows), "C[3][5] is -0 on the tiles, 0 emulated");
+  EXPECT_EQ(impl::first_tile_difference(tiles, emulated, 3), "");
+  EXPECT_EQ(impl::first_tile_difference(tiles, emulated, 4), "C[3][5] is -0 on the tiles, 0 emulated");
 }
 
 // AMX as recorded with results: what CPUID says, read here as the kernel

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "framework/cpu_path.hpp"
 #include "framework/results_store.hpp"
 #include "framework/spaces.hpp"
 
@@ -22,6 +23,12 @@ TEST(Machine, DetectsTheRunningMachine) {
   EXPECT_FALSE(m.git_revision.empty());
   EXPECT_FALSE(m.compiler.empty());
   EXPECT_EQ(m.gpu_name.empty(), !has_gpu);
+  // AMX in CPUID but the path refused: the record says why.
+  const std::string amx = amx_description();
+  if (amx == "not in CPUID" || cpu_path_supported(CpuPath::amx_bf16))
+    EXPECT_EQ(m.amx, amx);
+  else
+    EXPECT_EQ(m.amx, amx + "; amx_bf16 not offered: " + amx_bf16_unavailable_reason());
 }
 
 TEST(Machine, StoresEveryFieldAsAnAttribute) {
