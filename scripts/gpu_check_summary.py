@@ -49,8 +49,8 @@ def matching_lines(path, title, keys, missing):
 
 def info_section(folder):
     return matching_lines(os.path.join(folder, "info.txt"), "machine:",
-                          ("GPU execution space", "cpu_model", "cpu_path:", "amx:", "host_threads", "thread_placement",
-                           "gpu_name", "gpu_memory_bytes", "memory_bytes", "git_revision"),
+                          ("GPU execution space", "cpu_model", "cpu_path:", "amx:", "amx_bf16:", "host_threads",
+                           "thread_placement", "gpu_name", "gpu_memory_bytes", "memory_bytes", "git_revision"),
                           "machine: no info.txt")
 
 

@@ -30,6 +30,7 @@ for stage in smoke tests calibrate benchmarks host_kernels slice; do
   grep -q "^  $stage passed " "$out/summary.txt" || fail "stage $stage is not reported passed"
 done
 for line in "tests: [0-9]+ tests, 0 failed" "split_decode/qwen3_gqa_band/32768/50 +share 0.50" \
+            "^  amx_bf16: (decode attention and the bf16 linear layer on AMX tiles|not offered: [A-Z])" \
             "check: alpha strictly between 0 and 1: yes" "check: at least half of WriteScope's KV outside VRAM: yes" \
             "speedup of writescope over the best baseline" \
             "cpu_decode/qwen3_gqa_cpu_resident/8192 .* of roofline .* of the rates sampled while it ran" \
@@ -75,7 +76,7 @@ two_files "$out" || fail "expected 2 files after a check out of time"
 # pinned. Stand-ins write
 # the path they ran with and their filter as their JSON.
 amx=$scratch/amx
-stand_in_build "$amx" 'case "$1" in info) echo "  amx_bf16: decode attention'"'"'s products on AMX tiles; the other kernels on avx512_fma" ;; esac
+stand_in_build "$amx" 'case "$1" in info) echo "  amx_bf16: decode attention and the bf16 linear layer on AMX tiles; the other kernels on avx512_fma" ;; esac
 for arg; do case "$arg" in --benchmark_out=*)
   printf "{\"context\": {\"cpu_path\": \"%s\", \"filter\": \"%s\"}, \"benchmarks\": []}\n" "${WRITESCOPE_CPU_PATH:-}" "$1" >"${arg#--benchmark_out=}" ;;
 esac; done'
