@@ -1,6 +1,7 @@
 // Bandwidth bounds that every later kernel is measured against: host DRAM
-// read and copy (STREAM-like), and on CUDA builds pinned and pageable
-// host<->device copies and device-to-device copies.
+// read and copy (STREAM-like), how much of memory and compute time the host
+// overlaps at each intensity (host_overlap), and on CUDA builds pinned and
+// pageable host<->device copies and device-to-device copies.
 //
 // Each benchmark uses manual time, fenced before start and stop, and reports
 // `GB/s` (10^9 bytes per second) over the bytes it moves: read-only kernels
@@ -8,9 +9,14 @@
 // copies (STREAM convention) and bytes transferred for host<->device copies.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "bounds.hpp"
+#include "framework/cpu_path.hpp"
+#include "framework/host_memory.hpp"
+#include "framework/impl/fma_stream.hpp"
 #include "framework/spaces.hpp"
 
 namespace writescope {
@@ -47,8 +53,105 @@ void host_copy(benchmark::State& state) {
   state.counters["threads"] = space.concurrency();
 }
 
+/// 64-byte lines of the overlap stream, in chunks of 2 MiB per work item.
+constexpr std::int64_t line_floats = 16, chunk_lines = (2 * mebibyte) / 64;
+/// The stream's request lead: on the Intel VM 4-16 KiB ran a 16-FMA stream
+/// at 22-25 GB/s, 64-128 KiB at 20-23 and none at 14.
+constexpr std::int64_t overlap_prefetch_bytes = 8192;
+
+using HostFloats = Kokkos::View<float*, HostMemSpace>;
+
+/// fma_stream over the stream's chunk `item`.
+struct FmaStreamChunks {
+  const float* lines;
+  std::int64_t total_lines;
+  int fmas_per_line;
+  CpuPath path;
+  void operator()(std::int64_t item, float& sum) const {
+    const std::int64_t first = item * chunk_lines;
+    sum += impl::fma_stream(path, lines + first * line_floats, std::min(chunk_lines, total_lines - first),
+                            fmas_per_line, 1.0f, overlap_prefetch_bytes);
+  }
+};
+
+/// fma_stream over slice item / repeats: under the static schedule, each
+/// thread walks its own slice `repeats` times.
+struct FmaStreamSlices {
+  const float* lines;
+  std::int64_t slice_lines, repeats;
+  int fmas_per_line;
+  CpuPath path;
+  void operator()(std::int64_t item, float& sum) const {
+    sum += impl::fma_stream(path, lines + item / repeats * slice_lines * line_floats, slice_lines, fmas_per_line,
+                            1.0f, overlap_prefetch_bytes);
+  }
+};
+
+template <class Functor>
+float run_fma_stream(const HostExecSpace& space, const Functor& functor, std::int64_t items) {
+  float sum = 0;
+  Kokkos::parallel_reduce("writescope::benchmarks::fma_stream", Kokkos::RangePolicy<HostExecSpace>(space, 0, items),
+                          functor, sum);
+  return sum;
+}
+
+/// A stream of 64-byte lines with range(0) 16-lane FMAs per line on the fp32
+/// FMA of the active CPU path, 1 GiB from DRAM per iteration (the DRAM read
+/// bound's size) against 64 MiB over a slice of L2 per thread (l2_slice_bytes):
+///   GB/s, in_cache_GB/s: the stream from DRAM, and in L2 (best of five)
+///   bound_GB/s: the DRAM read; compute_bound_GB/s: the FMA peak over the
+///     multiply-adds per byte (multiply_adds_per_byte = range(0) / 4)
+///   overlap: GB/s over min(DRAM read, in cache), 1 where memory and the FMAs
+///     overlap fully and about max/(DRAM + in cache) where their times add up:
+///     what a kernel of this intensity can reach here at most.
+void host_overlap(benchmark::State& state) {
+  const int fmas_per_line = static_cast<int>(state.range(0));
+  const CpuPath path = fp32_fma_path(active_cpu_path());
+  state.SetLabel(cpu_path_name(path));
+  const HostExecSpace space;
+  const std::int64_t threads = space.concurrency();
+  const std::int64_t stream_lines = 1024 * mebibyte / 64, slice_lines = l2_slice_bytes() / 64;
+  HostFloats stream(Kokkos::view_alloc(std::string("writescope::benchmarks::overlap_stream"), Kokkos::WithoutInitializing),
+                    stream_lines * line_floats);
+  advise_huge_pages(stream);
+  HostFloats slices("writescope::benchmarks::overlap_slices", threads * slice_lines * line_floats);
+  Kokkos::deep_copy(stream, 1.0f);
+  Kokkos::deep_copy(slices, 1.0f);
+  const FmaStreamChunks from_dram{stream.data(), stream_lines, fmas_per_line, path};
+  const std::int64_t dram_items = (stream_lines + chunk_lines - 1) / chunk_lines;
+  float sink = 0;
+  const double total = bench::run_fenced_iterations(
+      state, space, [&](const HostExecSpace& s) { sink += run_fma_stream(s, from_dram, dram_items); });
+  const std::int64_t repeats = std::max<std::int64_t>(1, 64 * mebibyte / 64 / (threads * slice_lines));
+  const FmaStreamSlices in_cache{slices.data(), slice_lines, repeats, fmas_per_line, path};
+  double best_in_cache = 0;
+  for (int round = 0; round < 5; ++round) {
+    const double seconds = time_fenced(
+        space, [&](const HostExecSpace& s) { sink += run_fma_stream(s, in_cache, threads * repeats); });
+    best_in_cache = std::max(best_in_cache, 64.0 * slice_lines * threads * repeats / seconds / 1e9);
+  }
+  benchmark::DoNotOptimize(sink);
+  const double gbps = 64.0 * stream_lines * static_cast<double>(state.iterations()) / total / 1e9;
+  const double dram = measure_host_dram_read_gbps();
+  const double multiply_adds_per_byte = fmas_per_line / 4.0;
+  state.counters["GB/s"] = gbps;
+  state.counters["in_cache_GB/s"] = best_in_cache;
+  state.counters["bound_GB/s"] = dram;
+  state.counters["compute_bound_GB/s"] = measure_host_fp32_fma_gmacs(path) / multiply_adds_per_byte;
+  state.counters["multiply_adds_per_byte"] = multiply_adds_per_byte;
+  state.counters["fraction_of_bound"] = gbps / dram;
+  state.counters["overlap"] = gbps / std::min(dram, best_in_cache);
+  state.counters["threads"] = static_cast<double>(threads);
+}
+
 BENCHMARK(host_read)->Name("host_dram/read")->Arg(256)->Arg(1024)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(host_copy)->Name("host_dram/copy")->Arg(256)->Arg(1024)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(host_overlap)
+    ->Name("host_overlap")
+    ->ArgName("fmas_per_line")
+    ->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Arg(64)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 #ifdef KOKKOS_ENABLE_CUDA
 using Bytes = std::uint8_t;

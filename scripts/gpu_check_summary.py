@@ -133,6 +133,10 @@ def host_kernel_section(folder):
                          f"{b.get('label', '?')} {b['compute_bound_GB/s']:.0f} ({b['tokens']:.0f} tokens, "
                          f"{b['threads']:.0f} threads); {b['fraction_of_sampled_compute_bound']:.2f} of the rate "
                          f"sampled while it ran ({b['sampled_compute_bound_GB/s']:.0f}){l2_context(b)}")
+        elif name.startswith("host_overlap/"):
+            lines.append(f"  {name:48s} {b['GB/s']:8.1f}  {b['overlap']:.2f} of min(DRAM {b['bound_GB/s']:.0f}, "
+                         f"in cache {b['in_cache_GB/s']:.0f}): the most a kernel of "
+                         f"{b['multiply_adds_per_byte']:g} multiply-adds per byte reaches here")
     return lines
 
 

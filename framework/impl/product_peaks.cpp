@@ -2,10 +2,9 @@
 
 #include "framework/impl/product_peaks.hpp"
 
-#include <cstring>
+#include <string>
 
 #include "framework/impl/amx_tiles.hpp"
-
 #include "framework/simd.hpp"
 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
