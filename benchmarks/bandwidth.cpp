@@ -111,8 +111,9 @@ void host_overlap(benchmark::State& state) {
   const HostExecSpace space;
   const std::int64_t threads = space.concurrency();
   const std::int64_t stream_lines = 1024 * mebibyte / 64, slice_lines = l2_slice_bytes() / 64;
-  HostFloats stream(Kokkos::view_alloc(std::string("writescope::benchmarks::overlap_stream"), Kokkos::WithoutInitializing),
-                    stream_lines * line_floats);
+  HostFloats stream(
+      Kokkos::view_alloc(std::string("writescope::benchmarks::overlap_stream"), Kokkos::WithoutInitializing),
+      stream_lines * line_floats);
   advise_huge_pages(stream);
   HostFloats slices("writescope::benchmarks::overlap_slices", threads * slice_lines * line_floats);
   Kokkos::deep_copy(stream, 1.0f);
