@@ -24,7 +24,7 @@ inline constexpr int fma_stream_intensities[] = {2, 4, 8, 16, 32, 64};
 /// acc = line * multiplier + acc, with the fp32 FMA of `path`
 /// (fp32_fma_path: 16-lane on the AVX-512 paths and amx_bf16, twice as many
 /// 8-lane ones on avx2, plain multiply-adds on scalar), and requested into L1
-/// `prefetch_bytes` ahead (0: not requested). Returns the sum of the chains'
+/// `prefetch_bytes` ahead (0, or the scalar path: not requested). Returns the sum of the chains'
 /// lanes: with multiplier 1, fmas_per_line times the sum of the floats read
 /// (exact for small integers). std::invalid_argument where fmas_per_line is not
 /// one of fma_stream_intensities or `path` does not run here.
