@@ -12,6 +12,7 @@
 
 #include "attention/impl/host_block_attention.hpp"
 #include "attention/shape.hpp"
+#include "cpu_paths.hpp"
 #include "framework/bf16.hpp"
 #include "framework/cpu_path.hpp"
 #include "kv_test_data.hpp"
@@ -201,7 +202,7 @@ TEST(AmxDecodeProduct, EmulatedTilesMatchTheReference) {
 
 TEST(AmxDecodeProduct, HardwareTilesMatchTheReference) {
   if (!cpu_path_supported(CpuPath::amx_bf16))
-    GTEST_SKIP() << "the amx_bf16 path is not supported here (amx: " << amx_description() << ")";
+    GTEST_SKIP() << "amx_bf16: " << test::unsupported_reason(CpuPath::amx_bf16);
   expect_every_run(impl::host_run_attention_amx);
 }
 

@@ -121,7 +121,7 @@ TEST(LinearAmx, EmulatedTilesMatchADoubleReference) { expect_tile_linear(impl::l
 // Where amx_bf16 runs, linear() takes the tiles on every CPU path test as well.
 TEST(LinearAmx, HardwareTilesMatchADoubleReference) {
   if (!cpu_path_supported(CpuPath::amx_bf16))
-    GTEST_SKIP() << "the amx_bf16 path is not supported here (amx: " << amx_description() << ")";
+    GTEST_SKIP() << "amx_bf16: " << test::unsupported_reason(CpuPath::amx_bf16);
   expect_tile_linear(impl::linear_features_amx);
 }
 #endif
