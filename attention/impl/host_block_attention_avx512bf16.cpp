@@ -165,12 +165,20 @@ inline void scores_tiles_fp32(const bf16* keys, std::int64_t tile_elements, int 
   const __m512i first = _mm512_load_si512(dim_first), second = _mm512_load_si512(dim_second);
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
   zero(acc);
+  const bf16* tile_keys[Tiles];
+  WRITESCOPE_UNROLL(4)
+  for (int k = 0; k < Tiles; ++k) tile_keys[k] = keys + k * tile_elements;
   for (int j = 0; j < pairs; ++j) {
     prefetch.step(Tiles);
     __m512 dim[Tiles], next_dim[Tiles];
     WRITESCOPE_UNROLL(4)
     for (int k = 0; k < Tiles; ++k) {
-      const __m512i line = _mm512_loadu_si512(keys + k * tile_elements + 2 * j * tile_tokens);
+      // A pointer per tile and the line held in a register: else GCC 12 stored
+      // lines to the stack and permuted them from there, a store-forwarding
+      // wait per step (scores in L2 against the values' rate, medians of 60:
+      // Qwen3 0.92 -> 1.00, Mixtral 0.87 -> 0.96).
+      __m512i line = _mm512_loadu_si512(tile_keys[k] + 2 * j * tile_tokens);
+      __asm__("" : "+v"(line));
       dim[k] = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(odd_words, first, line));
       next_dim[k] = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(odd_words, second, line));
     }
