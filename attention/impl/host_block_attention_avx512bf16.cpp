@@ -175,8 +175,8 @@ inline void scores_tiles_fp32(const bf16* keys, std::int64_t tile_elements, int 
     for (int k = 0; k < Tiles; ++k) {
       // A pointer per tile and the line held in a register: else GCC 12 stored
       // lines to the stack and permuted them from there, a store-forwarding
-      // wait per step (scores in L2 against the values' rate, medians of 60:
-      // Qwen3 0.92 -> 1.00, Mixtral 0.87 -> 0.96).
+      // wait per step (scores in L2, both forms in one probe: Qwen3 x1.25,
+      // Mixtral x1.08).
       __m512i line = _mm512_loadu_si512(tile_keys[k] + 2 * j * tile_tokens);
       __asm__("" : "+v"(line));
       dim[k] = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(odd_words, first, line));
