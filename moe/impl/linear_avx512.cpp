@@ -30,8 +30,10 @@ struct Avx512Lines {
   static Vec load(const float* p) { return _mm512_load_ps(p); }
   static void store(float* p, Vec v) { _mm512_store_ps(p, v); }
   static Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  template <bool LoadOnce>
   static void weights(const bf16* row, Vec& even, Vec& odd) {
-    const __m512i raw = _mm512_loadu_si512(row);
+    __m512i raw = _mm512_loadu_si512(row);
+    if constexpr (LoadOnce) __asm__("" : "+v"(raw));
     even = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
     odd = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }

@@ -17,7 +17,11 @@
 // Lines, the path's operations on one vector of `lanes` floats (`Vec`):
 //   path; step(rows): weight rows per pass (rows x step accumulators fit the
 //   registers); zero(); load(p) (aligned); store(p, v); fmadd(a, b, c);
-//   weights(row, even, odd): 2 x lanes bf16 at row as even and odd columns;
+//   weights<LoadOnce>(row, even, odd): 2 x lanes bf16 at row as even and odd
+//   columns; LoadOnce: the line loaded once into a register for the shift and
+//   the mask, where GCC folds the load into both, i.e. reads each line twice
+//   (Zen 5, 8 rows from DRAM: 27 -> 32 GB/s; 1 row lost 7% with it, so only
+//   from 2 rows on);
 //   in_registers(a, b): keeps a and b in registers (GCC folds their loads
 //   into every feature's FMA otherwise, past the loads per cycle the FMAs
 //   leave room for); sum(v): the lanes' sum.
@@ -60,7 +64,7 @@ void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, 
       // block ahead is 16 to 64 KiB, which in L1 evicted the inputs and the lines in use (Intel VM,
       // in the benchmark, 1 row: 19 -> 21 GB/s, 8 rows: 17 -> 19 GB/s).
       if (2 * Lines::lanes >= 32 || c % 32 == 0) _mm_prefetch(reinterpret_cast<const char*>(row) + ahead, _MM_HINT_T1);
-      Lines::weights(row, even[f], odd[f]);
+      Lines::template weights<(Rows > 1)>(row, even[f], odd[f]);
     }
     WRITESCOPE_UNROLL(8)
     for (int r = 0; r < Rows; ++r) {
