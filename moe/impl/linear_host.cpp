@@ -37,6 +37,7 @@ struct Avx2Lines {
   static Vec load(const float* p) { return _mm256_load_ps(p); }
   static void store(float* p, Vec v) { _mm256_store_ps(p, v); }
   static Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  /// Folded or not, the same here: a register for the 32-byte load moved nothing (Zen 5, 2-8 rows).
   template <bool LoadOnce>
   static void weights(const bf16* row, Vec& even, Vec& odd) { load16(row, even, odd); }
   static void in_registers(Vec& a, Vec& b) { __asm__("" : "+x"(a), "+x"(b)); }
