@@ -84,8 +84,8 @@ struct PrefetchToL1 {
 /// Requests the cache lines of a set of equally spaced rows (the next pass's
 /// keys or values) a few at a time, spread over the current pass's products
 /// (and, for the AVX-512 values, its exponentials), so that memory streams
-/// while they run: a burst of requests stalls
-/// once the core's misses in flight are exhausted. The set is split into up
+/// while they run: a burst of requests stalls once the core's misses in
+/// flight are exhausted. The set is split into up
 /// to four equal parts of a page or more (by rows, or a single row by lines)
 /// requested in turn, one line of each: the L2 streamer then runs ahead in
 /// four pages at once, where one sequential stream gave it a single page to
