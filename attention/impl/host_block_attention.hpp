@@ -76,9 +76,18 @@ void host_segment_attention_scalar(const HostSegment<Scalar>& s, float* scores, 
 
 #ifdef WRITESCOPE_HOST_AVX2
 
-/// The request RowPrefetcher makes by default: the line into L1.
-struct PrefetchToL1 {
-  void operator()(const char* line) const { _mm_prefetch(line, _MM_HINT_T0); }
+/// Where RowPrefetcher's requests bring a line: into L1 (`prefetcht0`), or
+/// into L2 only (`prefetcht1`), which leaves the core's L1 misses in flight
+/// to the product's own loads (see attend in the AVX-512 file for where each
+/// reads faster).
+enum class PrefetchLevel { l1, l2 };
+
+/// The request RowPrefetcher makes by default: the line to its level.
+struct PrefetchLine {
+  void operator()(const char* line, PrefetchLevel level) const {
+    if (level == PrefetchLevel::l2) _mm_prefetch(line, _MM_HINT_T1);
+    else _mm_prefetch(line, _MM_HINT_T0);
+  }
 };
 
 /// Requests the cache lines of a set of equally spaced rows (the next pass's
@@ -99,12 +108,14 @@ class RowPrefetcher {
   static constexpr int max_parts = 4;
   static constexpr std::int64_t page_bytes = 4096;
   RowPrefetcher() = default;
-  RowPrefetcher(const void* first_row, std::int64_t stride_bytes, std::int64_t row_bytes, int rows)
+  RowPrefetcher(const void* first_row, std::int64_t stride_bytes, std::int64_t row_bytes, int rows,
+                PrefetchLevel level = PrefetchLevel::l1)
       : row_(static_cast<const char*>(first_row)),
         stride_(stride_bytes),
         row_lines_(static_cast<int>((row_bytes + 63) / 64)),
         rows_left_(rows),
-        lines_(row_lines_ * rows) {
+        lines_(row_lines_ * rows),
+        level_(level) {
     // Parts of at least a page: a smaller one gives the streamer no page of its own.
     for (int parts = max_parts; parts > 1; parts /= 2) {
       if (rows % parts == 0 && rows / parts * stride_ >= page_bytes) {
@@ -118,14 +129,14 @@ class RowPrefetcher {
     }
   }
   /// Requests `lines` more lines (whole groups of one line per part; the
-  /// rest is owed to the next call). `request` sees each line's address
-  /// (tests record them).
-  template <class Request = PrefetchToL1>
+  /// rest is owed to the next call). `request` sees each line's address and
+  /// the level (tests record them).
+  template <class Request = PrefetchLine>
   void step(int lines, Request request = {}) {
     credit_ += std::int64_t{lines} << 16;
     drain(request);
   }
-  template <class Request = PrefetchToL1>
+  template <class Request = PrefetchLine>
   void finish(Request request = {}) {
     step(lines_, request);
   }
@@ -137,7 +148,7 @@ class RowPrefetcher {
     per_tick_ = (left << 16) / std::max<std::int64_t>(1, ticks) + 1;
     credit_ = 0;
   }
-  template <class Request = PrefetchToL1>
+  template <class Request = PrefetchLine>
   void tick(Request request = {}) {
     credit_ += per_tick_;
     drain(request);
@@ -152,7 +163,7 @@ class RowPrefetcher {
     const std::int64_t group = std::int64_t{parts_} << 16;  // one line per part
     for (; credit_ >= group && rows_left_ > 0; credit_ -= group) {
       const char* line = row_ + 64 * line_;
-      for (int p = 0; p < parts_; ++p) request(line + p * part_bytes_);
+      for (int p = 0; p < parts_; ++p) request(line + p * part_bytes_, level_);
       if (++line_ == row_lines_) line_ = 0, row_ += stride_, --rows_left_;
     }
   }
@@ -166,6 +177,7 @@ class RowPrefetcher {
   int parts_ = 1;
   std::int64_t per_tick_ = 0;  // lines per tick, 16.16 fixed point
   std::int64_t credit_ = 0;    // lines owed, the same
+  PrefetchLevel level_ = PrefetchLevel::l1;
 };
 
 // Register tiles: a tile of query heads times a tile of 8-wide vectors, sized

@@ -756,25 +756,26 @@ __attribute__((noinline)) void values_rows(const HostSegment<bf16>& s, int first
 
 /// The rows of tokens [first, first + count) of the block for `heads` KV
 /// heads from s.kv_head on (several only in token-major rows): keys (tiles or
-/// rows) or values.
-RowPrefetcher key_rows(const HostSegment<bf16>& s, int first, int count, int heads) {
+/// rows) or values, requested to `level`.
+RowPrefetcher key_rows(const HostSegment<bf16>& s, int first, int count, int heads, PrefetchLevel level) {
   const BlockGeometry& g = s.geometry;
   if (count <= 0) return {};
   const bf16* start = s.block + g.key_offset(s.order, first, s.kv_head, 0);
   if (g.tiled_keys(s.order)) {
     const int tiles = (first + count - 1) / tile_tokens - first / tile_tokens + 1;
     const bf16* tile = s.block + g.key_offset(s.order, first - first % tile_tokens, s.kv_head, 0);
-    return RowPrefetcher(tile, 0, static_cast<std::int64_t>(tiles) * tile_tokens * g.key_dim * sizeof(bf16), 1);
+    return RowPrefetcher(tile, 0, static_cast<std::int64_t>(tiles) * tile_tokens * g.key_dim * sizeof(bf16), 1,
+                         level);
   }
   return RowPrefetcher(start, g.key_token_stride(s.order) * sizeof(bf16),
-                       std::int64_t{heads} * g.key_dim * sizeof(bf16), count);
+                       std::int64_t{heads} * g.key_dim * sizeof(bf16), count, level);
 }
-RowPrefetcher value_rows(const HostSegment<bf16>& s, int first, int count, int heads) {
+RowPrefetcher value_rows(const HostSegment<bf16>& s, int first, int count, int heads, PrefetchLevel level) {
   const BlockGeometry& g = s.geometry;
   if (count <= 0 || g.values_in_keys) return {};
   return RowPrefetcher(s.block + g.value_offset(s.order, first, s.kv_head, 0),
                        g.value_token_stride(s.order) * sizeof(bf16), std::int64_t{heads} * g.value_dim * sizeof(bf16),
-                       count);
+                       count, level);
 }
 
 /// The first 64-byte line of a buffer of floats allocated `line_floats` longer.
@@ -792,6 +793,15 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
             const float* const* query_lanes, const HostSegment<bf16>* following, float* o, float* lse) {
   const BlockGeometry& g = run[0].geometry;
   const bool tiled = g.tiled_keys(run[0].order);
+  // Head-major blocks: the next pass requested into L2 rather than L1 where
+  // that read faster from DRAM (Zen 4, 2 threads, probe alternated in one
+  // process, 3 rounds x 8, medians): Mixtral's keys and values (vdpbf16ps
+  // +19-31%, fp32 FMAs +8-18%) and Qwen3's keys on vdpbf16ps (+3-8%); not
+  // Qwen3's values (-4 to -7%), nor its keys on the FMAs, which are
+  // compute-bound here (-3 to -8%); token rows (Qwen3 token-major -10 to
+  // -22%, MLA -10%) stay with L1.
+  const PrefetchLevel key_level = tiled && (Group <= 4 || !Fp32) ? PrefetchLevel::l2 : PrefetchLevel::l1;
+  const PrefetchLevel value_level = tiled && Group <= 4 ? PrefetchLevel::l2 : PrefetchLevel::l1;
   const int state = Group * g.value_dim;
   // The value products' register tiles: heads x 32-dim chunks.
   constexpr int value_heads = Group >= 8 ? 8 : Group, value_chunks = Group >= 8 ? 1 : 2;
@@ -830,10 +840,10 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
       // MLA's values are its keys: half of the next pass's rows are requested
       // during each product, so that memory streams through the whole pass.
       const int during_scores = g.values_in_keys ? ahead_count / 2 : ahead_count;
-      RowPrefetcher next_keys = key_rows(ahead, ahead_first, during_scores, heads),
-                    next_values = g.values_in_keys
-                                      ? key_rows(ahead, ahead_first + during_scores, ahead_count - during_scores, heads)
-                                      : value_rows(ahead, ahead_first, ahead_count, heads);
+      RowPrefetcher next_keys = key_rows(ahead, ahead_first, during_scores, heads, key_level),
+                    next_values = g.values_in_keys ? key_rows(ahead, ahead_first + during_scores,
+                                                              ahead_count - during_scores, heads, key_level)
+                                                   : value_rows(ahead, ahead_first, ahead_count, heads, value_level);
       if (tiled) scores_tiled<Group, Fp32>(s, first, count, w[0], next_keys);
       else scores_rows<Group, Fp32>(s, first, count, w.data(), heads, next_keys);
       next_keys.finish();

@@ -340,8 +340,8 @@ TEST(HostSegmentRuns, CoverEachBatchEntryInOrderWithEnoughWorkItems) {
 
 #ifdef WRITESCOPE_HOST_AVX2
 // The prefetcher changes no result, so the accuracy tests cannot see a line it
-// skips or requests twice, or parts requested one after another instead of in
-// turn; this records its requests.
+// skips or requests twice, parts requested one after another instead of in
+// turn, or a line requested to another cache level; this records its requests.
 TEST(RowPrefetcher, RequestsEveryLineOnceWithItsPartsInTurn) {
   struct Case {
     int rows;
@@ -359,11 +359,17 @@ TEST(RowPrefetcher, RequestsEveryLineOnceWithItsPartsInTurn) {
     for (int r = 0; r < c.rows; ++r)
       for (int l = 0; l < row_lines; ++l) expected.push_back(r * c.stride + 64 * l);
     const char* base = reinterpret_cast<const char*>(std::uintptr_t{1} << 20);
-    impl::RowPrefetcher ahead(base, c.stride, c.row_bytes, c.rows);
+    // Every second case into L2.
+    const impl::PrefetchLevel level = c.rows % 2 == 0 ? impl::PrefetchLevel::l2 : impl::PrefetchLevel::l1;
+    impl::RowPrefetcher ahead(base, c.stride, c.row_bytes, c.rows, level);
     EXPECT_EQ(ahead.lines(), static_cast<int>(expected.size()));
     EXPECT_EQ(ahead.parts(), c.parts);
     std::vector<std::int64_t> requested;
-    auto record = [&](const char* line) { requested.push_back(line - base); };
+    int other_level = 0;
+    auto record = [&](const char* line, impl::PrefetchLevel requested_level) {
+      requested.push_back(line - base);
+      other_level += requested_level != level;
+    };
     // A third in steps of 3 lines, a third spread over ticks, the rest at the end.
     const int third = ahead.lines() / 3;
     for (int owed = 0; owed + 3 <= third; owed += 3) ahead.step(3, record);
@@ -376,6 +382,7 @@ TEST(RowPrefetcher, RequestsEveryLineOnceWithItsPartsInTurn) {
       EXPECT_EQ(requested[p], expected[p * part]) << "request " << p;
     std::sort(requested.begin(), requested.end());
     EXPECT_EQ(requested, expected);
+    EXPECT_EQ(other_level, 0) << "requests to the other cache level";
   }
 }
 #endif
