@@ -359,30 +359,33 @@ TEST(RowPrefetcher, RequestsEveryLineOnceWithItsPartsInTurn) {
     for (int r = 0; r < c.rows; ++r)
       for (int l = 0; l < row_lines; ++l) expected.push_back(r * c.stride + 64 * l);
     const char* base = reinterpret_cast<const char*>(std::uintptr_t{1} << 20);
-    // Every second case into L2.
-    const impl::PrefetchLevel level = c.rows % 2 == 0 ? impl::PrefetchLevel::l2 : impl::PrefetchLevel::l1;
-    impl::RowPrefetcher ahead(base, c.stride, c.row_bytes, c.rows, level);
-    EXPECT_EQ(ahead.lines(), static_cast<int>(expected.size()));
-    EXPECT_EQ(ahead.parts(), c.parts);
-    std::vector<std::int64_t> requested;
-    int other_level = 0;
-    auto record = [&](const char* line, impl::PrefetchLevel requested_level) {
-      requested.push_back(line - base);
-      other_level += requested_level != level;
-    };
-    // A third in steps of 3 lines, a third spread over ticks, the rest at the end.
-    const int third = ahead.lines() / 3;
-    for (int owed = 0; owed + 3 <= third; owed += 3) ahead.step(3, record);
-    ahead.spread_over(50);
-    for (int t = 0; t < 25; ++t) ahead.tick(record);
-    ahead.finish(record);
-    // Consecutive requests go to the parts in turn: the first is each part's first line.
-    const std::int64_t part = static_cast<std::int64_t>(expected.size() / c.parts);
-    for (int p = 0; p < c.parts && p < static_cast<int>(requested.size()); ++p)
-      EXPECT_EQ(requested[p], expected[p * part]) << "request " << p;
-    std::sort(requested.begin(), requested.end());
-    EXPECT_EQ(requested, expected);
-    EXPECT_EQ(other_level, 0) << "requests to the other cache level";
+    for (const impl::PrefetchLevel level : {impl::PrefetchLevel::l1, impl::PrefetchLevel::l2}) {
+      SCOPED_TRACE(level == impl::PrefetchLevel::l1 ? "into L1" : "into L2");
+      impl::RowPrefetcher ahead(base, c.stride, c.row_bytes, c.rows, level);
+      EXPECT_EQ(ahead.lines(), static_cast<int>(expected.size()));
+      // Requests into L2 go as one stream.
+      const int parts = level == impl::PrefetchLevel::l1 ? c.parts : 1;
+      EXPECT_EQ(ahead.parts(), parts);
+      std::vector<std::int64_t> requested;
+      int other_level = 0;
+      auto record = [&](const char* line, impl::PrefetchLevel requested_level) {
+        requested.push_back(line - base);
+        other_level += requested_level != level;
+      };
+      // A third in steps of 3 lines, a third spread over ticks, the rest at the end.
+      const int third = ahead.lines() / 3;
+      for (int owed = 0; owed + 3 <= third; owed += 3) ahead.step(3, record);
+      ahead.spread_over(50);
+      for (int t = 0; t < 25; ++t) ahead.tick(record);
+      ahead.finish(record);
+      // Consecutive requests go to the parts in turn: the first is each part's first line.
+      const std::int64_t part = static_cast<std::int64_t>(expected.size() / parts);
+      for (int p = 0; p < parts && p < static_cast<int>(requested.size()); ++p)
+        EXPECT_EQ(requested[p], expected[p * part]) << "request " << p;
+      std::sort(requested.begin(), requested.end());
+      EXPECT_EQ(requested, expected);
+      EXPECT_EQ(other_level, 0) << "requests to the other cache level";
+    }
   }
 }
 #endif
