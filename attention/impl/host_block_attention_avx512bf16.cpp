@@ -793,15 +793,15 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
             const float* const* query_lanes, const HostSegment<bf16>* following, float* o, float* lse) {
   const BlockGeometry& g = run[0].geometry;
   const bool tiled = g.tiled_keys(run[0].order);
-  // Head-major blocks: the next pass requested into L2 rather than L1 where
-  // that read faster from DRAM (Zen 4, 2 threads, probe alternated in one
-  // process, 3 rounds x 8, medians): Mixtral's keys and values (vdpbf16ps
-  // +19-31%, fp32 FMAs +8-18%) and Qwen3's keys on vdpbf16ps (+3-8%); not
-  // Qwen3's values (-4 to -7%), nor its keys on the FMAs, which are
-  // compute-bound here (-3 to -8%); token rows (Qwen3 token-major -10 to
-  // -22%, MLA -10%) stay with L1.
-  const PrefetchLevel key_level = tiled && (Group <= 4 || !Fp32) ? PrefetchLevel::l2 : PrefetchLevel::l1;
-  const PrefetchLevel value_level = tiled && Group <= 4 ? PrefetchLevel::l2 : PrefetchLevel::l1;
+  // Head-major blocks: the next pass requested into L2, as one stream,
+  // rather than into L1 (Zen 4, 2 threads, from DRAM, probe alternated in one
+  // process, 8-12 alternations, medians): Mixtral +19-31% on vdpbf16ps and
+  // +8-18% on fp32 FMAs (four parts), then +6-8% from one stream; Qwen3 keys
+  // +3-8%, one stream +5-8%, its values +6-9% more. Not where the fp32 FMA
+  // products of groups of 8 are compute-bound (Qwen3 keys -3 to -8%, values
+  // -3 to -4%); token rows (Qwen3 token-major: -1 to +11%, four alternating
+  // rounds; MLA -10%) stay with L1.
+  const PrefetchLevel next_pass = tiled && (!Fp32 || Group <= 4) ? PrefetchLevel::l2 : PrefetchLevel::l1;
   const int state = Group * g.value_dim;
   // The value products' register tiles: heads x 32-dim chunks.
   constexpr int value_heads = Group >= 8 ? 8 : Group, value_chunks = Group >= 8 ? 1 : 2;
@@ -840,10 +840,10 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
       // MLA's values are its keys: half of the next pass's rows are requested
       // during each product, so that memory streams through the whole pass.
       const int during_scores = g.values_in_keys ? ahead_count / 2 : ahead_count;
-      RowPrefetcher next_keys = key_rows(ahead, ahead_first, during_scores, heads, key_level),
+      RowPrefetcher next_keys = key_rows(ahead, ahead_first, during_scores, heads, next_pass),
                     next_values = g.values_in_keys ? key_rows(ahead, ahead_first + during_scores,
-                                                              ahead_count - during_scores, heads, key_level)
-                                                   : value_rows(ahead, ahead_first, ahead_count, heads, value_level);
+                                                              ahead_count - during_scores, heads, next_pass)
+                                                   : value_rows(ahead, ahead_first, ahead_count, heads, next_pass);
       if (tiled) scores_tiled<Group, Fp32>(s, first, count, w[0], next_keys);
       else scores_rows<Group, Fp32>(s, first, count, w.data(), heads, next_keys);
       next_keys.finish();
