@@ -26,9 +26,10 @@
 // keys by two masked word permutes per line, token rows once per 8-row tile
 // into L1, value rows into even and odd dims; queries and weights stay fp32,
 // as broadcasts or vectors in the order the products read them. Tokens go in
-// passes of 128, block-aligned, with an online softmax between passes and
-// across the segments of a run, so that a pass's keys, values, scores and
-// weights stay in L1/L2 and a run's state is normalised once.
+// passes of 128 (fewer for token rows of several heads: pass_length),
+// block-aligned, with an online softmax between passes and across the
+// segments of a run, so that a pass's keys, values, scores and weights stay
+// in L1/L2 and a run's state is normalised once.
 //
 // The code sits in a target region so that only these functions use AVX-512;
 // the rest of the binary keeps the AVX2 baseline, and the dispatcher calls
@@ -56,7 +57,7 @@
 namespace writescope::impl {
 namespace {
 
-constexpr int pass_tokens = 128;
+constexpr int pass_tokens = 128;  // the longest pass; Work's arrays hold one
 constexpr int tile_tokens = 16;
 constexpr int max_key_dim = 1024;
 constexpr int max_value_dim = 1024;
@@ -778,6 +779,23 @@ RowPrefetcher value_rows(const HostSegment<bf16>& s, int first, int count, int h
                        count, level);
 }
 
+/// Tokens per pass: pass_tokens, but for token rows shared by several KV
+/// heads (GQA token-major), halved (down to 32) while a pass's keys and
+/// values exceed 128 KiB: with the next pass requested beside them, longer
+/// passes crowded L2 (Zen 4, from DRAM, probe alternated in one process,
+/// medians: Qwen3 token-major, 4 heads, 64 tokens +6-16% (four rounds),
+/// 32 +2-6%; Mixtral token-major, 8 heads, 32 tokens +7-10%, 64 +2-4%;
+/// head-major blocks, 64 KiB a pass, lost 4-8% at 64 tokens; MLA, one latent
+/// read by both products, 3-4%).
+int pass_length(const BlockGeometry& g, bool tiled, int heads) {
+  if (tiled || g.values_in_keys) return pass_tokens;
+  constexpr std::int64_t max_pass_bytes = 128 << 10;
+  const std::int64_t token_bytes = std::int64_t{heads} * (g.key_dim + g.value_dim) * sizeof(bf16);
+  int tokens = pass_tokens;
+  while (tokens > 32 && tokens * token_bytes > max_pass_bytes) tokens /= 2;
+  return tokens;
+}
+
 /// The first 64-byte line of a buffer of floats allocated `line_floats` longer.
 constexpr std::size_t line_floats = 16;
 float* first_line(std::vector<float>& buffer) {
@@ -802,6 +820,7 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
   // -3 to -4%); token rows (Qwen3 token-major: -1 to +11%, four alternating
   // rounds; MLA -10%) stay with L1.
   const PrefetchLevel next_pass = tiled && (!Fp32 || Group <= 4) ? PrefetchLevel::l2 : PrefetchLevel::l1;
+  const int pass = pass_length(g, tiled, heads);
   const int state = Group * g.value_dim;
   // The value products' register tiles: heads x 32-dim chunks.
   constexpr int value_heads = Group >= 8 ? 8 : Group, value_chunks = Group >= 8 ? 1 : 2;
@@ -829,14 +848,14 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
     const HostSegment<bf16>* after = r + 1 < run_count ? &run[r + 1] : following;
     const int end = s.token_begin + s.token_count;
     for (int first = s.token_begin; first < end;) {
-      const int next = std::min(end, (first / pass_tokens + 1) * pass_tokens);
+      const int next = std::min(end, (first / pass + 1) * pass);
       const int count = next - first;
       // What the next pass reads: of this segment, or the first pass of the
       // segment this thread attends next.
       const HostSegment<bf16>& ahead = next < end || after == nullptr ? s : *after;
       const int ahead_first = next < end ? next : ahead.token_begin;
       const int ahead_count =
-          std::min(ahead.token_begin + ahead.token_count, (ahead_first / pass_tokens + 1) * pass_tokens) - ahead_first;
+          std::min(ahead.token_begin + ahead.token_count, (ahead_first / pass + 1) * pass) - ahead_first;
       // MLA's values are its keys: half of the next pass's rows are requested
       // during each product, so that memory streams through the whole pass.
       const int during_scores = g.values_in_keys ? ahead_count / 2 : ahead_count;
