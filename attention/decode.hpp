@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/host_prefetch.hpp"
 #include "attention/partial_state.hpp"
 #include "attention/shape.hpp"
 #include "framework/bf16.hpp"
@@ -65,6 +66,10 @@ struct DecodeWorkspace {
   Kokkos::View<std::uint32_t*, MemSpace> query_pairs;  // host AVX-512 BF16 path: (batch, kv_heads, group * key_dim / 2)
   Kokkos::View<float*, MemSpace> query_lanes;  // host AVX-512 FMA path: (batch, kv_heads, impl::query_lane_floats)
   Kokkos::View<int*, MemSpace> run_begins;  // host product: (runs + 1) segment runs, impl::host_segment_runs
+  // The last launch's host product: its path and the level it requested each
+  // next pass into (benchmarks and `writescope info` report them).
+  CpuPath host_path = CpuPath::scalar;
+  PrefetchLevel host_next_pass = PrefetchLevel::l1;
 };
 
 /// Attends queries(b, :, :) over the segments with batch_index b, for every b.

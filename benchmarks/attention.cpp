@@ -55,6 +55,11 @@ class DecodeStep {
     decode_attention<ExecSpace, bf16, PoolSpace>(space, shape_, cache.geometry(), block_order(region_), queries_,
                                                  (cache.*pool_)(), caches_.segments[c], workspace_, out_);
   }
+  /// What the last step's host product ran: "avx512_bf16, next pass into l2".
+  std::string host_label() const {
+    return std::string(cpu_path_name(workspace_.host_path)) + ", next pass into " +
+           prefetch_level_name(workspace_.host_next_pass);
+  }
 
  private:
   AttentionShape shape_;
@@ -99,7 +104,7 @@ void decode(benchmark::State& state, const AttentionShape& shape, Region region,
     // for each query head of a group).
     const CpuPath path = impl::host_product_path(active_cpu_path(), caches[0]->geometry(), block_order(region),
                                                  shape.group(), true);
-    state.SetLabel(cpu_path_name(path));
+    state.SetLabel(run.host_label());
     HostRateSampler sampler(path);
     const double gbps = report(bench::run_sampled_iterations(state, space, run, sampler));
     const double bound_gbps = state.counters["bound_GB/s"];
@@ -153,7 +158,7 @@ void from_cache(benchmark::State& state, const AttentionShape& shape, Region reg
   run(space);  // warm-up: workspace allocation, the KV into the cache
   const CpuPath path = impl::host_product_path(active_cpu_path(), one.caches[0]->geometry(), block_order(region),
                                                shape.group(), true);
-  state.SetLabel(cpu_path_name(path));
+  state.SetLabel(run.host_label());
   HostProductSampler sampler(path);
   const double total = bench::run_sampled_iterations(state, space, run, sampler);
   const double kv_bytes = bench::kv_bytes(shape, tokens);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "attention/decode.hpp"
+#include "attention/host_prefetch.hpp"
 #include "attention/impl/host_block_attention.hpp"
 #include "experiments/calibration.hpp"
 #include "experiments/harness.hpp"
@@ -127,6 +128,7 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
         << cpu_path_name(faster_avx512_path(rates)) << "\n"
         << std::defaultfloat;
   }
+  out << "  next pass of head-major blocks requested into: " << describe_next_pass_prefetch() << "\n";
   if (cpu_path_supported(CpuPath::amx_bf16))
     out << "  amx_bf16: decode attention and the bf16 linear layer on AMX tiles; the other kernels on "
         << cpu_path_name(vector_path(CpuPath::amx_bf16)) << "\n";

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "attention/decode.hpp"
+#include "attention/host_prefetch.hpp"
 #include "framework/log.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/machine.hpp"
@@ -800,6 +801,8 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     std::filesystem::create_directories(parent);
   const MachineDescription machine = MachineDescription::detect();
   const std::string machine_yaml = machine.to_yaml();
+  // Measured now, before any timed step; each measured run records it.
+  const std::string next_pass_prefetch = describe_next_pass_prefetch();
   ResultsStore store(config.output);
   if (check_resume(store, config, profile, options, machine_yaml, machine)) {
     auto txn = store.begin();
@@ -848,6 +851,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
       if (runs_group.has(id)) runs_group.remove(id);
       write_run(runs_group, id, config, run, profile.name, machine_yaml, result, failure);
       ResultsGroup written = runs_group.open_group(id);
+      written.set_attribute("next_pass_prefetch", next_pass_prefetch);
       written.set_attribute("checksum", written.checksum());
       txn.commit();
     } catch (const ResultsError& e) {

@@ -163,6 +163,7 @@ struct DecodeSegmentsHostKernel {
   DecodeSegmentsData<ExecSpace, Scalar, PoolSpace> data;
   Kokkos::View<const int*, typename ExecSpace::memory_space> run_begins;  // (runs + 1), host_segment_runs
   CpuPath path;                          // host_product_path, once per launch
+  PrefetchLevel next_pass;               // next_pass_level, once per launch
   const std::uint32_t* query_pairs;      // PrepareQueryPairsKernel's output (avx512_bf16, amx_bf16 only)
   const float* query_lanes;              // PrepareQueryLanesKernel's output (avx512_fma only)
   int lane_floats;                       // its floats per (batch entry, KV head)
@@ -202,7 +203,7 @@ struct DecodeSegmentsHostKernel {
     const int q0 = kv_head * data.group;
     host_run_attention(segments.data(), last - first, heads, &data.segment_o(run, q0, 0), &data.segment_lse(run, q0),
                        path, query_pairs ? pairs.data() : nullptr, work + 1 < work_items ? &following : nullptr,
-                       query_lanes ? lanes.data() : nullptr);
+                       query_lanes ? lanes.data() : nullptr, next_pass);
   }
 };
 
@@ -608,6 +609,13 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
       if (host_products) {
         const CpuPath path = impl::host_product_path(active_cpu_path(), geometry, order, shape.group(),
                                                      std::is_same_v<Scalar, bf16>);
+        // Asked only where the products honour it: the first such launch of a
+        // process measures the levels (host_prefetch.hpp).
+        const bool by_level = impl::next_pass_level(path, geometry.tiled_keys(order), shape.group(),
+                                                    PrefetchLevel::l2) == PrefetchLevel::l2;
+        const PrefetchLevel next_pass = by_level ? active_next_pass_prefetch() : PrefetchLevel::l1;
+        workspace.host_path = path;
+        workspace.host_next_pass = next_pass;
         // The AVX-512 paths' queries in the order their products read them,
         // once per (batch entry, KV head).
         const std::uint32_t* query_pairs = nullptr;
@@ -645,8 +653,8 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
         Kokkos::deep_copy(space, Kokkos::subview(workspace.batch_offsets, std::make_pair(0, batch + 1)),
                           Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(run_offsets.data(), batch + 1));
         launch_parallel_for("writescope::attention::decode_segments_host", work_stealing_range(space, runs * items_per_run),
-                             HostKernel{data, workspace.run_begins, path, query_pairs, query_lanes, lane_floats, all_heads,
-                                        runs * items_per_run});
+                             HostKernel{data, workspace.run_begins, path, next_pass, query_pairs, query_lanes, lane_floats,
+                                        all_heads, runs * items_per_run});
       } else {
         launch_team_kernel();
       }

@@ -5,8 +5,8 @@
 namespace writescope::impl {
 
 template void host_run_attention<float>(const HostSegment<float>*, int, int, float*, float*, CpuPath,
-                                        const std::uint32_t* const*, const HostSegment<float>*, const float* const*);
+                                        const std::uint32_t* const*, const HostSegment<float>*, const float* const*, PrefetchLevel);
 template void host_run_attention<bf16>(const HostSegment<bf16>*, int, int, float*, float*, CpuPath,
-                                       const std::uint32_t* const*, const HostSegment<bf16>*, const float* const*);
+                                       const std::uint32_t* const*, const HostSegment<bf16>*, const float* const*, PrefetchLevel);
 
 }  // namespace writescope::impl

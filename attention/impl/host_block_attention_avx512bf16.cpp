@@ -808,18 +808,18 @@ float* first_line(std::vector<float>& buffer) {
 /// vdpbf16ps on query_pairs, or (Fp32) in fp32 FMAs on query_lanes (one per head).
 template <int Group, bool Fp32>
 void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::uint32_t* const* query_pairs,
-            const float* const* query_lanes, const HostSegment<bf16>* following, float* o, float* lse) {
+            const float* const* query_lanes, const HostSegment<bf16>* following, PrefetchLevel requested, float* o,
+            float* lse) {
   const BlockGeometry& g = run[0].geometry;
   const bool tiled = g.tiled_keys(run[0].order);
-  // Head-major blocks: the next pass requested into L2, as one stream,
-  // rather than into L1 (Zen 4, 2 threads, from DRAM, probe alternated in one
-  // process, 8-12 alternations, medians): Mixtral +19-31% on vdpbf16ps and
+  // Head-major blocks: the next pass requested into L2, as one stream, or
+  // into L1, as the machine's measurement chose (attention/host_prefetch.hpp).
+  // Zen 4, 2 threads, from DRAM, probe alternated in one process, 8-12
+  // alternations, medians, L2 against L1: Mixtral +19-31% on vdpbf16ps and
   // +8-18% on fp32 FMAs (four parts), then +6-8% from one stream; Qwen3 keys
-  // +3-8%, one stream +5-8%, its values +6-9% more. Not where the fp32 FMA
-  // products of groups of 8 are compute-bound (Qwen3 keys -3 to -8%, values
-  // -3 to -4%); token rows (Qwen3 token-major: -1 to +11%, four alternating
-  // rounds; MLA -10%) stay with L1.
-  const PrefetchLevel next_pass = tiled && (!Fp32 || Group <= 4) ? PrefetchLevel::l2 : PrefetchLevel::l1;
+  // +3-8%, one stream +5-8%, its values +6-9% more. Zen 5: Qwen3 about -15%.
+  const PrefetchLevel next_pass =
+      next_pass_level(Fp32 ? CpuPath::avx512_fma : CpuPath::avx512_bf16, tiled, Group, requested);
   const int pass = pass_length(g, tiled, heads);
   const int state = Group * g.value_dim;
   // The value products' register tiles: heads x 32-dim chunks.
@@ -947,14 +947,15 @@ namespace {
 /// attend for the run's group (avx512_takes admits 4, 8 and 16).
 template <bool Fp32>
 void attend_group(const HostSegment<bf16>* run, int count, int heads, const std::uint32_t* const* query_pairs,
-                  const float* const* query_lanes, const HostSegment<bf16>* following, float* o, float* lse) {
+                  const float* const* query_lanes, const HostSegment<bf16>* following, PrefetchLevel next_pass,
+                  float* o, float* lse) {
   switch (run[0].group) {
     case 4:
-      return attend<4, Fp32>(run, count, heads, query_pairs, query_lanes, following, o, lse);
+      return attend<4, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, o, lse);
     case 8:
-      return attend<8, Fp32>(run, count, heads, query_pairs, query_lanes, following, o, lse);
+      return attend<8, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, o, lse);
     default:
-      return attend<16, Fp32>(run, count, heads, query_pairs, query_lanes, following, o, lse);
+      return attend<16, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, o, lse);
   }
 }
 
@@ -962,14 +963,14 @@ void attend_group(const HostSegment<bf16>* run, int count, int heads, const std:
 
 void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, int heads,
                                     const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following,
-                                    float* o, float* lse) {
-  attend_group<false>(run, count, heads, query_pairs, nullptr, following, o, lse);
+                                    PrefetchLevel next_pass, float* o, float* lse) {
+  attend_group<false>(run, count, heads, query_pairs, nullptr, following, next_pass, o, lse);
 }
 
 void host_run_attention_avx512_fma(const HostSegment<bf16>* run, int count, int heads,
-                                   const float* const* query_lanes, const HostSegment<bf16>* following, float* o,
-                                   float* lse) {
-  attend_group<true>(run, count, heads, nullptr, query_lanes, following, o, lse);
+                                   const float* const* query_lanes, const HostSegment<bf16>* following,
+                                   PrefetchLevel next_pass, float* o, float* lse) {
+  attend_group<true>(run, count, heads, nullptr, query_lanes, following, next_pass, o, lse);
 }
 
 }  // namespace writescope::impl

@@ -359,16 +359,16 @@ TEST(RowPrefetcher, RequestsEveryLineOnceWithItsPartsInTurn) {
     for (int r = 0; r < c.rows; ++r)
       for (int l = 0; l < row_lines; ++l) expected.push_back(r * c.stride + 64 * l);
     const char* base = reinterpret_cast<const char*>(std::uintptr_t{1} << 20);
-    for (const impl::PrefetchLevel level : {impl::PrefetchLevel::l1, impl::PrefetchLevel::l2}) {
-      SCOPED_TRACE(level == impl::PrefetchLevel::l1 ? "into L1" : "into L2");
+    for (const PrefetchLevel level : {PrefetchLevel::l1, PrefetchLevel::l2}) {
+      SCOPED_TRACE(level == PrefetchLevel::l1 ? "into L1" : "into L2");
       impl::RowPrefetcher ahead(base, c.stride, c.row_bytes, c.rows, level);
       EXPECT_EQ(ahead.lines(), static_cast<int>(expected.size()));
       // Requests into L2 go as one stream.
-      const int parts = level == impl::PrefetchLevel::l1 ? c.parts : 1;
+      const int parts = level == PrefetchLevel::l1 ? c.parts : 1;
       EXPECT_EQ(ahead.parts(), parts);
       std::vector<std::int64_t> requested;
       int other_level = 0;
-      auto record = [&](const char* line, impl::PrefetchLevel requested_level) {
+      auto record = [&](const char* line, PrefetchLevel requested_level) {
         requested.push_back(line - base);
         other_level += requested_level != level;
       };

@@ -1,0 +1,197 @@
+#include "attention/host_prefetch.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attention/decode.hpp"
+#include "attention/impl/host_block_attention.hpp"
+#include "attention/shape.hpp"
+#include "cpu_paths.hpp"
+#include "framework/spaces.hpp"
+#include "kv_test_data.hpp"
+
+namespace writescope {
+namespace {
+
+constexpr char variable[] = "WRITESCOPE_NEXT_PASS_PREFETCH";
+
+/// Sets the environment variable for a scope, unsetting it after.
+class ScopedEnvironment {
+ public:
+  explicit ScopedEnvironment(const char* value) { setenv(variable, value, 1); }
+  ~ScopedEnvironment() { unsetenv(variable); }
+};
+
+TEST(PrefetchLevel, NamesRoundTripAndAnUnknownNameListsTheKnownOnes) {
+  for (PrefetchLevel level : {PrefetchLevel::l1, PrefetchLevel::l2})
+    EXPECT_EQ(parse_prefetch_level(prefetch_level_name(level)), level);
+  try {
+    parse_prefetch_level("l3");
+    FAIL() << "l3 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'l3' (known: l1, l2)"), std::string::npos) << e.what();
+  }
+}
+
+TEST(NextPassPrefetch, PinBeatsEnvironmentBeatsMeasurement) {
+  const PrefetchLevel measured = active_next_pass_prefetch();
+  EXPECT_EQ(measured, next_pass_prefetch_measurement().faster);
+  {
+    const ScopedEnvironment environment("l2");
+    EXPECT_EQ(active_next_pass_prefetch(), PrefetchLevel::l2);
+    EXPECT_EQ(describe_next_pass_prefetch(), std::string("l2 (") + variable + ")");
+    {
+      const ScopedNextPassPrefetch pinned(PrefetchLevel::l1);
+      EXPECT_EQ(active_next_pass_prefetch(), PrefetchLevel::l1);
+      EXPECT_EQ(describe_next_pass_prefetch(), "l1 (pinned)");
+    }
+    EXPECT_EQ(active_next_pass_prefetch(), PrefetchLevel::l2);
+  }
+  EXPECT_EQ(active_next_pass_prefetch(), measured);
+}
+
+TEST(NextPassPrefetch, AnUnknownLevelInTheEnvironmentNamesTheVariable) {
+  const ScopedEnvironment environment("L2");
+  try {
+    active_next_pass_prefetch();
+    FAIL() << "L2 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), std::string(variable) + ": unknown prefetch level 'L2' (known: l1, l2)");
+  }
+}
+
+TEST(NextPassPrefetch, ProbeIsTwiceTheLastLevelCacheWithin64To256MiB) {
+  constexpr std::int64_t mib = std::int64_t{1} << 20;
+  EXPECT_EQ(next_pass_probe_bytes(0), 64 * mib);
+  EXPECT_EQ(next_pass_probe_bytes(32 * mib), 64 * mib);
+  EXPECT_EQ(next_pass_probe_bytes(105 * mib), 210 * mib);
+  EXPECT_EQ(next_pass_probe_bytes(508 * mib), 256 * mib);
+}
+
+TEST(NextPassPrefetch, L2IsTakenOnlyWhenThreePercentFaster) {
+  EXPECT_EQ(faster_prefetch_level(1.0, 0.97), PrefetchLevel::l2);
+  EXPECT_EQ(faster_prefetch_level(1.0, 0.98), PrefetchLevel::l1);
+  EXPECT_EQ(faster_prefetch_level(1.0, 1.5), PrefetchLevel::l1);
+  EXPECT_EQ(faster_prefetch_level(2.0, 1.0), PrefetchLevel::l2);
+}
+
+TEST(NextPassPrefetch, OnlyHeadMajorAvx512ProductsHonourTheLevel) {
+  using impl::next_pass_level;
+  for (PrefetchLevel level : {PrefetchLevel::l1, PrefetchLevel::l2}) {
+    EXPECT_EQ(next_pass_level(CpuPath::avx512_bf16, true, 8, level), level);
+    EXPECT_EQ(next_pass_level(CpuPath::avx512_bf16, true, 4, level), level);
+    EXPECT_EQ(next_pass_level(CpuPath::avx512_fma, true, 4, level), level);
+    // fp32 products of groups of 8 are compute-bound: L2 requests cost them.
+    EXPECT_EQ(next_pass_level(CpuPath::avx512_fma, true, 8, level), PrefetchLevel::l1);
+    // Token rows, and the paths without next-pass requests.
+    EXPECT_EQ(next_pass_level(CpuPath::avx512_bf16, false, 8, level), PrefetchLevel::l1);
+    for (CpuPath other : {CpuPath::scalar, CpuPath::avx2, CpuPath::amx_bf16})
+      EXPECT_EQ(next_pass_level(other, true, 8, level), PrefetchLevel::l1) << cpu_path_name(other);
+  }
+}
+
+// The measurement runs the kernel on KV from DRAM with each level, on the
+// shape the active path honours it for; its figures are what it chose by.
+TEST(NextPassPrefetch, IsMeasuredFromDramOnTheActivePathWhereItMatters) {
+  bool honoured = false;
+  for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention()}) {
+    const CpuPath path = impl::host_product_path(active_cpu_path(), shape.block_geometry(256), BlockOrder::head_major,
+                                                 shape.group(), true);
+    honoured = honoured || impl::next_pass_level(path, true, shape.group(), PrefetchLevel::l2) == PrefetchLevel::l2;
+  }
+  const NextPassPrefetchMeasurement& m = next_pass_prefetch_measurement();
+  ASSERT_EQ(m.measured, honoured);
+  if (!honoured) {
+    std::cout << "[ SKIPPED  ] no measurement: no model shape's products honour the level on "
+              << cpu_path_name(active_cpu_path()) << "\n";
+    EXPECT_EQ(active_next_pass_prefetch(), PrefetchLevel::l1);
+    return;
+  }
+  EXPECT_GE(m.kv_bytes, next_pass_probe_bytes(std::max<long>(sysconf(_SC_LEVEL3_CACHE_SIZE), 0)));
+  EXPECT_GT(m.l1_ms, 0);
+  EXPECT_GT(m.l2_ms, 0);
+  EXPECT_GE(m.alternations, 5);
+  EXPECT_EQ(m.faster, faster_prefetch_level(m.l1_ms, m.l2_ms));
+  EXPECT_EQ(active_next_pass_prefetch(), m.faster);
+  EXPECT_NE(describe_next_pass_prefetch().find("measured on " + m.path), std::string::npos);
+}
+
+/// Head-major (or token-major) bf16 blocks of random values, one sequence of
+/// segments that start and end inside blocks, attended on the host.
+class HostDecode {
+ public:
+  HostDecode(const AttentionShape& shape, BlockOrder order) : shape_(shape), order_(order) {
+    geometry_ = shape.block_geometry(256);
+    constexpr int blocks = 5;
+    pool_ = Pool("writescope::test::pool", blocks, geometry_.block_elements());
+    const std::vector<float> values = test::random_values<bf16>(pool_.span(), 31, 0.5f);
+    for (std::size_t i = 0; i < values.size(); ++i) pool_.data()[i] = from_float<bf16>(values[i]);
+    queries_ = Queries("writescope::test::queries", 1, shape.q_heads, shape.key_dim);
+    const std::vector<float> q = test::random_values<float>(queries_.span(), 32);
+    std::copy(q.begin(), q.end(), queries_.data());
+    for (int slot = 0; slot < blocks; ++slot) {
+      const int begin = slot == 0 ? 37 : 0, end = slot == blocks - 1 ? 201 : 256;
+      segments_.push_back(BlockSegment{0, slot, begin, end - begin, std::int64_t{slot} * 256 + begin});
+    }
+  }
+  /// The state, and what the launch ran (in `workspace`).
+  PartialState<HostMemSpace> attend(DecodeWorkspace<HostMemSpace>& workspace) const {
+    PartialState<HostMemSpace> out("writescope::test::out", 1, shape_.q_heads, shape_.value_dim);
+    decode_attention(HostExecSpace(), shape_, geometry_, order_, ConstQueries(queries_), ConstPool(pool_), segments_,
+                     workspace, out);
+    HostExecSpace().fence();
+    return out;
+  }
+  const BlockGeometry& geometry() const { return geometry_; }
+
+ private:
+  using Pool = Kokkos::View<bf16**, Kokkos::LayoutRight, HostMemSpace>;
+  using ConstPool = Kokkos::View<const bf16**, Kokkos::LayoutRight, HostMemSpace>;
+  using Queries = Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace>;
+  using ConstQueries = Kokkos::View<const float***, Kokkos::LayoutRight, HostMemSpace>;
+  AttentionShape shape_;
+  BlockOrder order_;
+  BlockGeometry geometry_;
+  Pool pool_;
+  Queries queries_;
+  std::vector<BlockSegment> segments_;
+};
+
+// The launch requests what the active level and the rule say (benchmarks
+// label their figures with it), and the level changes no result: the products
+// of both levels agree bit for bit (the accuracy tests run the measured one).
+TEST(NextPassPrefetch, DecodeRequestsThePinnedLevelAndItChangesNoResult) {
+  test::for_each_cpu_path([&](CpuPath path) {
+    for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention()})
+      for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major}) {
+        SCOPED_TRACE(shape.name + (order == BlockOrder::head_major ? ", head-major" : ", token-major"));
+        const HostDecode decode(shape, order);
+        const CpuPath product_path =
+            impl::host_product_path(path, decode.geometry(), order, shape.group(), true);
+        std::vector<PartialState<HostMemSpace>> states;
+        for (PrefetchLevel level : {PrefetchLevel::l1, PrefetchLevel::l2}) {
+          const ScopedNextPassPrefetch pinned(level);
+          DecodeWorkspace<HostMemSpace> workspace;
+          states.push_back(decode.attend(workspace));
+          EXPECT_EQ(workspace.host_path, product_path);
+          EXPECT_EQ(workspace.host_next_pass,
+                    impl::next_pass_level(product_path, decode.geometry().tiled_keys(order), shape.group(), level))
+              << "pinned " << prefetch_level_name(level);
+        }
+        for (std::size_t i = 0; i < states[0].o.span(); ++i)
+          ASSERT_EQ(states[0].o.data()[i], states[1].o.data()[i]) << "o element " << i;
+        for (std::size_t i = 0; i < states[0].lse.span(); ++i)
+          ASSERT_EQ(states[0].lse.data()[i], states[1].lse.data()[i]) << "lse element " << i;
+      }
+  });
+}
+
+}  // namespace
+}  // namespace writescope
