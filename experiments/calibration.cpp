@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "attention/decode.hpp"
+#include "attention/host_prefetch.hpp"
 #include "framework/impl/product_peaks.hpp"
 #include "framework/impl/read_words.hpp"
 #include "framework/concurrent.hpp"
@@ -537,6 +538,8 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
   };
   step("host DRAM read bandwidth", p.cpu_dram_read_gbps, [] { return measure_host_dram_read_gbps(); });
   p.cpu_path = cpu_path_name(active_cpu_path());
+  progress("next-pass prefetch level of the decode products ...");
+  p.cpu_next_pass_prefetch = prefetch_level_name(active_next_pass_prefetch());
   step("host product throughput (" + p.cpu_path + ")", p.cpu_fma_glanes,
        [] { return measure_host_product_gmacs(active_cpu_path()); });
   step("host launch latency", p.cpu_launch_latency_s, [] { return measure_host_launch_latency_s(); });

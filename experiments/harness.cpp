@@ -797,12 +797,19 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     log_info("run: warning: profile '", profile.name, "' measured the CPU kernels on the ", profile.cpu_path,
              " path but this process runs ", cpu_path_name(active_cpu_path()),
              "; its CPU rates do not describe these kernels (re-run writescope calibrate)");
+  // Measured now, before any timed step; each measured run records it.
+  const std::string next_pass_prefetch = describe_next_pass_prefetch();
+  if (const std::string level = prefetch_level_name(active_next_pass_prefetch());
+      !profile.cpu_next_pass_prefetch.empty() && profile.cpu_next_pass_prefetch != level)
+    log_info("run: warning: profile '", profile.name, "' measured CPU attention with the next pass requested into ",
+             profile.cpu_next_pass_prefetch, " but this process requests it into ", next_pass_prefetch,
+             "; its CPU attention rates may be off by 15-30% (re-run writescope calibrate, or set "
+             "WRITESCOPE_NEXT_PASS_PREFETCH=",
+             profile.cpu_next_pass_prefetch, ")");
   if (const auto parent = std::filesystem::path(config.output).parent_path(); !parent.empty())
     std::filesystem::create_directories(parent);
   const MachineDescription machine = MachineDescription::detect();
   const std::string machine_yaml = machine.to_yaml();
-  // Measured now, before any timed step; each measured run records it.
-  const std::string next_pass_prefetch = describe_next_pass_prefetch();
   ResultsStore store(config.output);
   if (check_resume(store, config, profile, options, machine_yaml, machine)) {
     auto txn = store.begin();

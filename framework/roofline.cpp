@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "framework/cpu_path.hpp"
+
 namespace writescope {
 namespace {
 
@@ -55,9 +57,17 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     if (p.link_chunk_bytes == 0) link.fail("chunk_bytes", "must be positive");
   }
   const ConfigNode cpu = root.child("cpu");
-  cpu.allow_only({"threads", "dram_read_gbps", "path", "fma_glanes", "launch_latency_us", "expert_gbps",
-                  "expert_gflops", "gemv_gbps", "gemm_gflops", "attention_gbps"});
-  if (cpu.has("path")) p.cpu_path = cpu.get_choice("path", {"scalar", "avx2", "avx512_fma", "avx512_bf16"});
+  cpu.allow_only({"threads", "dram_read_gbps", "path", "next_pass_prefetch", "fma_glanes", "launch_latency_us",
+                  "expert_gbps", "expert_gflops", "gemv_gbps", "gemm_gflops", "attention_gbps"});
+  if (cpu.has("path")) {
+    p.cpu_path = cpu.get<std::string>("path");
+    try {
+      parse_cpu_path(p.cpu_path);  // every path cpu_path.hpp knows, amx_bf16 included
+    } catch (const std::invalid_argument& e) {
+      cpu.fail("path", e.what());
+    }
+  }
+  if (cpu.has("next_pass_prefetch")) p.cpu_next_pass_prefetch = cpu.get_choice("next_pass_prefetch", {"l1", "l2"});
   p.cpu_threads = cpu.get<int>("threads");
   if (p.cpu_threads < 1) cpu.fail("threads", "must be at least 1");
   p.cpu_dram_read_gbps = positive(cpu, "dram_read_gbps");
@@ -117,7 +127,10 @@ std::string MachineProfile::to_yaml() const {
   }
   out << YAML::Key << "cpu" << YAML::Value << YAML::BeginMap << YAML::Key << "threads" << YAML::Value << cpu_threads
       << YAML::Key << "dram_read_gbps" << YAML::Value << cpu_dram_read_gbps << YAML::Key << "path" << YAML::Value
-      << cpu_path << YAML::Key << "fma_glanes"
+      << cpu_path;
+  if (!cpu_next_pass_prefetch.empty())
+    out << YAML::Key << "next_pass_prefetch" << YAML::Value << cpu_next_pass_prefetch;
+  out << YAML::Key << "fma_glanes"
       << YAML::Value << cpu_fma_glanes << YAML::Key << "launch_latency_us" << YAML::Value
       << cpu_launch_latency_s * 1e6 << YAML::Key << "expert_gbps" << YAML::Value << cpu_expert_gbps << YAML::Key
       << "expert_gflops" << YAML::Value << cpu_expert_gflops << YAML::Key << "attention_gbps" << YAML::Value

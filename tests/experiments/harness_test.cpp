@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "attention/host_prefetch.hpp"
 #include "experiments/calibration.hpp"
 #include "framework/machine.hpp"
 #include "framework/results_store.hpp"
@@ -109,6 +110,7 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
   int complete = 0;
   for (const std::string& name : names) {
     const std::string g = "/runs/" + name;
+    EXPECT_EQ(reader.string_attribute(g, "next_pass_prefetch"), describe_next_pass_prefetch()) << g;
     const std::string status = reader.string_attribute(g, "status");
     if (status != "complete") {
       EXPECT_EQ(status, "does_not_fit") << g;
@@ -161,15 +163,24 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
   EXPECT_EQ(third.complete + third.did_not_fit, static_cast<int>(runs.size()));
   EXPECT_EQ(ResultsReader(output_).list("/runs").size(), runs.size());
 
-  // Another machine profile does not mix into the file.
+  // Another machine profile does not mix into the file; one whose CPU
+  // attention ran with the other next-pass level is named first.
   MachineProfile other = test::tiny_profile();
   other.cpu_expert_gbps *= 2;
+  const std::string other_level = active_next_pass_prefetch() == PrefetchLevel::l1 ? "l2" : "l1";
+  other.cpu_next_pass_prefetch = other_level;
+  ::testing::internal::CaptureStderr();
   try {
     run_experiment(changed, other, third_progress, false);
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("holds runs of another machine profile"), std::string::npos) << e.what();
   }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("run: warning: profile 'test' measured CPU attention with the next pass requested into " +
+                     other_level),
+            std::string::npos)
+      << log;
 }
 
 // Resume keeps a file honest: a comment-only edit is the same experiment and
