@@ -1,7 +1,5 @@
 #include "attention/host_prefetch.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -36,12 +34,6 @@ int from_environment() {
   } catch (const std::invalid_argument& error) {
     throw std::invalid_argument(std::string(environment_variable) + ": " + error.what());
   }
-}
-
-/// Bytes of the last-level cache (the C library's figure; 32 MiB where it gives none).
-std::int64_t last_level_cache_bytes() {
-  const long bytes = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  return bytes > 0 ? bytes : std::int64_t{32} << 20;
 }
 
 /// The decode step the levels are timed on: one sequence over a pool of

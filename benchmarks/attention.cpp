@@ -16,8 +16,6 @@
 // tokens, where the step's own work and how it spreads over the threads count.
 #include <benchmark/benchmark.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 
 #include "attention/decode.hpp"
@@ -25,6 +23,7 @@
 #include "attention/impl/host_block_attention.hpp"
 #include "bounds.hpp"
 #include "framework/cpu_path.hpp"
+#include "framework/host_memory.hpp"
 #include "layouts/inplace_kv_cache.hpp"
 
 namespace writescope {
@@ -126,13 +125,6 @@ void cpu_decode(benchmark::State& state, AttentionShape shape, Region region) {
     decode<HostExecSpace, PinnedMemSpace>(state, shape, region, &InplaceKVCache<bf16>::pinned_pool, dram_read);
 }
 
-/// Bytes of the last-level cache (the C library's figure; 32 MiB, a Zen
-/// CCD's, where it gives none).
-std::int64_t llc_bytes() {
-  const long bytes = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  return bytes > 0 ? bytes : std::int64_t{32} << 20;
-}
-
 /// The host products over KV that stays in the last-level cache: one cache
 /// of `tokens` tokens, or (0) of whole blocks filling a quarter of the LLC up
 /// to 32 MiB (enough for a step of a millisecond or more, so that the step's
@@ -145,7 +137,7 @@ template <class PoolSpace>
 void from_cache(benchmark::State& state, const AttentionShape& shape, Region region, PoolOf<PoolSpace> pool,
                 std::int64_t tokens) {
   const HostExecSpace space;
-  const std::int64_t llc = llc_bytes();
+  const std::int64_t llc = last_level_cache_bytes();
   if (tokens == 0)
     tokens = calibration_block_tokens *
              std::max<std::int64_t>(

@@ -4,6 +4,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <unistd.h>
+
 #ifdef __linux__
 #include <sys/mman.h>
 #endif
@@ -20,6 +22,11 @@ std::uintptr_t first_whole_huge_page(const void* address) {
 }
 
 }  // namespace
+
+std::int64_t last_level_cache_bytes() {
+  const long bytes = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return bytes > 0 ? bytes : std::int64_t{32} << 20;
+}
 
 std::string transparent_huge_pages() {
   std::ifstream file("/sys/kernel/mm/transparent_hugepage/enabled");  // "always [madvise] never"

@@ -1,7 +1,6 @@
 #include "attention/host_prefetch.hpp"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -14,6 +13,7 @@
 #include "attention/impl/host_block_attention.hpp"
 #include "attention/shape.hpp"
 #include "cpu_paths.hpp"
+#include "framework/host_memory.hpp"
 #include "framework/spaces.hpp"
 #include "kv_test_data.hpp"
 
@@ -114,7 +114,7 @@ TEST(NextPassPrefetch, IsMeasuredFromDramOnTheActivePathWhereItMatters) {
     EXPECT_EQ(active_next_pass_prefetch(), PrefetchLevel::l1);
     return;
   }
-  EXPECT_GE(m.kv_bytes, next_pass_probe_bytes(std::max<long>(sysconf(_SC_LEVEL3_CACHE_SIZE), 0)));
+  EXPECT_GE(m.kv_bytes, next_pass_probe_bytes(last_level_cache_bytes()));
   EXPECT_GT(m.l1_ms, 0);
   EXPECT_GT(m.l2_ms, 0);
   EXPECT_GE(m.alternations, 5);
