@@ -111,7 +111,7 @@ NextPassPrefetchMeasurement measure() {
   for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention()}) {
     const CpuPath path = impl::host_product_path(active, shape.block_geometry(256), BlockOrder::head_major,
                                                  shape.group(), true);
-    if (impl::next_pass_level(path, true, shape.group(), PrefetchLevel::l2) != PrefetchLevel::l2) continue;
+    if (!impl::honours_next_pass_level(path, true, shape.group())) continue;
     Probe probe(shape);
     probe.step_ms(PrefetchLevel::l1);  // warm-up: workspace, first touch of the state
     probe.step_ms(PrefetchLevel::l2);
@@ -173,8 +173,6 @@ PrefetchLevel active_next_pass_prefetch() {
 
 void set_next_pass_prefetch(PrefetchLevel level) { pinned = static_cast<int>(level); }
 
-void clear_next_pass_prefetch() { pinned = unpinned; }
-
 std::string describe_next_pass_prefetch() {
   const std::string level = prefetch_level_name(active_next_pass_prefetch());
   if (pinned.load() != unpinned) return level + " (pinned)";
@@ -197,9 +195,12 @@ ScopedNextPassPrefetch::~ScopedNextPassPrefetch() { pinned = previous_; }
 
 namespace impl {
 
+bool honours_next_pass_level(CpuPath path, bool tiled_keys, int group) {
+  return (path == CpuPath::avx512_bf16 || (path == CpuPath::avx512_fma && group <= 4)) && tiled_keys;
+}
+
 PrefetchLevel next_pass_level(CpuPath path, bool tiled_keys, int group, PrefetchLevel requested) {
-  const bool honoured = (path == CpuPath::avx512_bf16 || (path == CpuPath::avx512_fma && group <= 4)) && tiled_keys;
-  return honoured ? requested : PrefetchLevel::l1;
+  return honours_next_pass_level(path, tiled_keys, group) ? requested : PrefetchLevel::l1;
 }
 
 }  // namespace impl

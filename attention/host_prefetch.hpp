@@ -3,7 +3,7 @@
 // head-major block into, while the current pass's products run (AVX-512 paths).
 // Which is faster depends on the machine (2 threads, from DRAM, alternated):
 // on AMD Zen 4, L2 (one stream) beat L1 (four streams) by 10-30% for Qwen3 and
-// Mixtral; on AMD Zen 5 it cost Qwen3 about 15%. So one binary measures both
+// Mixtral; on AMD Zen 5 it cost them 15-30%. So one binary measures both
 // levels on the kernel itself, once per process, and takes the faster; it can
 // be pinned (tests, comparisons) with set_next_pass_prefetch or the
 // WRITESCOPE_NEXT_PASS_PREFETCH environment variable ("l1" or "l2").
@@ -60,15 +60,12 @@ const NextPassPrefetchMeasurement& next_pass_prefetch_measurement();
 PrefetchLevel active_next_pass_prefetch();
 /// Pins the level for the process.
 void set_next_pass_prefetch(PrefetchLevel level);
-/// Unpins it: back to the environment or the measurement.
-void clear_next_pass_prefetch();
 /// One line for results and `writescope info`: the level and where it came
-/// from, e.g. "l2 (measured on avx512_bf16, qwen3-30b-a3b ..., 64 MiB: l1 1.71
-/// ms, l2 1.52 ms)", "l1 (WRITESCOPE_NEXT_PASS_PREFETCH)".
+/// from, e.g. "l1 (measured on avx512_bf16, qwen3-30b-a3b ..., 256 MiB, medians
+/// of 7: l1 5.338 ms, l2 7.067 ms)", "l1 (WRITESCOPE_NEXT_PASS_PREFETCH)".
 std::string describe_next_pass_prefetch();
 
-/// Pins a level for a scope (tests, the measurement itself), restoring the
-/// previous pin (or none) after.
+/// Pins a level for a scope (tests), restoring the previous pin (or none) after.
 class ScopedNextPassPrefetch {
  public:
   explicit ScopedNextPassPrefetch(PrefetchLevel level);
@@ -81,12 +78,14 @@ class ScopedNextPassPrefetch {
 };
 
 namespace impl {
-/// The level the AVX-512 products of `path` request the next pass into, for
-/// blocks of this kind, given `requested` (active_next_pass_prefetch): it,
-/// for head-major (tiled-key) blocks, but not where the fp32 products of
-/// groups over 4 are compute-bound (L2 requests cost them 3-8% on Zen 4);
-/// token rows (GQA token-major, MLA) stay with L1, where L2 lost up to 10%.
-/// Other paths make no next-pass requests: l1.
+/// Whether the products of `path` request the next pass by level for blocks
+/// of this kind: the AVX-512 products of head-major (tiled-key) blocks, but
+/// not where the fp32 products of groups over 4 are compute-bound (L2
+/// requests cost them 3-8% on Zen 4); token rows (GQA token-major, MLA) stay
+/// with L1, where L2 lost up to 10%; other paths make no next-pass requests.
+bool honours_next_pass_level(CpuPath path, bool tiled_keys, int group);
+/// The level those products request the next pass into: `requested`
+/// (active_next_pass_prefetch) where honours_next_pass_level, else l1.
 PrefetchLevel next_pass_level(CpuPath path, bool tiled_keys, int group, PrefetchLevel requested);
 }  // namespace impl
 

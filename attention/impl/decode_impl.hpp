@@ -163,7 +163,7 @@ struct DecodeSegmentsHostKernel {
   DecodeSegmentsData<ExecSpace, Scalar, PoolSpace> data;
   Kokkos::View<const int*, typename ExecSpace::memory_space> run_begins;  // (runs + 1), host_segment_runs
   CpuPath path;                          // host_product_path, once per launch
-  PrefetchLevel next_pass;               // next_pass_level, once per launch
+  PrefetchLevel next_pass;               // impl::next_pass_level, once per launch
   const std::uint32_t* query_pairs;      // PrepareQueryPairsKernel's output (avx512_bf16, amx_bf16 only)
   const float* query_lanes;              // PrepareQueryLanesKernel's output (avx512_fma only)
   int lane_floats;                       // its floats per (batch entry, KV head)
@@ -611,9 +611,9 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
                                                      std::is_same_v<Scalar, bf16>);
         // Asked only where the products honour it: the first such launch of a
         // process measures the levels (host_prefetch.hpp).
-        const bool by_level = impl::next_pass_level(path, geometry.tiled_keys(order), shape.group(),
-                                                    PrefetchLevel::l2) == PrefetchLevel::l2;
-        const PrefetchLevel next_pass = by_level ? active_next_pass_prefetch() : PrefetchLevel::l1;
+        const PrefetchLevel next_pass = impl::honours_next_pass_level(path, geometry.tiled_keys(order), shape.group())
+                                            ? active_next_pass_prefetch()
+                                            : PrefetchLevel::l1;
         workspace.host_path = path;
         workspace.host_next_pass = next_pass;
         // The AVX-512 paths' queries in the order their products read them,

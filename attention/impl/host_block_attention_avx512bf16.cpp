@@ -808,18 +808,17 @@ float* first_line(std::vector<float>& buffer) {
 /// vdpbf16ps on query_pairs, or (Fp32) in fp32 FMAs on query_lanes (one per head).
 template <int Group, bool Fp32>
 void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::uint32_t* const* query_pairs,
-            const float* const* query_lanes, const HostSegment<bf16>* following, PrefetchLevel requested, float* o,
+            const float* const* query_lanes, const HostSegment<bf16>* following, PrefetchLevel next_pass, float* o,
             float* lse) {
   const BlockGeometry& g = run[0].geometry;
   const bool tiled = g.tiled_keys(run[0].order);
-  // Head-major blocks: the next pass requested into L2, as one stream, or
-  // into L1, as the machine's measurement chose (attention/host_prefetch.hpp).
-  // Zen 4, 2 threads, from DRAM, probe alternated in one process, 8-12
-  // alternations, medians, L2 against L1: Mixtral +19-31% on vdpbf16ps and
-  // +8-18% on fp32 FMAs (four parts), then +6-8% from one stream; Qwen3 keys
-  // +3-8%, one stream +5-8%, its values +6-9% more. Zen 5: Qwen3 about -15%.
-  const PrefetchLevel next_pass =
-      next_pass_level(Fp32 ? CpuPath::avx512_fma : CpuPath::avx512_bf16, tiled, Group, requested);
+  // `next_pass`: for head-major blocks L2, as one stream, or L1, as the
+  // machine's measurement chose (attention/host_prefetch.hpp; the launcher
+  // applies impl::next_pass_level). Zen 4, 2 threads, from DRAM, probe
+  // alternated in one process, 8-12 alternations, medians, L2 against L1:
+  // Mixtral +19-31% on vdpbf16ps and +8-18% on fp32 FMAs (four parts), then
+  // +6-8% from one stream; Qwen3 keys +3-8%, one stream +5-8%, its values
+  // +6-9% more. Zen 5: Qwen3 and Mixtral -15 to -30%.
   const int pass = pass_length(g, tiled, heads);
   const int state = Group * g.value_dim;
   // The value products' register tiles: heads x 32-dim chunks.
