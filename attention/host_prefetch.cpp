@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
 #include <cstring>
 #include <cstdlib>
 #include <sstream>
@@ -103,42 +107,47 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-NextPassPrefetchMeasurement measure() {
+NextPassPrefetchMeasurement measure(const AttentionShape& shape) {
   NextPassPrefetchMeasurement m;
-  // The shape whose head-major products honour the level on the active path:
-  // on avx512_fma only groups of up to 4 (next_pass_level).
-  const CpuPath active = active_cpu_path();
-  for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention()}) {
-    const CpuPath path = impl::host_product_path(active, shape.block_geometry(256), BlockOrder::head_major,
-                                                 shape.group(), true);
-    if (!impl::honours_next_pass_level(path, true, shape.group())) continue;
-    Probe probe(shape);
-    probe.step_ms(PrefetchLevel::l1);  // warm-up: workspace, first touch of the state
-    probe.step_ms(PrefetchLevel::l2);
-    constexpr int alternations = 7;
-    std::vector<double> l1, l2;
-    for (int round = 0; round < alternations; ++round) {
-      // Each level first in every other round: drift lands on both.
-      const bool l1_first = round % 2 == 0;
-      const double first = probe.step_ms(l1_first ? PrefetchLevel::l1 : PrefetchLevel::l2);
-      const double second = probe.step_ms(l1_first ? PrefetchLevel::l2 : PrefetchLevel::l1);
-      l1.push_back(l1_first ? first : second);
-      l2.push_back(l1_first ? second : first);
-    }
-    m.measured = true;
-    m.path = cpu_path_name(path);
-    std::ostringstream probe_name;
-    probe_name << shape.name << " (" << shape.q_heads << " query / " << shape.kv_heads << " KV heads), head-major";
-    m.probe = probe_name.str();
-    m.kv_bytes = probe.kv_bytes();
-    m.alternations = alternations;
-    m.l1_ms = median(l1);
-    m.l2_ms = median(l2);
-    m.faster = faster_prefetch_level(m.l1_ms, m.l2_ms);
-    break;
+  const CpuPath path = impl::host_product_path(active_cpu_path(), shape.block_geometry(256), BlockOrder::head_major,
+                                               shape.group(), true);
+  m.path = cpu_path_name(path);
+  std::ostringstream probe_name;
+  probe_name << shape.name << " (" << shape.q_heads << " query / " << shape.kv_heads << " KV heads), head-major";
+  m.probe = probe_name.str();
+  if (!impl::honours_next_pass_level(path, shape.block_geometry(256).tiled_keys(BlockOrder::head_major),
+                                     shape.group()))
+    return m;
+  Probe probe(shape);
+  probe.step_ms(PrefetchLevel::l1);  // warm-up: workspace, first touch of the state
+  probe.step_ms(PrefetchLevel::l2);
+  constexpr int alternations = 7;
+  std::vector<double> l1, l2;
+  for (int round = 0; round < alternations; ++round) {
+    // Each level first in every other round: drift lands on both.
+    const bool l1_first = round % 2 == 0;
+    const double first = probe.step_ms(l1_first ? PrefetchLevel::l1 : PrefetchLevel::l2);
+    const double second = probe.step_ms(l1_first ? PrefetchLevel::l2 : PrefetchLevel::l1);
+    l1.push_back(l1_first ? first : second);
+    l2.push_back(l1_first ? second : first);
   }
+  m.measured = true;
+  m.kv_bytes = probe.kv_bytes();
+  m.alternations = alternations;
+  m.l1_ms = median(l1);
+  m.l2_ms = median(l2);
+  m.faster = faster_prefetch_level(m.l1_ms, m.l2_ms);
   return m;
 }
+
+// The measurements, per active path and shape (its heads and dimensions, not
+// its name: tests attend shapes they make up).
+using MeasurementKey = std::tuple<CpuPath, int, int, int, int, bool>;
+MeasurementKey measurement_key(const AttentionShape& shape) {
+  return {active_cpu_path(), shape.q_heads, shape.kv_heads, shape.key_dim, shape.value_dim, shape.values_in_keys};
+}
+std::mutex measurements_mutex;
+std::map<MeasurementKey, std::unique_ptr<const NextPassPrefetchMeasurement>> measurements;
 
 }  // namespace
 
@@ -159,26 +168,28 @@ PrefetchLevel faster_prefetch_level(double l1_ms, double l2_ms) {
   return l2_ms <= 0.97 * l1_ms ? PrefetchLevel::l2 : PrefetchLevel::l1;
 }
 
-const NextPassPrefetchMeasurement& next_pass_prefetch_measurement() {
-  static const NextPassPrefetchMeasurement measured = measure();
-  return measured;
+const NextPassPrefetchMeasurement& next_pass_prefetch_measurement(const AttentionShape& shape) {
+  const std::lock_guard<std::mutex> lock(measurements_mutex);
+  std::unique_ptr<const NextPassPrefetchMeasurement>& m = measurements[measurement_key(shape)];
+  if (!m) m = std::make_unique<const NextPassPrefetchMeasurement>(measure(shape));
+  return *m;
 }
 
-PrefetchLevel active_next_pass_prefetch() {
+PrefetchLevel active_next_pass_prefetch(const AttentionShape& shape) {
   if (probing != unpinned) return static_cast<PrefetchLevel>(probing);
   if (const int level = pinned.load(); level != unpinned) return static_cast<PrefetchLevel>(level);
   if (const int level = from_environment(); level != unpinned) return static_cast<PrefetchLevel>(level);
-  return next_pass_prefetch_measurement().faster;
+  return next_pass_prefetch_measurement(shape).faster;
 }
 
 void set_next_pass_prefetch(PrefetchLevel level) { pinned = static_cast<int>(level); }
 
-std::string describe_next_pass_prefetch() {
-  const std::string level = prefetch_level_name(active_next_pass_prefetch());
+std::string describe_next_pass_prefetch(const AttentionShape& shape) {
+  const std::string level = prefetch_level_name(active_next_pass_prefetch(shape));
   if (pinned.load() != unpinned) return level + " (pinned)";
   if (from_environment() != unpinned) return level + " (" + environment_variable + ")";
-  const NextPassPrefetchMeasurement& m = next_pass_prefetch_measurement();
-  if (!m.measured) return level + " (no path here requests the next pass by level)";
+  const NextPassPrefetchMeasurement& m = next_pass_prefetch_measurement(shape);
+  if (!m.measured) return level + " (" + m.probe + " on " + m.path + " does not request the next pass by level)";
   std::ostringstream out;
   out.setf(std::ios::fixed);
   out.precision(3);
@@ -194,6 +205,11 @@ ScopedNextPassPrefetch::ScopedNextPassPrefetch(PrefetchLevel level) : previous_(
 ScopedNextPassPrefetch::~ScopedNextPassPrefetch() { pinned = previous_; }
 
 namespace impl {
+
+void replace_next_pass_prefetch_measurement(const AttentionShape& shape, const NextPassPrefetchMeasurement& m) {
+  const std::lock_guard<std::mutex> lock(measurements_mutex);
+  measurements[measurement_key(shape)] = std::make_unique<const NextPassPrefetchMeasurement>(m);
+}
 
 bool honours_next_pass_level(CpuPath path, bool tiled_keys, int group) {
   return (path == CpuPath::avx512_bf16 || (path == CpuPath::avx512_fma && group <= 4)) && tiled_keys;

@@ -35,8 +35,9 @@ int main(int argc, char* argv[]) try {
       else benchmark::AddCustomContext(name, std::to_string(v));
     }, value);
   }
-  // Measured here, before any benchmark, rather than inside the first one's warm-up.
-  benchmark::AddCustomContext("next_pass_prefetch", writescope::describe_next_pass_prefetch());
+  // Measured here, per attention shape, before any benchmark, rather than inside the first one's warm-up.
+  for (const writescope::AttentionShape& shape : writescope::supported_attention_shapes())
+    benchmark::AddCustomContext("next_pass_prefetch " + shape.name, writescope::describe_next_pass_prefetch(shape));
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   benchmark::RunSpecifiedBenchmarks();

@@ -538,8 +538,6 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
   };
   step("host DRAM read bandwidth", p.cpu_dram_read_gbps, [] { return measure_host_dram_read_gbps(); });
   p.cpu_path = cpu_path_name(active_cpu_path());
-  progress("next-pass prefetch level of the decode products ...");
-  p.cpu_next_pass_prefetch = prefetch_level_name(active_next_pass_prefetch());
   step("host product throughput (" + p.cpu_path + ")", p.cpu_fma_glanes,
        [] { return measure_host_product_gmacs(active_cpu_path()); });
   step("host launch latency", p.cpu_launch_latency_s, [] { return measure_host_launch_latency_s(); });
@@ -552,6 +550,9 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
     threads.push_back(p.cpu_threads);
   }
   for (const AttentionShape& shape : supported_attention_shapes()) {
+    // This process's level for the shape (measured per shape), which its rates at all threads use.
+    progress("next-pass prefetch level of the decode products, " + shape.name + " ...");
+    p.cpu_next_pass_prefetch[shape.name] = prefetch_level_name(active_next_pass_prefetch(shape));
     for (int t : threads) {
       progress("CPU attention, " + shape.name + ", " + std::to_string(t) + " threads ...");
       p.cpu_attention_gbps[shape.name][t] =

@@ -128,7 +128,9 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
         << cpu_path_name(faster_avx512_path(rates)) << "\n"
         << std::defaultfloat;
   }
-  out << "  next pass of head-major blocks requested into: " << describe_next_pass_prefetch() << "\n";
+  out << "  next pass of head-major blocks requested into (measured per shape):\n";
+  for (const AttentionShape& shape : supported_attention_shapes())
+    out << "    " << std::left << std::setw(18) << shape.name << std::right << describe_next_pass_prefetch(shape) << "\n";
   if (cpu_path_supported(CpuPath::amx_bf16))
     out << "  amx_bf16: decode attention and the bf16 linear layer on AMX tiles; the other kernels on "
         << cpu_path_name(vector_path(CpuPath::amx_bf16)) << "\n";

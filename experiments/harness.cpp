@@ -797,15 +797,22 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     log_info("run: warning: profile '", profile.name, "' measured the CPU kernels on the ", profile.cpu_path,
              " path but this process runs ", cpu_path_name(active_cpu_path()),
              "; its CPU rates do not describe these kernels (re-run writescope calibrate)");
-  // Measured now, before any timed step; each measured run records it.
-  const std::string next_pass_prefetch = describe_next_pass_prefetch();
-  if (const std::string level = prefetch_level_name(active_next_pass_prefetch());
-      !profile.cpu_next_pass_prefetch.empty() && profile.cpu_next_pass_prefetch != level)
-    log_info("run: warning: profile '", profile.name, "' measured CPU attention with the next pass requested into ",
-             profile.cpu_next_pass_prefetch, " but this process requests it into ", next_pass_prefetch,
-             "; its CPU attention rates may be off by 15-30% (re-run writescope calibrate, or set "
-             "WRITESCOPE_NEXT_PASS_PREFETCH=",
-             profile.cpu_next_pass_prefetch, ")");
+  // Measured now, per model's attention shape, before any timed step; each
+  // measured run records its model's.
+  std::map<std::string, std::string> next_pass_prefetch;  // by model label
+  for (const ModelSpec& model : config.models) {
+    const AttentionShape shape = model.config.attention();
+    next_pass_prefetch[model.label] = describe_next_pass_prefetch(shape);
+    const auto stated = profile.cpu_next_pass_prefetch.find(shape.name);
+    if (const std::string level = prefetch_level_name(active_next_pass_prefetch(shape));
+        stated != profile.cpu_next_pass_prefetch.end() && stated->second != level)
+      log_info("run: warning: profile '", profile.name, "' measured CPU attention of ", shape.name,
+               " with the next pass requested into ", stated->second, " but this process requests it into ",
+               next_pass_prefetch[model.label],
+               "; its CPU attention rates may be off by 15-30% (re-run writescope calibrate, or set "
+               "WRITESCOPE_NEXT_PASS_PREFETCH=",
+               stated->second, ")");
+  }
   if (const auto parent = std::filesystem::path(config.output).parent_path(); !parent.empty())
     std::filesystem::create_directories(parent);
   const MachineDescription machine = MachineDescription::detect();
@@ -858,7 +865,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
       if (runs_group.has(id)) runs_group.remove(id);
       write_run(runs_group, id, config, run, profile.name, machine_yaml, result, failure);
       ResultsGroup written = runs_group.open_group(id);
-      written.set_attribute("next_pass_prefetch", next_pass_prefetch);
+      written.set_attribute("next_pass_prefetch", next_pass_prefetch.at(run.model->label));
       written.set_attribute("checksum", written.checksum());
       txn.commit();
     } catch (const ResultsError& e) {

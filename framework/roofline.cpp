@@ -67,7 +67,15 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
       cpu.fail("path", e.what());
     }
   }
-  if (cpu.has("next_pass_prefetch")) p.cpu_next_pass_prefetch = cpu.get_choice("next_pass_prefetch", {"l1", "l2"});
+  if (cpu.has("next_pass_prefetch")) {
+    const ConfigNode levels = cpu.child("next_pass_prefetch");
+    if (!levels.yaml().IsMap())
+      cpu.fail("next_pass_prefetch", "expected a mapping from attention shape to l1 or l2 (measured per shape)");
+    for (const auto& shape : levels.yaml()) {
+      const auto shape_name = shape.first.as<std::string>();
+      p.cpu_next_pass_prefetch[shape_name] = levels.get_choice(shape_name, {"l1", "l2"});
+    }
+  }
   p.cpu_threads = cpu.get<int>("threads");
   if (p.cpu_threads < 1) cpu.fail("threads", "must be at least 1");
   p.cpu_dram_read_gbps = positive(cpu, "dram_read_gbps");
@@ -128,8 +136,11 @@ std::string MachineProfile::to_yaml() const {
   out << YAML::Key << "cpu" << YAML::Value << YAML::BeginMap << YAML::Key << "threads" << YAML::Value << cpu_threads
       << YAML::Key << "dram_read_gbps" << YAML::Value << cpu_dram_read_gbps << YAML::Key << "path" << YAML::Value
       << cpu_path;
-  if (!cpu_next_pass_prefetch.empty())
-    out << YAML::Key << "next_pass_prefetch" << YAML::Value << cpu_next_pass_prefetch;
+  if (!cpu_next_pass_prefetch.empty()) {
+    out << YAML::Key << "next_pass_prefetch" << YAML::Value << YAML::Flow << YAML::BeginMap;
+    for (const auto& [shape, level] : cpu_next_pass_prefetch) out << YAML::Key << shape << YAML::Value << level;
+    out << YAML::EndMap;
+  }
   out << YAML::Key << "fma_glanes"
       << YAML::Value << cpu_fma_glanes << YAML::Key << "launch_latency_us" << YAML::Value
       << cpu_launch_latency_s * 1e6 << YAML::Key << "expert_gbps" << YAML::Value << cpu_expert_gbps << YAML::Key

@@ -35,10 +35,11 @@ struct MachineProfile {
   /// The host kernels' instruction path (framework/cpu_path.hpp) the CPU
   /// figures were measured with; profiles written before paths existed: "avx2".
   std::string cpu_path = "avx2";
-  /// The level the decode's AVX-512 products requested each next pass into
-  /// while the CPU attention rates were measured ("l1", "l2";
-  /// attention/host_prefetch.hpp); "" in profiles that do not say.
-  std::string cpu_next_pass_prefetch;
+  /// Per attention shape name, the level the decode's AVX-512 products
+  /// requested each next pass into while its CPU attention rates were
+  /// measured ("l1", "l2"; attention/host_prefetch.hpp, measured per shape);
+  /// empty in profiles that do not say.
+  std::map<std::string, std::string> cpu_next_pass_prefetch;
   /// Multiply-adds per second (10^9) of that path's product instruction
   /// (8-lane fp32 FMA for avx2, 16-lane for avx512_fma, 32-pair vdpbf16ps for
   /// avx512_bf16).

@@ -612,7 +612,7 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
         // Asked only where the products honour it: the first such launch of a
         // process measures the levels (host_prefetch.hpp).
         const PrefetchLevel next_pass = impl::honours_next_pass_level(path, geometry.tiled_keys(order), shape.group())
-                                            ? active_next_pass_prefetch()
+                                            ? active_next_pass_prefetch(shape)
                                             : PrefetchLevel::l1;
         workspace.host_path = path;
         workspace.host_next_pass = next_pass;

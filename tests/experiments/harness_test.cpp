@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <algorithm>
 #include <filesystem>
 #include <set>
@@ -107,10 +109,13 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
   EXPECT_EQ(reader.string_attribute("/profile", "name"), "test");
   const auto names = reader.list("/runs");
   ASSERT_EQ(names.size(), runs.size());
+  // Each run records the next-pass level of its own model's attention shape.
+  std::map<std::string, std::string> next_pass_of_run;
+  for (const RunSpec& run : runs) next_pass_of_run[run.id()] = describe_next_pass_prefetch(run.model->config.attention());
   int complete = 0;
   for (const std::string& name : names) {
     const std::string g = "/runs/" + name;
-    EXPECT_EQ(reader.string_attribute(g, "next_pass_prefetch"), describe_next_pass_prefetch()) << g;
+    EXPECT_EQ(reader.string_attribute(g, "next_pass_prefetch"), next_pass_of_run.at(name)) << g;
     const std::string status = reader.string_attribute(g, "status");
     if (status != "complete") {
       EXPECT_EQ(status, "does_not_fit") << g;
@@ -167,8 +172,9 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
   // attention ran with the other next-pass level is named first.
   MachineProfile other = test::tiny_profile();
   other.cpu_expert_gbps *= 2;
-  const std::string other_level = active_next_pass_prefetch() == PrefetchLevel::l1 ? "l2" : "l1";
-  other.cpu_next_pass_prefetch = other_level;
+  const AttentionShape first_shape = changed.models[0].config.attention();
+  const std::string other_level = active_next_pass_prefetch(first_shape) == PrefetchLevel::l1 ? "l2" : "l1";
+  other.cpu_next_pass_prefetch[first_shape.name] = other_level;
   ::testing::internal::CaptureStderr();
   try {
     run_experiment(changed, other, third_progress, false);
@@ -177,8 +183,8 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
     EXPECT_NE(std::string(e.what()).find("holds runs of another machine profile"), std::string::npos) << e.what();
   }
   const std::string log = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(log.find("run: warning: profile 'test' measured CPU attention with the next pass requested into " +
-                     other_level),
+  EXPECT_NE(log.find("run: warning: profile 'test' measured CPU attention of " + first_shape.name +
+                     " with the next pass requested into " + other_level),
             std::string::npos)
       << log;
 }

@@ -2,6 +2,8 @@
 #include "experiments/harness.hpp"
 
 #include <gtest/gtest.h>
+
+#include <tuple>
 #include <unistd.h>
 
 #include <cstdio>
@@ -115,14 +117,14 @@ TEST_F(ProfileTest, SaveAndLoadRoundTrip) {
   measured.link_chunk_bytes = std::uint64_t{3} << 20;
   measured.save(path);
   EXPECT_EQ(MachineProfile::load(path).link_chunk_bytes, std::uint64_t{3} << 20);
-  // Every CPU path round-trips, amx_bf16 (the GPU machine's host) included, with the next-pass level.
+  // Every CPU path round-trips, amx_bf16 (the GPU machine's host) included, with the next-pass level per shape.
   measured.cpu_path = "amx_bf16";
-  measured.cpu_next_pass_prefetch = "l2";
+  measured.cpu_next_pass_prefetch = {{"qwen3-30b-a3b", "l1"}, {"mixtral-8x7b", "l2"}};
   measured.save(path);
   const auto amx = MachineProfile::load(path);
   EXPECT_EQ(amx.cpu_path, "amx_bf16");
-  EXPECT_EQ(amx.cpu_next_pass_prefetch, "l2");
-  EXPECT_EQ(again.cpu_next_pass_prefetch, "");  // not stated: no warning, no comparison
+  EXPECT_EQ(amx.cpu_next_pass_prefetch, measured.cpu_next_pass_prefetch);
+  EXPECT_TRUE(again.cpu_next_pass_prefetch.empty());  // not stated: no warning, no comparison
   // Older profiles give the BLAS rates under their older names.
   EXPECT_DOUBLE_EQ(find_profile("a100-pcie4").cpu_expert_gbps, 100);
   // The GPU's decode rate over VRAM-resident KV replaces the copy rate for the shapes it was measured on.
@@ -165,7 +167,11 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
     EXPECT_EQ(e.field(), "cpu.gemv_gbps");
     EXPECT_NE(e.reason().find("older name of expert_gbps"), std::string::npos) << e.reason();
   }
-  for (const auto& [field, value] : {std::pair{"path", "avx1024"}, std::pair{"next_pass_prefetch", "l3"}}) {
+  // A bad path, a bad level, and a level not given per shape (the form before levels were measured per shape).
+  for (const auto& [field, value, named, reason] :
+       {std::tuple{"path", "avx1024", "cpu.path", "avx1024"},
+        std::tuple{"next_pass_prefetch", "{qwen3-30b-a3b: l3}", "cpu.next_pass_prefetch.qwen3-30b-a3b", "l3"},
+        std::tuple{"next_pass_prefetch", "l2", "cpu.next_pass_prefetch", "mapping"}}) {
     std::string bad = base;
     bad.replace(bad.find("pageable_d2h_gbps: -8"), 21, "pageable_d2h_gbps: 8");
     bad.replace(bad.find("threads: 4"), 10, std::string("threads: 4, ") + field + ": " + value);
@@ -173,8 +179,8 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
       MachineProfile::load(write(bad));
       FAIL() << field << " " << value << " accepted";
     } catch (const ConfigError& e) {
-      EXPECT_EQ(e.field(), std::string("cpu.") + field);
-      EXPECT_NE(e.reason().find(value), std::string::npos) << e.reason();
+      EXPECT_EQ(e.field(), named);
+      EXPECT_NE(e.reason().find(reason), std::string::npos) << e.reason();
     }
   }
   const std::string no_gpu = R"(name: laptop
