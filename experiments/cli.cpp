@@ -111,10 +111,9 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
     out << "\n";
   }
   out << "\nCPU decode attention (bf16 KV): the path each product takes\n";
-  for (const char* name : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"}) {
-    const AttentionShape shape = attention_shape(name);
+  for (const AttentionShape& shape : supported_attention_shapes()) {
     const BlockGeometry geometry = shape.block_geometry(256);
-    out << "  " << std::left << std::setw(18) << name << std::right;
+    out << "  " << std::left << std::setw(18) << shape.name << std::right;
     for (Region region : {Region::cpu_resident, Region::cpu_streamed})
       out << "  " << region_name(region) << ": "
           << cpu_path_name(impl::host_product_path(active_cpu_path(), geometry, block_order(region), shape.group(),
