@@ -23,29 +23,33 @@ namespace {
 
 constexpr PrefetchLevel all_levels[] = {PrefetchLevel::l1, PrefetchLevel::l2};
 constexpr int unpinned = -1;
-std::atomic<int> pinned{unpinned};
-// The measurement's own pin, for the kernels it launches on its thread only.
-thread_local int probing = unpinned;
+std::atomic<int> pinned{unpinned}, pinned_pass{unpinned};
+// The measurements' own pins, for the kernels they launch on their thread only.
+thread_local int probing = unpinned, probing_pass = unpinned;
 
 constexpr char environment_variable[] = "WRITESCOPE_NEXT_PASS_PREFETCH";
+constexpr char pass_environment_variable[] = "WRITESCOPE_TOKEN_MAJOR_PASS";
 
-/// The environment's level, or unpinned.
-int from_environment() {
-  const char* value = std::getenv(environment_variable);
+/// `variable`'s value parsed by `parse` (as an int), or unpinned.
+template <class Parse>
+int from_environment(const char* variable, Parse parse) {
+  const char* value = std::getenv(variable);
   if (value == nullptr || *value == '\0') return unpinned;
   try {
-    return static_cast<int>(parse_prefetch_level(value));
+    return static_cast<int>(parse(value));
   } catch (const std::invalid_argument& error) {
-    throw std::invalid_argument(std::string(environment_variable) + ": " + error.what());
+    throw std::invalid_argument(std::string(variable) + ": " + error.what());
   }
 }
+int level_from_environment() { return from_environment(environment_variable, parse_prefetch_level); }
+int pass_from_environment() { return from_environment(pass_environment_variable, parse_token_major_pass); }
 
-/// The decode step the levels are timed on: one sequence over a pool of
-/// whole head-major blocks, more than twice the last-level cache.
+/// The decode step the choices are timed on: one sequence over a pool of
+/// whole blocks in `order`, more than twice the last-level cache.
 class Probe {
  public:
-  explicit Probe(const AttentionShape& shape)
-      : shape_(shape), geometry_(shape.block_geometry(block_tokens)) {
+  Probe(const AttentionShape& shape, BlockOrder order)
+      : shape_(shape), order_(order), geometry_(shape.block_geometry(block_tokens)) {
     const std::int64_t block_bytes = geometry_.block_elements() * static_cast<std::int64_t>(sizeof(bf16));
     const std::int64_t wanted = next_pass_probe_bytes(last_level_cache_bytes());
     const int blocks = static_cast<int>((wanted + block_bytes - 1) / block_bytes);
@@ -74,17 +78,19 @@ class Probe {
                                       shape.q_heads, shape.value_dim);
   }
   std::int64_t kv_bytes() const { return static_cast<std::int64_t>(pool_.span() * sizeof(bf16)); }
-  /// Milliseconds of one step with the next pass requested into `level`.
-  double step_ms(PrefetchLevel level) {
+  /// Milliseconds of one step with the next pass requested into `level`
+  /// and passes of `token_major_pass` tokens over token-major rows.
+  double step_ms(PrefetchLevel level, int token_major_pass) {
     probing = static_cast<int>(level);
+    probing_pass = token_major_pass;
     const HostExecSpace space;
     space.fence();
     const auto start = std::chrono::steady_clock::now();
-    decode_attention(space, shape_, geometry_, BlockOrder::head_major, ConstQueries(queries_), ConstPool(pool_),
-                     segments_, workspace_, out_);
+    decode_attention(space, shape_, geometry_, order_, ConstQueries(queries_), ConstPool(pool_), segments_,
+                     workspace_, out_);
     space.fence();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    probing = unpinned;
+    probing = probing_pass = unpinned;
     return ms;
   }
 
@@ -93,6 +99,7 @@ class Probe {
   using ConstQueries = Kokkos::View<const float***, Kokkos::LayoutRight, HostMemSpace>;
   using ConstPool = Kokkos::View<const bf16**, Kokkos::LayoutRight, HostMemSpace>;
   AttentionShape shape_;
+  BlockOrder order_;
   BlockGeometry geometry_;
   Kokkos::View<bf16**, Kokkos::LayoutRight, HostMemSpace> pool_;
   Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> queries_;
@@ -107,47 +114,114 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-NextPassPrefetchMeasurement measure(const AttentionShape& shape) {
+/// The probe's shape as results name it, e.g. "qwen3-30b-a3b (32 query / 4 KV heads), head-major".
+std::string probe_name(const AttentionShape& shape, BlockOrder order) {
+  std::ostringstream name;
+  name << shape.name << " (" << shape.q_heads << " query / " << shape.kv_heads << " KV heads), "
+       << (order == BlockOrder::head_major ? "head-major" : "token-major");
+  return name.str();
+}
+
+CpuPath probe_path(const AttentionShape& shape, BlockOrder order) {
+  return impl::host_product_path(active_cpu_path(), shape.block_geometry(256), order, shape.group(), true);
+}
+
+constexpr int alternations = 7;
+
+/// Median milliseconds of a step of `probe` with each of `choices` (set by
+/// `step(probe, choice)`), alternated: each round in the other order than the
+/// last, so that drift lands on all.
+template <class Choice, std::size_t N, class Step>
+std::array<double, N> alternated_medians(Probe& probe, const std::array<Choice, N>& choices, Step step) {
+  for (const Choice& choice : choices) step(probe, choice);  // warm-up: workspace, first touch of the state
+  std::array<std::vector<double>, N> ms;
+  for (int round = 0; round < alternations; ++round)
+    for (std::size_t i = 0; i < N; ++i) {
+      const std::size_t c = round % 2 == 0 ? i : N - 1 - i;
+      ms[c].push_back(step(probe, choices[c]));
+    }
+  std::array<double, N> medians{};
+  for (std::size_t c = 0; c < N; ++c) medians[c] = median(ms[c]);
+  return medians;
+}
+
+NextPassPrefetchMeasurement measure_level(const AttentionShape& shape) {
   NextPassPrefetchMeasurement m;
-  const CpuPath path = impl::host_product_path(active_cpu_path(), shape.block_geometry(256), BlockOrder::head_major,
-                                               shape.group(), true);
+  const CpuPath path = probe_path(shape, BlockOrder::head_major);
   m.path = cpu_path_name(path);
-  std::ostringstream probe_name;
-  probe_name << shape.name << " (" << shape.q_heads << " query / " << shape.kv_heads << " KV heads), head-major";
-  m.probe = probe_name.str();
+  m.probe = probe_name(shape, BlockOrder::head_major);
   if (!impl::honours_next_pass_level(path, shape.block_geometry(256).tiled_keys(BlockOrder::head_major),
                                      shape.group()))
     return m;
-  Probe probe(shape);
-  probe.step_ms(PrefetchLevel::l1);  // warm-up: workspace, first touch of the state
-  probe.step_ms(PrefetchLevel::l2);
-  constexpr int alternations = 7;
-  std::vector<double> l1, l2;
-  for (int round = 0; round < alternations; ++round) {
-    // Each level first in every other round: drift lands on both.
-    const bool l1_first = round % 2 == 0;
-    const double first = probe.step_ms(l1_first ? PrefetchLevel::l1 : PrefetchLevel::l2);
-    const double second = probe.step_ms(l1_first ? PrefetchLevel::l2 : PrefetchLevel::l1);
-    l1.push_back(l1_first ? first : second);
-    l2.push_back(l1_first ? second : first);
-  }
+  Probe probe(shape, BlockOrder::head_major);
+  const auto ms = alternated_medians(probe, std::array<PrefetchLevel, 2>{PrefetchLevel::l1, PrefetchLevel::l2},
+                                     [](Probe& p, PrefetchLevel level) { return p.step_ms(level, unpinned); });
   m.measured = true;
   m.kv_bytes = probe.kv_bytes();
   m.alternations = alternations;
-  m.l1_ms = median(l1);
-  m.l2_ms = median(l2);
+  m.l1_ms = ms[0];
+  m.l2_ms = ms[1];
   m.faster = faster_prefetch_level(m.l1_ms, m.l2_ms);
   return m;
 }
 
-// The measurements, per active path and shape (its heads and dimensions, not
-// its name: tests attend shapes they make up).
-using MeasurementKey = std::tuple<CpuPath, int, int, int, int, bool>;
-MeasurementKey measurement_key(const AttentionShape& shape) {
-  return {active_cpu_path(), shape.q_heads, shape.kv_heads, shape.key_dim, shape.value_dim, shape.values_in_keys};
+TokenMajorPassMeasurement measure_pass(const AttentionShape& shape) {
+  TokenMajorPassMeasurement m;
+  const CpuPath path = probe_path(shape, BlockOrder::token_major);
+  m.path = cpu_path_name(path);
+  m.probe = probe_name(shape, BlockOrder::token_major);
+  if (!impl::honours_token_major_pass(path, shape)) return m;
+  Probe probe(shape, BlockOrder::token_major);
+  // Token rows request their next pass into L1 at every length.
+  m.ms = alternated_medians(probe, token_major_pass_lengths,
+                            [](Probe& p, int tokens) { return p.step_ms(PrefetchLevel::l1, tokens); });
+  m.measured = true;
+  m.kv_bytes = probe.kv_bytes();
+  m.alternations = alternations;
+  m.rule = impl::token_major_pass_rule(std::int64_t{shape.kv_heads} * (shape.key_dim + shape.value_dim) *
+                                       static_cast<std::int64_t>(sizeof(bf16)));
+  m.fastest = fastest_token_major_pass(m.ms, m.rule);
+  return m;
 }
-std::mutex measurements_mutex;
-std::map<MeasurementKey, std::unique_ptr<const NextPassPrefetchMeasurement>> measurements;
+
+/// Measurements of one kind, per active path and shape (its heads and
+/// dimensions, not its name: tests attend shapes they make up), each taken
+/// once by `measure`.
+template <class Measurement, Measurement (*measure)(const AttentionShape&)>
+class PerShape {
+ public:
+  const Measurement& get(const AttentionShape& shape) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_ptr<const Measurement>& m = measurements_[key(shape)];
+    if (!m) m = std::make_unique<const Measurement>(measure(shape));
+    return *m;
+  }
+  void replace(const AttentionShape& shape, const Measurement& m) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    measurements_[key(shape)] = std::make_unique<const Measurement>(m);
+  }
+
+ private:
+  using Key = std::tuple<CpuPath, int, int, int, int, bool>;
+  static Key key(const AttentionShape& shape) {
+    return {active_cpu_path(), shape.q_heads, shape.kv_heads, shape.key_dim, shape.value_dim, shape.values_in_keys};
+  }
+  std::mutex mutex_;
+  std::map<Key, std::unique_ptr<const Measurement>> measurements_;
+};
+PerShape<NextPassPrefetchMeasurement, measure_level> level_measurements;
+PerShape<TokenMajorPassMeasurement, measure_pass> pass_measurements;
+
+/// "<medians of N: " for a measurement's figures.
+std::ostringstream measured_on(const std::string& path, const std::string& probe, std::int64_t kv_bytes,
+                               int rounds) {
+  std::ostringstream out;
+  out.setf(std::ios::fixed);
+  out.precision(3);
+  out << "measured on " << path << ", " << probe << ", " << (kv_bytes >> 20) << " MiB, medians of " << rounds
+      << ": ";
+  return out;
+}
 
 }  // namespace
 
@@ -169,16 +243,13 @@ PrefetchLevel faster_prefetch_level(double l1_ms, double l2_ms) {
 }
 
 const NextPassPrefetchMeasurement& next_pass_prefetch_measurement(const AttentionShape& shape) {
-  const std::lock_guard<std::mutex> lock(measurements_mutex);
-  std::unique_ptr<const NextPassPrefetchMeasurement>& m = measurements[measurement_key(shape)];
-  if (!m) m = std::make_unique<const NextPassPrefetchMeasurement>(measure(shape));
-  return *m;
+  return level_measurements.get(shape);
 }
 
 PrefetchLevel active_next_pass_prefetch(const AttentionShape& shape) {
   if (probing != unpinned) return static_cast<PrefetchLevel>(probing);
   if (const int level = pinned.load(); level != unpinned) return static_cast<PrefetchLevel>(level);
-  if (const int level = from_environment(); level != unpinned) return static_cast<PrefetchLevel>(level);
+  if (const int level = level_from_environment(); level != unpinned) return static_cast<PrefetchLevel>(level);
   return next_pass_prefetch_measurement(shape).faster;
 }
 
@@ -187,15 +258,12 @@ void set_next_pass_prefetch(PrefetchLevel level) { pinned = static_cast<int>(lev
 std::string describe_next_pass_prefetch(const AttentionShape& shape) {
   const std::string level = prefetch_level_name(active_next_pass_prefetch(shape));
   if (pinned.load() != unpinned) return level + " (pinned)";
-  if (from_environment() != unpinned) return level + " (" + environment_variable + ")";
+  if (level_from_environment() != unpinned) return level + " (" + environment_variable + ")";
   const NextPassPrefetchMeasurement& m = next_pass_prefetch_measurement(shape);
   if (!m.measured) return level + " (" + m.probe + " on " + m.path + " does not request the next pass by level)";
-  std::ostringstream out;
-  out.setf(std::ios::fixed);
-  out.precision(3);
-  out << level << " (measured on " << m.path << ", " << m.probe << ", " << (m.kv_bytes >> 20) << " MiB, medians of "
-      << m.alternations << ": l1 " << m.l1_ms << " ms, l2 " << m.l2_ms << " ms)";
-  return out.str();
+  std::ostringstream out = measured_on(m.path, m.probe, m.kv_bytes, m.alternations);
+  out << "l1 " << m.l1_ms << " ms, l2 " << m.l2_ms << " ms";
+  return level + " (" + out.str() + ")";
 }
 
 ScopedNextPassPrefetch::ScopedNextPassPrefetch(PrefetchLevel level) : previous_(pinned.load()) {
@@ -204,11 +272,61 @@ ScopedNextPassPrefetch::ScopedNextPassPrefetch(PrefetchLevel level) : previous_(
 
 ScopedNextPassPrefetch::~ScopedNextPassPrefetch() { pinned = previous_; }
 
+int parse_token_major_pass(const std::string& tokens) {
+  std::string known;
+  for (const int length : token_major_pass_lengths) {
+    if (tokens == std::to_string(length)) return length;
+    known += (known.empty() ? "" : ", ") + std::to_string(length);
+  }
+  throw std::invalid_argument("unknown token-major pass '" + tokens + "' (known: " + known + ")");
+}
+
+int fastest_token_major_pass(const std::array<double, token_major_pass_lengths.size()>& ms, int rule) {
+  std::size_t fastest = 0, at_rule = 0;
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    if (ms[i] < ms[fastest]) fastest = i;
+    if (token_major_pass_lengths[i] == rule) at_rule = i;
+  }
+  return ms[fastest] <= 0.97 * ms[at_rule] ? token_major_pass_lengths[fastest] : rule;
+}
+
+const TokenMajorPassMeasurement& token_major_pass_measurement(const AttentionShape& shape) {
+  return pass_measurements.get(shape);
+}
+
+int active_token_major_pass(const AttentionShape& shape) {
+  if (!impl::honours_token_major_pass(probe_path(shape, BlockOrder::token_major), shape)) return 0;
+  if (probing_pass != unpinned) return probing_pass;
+  if (const int tokens = pinned_pass.load(); tokens != unpinned) return tokens;
+  if (const int tokens = pass_from_environment(); tokens != unpinned) return tokens;
+  return token_major_pass_measurement(shape).fastest;
+}
+
+std::string describe_token_major_pass(const AttentionShape& shape) {
+  const int tokens = active_token_major_pass(shape);
+  const std::string length = std::to_string(tokens) + " tokens";
+  const TokenMajorPassMeasurement& m = token_major_pass_measurement(shape);
+  if (tokens == 0) return "not measured (" + m.probe + " on " + m.path + " passes by its own rule)";
+  if (pinned_pass.load() != unpinned) return length + " (pinned)";
+  if (pass_from_environment() != unpinned) return length + " (" + pass_environment_variable + ")";
+  std::ostringstream out = measured_on(m.path, m.probe, m.kv_bytes, m.alternations);
+  for (std::size_t i = 0; i < m.ms.size(); ++i)
+    out << (i ? ", " : "") << token_major_pass_lengths[i] << " tokens " << m.ms[i] << " ms";
+  out << "; the rule's " << m.rule;
+  return length + " (" + out.str() + ")";
+}
+
+ScopedTokenMajorPass::ScopedTokenMajorPass(int tokens) : previous_(pinned_pass.load()) {
+  parse_token_major_pass(std::to_string(tokens));  // a length the products take, or the error
+  pinned_pass = tokens;
+}
+
+ScopedTokenMajorPass::~ScopedTokenMajorPass() { pinned_pass = previous_; }
+
 namespace impl {
 
 void replace_next_pass_prefetch_measurement(const AttentionShape& shape, const NextPassPrefetchMeasurement& m) {
-  const std::lock_guard<std::mutex> lock(measurements_mutex);
-  measurements[measurement_key(shape)] = std::make_unique<const NextPassPrefetchMeasurement>(m);
+  level_measurements.replace(shape, m);
 }
 
 bool honours_next_pass_level(CpuPath path, bool tiled_keys, int group) {
@@ -217,6 +335,15 @@ bool honours_next_pass_level(CpuPath path, bool tiled_keys, int group) {
 
 PrefetchLevel next_pass_level(CpuPath path, bool tiled_keys, int group, PrefetchLevel requested) {
   return honours_next_pass_level(path, tiled_keys, group) ? requested : PrefetchLevel::l1;
+}
+
+void replace_token_major_pass_measurement(const AttentionShape& shape, const TokenMajorPassMeasurement& m) {
+  pass_measurements.replace(shape, m);
+}
+
+bool honours_token_major_pass(CpuPath path, const AttentionShape& shape) {
+  return (path == CpuPath::avx512_bf16 || path == CpuPath::avx512_fma) && !shape.values_in_keys &&
+         !shape.block_geometry(256).tiled_keys(BlockOrder::token_major);
 }
 
 }  // namespace impl

@@ -1,15 +1,20 @@
 #pragma once
-// Which cache level host decode attention requests the next pass of a
-// head-major block into, while the current pass's products run (AVX-512 paths).
-// Which is faster depends on the machine and on the attention shape (2
-// threads, from DRAM, alternated): on AMD Zen 4, L2 (one stream) beat L1 (four
-// streams) by 10-30% for Qwen3 and Mixtral; on AMD Zen 5 it cost them 15-30%
-// one day, and the next, in one process, cost Qwen3 15-20% and gained Mixtral
-// 8-17%. So one binary measures both levels on the kernel itself, once per
-// process and attention shape, and takes the faster; it can be pinned (tests,
-// comparisons) with set_next_pass_prefetch or the
-// WRITESCOPE_NEXT_PASS_PREFETCH environment variable ("l1" or "l2").
+// How host decode attention streams KV through its passes, chosen per machine
+// and attention shape by measuring the kernel itself, once per process:
+//  - the cache level it requests the next pass of a head-major block into,
+//    while the current pass's products run (AVX-512 paths). On AMD Zen 4, L2
+//    (one stream) beat L1 (four streams) by 10-30% for Qwen3 and Mixtral; on
+//    AMD Zen 5 it cost them 15-30% one day, and the next, in one process, cost
+//    Qwen3 15-20% and gained Mixtral 8-17%. Pinned with set_next_pass_prefetch
+//    or WRITESCOPE_NEXT_PASS_PREFETCH ("l1" or "l2").
+//  - the tokens per pass over token-major blocks whose rows several KV heads
+//    share (GQA CpuStreamed): Zen 4 read Qwen3 fastest in passes of 64 tokens
+//    (128 KiB), Zen 5 in passes of 32 (64 KiB), 10-20% ahead of 64. Pinned
+//    with ScopedTokenMajorPass or WRITESCOPE_TOKEN_MAJOR_PASS (32, 64 or 128).
+// Tests and comparisons pin them; results and `writescope info` say which
+// was taken and why.
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -83,6 +88,62 @@ class ScopedNextPassPrefetch {
   int previous_;
 };
 
+/// The token-major pass lengths measured, in tokens (at most the products'
+/// pass of 128 tokens).
+inline constexpr std::array<int, 3> token_major_pass_lengths = {32, 64, 128};
+
+/// "32", "64", "128" to a length of token_major_pass_lengths; throws
+/// std::invalid_argument naming the valid ones.
+int parse_token_major_pass(const std::string& tokens);
+
+/// The measurement behind the token-major pass of one attention shape: the
+/// median time of one decode step of the probe (one sequence of the shape
+/// over `kv_bytes` of token-major KV, from DRAM) with each length of
+/// token_major_pass_lengths, alternated, on `path` with all host threads.
+struct TokenMajorPassMeasurement {
+  bool measured = false;  // false where the shape's products do not take the length (impl::honours_token_major_pass)
+  std::string path;       // cpu_path_name of the path measured
+  std::string probe;      // e.g. "qwen3-30b-a3b (32 query / 4 KV heads), token-major"
+  std::int64_t kv_bytes = 0;
+  int alternations = 0;
+  std::array<double, token_major_pass_lengths.size()> ms{};  // per length
+  int rule = 0;           // the products' own length for the shape (impl::token_major_pass_rule)
+  int fastest = 0;        // fastest_token_major_pass; 0 where not measured
+};
+
+/// The length whose median step is shortest, but the rule's unless another is
+/// at least 3% faster than it (the noise of a shared machine).
+int fastest_token_major_pass(const std::array<double, token_major_pass_lengths.size()>& ms, int rule);
+
+/// Measures every length on the active CPU path for `shape` the first time
+/// that shape asks in this process (as next_pass_prefetch_measurement, about
+/// 0.2-0.6 s); safe from several threads.
+const TokenMajorPassMeasurement& token_major_pass_measurement(const AttentionShape& shape);
+
+/// The tokens per pass host decode attention of `shape` takes over token-major
+/// rows of several heads now: the pinned length (ScopedTokenMajorPass), else
+/// WRITESCOPE_TOKEN_MAJOR_PASS (an unknown length is an error naming the
+/// variable), else the measured one; 0 where the products keep their own rule
+/// (impl::honours_token_major_pass is false for the shape here).
+int active_token_major_pass(const AttentionShape& shape);
+/// One line for results and `writescope info`, e.g. "32 tokens (measured on
+/// avx512_bf16, qwen3-30b-a3b (32 query / 4 KV heads), token-major, 256 MiB,
+/// medians of 7: 32 tokens 4.9 ms, 64 tokens 5.6 ms, 128 tokens 6.0 ms)".
+std::string describe_token_major_pass(const AttentionShape& shape);
+
+/// Pins a token-major pass length for a scope (tests, comparisons), restoring
+/// the previous pin (or none) after.
+class ScopedTokenMajorPass {
+ public:
+  explicit ScopedTokenMajorPass(int tokens);
+  ~ScopedTokenMajorPass();
+  ScopedTokenMajorPass(const ScopedTokenMajorPass&) = delete;
+  ScopedTokenMajorPass& operator=(const ScopedTokenMajorPass&) = delete;
+
+ private:
+  int previous_;
+};
+
 namespace impl {
 /// Makes `m` the shape's measurement on the active path (tests: levels that
 /// differ by shape on any machine); references to the one it replaces dangle.
@@ -96,6 +157,23 @@ bool honours_next_pass_level(CpuPath path, bool tiled_keys, int group);
 /// The level those products request the next pass into: `requested`
 /// (active_next_pass_prefetch) where honours_next_pass_level, else l1.
 PrefetchLevel next_pass_level(CpuPath path, bool tiled_keys, int group, PrefetchLevel requested);
+
+/// Makes `m` the shape's token-major measurement on the active path (tests).
+void replace_token_major_pass_measurement(const AttentionShape& shape, const TokenMajorPassMeasurement& m);
+/// Whether the products of `path` take a token-major pass length for `shape`:
+/// the AVX-512 products of token rows shared by several KV heads (MLA's one
+/// latent row, read by both products, keeps passes of 128 tokens; AMX passes
+/// by its tiles).
+bool honours_token_major_pass(CpuPath path, const AttentionShape& shape);
+/// The products' own length where none is measured or pinned: 128 tokens,
+/// halved down to 32 while a pass's keys and values exceed 128 KiB (Zen 4).
+///   token_bytes: the keys and values of one token row, all of its heads
+constexpr int token_major_pass_rule(std::int64_t token_bytes) {
+  constexpr std::int64_t max_pass_bytes = 128 << 10;
+  int tokens = token_major_pass_lengths.back();
+  while (tokens > token_major_pass_lengths.front() && tokens * token_bytes > max_pass_bytes) tokens /= 2;
+  return tokens;
+}
 }  // namespace impl
 
 }  // namespace writescope

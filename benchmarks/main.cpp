@@ -36,8 +36,10 @@ int main(int argc, char* argv[]) try {
     }, value);
   }
   // Measured here, per attention shape, before any benchmark, rather than inside the first one's warm-up.
-  for (const writescope::AttentionShape& shape : writescope::supported_attention_shapes())
+  for (const writescope::AttentionShape& shape : writescope::supported_attention_shapes()) {
     benchmark::AddCustomContext("next_pass_prefetch " + shape.name, writescope::describe_next_pass_prefetch(shape));
+    benchmark::AddCustomContext("token_major_pass " + shape.name, writescope::describe_token_major_pass(shape));
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   benchmark::RunSpecifiedBenchmarks();

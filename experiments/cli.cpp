@@ -130,6 +130,9 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
   out << "  next pass of head-major blocks requested into (measured per shape):\n";
   for (const AttentionShape& shape : supported_attention_shapes())
     out << "    " << std::left << std::setw(18) << shape.name << std::right << describe_next_pass_prefetch(shape) << "\n";
+  out << "  tokens per pass over token-major rows (measured per shape):\n";
+  for (const AttentionShape& shape : supported_attention_shapes())
+    out << "    " << std::left << std::setw(18) << shape.name << std::right << describe_token_major_pass(shape) << "\n";
   if (cpu_path_supported(CpuPath::amx_bf16))
     out << "  amx_bf16: decode attention and the bf16 linear layer on AMX tiles; the other kernels on "
         << cpu_path_name(vector_path(CpuPath::amx_bf16)) << "\n";

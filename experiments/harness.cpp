@@ -788,6 +788,25 @@ std::string run_damage(const ResultsReader& reader, const std::string& group) {
   }
 }
 
+std::vector<std::string> attention_choice_mismatches(const MachineProfile& profile, const AttentionShape& shape) {
+  std::vector<std::string> warnings;
+  const auto compare = [&](const std::map<std::string, std::string>& stated_by_shape, const std::string& taken,
+                           const std::string& described, const char* what, const char* variable) {
+    const auto stated = stated_by_shape.find(shape.name);
+    if (stated != stated_by_shape.end() && stated->second != taken)
+      warnings.push_back("run: warning: profile '" + profile.name + "' measured CPU attention of " + shape.name +
+                         " with " + what + " " + stated->second + " but this process takes " + described +
+                         "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set " +
+                         variable + "=" + stated->second + ")");
+  };
+  compare(profile.cpu_next_pass_prefetch, prefetch_level_name(active_next_pass_prefetch(shape)),
+          describe_next_pass_prefetch(shape), "the next pass requested into", "WRITESCOPE_NEXT_PASS_PREFETCH");
+  if (const int tokens = active_token_major_pass(shape); tokens > 0)
+    compare(profile.cpu_token_major_pass, std::to_string(tokens), describe_token_major_pass(shape),
+            "token-major passes of", "WRITESCOPE_TOKEN_MAJOR_PASS");
+  return warnings;
+}
+
 ExperimentSummary run_experiment(const ExperimentConfig& config, const MachineProfile& profile,
                                  std::ostream& progress_out, bool tty, const RunOptions& options) {
   if (!has_gpu && profile.has_gpu)
@@ -799,19 +818,12 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
              "; its CPU rates do not describe these kernels (re-run writescope calibrate)");
   // Measured now, per model's attention shape, before any timed step; each
   // measured run records its model's.
-  std::map<std::string, std::string> next_pass_prefetch;  // by model label
+  std::map<std::string, std::string> next_pass_prefetch, token_major_pass;  // by model label
   for (const ModelSpec& model : config.models) {
     const AttentionShape shape = model.config.attention();
     next_pass_prefetch[model.label] = describe_next_pass_prefetch(shape);
-    const auto stated = profile.cpu_next_pass_prefetch.find(shape.name);
-    if (const std::string level = prefetch_level_name(active_next_pass_prefetch(shape));
-        stated != profile.cpu_next_pass_prefetch.end() && stated->second != level)
-      log_info("run: warning: profile '", profile.name, "' measured CPU attention of ", shape.name,
-               " with the next pass requested into ", stated->second, " but this process requests it into ",
-               next_pass_prefetch[model.label],
-               "; its CPU attention rates may be off by 15-30% (re-run writescope calibrate, or set "
-               "WRITESCOPE_NEXT_PASS_PREFETCH=",
-               stated->second, ")");
+    token_major_pass[model.label] = describe_token_major_pass(shape);
+    for (const std::string& warning : attention_choice_mismatches(profile, shape)) log_info(warning);
   }
   if (const auto parent = std::filesystem::path(config.output).parent_path(); !parent.empty())
     std::filesystem::create_directories(parent);
@@ -866,6 +878,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
       write_run(runs_group, id, config, run, profile.name, machine_yaml, result, failure);
       ResultsGroup written = runs_group.open_group(id);
       written.set_attribute("next_pass_prefetch", next_pass_prefetch.at(run.model->label));
+      written.set_attribute("token_major_pass", token_major_pass.at(run.model->label));
       written.set_attribute("checksum", written.checksum());
       txn.commit();
     } catch (const ResultsError& e) {

@@ -124,6 +124,12 @@ struct RunOptions {
   Shard shard;
 };
 
+/// One warning per choice of the host decode kernels for `shape` (the
+/// next-pass level, the token-major pass) that `profile` states and this
+/// process takes otherwise: the profile's CPU attention rates were measured
+/// with the other. run_experiment logs them.
+std::vector<std::string> attention_choice_mismatches(const MachineProfile& profile, const AttentionShape& shape);
+
 /// Runs the experiment into config.output; progress goes to `progress`
 /// (a bar with ETA when `tty`, plain lines otherwise). Runs already in the
 /// file with the same definition are kept unless failed or damaged

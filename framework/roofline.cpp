@@ -57,8 +57,8 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     if (p.link_chunk_bytes == 0) link.fail("chunk_bytes", "must be positive");
   }
   const ConfigNode cpu = root.child("cpu");
-  cpu.allow_only({"threads", "dram_read_gbps", "path", "next_pass_prefetch", "fma_glanes", "launch_latency_us",
-                  "expert_gbps", "expert_gflops", "gemv_gbps", "gemm_gflops", "attention_gbps"});
+  cpu.allow_only({"threads", "dram_read_gbps", "path", "next_pass_prefetch", "token_major_pass", "fma_glanes",
+                  "launch_latency_us", "expert_gbps", "expert_gflops", "gemv_gbps", "gemm_gflops", "attention_gbps"});
   if (cpu.has("path")) {
     p.cpu_path = cpu.get<std::string>("path");
     try {
@@ -67,15 +67,20 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
       cpu.fail("path", e.what());
     }
   }
-  if (cpu.has("next_pass_prefetch")) {
-    const ConfigNode levels = cpu.child("next_pass_prefetch");
-    if (!levels.yaml().IsMap())
-      cpu.fail("next_pass_prefetch", "expected a mapping from attention shape to l1 or l2 (measured per shape)");
-    for (const auto& shape : levels.yaml()) {
+  // Per attention shape: a mapping from shape name to one of `choices`.
+  const auto per_shape = [&](const char* key, std::initializer_list<std::string_view> choices, const char* what,
+                             std::map<std::string, std::string>& into) {
+    if (!cpu.has(key)) return;
+    const ConfigNode by_shape = cpu.child(key);
+    if (!by_shape.yaml().IsMap())
+      cpu.fail(key, std::string("expected a mapping from attention shape to ") + what + " (measured per shape)");
+    for (const auto& shape : by_shape.yaml()) {
       const auto shape_name = shape.first.as<std::string>();
-      p.cpu_next_pass_prefetch[shape_name] = levels.get_choice(shape_name, {"l1", "l2"});
+      into[shape_name] = by_shape.get_choice(shape_name, choices);
     }
-  }
+  };
+  per_shape("next_pass_prefetch", {"l1", "l2"}, "l1 or l2", p.cpu_next_pass_prefetch);
+  per_shape("token_major_pass", {"32", "64", "128"}, "32, 64 or 128 tokens", p.cpu_token_major_pass);
   p.cpu_threads = cpu.get<int>("threads");
   if (p.cpu_threads < 1) cpu.fail("threads", "must be at least 1");
   p.cpu_dram_read_gbps = positive(cpu, "dram_read_gbps");
@@ -136,9 +141,11 @@ std::string MachineProfile::to_yaml() const {
   out << YAML::Key << "cpu" << YAML::Value << YAML::BeginMap << YAML::Key << "threads" << YAML::Value << cpu_threads
       << YAML::Key << "dram_read_gbps" << YAML::Value << cpu_dram_read_gbps << YAML::Key << "path" << YAML::Value
       << cpu_path;
-  if (!cpu_next_pass_prefetch.empty()) {
-    out << YAML::Key << "next_pass_prefetch" << YAML::Value << YAML::Flow << YAML::BeginMap;
-    for (const auto& [shape, level] : cpu_next_pass_prefetch) out << YAML::Key << shape << YAML::Value << level;
+  for (const auto& [key, by_shape] : {std::pair{"next_pass_prefetch", &cpu_next_pass_prefetch},
+                                      std::pair{"token_major_pass", &cpu_token_major_pass}}) {
+    if (by_shape->empty()) continue;
+    out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginMap;
+    for (const auto& [shape, choice] : *by_shape) out << YAML::Key << shape << YAML::Value << choice;
     out << YAML::EndMap;
   }
   out << YAML::Key << "fma_glanes"

@@ -40,6 +40,11 @@ struct MachineProfile {
   /// measured ("l1", "l2"; attention/host_prefetch.hpp, measured per shape);
   /// empty in profiles that do not say.
   std::map<std::string, std::string> cpu_next_pass_prefetch;
+  /// Per attention shape name, the tokens per pass the decode's AVX-512
+  /// products took over token-major rows while its CPU attention rates were
+  /// measured ("32", "64", "128"; measured per shape like the level), for the
+  /// shapes whose products take one; empty in profiles that do not say.
+  std::map<std::string, std::string> cpu_token_major_pass;
   /// Multiply-adds per second (10^9) of that path's product instruction
   /// (8-lane fp32 FMA for avx2, 16-lane for avx512_fma, 32-pair vdpbf16ps for
   /// avx512_bf16).

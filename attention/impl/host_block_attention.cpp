@@ -5,8 +5,10 @@
 namespace writescope::impl {
 
 template void host_run_attention<float>(const HostSegment<float>*, int, int, float*, float*, CpuPath,
-                                        const std::uint32_t* const*, const HostSegment<float>*, const float* const*, PrefetchLevel);
+                                        const std::uint32_t* const*, const HostSegment<float>*, const float* const*, PrefetchLevel,
+                                        int);
 template void host_run_attention<bf16>(const HostSegment<bf16>*, int, int, float*, float*, CpuPath,
-                                       const std::uint32_t* const*, const HostSegment<bf16>*, const float* const*, PrefetchLevel);
+                                       const std::uint32_t* const*, const HostSegment<bf16>*, const float* const*, PrefetchLevel,
+                                       int);
 
 }  // namespace writescope::impl

@@ -779,21 +779,19 @@ RowPrefetcher value_rows(const HostSegment<bf16>& s, int first, int count, int h
                        count, level);
 }
 
-/// Tokens per pass: pass_tokens, but for token rows shared by several KV
-/// heads (GQA token-major), halved (down to 32) while a pass's keys and
-/// values exceed 128 KiB: with the next pass requested beside them, longer
-/// passes crowded L2 (Zen 4, from DRAM, probe alternated in one process,
-/// medians: Qwen3 token-major, 4 heads, 64 tokens +6-16% (four rounds),
-/// 32 +2-6%; Mixtral token-major, 8 heads, 32 tokens +7-10%, 64 +2-4%;
-/// head-major blocks, 64 KiB a pass, lost 4-8% at 64 tokens; MLA, one latent
-/// read by both products, 3-4%).
-int pass_length(const BlockGeometry& g, bool tiled, int heads) {
+/// Tokens per pass: pass_tokens, but for token rows (GQA token-major) the
+/// length measured for the shape (`token_major_pass`, attention/host_prefetch.hpp),
+/// or where none is (0) token_major_pass_rule: with the next pass requested
+/// beside them, longer passes crowded L2 (Zen 4, from DRAM, probe alternated
+/// in one process, medians: Qwen3 token-major, 4 heads, 64 tokens +6-16%
+/// (four rounds), 32 +2-6%; Mixtral token-major, 8 heads, 32 tokens +7-10%,
+/// 64 +2-4%; Zen 5: Qwen3 32 tokens +10-20% over 64). Head-major blocks, 64
+/// KiB a pass, lost 4-8% at 64 tokens; MLA, one latent read by both
+/// products, 3-4%.
+int pass_length(const BlockGeometry& g, bool tiled, int heads, int token_major_pass) {
   if (tiled || g.values_in_keys) return pass_tokens;
-  constexpr std::int64_t max_pass_bytes = 128 << 10;
-  const std::int64_t token_bytes = std::int64_t{heads} * (g.key_dim + g.value_dim) * sizeof(bf16);
-  int tokens = pass_tokens;
-  while (tokens > 32 && tokens * token_bytes > max_pass_bytes) tokens /= 2;
-  return tokens;
+  if (token_major_pass > 0) return std::min(token_major_pass, pass_tokens);
+  return token_major_pass_rule(std::int64_t{heads} * (g.key_dim + g.value_dim) * std::int64_t{sizeof(bf16)});
 }
 
 /// The first 64-byte line of a buffer of floats allocated `line_floats` longer.
@@ -808,8 +806,8 @@ float* first_line(std::vector<float>& buffer) {
 /// vdpbf16ps on query_pairs, or (Fp32) in fp32 FMAs on query_lanes (one per head).
 template <int Group, bool Fp32>
 void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::uint32_t* const* query_pairs,
-            const float* const* query_lanes, const HostSegment<bf16>* following, PrefetchLevel next_pass, float* o,
-            float* lse) {
+            const float* const* query_lanes, const HostSegment<bf16>* following, PrefetchLevel next_pass,
+            int token_major_pass, float* o, float* lse) {
   const BlockGeometry& g = run[0].geometry;
   const bool tiled = g.tiled_keys(run[0].order);
   // `next_pass`: for head-major blocks L2, as one stream, or L1, as the
@@ -819,7 +817,7 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
   // Mixtral +19-31% on vdpbf16ps and +8-18% on fp32 FMAs (four parts), then
   // +6-8% from one stream; Qwen3 keys +3-8%, one stream +5-8%, its values
   // +6-9% more. Zen 5: Qwen3 and Mixtral -15 to -30%.
-  const int pass = pass_length(g, tiled, heads);
+  const int pass = pass_length(g, tiled, heads, token_major_pass);
   const int state = Group * g.value_dim;
   // The value products' register tiles: heads x 32-dim chunks.
   constexpr int value_heads = Group >= 8 ? 8 : Group, value_chunks = Group >= 8 ? 1 : 2;
@@ -947,14 +945,14 @@ namespace {
 template <bool Fp32>
 void attend_group(const HostSegment<bf16>* run, int count, int heads, const std::uint32_t* const* query_pairs,
                   const float* const* query_lanes, const HostSegment<bf16>* following, PrefetchLevel next_pass,
-                  float* o, float* lse) {
+                  int token_major_pass, float* o, float* lse) {
   switch (run[0].group) {
     case 4:
-      return attend<4, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, o, lse);
+      return attend<4, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, token_major_pass, o, lse);
     case 8:
-      return attend<8, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, o, lse);
+      return attend<8, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, token_major_pass, o, lse);
     default:
-      return attend<16, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, o, lse);
+      return attend<16, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, token_major_pass, o, lse);
   }
 }
 
@@ -962,14 +960,14 @@ void attend_group(const HostSegment<bf16>* run, int count, int heads, const std:
 
 void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, int heads,
                                     const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following,
-                                    PrefetchLevel next_pass, float* o, float* lse) {
-  attend_group<false>(run, count, heads, query_pairs, nullptr, following, next_pass, o, lse);
+                                    PrefetchLevel next_pass, int token_major_pass, float* o, float* lse) {
+  attend_group<false>(run, count, heads, query_pairs, nullptr, following, next_pass, token_major_pass, o, lse);
 }
 
 void host_run_attention_avx512_fma(const HostSegment<bf16>* run, int count, int heads,
                                    const float* const* query_lanes, const HostSegment<bf16>* following,
-                                   PrefetchLevel next_pass, float* o, float* lse) {
-  attend_group<true>(run, count, heads, nullptr, query_lanes, following, next_pass, o, lse);
+                                   PrefetchLevel next_pass, int token_major_pass, float* o, float* lse) {
+  attend_group<true>(run, count, heads, nullptr, query_lanes, following, next_pass, token_major_pass, o, lse);
 }
 
 }  // namespace writescope::impl

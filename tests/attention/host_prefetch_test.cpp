@@ -11,6 +11,7 @@
 
 #include "attention/decode.hpp"
 #include "attention/impl/host_block_attention.hpp"
+#include "attention/reference.hpp"
 #include "attention/shape.hpp"
 #include "cpu_paths.hpp"
 #include "framework/host_memory.hpp"
@@ -21,12 +22,16 @@ namespace writescope {
 namespace {
 
 constexpr char variable[] = "WRITESCOPE_NEXT_PASS_PREFETCH";
+constexpr char pass_variable[] = "WRITESCOPE_TOKEN_MAJOR_PASS";
 
-/// Sets the environment variable for a scope, unsetting it after.
+/// Sets an environment variable (the level's unless named) for a scope, unsetting it after.
 class ScopedEnvironment {
  public:
-  explicit ScopedEnvironment(const char* value) { setenv(variable, value, 1); }
-  ~ScopedEnvironment() { unsetenv(variable); }
+  explicit ScopedEnvironment(const char* value, const char* name = variable) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnvironment() { unsetenv(name_); }
+
+ private:
+  const char* name_;
 };
 
 TEST(PrefetchLevel, NamesRoundTripAndAnUnknownNameListsTheKnownOnes) {
@@ -165,6 +170,30 @@ class HostDecode {
       segments_.push_back(BlockSegment{0, slot, begin, end - begin, std::int64_t{slot} * 256 + begin});
     }
   }
+  /// Checks `state` against the plain reference over the same tokens, its
+  /// queries rounded to bf16 where the products are (`bf16_products`).
+  void expect_reference(const PartialState<HostMemSpace>& state, bool bf16_products) const {
+    std::vector<float> keys, values, queries(queries_.data(), queries_.data() + queries_.span());
+    for (const BlockSegment& s : segments_)
+      for (int t = s.token_begin; t < s.token_begin + s.token_count; ++t)
+        for (int h = 0; h < shape_.kv_heads; ++h) {
+          for (int d = 0; d < shape_.key_dim; ++d)
+            keys.push_back(to_float(pool_(s.slot, geometry_.key_offset(order_, t, h, d))));
+          for (int d = 0; d < shape_.value_dim; ++d)
+            values.push_back(to_float(pool_(s.slot, geometry_.value_offset(order_, t, h, d))));
+        }
+    if (bf16_products)
+      for (float& q : queries) q = round_to<bf16>(q);
+    const auto tokens = static_cast<std::int64_t>(keys.size() / (shape_.kv_heads * shape_.key_dim));
+    std::vector<double> o, lse;
+    reference_decode(shape_, queries.data(), ReferenceKV{keys.data(), values.data(), tokens}, 0, tokens, o, lse);
+    for (int h = 0; h < shape_.q_heads; ++h) {
+      ASSERT_NEAR(state.lse(0, h), lse[h], test::attention_lse_tolerance(bf16_products, lse[h])) << "head " << h;
+      for (int d = 0; d < shape_.value_dim; ++d)
+        ASSERT_NEAR(state.o(0, h, d), o[h * shape_.value_dim + d], test::attention_o_tolerance(bf16_products))
+            << "head " << h << " d " << d;
+    }
+  }
   /// The state, and what the launch ran (in `workspace`).
   PartialState<HostMemSpace> attend(DecodeWorkspace<HostMemSpace>& workspace) const {
     PartialState<HostMemSpace> out("writescope::test::out", 1, shape_.q_heads, shape_.value_dim);
@@ -239,6 +268,167 @@ TEST(NextPassPrefetch, DecodeTakesTheLevelMeasuredForItsShape) {
     }
   }
   for (std::size_t s = 0; s < shapes.size(); ++s) impl::replace_next_pass_prefetch_measurement(shapes[s], measured[s]);
+}
+
+TEST(TokenMajorPass, LengthsRoundTripAndAnUnknownOneListsTheKnownOnes) {
+  for (const int tokens : token_major_pass_lengths) EXPECT_EQ(parse_token_major_pass(std::to_string(tokens)), tokens);
+  for (const char* unknown : {"48", "256", "64 tokens", ""}) {
+    try {
+      parse_token_major_pass(unknown);
+      FAIL() << "'" << unknown << "' accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string("unknown token-major pass '") + unknown + "' (known: 32, 64, 128)");
+    }
+  }
+  EXPECT_THROW(ScopedTokenMajorPass(48), std::invalid_argument);
+}
+
+TEST(TokenMajorPass, TheRulesLengthUnlessAnotherIsThreePercentFaster) {
+  EXPECT_EQ(fastest_token_major_pass({1.0, 0.98, 1.1}, 64), 64);
+  EXPECT_EQ(fastest_token_major_pass({0.97, 1.0, 1.1}, 64), 32);
+  EXPECT_EQ(fastest_token_major_pass({1.0, 1.2, 0.9}, 64), 128);
+  EXPECT_EQ(fastest_token_major_pass({1.0, 0.9, 0.8}, 32), 128);
+  EXPECT_EQ(fastest_token_major_pass({1.0, 0.99, 0.98}, 32), 32);
+  // The rule's 128 KiB a pass: 128 tokens of one 256-byte head, 64 of Qwen3's 4 KV heads, 32 of Mixtral's 8 or more.
+  EXPECT_EQ(impl::token_major_pass_rule(2 * 128 * 2), 128);
+  EXPECT_EQ(impl::token_major_pass_rule(4 * 256 * 2), 64);
+  EXPECT_EQ(impl::token_major_pass_rule(8 * 256 * 2), 32);
+  EXPECT_EQ(impl::token_major_pass_rule(64 * 256 * 2), 32);
+}
+
+TEST(TokenMajorPass, PinBeatsEnvironmentBeatsMeasurement) {
+  const AttentionShape shape = qwen3_30b_a3b_attention();
+  if (!impl::honours_token_major_pass(
+          impl::host_product_path(active_cpu_path(), shape.block_geometry(256), BlockOrder::token_major,
+                                  shape.group(), true),
+          shape)) {
+    EXPECT_EQ(active_token_major_pass(shape), 0);
+    {
+      const ScopedTokenMajorPass pinned(32);
+      EXPECT_EQ(active_token_major_pass(shape), 0) << "a pin where the products pass by their rule";
+    }
+    std::cout << "[ SKIPPED  ] the token-major pass: " << cpu_path_name(active_cpu_path())
+              << " passes by its own rule\n";
+    return;
+  }
+  const int measured = active_token_major_pass(shape);
+  EXPECT_EQ(measured, token_major_pass_measurement(shape).fastest);
+  {
+    const ScopedEnvironment environment("128", pass_variable);
+    EXPECT_EQ(active_token_major_pass(shape), 128);
+    EXPECT_EQ(describe_token_major_pass(shape), std::string("128 tokens (") + pass_variable + ")");
+    {
+      const ScopedTokenMajorPass pinned(32);
+      EXPECT_EQ(active_token_major_pass(shape), 32);
+      EXPECT_EQ(describe_token_major_pass(shape), "32 tokens (pinned)");
+    }
+    EXPECT_EQ(active_token_major_pass(shape), 128);
+  }
+  {
+    const ScopedEnvironment environment("100", pass_variable);
+    try {
+      active_token_major_pass(shape);
+      FAIL() << "100 accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string(pass_variable) + ": unknown token-major pass '100' (known: 32, 64, 128)");
+    }
+  }
+  EXPECT_EQ(active_token_major_pass(shape), measured);
+}
+
+// Each GQA shape's token-major decode is timed at every length on KV from
+// DRAM, where the active path takes the length (Zen 5: Qwen3 32 tokens 8-20%
+// ahead of the rule's 64, where Zen 4 measured 64 best); MLA keeps its rule.
+TEST(TokenMajorPass, IsMeasuredFromDramOnEachShapeWhereItMatters) {
+  bool any = false;
+  for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), made_up_mixtral(),
+                                      deepseek_v2_lite_mla_attention()}) {
+    SCOPED_TRACE(shape.name + ", " + std::to_string(shape.q_heads) + " query heads");
+    const CpuPath path = impl::host_product_path(active_cpu_path(), shape.block_geometry(256), BlockOrder::token_major,
+                                                 shape.group(), true);
+    const bool honoured = impl::honours_token_major_pass(path, shape);
+    const TokenMajorPassMeasurement& m = token_major_pass_measurement(shape);
+    EXPECT_EQ(&m, &token_major_pass_measurement(shape)) << "measured again";
+    ASSERT_EQ(m.measured, honoured);
+    EXPECT_EQ(m.probe, shape.name + " (" + std::to_string(shape.q_heads) + " query / " +
+                           std::to_string(shape.kv_heads) + " KV heads), token-major");
+    EXPECT_EQ(m.path, cpu_path_name(path));
+    if (!honoured) {
+      EXPECT_EQ(active_token_major_pass(shape), 0);
+      EXPECT_NE(describe_token_major_pass(shape).find("passes by its own rule"), std::string::npos);
+      continue;
+    }
+    any = true;
+    EXPECT_GE(m.kv_bytes, next_pass_probe_bytes(last_level_cache_bytes()));
+    for (const double ms : m.ms) EXPECT_GT(ms, 0);
+    EXPECT_GE(m.alternations, 5);
+    EXPECT_EQ(m.rule, impl::token_major_pass_rule(std::int64_t{shape.kv_heads} * (shape.key_dim + shape.value_dim) * 2));
+    EXPECT_EQ(m.fastest, fastest_token_major_pass(m.ms, m.rule));
+    EXPECT_EQ(active_token_major_pass(shape), m.fastest);
+    EXPECT_NE(describe_token_major_pass(shape).find(std::to_string(m.fastest) + " tokens (measured on " + m.path +
+                                                    ", " + m.probe),
+              std::string::npos);
+  }
+  EXPECT_FALSE(impl::honours_token_major_pass(CpuPath::amx_bf16, qwen3_30b_a3b_attention()));
+  EXPECT_FALSE(impl::honours_token_major_pass(CpuPath::avx2, qwen3_30b_a3b_attention()));
+  EXPECT_FALSE(impl::honours_token_major_pass(CpuPath::avx512_bf16, deepseek_v2_lite_mla_attention()));
+  EXPECT_TRUE(impl::honours_token_major_pass(CpuPath::avx512_fma, mixtral_8x7b_attention()));
+  if (!any)
+    std::cout << "[ SKIPPED  ] no measurement: no model shape's products take a token-major pass on "
+              << cpu_path_name(active_cpu_path()) << "\n";
+}
+
+// Every length agrees with the reference, on every path that takes one; the
+// launch passes the one pinned; and unpinned, each shape's decode takes the
+// length measured for it: its result is bit for bit the pinned run's of that
+// length (the softmax weights are rounded against the maximum so far, so
+// passes of another length differ in the last bits).
+TEST(TokenMajorPass, DecodeTakesTheLengthMeasuredForItsShapeAndEveryLengthMatchesTheReference) {
+  bool any = false;
+  test::for_each_cpu_path([&](CpuPath path) {
+    for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention()}) {
+      SCOPED_TRACE(shape.name);
+      const HostDecode decode(shape, BlockOrder::token_major);
+      const CpuPath product_path =
+          impl::host_product_path(path, decode.geometry(), BlockOrder::token_major, shape.group(), true);
+      if (!impl::honours_token_major_pass(product_path, shape)) {
+        DecodeWorkspace<HostMemSpace> workspace;
+        decode.expect_reference(decode.attend(workspace), test::host_bf16_products<bf16>(product_path));
+        EXPECT_EQ(workspace.host_token_major_pass, 0);
+        continue;
+      }
+      any = true;
+      std::vector<PartialState<HostMemSpace>> pinned_states;
+      for (const int tokens : token_major_pass_lengths) {
+        SCOPED_TRACE(std::to_string(tokens) + " tokens a pass");
+        const ScopedTokenMajorPass pinned(tokens);
+        DecodeWorkspace<HostMemSpace> workspace;
+        pinned_states.push_back(decode.attend(workspace));
+        EXPECT_EQ(workspace.host_token_major_pass, tokens);
+        decode.expect_reference(pinned_states.back(), test::host_bf16_products<bf16>(product_path));
+      }
+      const auto same = [](const PartialState<HostMemSpace>& a, const PartialState<HostMemSpace>& b) {
+        return std::equal(a.o.data(), a.o.data() + a.o.span(), b.o.data()) &&
+               std::equal(a.lse.data(), a.lse.data() + a.lse.span(), b.lse.data());
+      };
+      ASSERT_FALSE(same(pinned_states.front(), pinned_states.back())) << "lengths indistinguishable by result";
+      const TokenMajorPassMeasurement measured = token_major_pass_measurement(shape);
+      for (std::size_t i = 0; i < token_major_pass_lengths.size(); ++i) {
+        TokenMajorPassMeasurement m = measured;
+        m.fastest = token_major_pass_lengths[i];
+        impl::replace_token_major_pass_measurement(shape, m);
+        DecodeWorkspace<HostMemSpace> workspace;
+        const PartialState<HostMemSpace> state = decode.attend(workspace);
+        EXPECT_EQ(workspace.host_token_major_pass, m.fastest);
+        EXPECT_TRUE(same(state, pinned_states[i])) << "measured " << m.fastest << " tokens";
+      }
+      impl::replace_token_major_pass_measurement(shape, measured);
+    }
+  });
+  if (!any)
+    std::cout << "[ SKIPPED  ] no path here takes a token-major pass length\n";
 }
 
 }  // namespace

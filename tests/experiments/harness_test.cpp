@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iostream>
 #include <set>
 #include <sstream>
 
 #include "attention/host_prefetch.hpp"
 #include "experiments/calibration.hpp"
+#include "framework/cpu_path.hpp"
 #include "framework/machine.hpp"
 #include "framework/results_store.hpp"
 #include "scratch_dir.hpp"
@@ -109,13 +111,17 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
   EXPECT_EQ(reader.string_attribute("/profile", "name"), "test");
   const auto names = reader.list("/runs");
   ASSERT_EQ(names.size(), runs.size());
-  // Each run records the next-pass level of its own model's attention shape.
-  std::map<std::string, std::string> next_pass_of_run;
-  for (const RunSpec& run : runs) next_pass_of_run[run.id()] = describe_next_pass_prefetch(run.model->config.attention());
+  // Each run records the next-pass level and the token-major pass of its own model's attention shape.
+  std::map<std::string, std::string> next_pass_of_run, token_major_pass_of_run;
+  for (const RunSpec& run : runs) {
+    next_pass_of_run[run.id()] = describe_next_pass_prefetch(run.model->config.attention());
+    token_major_pass_of_run[run.id()] = describe_token_major_pass(run.model->config.attention());
+  }
   int complete = 0;
   for (const std::string& name : names) {
     const std::string g = "/runs/" + name;
     EXPECT_EQ(reader.string_attribute(g, "next_pass_prefetch"), next_pass_of_run.at(name)) << g;
+    EXPECT_EQ(reader.string_attribute(g, "token_major_pass"), token_major_pass_of_run.at(name)) << g;
     const std::string status = reader.string_attribute(g, "status");
     if (status != "complete") {
       EXPECT_EQ(status, "does_not_fit") << g;
@@ -187,6 +193,40 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
                      " with the next pass requested into " + other_level),
             std::string::npos)
       << log;
+}
+
+// A profile measured with another next-pass level or token-major pass than
+// this process takes for a shape is named, choice by choice, with what this
+// process takes and how to pin the profile's.
+TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
+  const AttentionShape shape = qwen3_30b_a3b_attention();
+  MachineProfile profile = test::tiny_profile();
+  EXPECT_TRUE(attention_choice_mismatches(profile, shape).empty()) << "nothing stated";
+  const std::string level = prefetch_level_name(active_next_pass_prefetch(shape));
+  const int pass = active_token_major_pass(shape);
+  profile.cpu_next_pass_prefetch[shape.name] = level;
+  if (pass > 0) profile.cpu_token_major_pass[shape.name] = std::to_string(pass);
+  EXPECT_TRUE(attention_choice_mismatches(profile, shape).empty()) << "the same choices";
+  const std::string other_level = level == "l1" ? "l2" : "l1", other_pass = pass == 32 ? "128" : "32";
+  profile.cpu_next_pass_prefetch[shape.name] = other_level;
+  profile.cpu_token_major_pass[shape.name] = other_pass;
+  profile.cpu_next_pass_prefetch["mixtral-8x7b"] = "l3";  // another shape's: not this one's business
+  const std::vector<std::string> warnings = attention_choice_mismatches(profile, shape);
+  ASSERT_EQ(warnings.size(), pass > 0 ? 2u : 1u);
+  EXPECT_EQ(warnings[0], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the next pass "
+                         "requested into " + other_level + " but this process takes " +
+                         describe_next_pass_prefetch(shape) +
+                         "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
+                         "WRITESCOPE_NEXT_PASS_PREFETCH=" + other_level + ")");
+  if (pass > 0)
+    EXPECT_EQ(warnings[1], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with token-major "
+                           "passes of " + other_pass + " but this process takes " +
+                           describe_token_major_pass(shape) +
+                           "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
+                           "WRITESCOPE_TOKEN_MAJOR_PASS=" + other_pass + ")");
+  else
+    std::cout << "[ SKIPPED  ] the token-major pass: " << cpu_path_name(active_cpu_path())
+              << " passes by its own rule\n";
 }
 
 // Resume keeps a file honest: a comment-only edit is the same experiment and
