@@ -212,7 +212,7 @@ class PerShape {
 PerShape<NextPassPrefetchMeasurement, measure_level> level_measurements;
 PerShape<TokenMajorPassMeasurement, measure_pass> pass_measurements;
 
-/// "<medians of N: " for a measurement's figures.
+/// A description's "measured on <path>, <probe>, <n> MiB, medians of <rounds>: ", its figures to follow.
 std::ostringstream measured_on(const std::string& path, const std::string& probe, std::int64_t kv_bytes,
                                int rounds) {
   std::ostringstream out;

@@ -9,7 +9,7 @@
 //    or WRITESCOPE_NEXT_PASS_PREFETCH ("l1" or "l2").
 //  - the tokens per pass over token-major blocks whose rows several KV heads
 //    share (GQA CpuStreamed): Zen 4 read Qwen3 fastest in passes of 64 tokens
-//    (128 KiB), Zen 5 in passes of 32 (64 KiB), 10-20% ahead of 64. Pinned
+//    (128 KiB), Zen 5 in passes of 32 (64 KiB), 5-17% ahead of 64. Pinned
 //    with ScopedTokenMajorPass or WRITESCOPE_TOKEN_MAJOR_PASS (32, 64 or 128).
 // Tests and comparisons pin them; results and `writescope info` say which
 // was taken and why.
@@ -128,7 +128,8 @@ const TokenMajorPassMeasurement& token_major_pass_measurement(const AttentionSha
 int active_token_major_pass(const AttentionShape& shape);
 /// One line for results and `writescope info`, e.g. "32 tokens (measured on
 /// avx512_bf16, qwen3-30b-a3b (32 query / 4 KV heads), token-major, 256 MiB,
-/// medians of 7: 32 tokens 4.9 ms, 64 tokens 5.6 ms, 128 tokens 6.0 ms)".
+/// medians of 7: 32 tokens 5.791 ms, 64 tokens 6.334 ms, 128 tokens 6.147
+/// ms; the rule's 64)", "not measured (<probe> on <path> passes by its own rule)".
 std::string describe_token_major_pass(const AttentionShape& shape);
 
 /// Pins a token-major pass length for a scope (tests, comparisons), restoring

@@ -785,9 +785,9 @@ RowPrefetcher value_rows(const HostSegment<bf16>& s, int first, int count, int h
 /// beside them, longer passes crowded L2 (Zen 4, from DRAM, probe alternated
 /// in one process, medians: Qwen3 token-major, 4 heads, 64 tokens +6-16%
 /// (four rounds), 32 +2-6%; Mixtral token-major, 8 heads, 32 tokens +7-10%,
-/// 64 +2-4%; Zen 5: Qwen3 32 tokens +10-20% over 64). Head-major blocks, 64
-/// KiB a pass, lost 4-8% at 64 tokens; MLA, one latent read by both
-/// products, 3-4%.
+/// 64 +2-4%; Zen 5: Qwen3 32 tokens +5-17% over 64 in fast memory
+/// periods). Head-major blocks, 64 KiB a pass, lost 4-8% at 64 tokens; MLA,
+/// one latent read by both products, 3-4%.
 int pass_length(const BlockGeometry& g, bool tiled, int heads, int token_major_pass) {
   if (tiled || g.values_in_keys) return pass_tokens;
   if (token_major_pass > 0) return std::min(token_major_pass, pass_tokens);

@@ -339,7 +339,7 @@ TEST(TokenMajorPass, PinBeatsEnvironmentBeatsMeasurement) {
 }
 
 // Each GQA shape's token-major decode is timed at every length on KV from
-// DRAM, where the active path takes the length (Zen 5: Qwen3 32 tokens 8-20%
+// DRAM, where the active path takes the length (Zen 5: Qwen3 32 tokens 5-17%
 // ahead of the rule's 64, where Zen 4 measured 64 best); MLA keeps its rule.
 TEST(TokenMajorPass, IsMeasuredFromDramOnEachShapeWhereItMatters) {
   bool any = false;
