@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <tuple>
@@ -128,11 +129,19 @@ CpuPath probe_path(const AttentionShape& shape, BlockOrder order) {
 
 constexpr int alternations = 7;
 
-/// Median milliseconds of a step of `probe` with each of `choices` (set by
-/// `step(probe, choice)`), alternated: each round in the other order than the
-/// last, so that drift lands on all.
-template <class Choice, std::size_t N, class Step>
-std::array<double, N> alternated_medians(Probe& probe, const std::array<Choice, N>& choices, Step step) {
+/// Fills m's probe fields for `shape` in `order`; where the path's products
+/// take the choice (`honoured(path)`), the median milliseconds of a probe
+/// step with each of `choices` (set by `step(probe, choice)`), alternated:
+/// each round in the other order than the last, so that drift lands on all.
+template <class Choice, std::size_t N, class Honoured, class Step>
+std::optional<std::array<double, N>> probe_choices(HostProbe& m, const AttentionShape& shape, BlockOrder order,
+                                                   Honoured honoured, const std::array<Choice, N>& choices,
+                                                   Step step) {
+  const CpuPath path = probe_path(shape, order);
+  m.path = cpu_path_name(path);
+  m.probe = probe_name(shape, order);
+  if (!honoured(path)) return std::nullopt;
+  Probe probe(shape, order);
   for (const Choice& choice : choices) step(probe, choice);  // warm-up: workspace, first touch of the state
   std::array<std::vector<double>, N> ms;
   for (int round = 0; round < alternations; ++round)
@@ -142,45 +151,41 @@ std::array<double, N> alternated_medians(Probe& probe, const std::array<Choice, 
     }
   std::array<double, N> medians{};
   for (std::size_t c = 0; c < N; ++c) medians[c] = median(ms[c]);
+  m.measured = true;
+  m.kv_bytes = probe.kv_bytes();
+  m.alternations = alternations;
   return medians;
 }
 
 NextPassPrefetchMeasurement measure_level(const AttentionShape& shape) {
   NextPassPrefetchMeasurement m;
-  const CpuPath path = probe_path(shape, BlockOrder::head_major);
-  m.path = cpu_path_name(path);
-  m.probe = probe_name(shape, BlockOrder::head_major);
-  if (!impl::honours_next_pass_level(path, shape.block_geometry(256).tiled_keys(BlockOrder::head_major),
-                                     shape.group()))
-    return m;
-  Probe probe(shape, BlockOrder::head_major);
-  const auto ms = alternated_medians(probe, std::array<PrefetchLevel, 2>{PrefetchLevel::l1, PrefetchLevel::l2},
-                                     [](Probe& p, PrefetchLevel level) { return p.step_ms(level, unpinned); });
-  m.measured = true;
-  m.kv_bytes = probe.kv_bytes();
-  m.alternations = alternations;
-  m.l1_ms = ms[0];
-  m.l2_ms = ms[1];
-  m.faster = faster_prefetch_level(m.l1_ms, m.l2_ms);
+  const auto honoured = [&](CpuPath path) {
+    return impl::honours_next_pass_level(path, shape.block_geometry(256).tiled_keys(BlockOrder::head_major),
+                                         shape.group());
+  };
+  const auto ms = probe_choices(m, shape, BlockOrder::head_major, honoured,
+                                std::array<PrefetchLevel, 2>{PrefetchLevel::l1, PrefetchLevel::l2},
+                                [](Probe& p, PrefetchLevel level) { return p.step_ms(level, unpinned); });
+  if (ms) {
+    m.l1_ms = (*ms)[0];
+    m.l2_ms = (*ms)[1];
+    m.faster = faster_prefetch_level(m.l1_ms, m.l2_ms);
+  }
   return m;
 }
 
 TokenMajorPassMeasurement measure_pass(const AttentionShape& shape) {
   TokenMajorPassMeasurement m;
-  const CpuPath path = probe_path(shape, BlockOrder::token_major);
-  m.path = cpu_path_name(path);
-  m.probe = probe_name(shape, BlockOrder::token_major);
-  if (!impl::honours_token_major_pass(path, shape)) return m;
-  Probe probe(shape, BlockOrder::token_major);
+  const auto honoured = [&](CpuPath path) { return impl::honours_token_major_pass(path, shape); };
   // Token rows request their next pass into L1 at every length.
-  m.ms = alternated_medians(probe, token_major_pass_lengths,
-                            [](Probe& p, int tokens) { return p.step_ms(PrefetchLevel::l1, tokens); });
-  m.measured = true;
-  m.kv_bytes = probe.kv_bytes();
-  m.alternations = alternations;
-  m.rule = impl::token_major_pass_rule(std::int64_t{shape.kv_heads} * (shape.key_dim + shape.value_dim) *
-                                       static_cast<std::int64_t>(sizeof(bf16)));
-  m.fastest = fastest_token_major_pass(m.ms, m.rule);
+  const auto ms = probe_choices(m, shape, BlockOrder::token_major, honoured, token_major_pass_lengths,
+                                [](Probe& p, int tokens) { return p.step_ms(PrefetchLevel::l1, tokens); });
+  if (ms) {
+    m.ms = *ms;
+    m.rule = impl::token_major_pass_rule(std::int64_t{shape.kv_heads} * (shape.key_dim + shape.value_dim) *
+                                         static_cast<std::int64_t>(sizeof(bf16)));
+    m.fastest = fastest_token_major_pass(m.ms, m.rule);
+  }
   return m;
 }
 

@@ -32,16 +32,21 @@ const char* prefetch_level_name(PrefetchLevel level);
 /// Inverse of prefetch_level_name; throws std::invalid_argument naming the valid names.
 PrefetchLevel parse_prefetch_level(const std::string& name);
 
-/// The measurement behind the choice for one attention shape: the median time
-/// of one decode step of the probe (one sequence of the shape over `kv_bytes`
-/// of head-major KV, from DRAM: next_pass_probe_bytes) with each level,
-/// alternated, on `path` with all host threads.
-struct NextPassPrefetchMeasurement {
-  bool measured = false;  // false where the shape's products do not honour the level here (impl::honours_next_pass_level)
+/// What a measurement of one attention shape timed: one decode step of the
+/// probe (one sequence of the shape over `kv_bytes` of KV from DRAM:
+/// next_pass_probe_bytes) with each choice, alternated, on `path` with all
+/// host threads, medians.
+struct HostProbe {
+  bool measured = false;  // false where the shape's products do not take the choice here (impl::honours_*)
   std::string path;       // cpu_path_name of the path measured
-  std::string probe;      // the probe's shape, e.g. "qwen3-30b-a3b (32 query / 4 KV heads), head-major"
+  std::string probe;      // the probe's shape and block order, e.g. "qwen3-30b-a3b (32 query / 4 KV heads), head-major"
   std::int64_t kv_bytes = 0;
   int alternations = 0;
+};
+
+/// The measurement behind the next-pass level of one attention shape
+/// (head-major KV), per level.
+struct NextPassPrefetchMeasurement : HostProbe {
   double l1_ms = 0, l2_ms = 0;
   PrefetchLevel faster = PrefetchLevel::l1;
 };
@@ -96,16 +101,9 @@ inline constexpr std::array<int, 3> token_major_pass_lengths = {32, 64, 128};
 /// std::invalid_argument naming the valid ones.
 int parse_token_major_pass(const std::string& tokens);
 
-/// The measurement behind the token-major pass of one attention shape: the
-/// median time of one decode step of the probe (one sequence of the shape
-/// over `kv_bytes` of token-major KV, from DRAM) with each length of
-/// token_major_pass_lengths, alternated, on `path` with all host threads.
-struct TokenMajorPassMeasurement {
-  bool measured = false;  // false where the shape's products do not take the length (impl::honours_token_major_pass)
-  std::string path;       // cpu_path_name of the path measured
-  std::string probe;      // e.g. "qwen3-30b-a3b (32 query / 4 KV heads), token-major"
-  std::int64_t kv_bytes = 0;
-  int alternations = 0;
+/// The measurement behind the token-major pass of one attention shape
+/// (token-major KV), per length of token_major_pass_lengths.
+struct TokenMajorPassMeasurement : HostProbe {
   std::array<double, token_major_pass_lengths.size()> ms{};  // per length
   int rule = 0;           // the products' own length for the shape (impl::token_major_pass_rule)
   int fastest = 0;        // fastest_token_major_pass; 0 where not measured
