@@ -17,6 +17,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <string>
 
 #include "attention/decode.hpp"
 #include "attention/split.hpp"
@@ -54,10 +55,14 @@ class DecodeStep {
     decode_attention<ExecSpace, bf16, PoolSpace>(space, shape_, cache.geometry(), block_order(region_), queries_,
                                                  (cache.*pool_)(), caches_.segments[c], workspace_, out_);
   }
-  /// What the last step's host product ran: "avx512_bf16, next pass into l2".
+  /// What the last step's host product ran: "avx512_bf16, next pass into l2",
+  /// and over token-major rows its passes: "..., passes of 32 tokens".
   std::string host_label() const {
-    return std::string(cpu_path_name(workspace_.host_path)) + ", next pass into " +
-           prefetch_level_name(workspace_.host_next_pass);
+    std::string label = std::string(cpu_path_name(workspace_.host_path)) + ", next pass into " +
+                        prefetch_level_name(workspace_.host_next_pass);
+    if (workspace_.host_token_major_pass > 0)
+      label += ", passes of " + std::to_string(workspace_.host_token_major_pass) + " tokens";
+    return label;
   }
 
  private:
