@@ -50,7 +50,9 @@ def matching_lines(path, title, keys, missing):
 def info_section(folder):
     return matching_lines(os.path.join(folder, "info.txt"), "machine:",
                           ("GPU execution space", "cpu_model", "cpu_path:", "amx:", "amx_bf16:", "host_threads",
-                           "thread_placement", "gpu_name", "gpu_memory_bytes", "memory_bytes", "git_revision"),
+                           "thread_placement", "gpu_name", "gpu_memory_bytes", "memory_bytes", "git_revision",
+                           # per model shape: its CPU paths, next-pass level and token-major pass, as measured there
+                           "next pass of", "tokens per pass", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"),
                           "machine: no info.txt")
 
 
