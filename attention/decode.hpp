@@ -67,11 +67,11 @@ struct DecodeWorkspace {
   Kokkos::View<float*, MemSpace> query_lanes;  // host AVX-512 FMA path: (batch, kv_heads, impl::query_lane_floats)
   Kokkos::View<int*, MemSpace> run_begins;  // host product: (runs + 1) segment runs, impl::host_segment_runs
   // The last launch's host product: its path, the level it requested each
-  // next pass into and its tokens per pass over token rows (0: the products'
+  // next pass into and the tokens per pass it asked for (0: the products'
   // rule; benchmarks and `writescope info` report them).
   CpuPath host_path = CpuPath::scalar;
   PrefetchLevel host_next_pass = PrefetchLevel::l1;
-  int host_token_major_pass = 0;
+  int host_pass = 0;
 };
 
 /// Attends queries(b, :, :) over the segments with batch_index b, for every b.

@@ -163,12 +163,20 @@ NextPassPrefetchMeasurement measure_level(const AttentionShape& shape) {
     return impl::honours_next_pass_level(path, shape.block_geometry(256).tiled_keys(BlockOrder::head_major),
                                          shape.group());
   };
-  const auto ms = probe_choices(m, shape, BlockOrder::head_major, honoured,
-                                std::array<PrefetchLevel, 2>{PrefetchLevel::l1, PrefetchLevel::l2},
-                                [](Probe& p, PrefetchLevel level) { return p.step_ms(level, unpinned); });
+  // Every (level, length), level-major.
+  std::array<std::pair<PrefetchLevel, int>, 2 * pass_lengths.size()> choices;
+  for (std::size_t i = 0; i < choices.size(); ++i)
+    choices[i] = {all_levels[i / pass_lengths.size()], pass_lengths[i % pass_lengths.size()]};
+  const auto ms = probe_choices(m, shape, BlockOrder::head_major, honoured, choices,
+                                [](Probe& p, std::pair<PrefetchLevel, int> c) { return p.step_ms(c.first, c.second); });
   if (ms) {
-    m.l1_ms = (*ms)[0];
-    m.l2_ms = (*ms)[1];
+    for (std::size_t i = 0; i < choices.size(); ++i) m.pass_ms[i / pass_lengths.size()][i % pass_lengths.size()] = (*ms)[i];
+    double* level_ms[] = {&m.l1_ms, &m.l2_ms};
+    for (int level = 0; level < 2; ++level) {
+      m.pass_for[level] = fastest_pass(m.pass_ms[level], pass_lengths.back());
+      const auto at = std::find(pass_lengths.begin(), pass_lengths.end(), m.pass_for[level]) - pass_lengths.begin();
+      *level_ms[level] = m.pass_ms[level][at];
+    }
     m.faster = faster_prefetch_level(m.l1_ms, m.l2_ms);
   }
   return m;
@@ -178,13 +186,13 @@ TokenMajorPassMeasurement measure_pass(const AttentionShape& shape) {
   TokenMajorPassMeasurement m;
   const auto honoured = [&](CpuPath path) { return impl::honours_token_major_pass(path, shape); };
   // Token rows request their next pass into L1 at every length.
-  const auto ms = probe_choices(m, shape, BlockOrder::token_major, honoured, token_major_pass_lengths,
+  const auto ms = probe_choices(m, shape, BlockOrder::token_major, honoured, pass_lengths,
                                 [](Probe& p, int tokens) { return p.step_ms(PrefetchLevel::l1, tokens); });
   if (ms) {
     m.ms = *ms;
     m.rule = impl::token_major_pass_rule(std::int64_t{shape.kv_heads} * (shape.key_dim + shape.value_dim) *
                                          static_cast<std::int64_t>(sizeof(bf16)));
-    m.fastest = fastest_token_major_pass(m.ms, m.rule);
+    m.fastest = fastest_pass(m.ms, m.rule);
   }
   return m;
 }
@@ -260,6 +268,15 @@ PrefetchLevel active_next_pass_prefetch(const AttentionShape& shape) {
 
 void set_next_pass_prefetch(PrefetchLevel level) { pinned = static_cast<int>(level); }
 
+int active_head_major_pass(const AttentionShape& shape) {
+  if (!impl::honours_next_pass_level(probe_path(shape, BlockOrder::head_major),
+                                     shape.block_geometry(256).tiled_keys(BlockOrder::head_major), shape.group()))
+    return 0;
+  if (probing_pass != unpinned) return probing_pass;
+  const PrefetchLevel level = active_next_pass_prefetch(shape);
+  return next_pass_prefetch_measurement(shape).pass_for[static_cast<int>(level)];
+}
+
 std::string describe_next_pass_prefetch(const AttentionShape& shape) {
   const std::string level = prefetch_level_name(active_next_pass_prefetch(shape));
   if (pinned.load() != unpinned) return level + " (pinned)";
@@ -267,8 +284,14 @@ std::string describe_next_pass_prefetch(const AttentionShape& shape) {
   const NextPassPrefetchMeasurement& m = next_pass_prefetch_measurement(shape);
   if (!m.measured) return level + " (" + m.probe + " on " + m.path + " does not request the next pass by level)";
   std::ostringstream out = measured_on(m.path, m.probe, m.kv_bytes, m.alternations);
-  out << "l1 " << m.l1_ms << " ms, l2 " << m.l2_ms << " ms";
-  return level + " (" + out.str() + ")";
+  for (int l = 0; l < 2; ++l) {
+    out << (l ? ", " : "") << prefetch_level_name(all_levels[l]) << " at ";
+    for (std::size_t i = 0; i < pass_lengths.size(); ++i) out << (i ? "/" : "") << pass_lengths[i];
+    out << " tokens";
+    for (const double ms : m.pass_ms[l]) out << " " << ms;
+    out << " ms";
+  }
+  return level + ", passes of " + std::to_string(active_head_major_pass(shape)) + " tokens (" + out.str() + ")";
 }
 
 ScopedNextPassPrefetch::ScopedNextPassPrefetch(PrefetchLevel level) : previous_(pinned.load()) {
@@ -279,20 +302,20 @@ ScopedNextPassPrefetch::~ScopedNextPassPrefetch() { pinned = previous_; }
 
 int parse_token_major_pass(const std::string& tokens) {
   std::string known;
-  for (const int length : token_major_pass_lengths) {
+  for (const int length : pass_lengths) {
     if (tokens == std::to_string(length)) return length;
     known += (known.empty() ? "" : ", ") + std::to_string(length);
   }
   throw std::invalid_argument("unknown token-major pass '" + tokens + "' (known: " + known + ")");
 }
 
-int fastest_token_major_pass(const std::array<double, token_major_pass_lengths.size()>& ms, int rule) {
+int fastest_pass(const std::array<double, pass_lengths.size()>& ms, int rule) {
   std::size_t fastest = 0, at_rule = 0;
   for (std::size_t i = 0; i < ms.size(); ++i) {
     if (ms[i] < ms[fastest]) fastest = i;
-    if (token_major_pass_lengths[i] == rule) at_rule = i;
+    if (pass_lengths[i] == rule) at_rule = i;
   }
-  return ms[fastest] <= 0.97 * ms[at_rule] ? token_major_pass_lengths[fastest] : rule;
+  return ms[fastest] <= 0.97 * ms[at_rule] ? pass_lengths[fastest] : rule;
 }
 
 const TokenMajorPassMeasurement& token_major_pass_measurement(const AttentionShape& shape) {
@@ -316,7 +339,7 @@ std::string describe_token_major_pass(const AttentionShape& shape) {
   if (pass_from_environment() != unpinned) return length + " (" + pass_environment_variable + ")";
   std::ostringstream out = measured_on(m.path, m.probe, m.kv_bytes, m.alternations);
   for (std::size_t i = 0; i < m.ms.size(); ++i)
-    out << (i ? ", " : "") << token_major_pass_lengths[i] << " tokens " << m.ms[i] << " ms";
+    out << (i ? ", " : "") << pass_lengths[i] << " tokens " << m.ms[i] << " ms";
   out << "; the rule's " << m.rule;
   return length + " (" + out.str() + ")";
 }

@@ -32,6 +32,10 @@ const char* prefetch_level_name(PrefetchLevel level);
 /// Inverse of prefetch_level_name; throws std::invalid_argument naming the valid names.
 PrefetchLevel parse_prefetch_level(const std::string& name);
 
+/// The pass lengths measured, in tokens (at most the products' pass of 128
+/// tokens).
+inline constexpr std::array<int, 3> pass_lengths = {32, 64, 128};
+
 /// What a measurement of one attention shape timed: one decode step of the
 /// probe (one sequence of the shape over `kv_bytes` of KV from DRAM:
 /// next_pass_probe_bytes) with each choice, alternated, on `path` with all
@@ -44,10 +48,15 @@ struct HostProbe {
   int alternations = 0;
 };
 
-/// The measurement behind the next-pass level of one attention shape
-/// (head-major KV), per level.
+/// The measurement behind the next-pass level of one attention shape and its
+/// head-major passes, taken together (head-major KV): with the next pass
+/// requested into L1 and 32-token passes, a pass and the next fit L1, which
+/// neither choice alone finds (Zen 5: Mixtral 10-25% ahead of either level at
+/// 128 tokens).
 struct NextPassPrefetchMeasurement : HostProbe {
-  double l1_ms = 0, l2_ms = 0;
+  std::array<std::array<double, pass_lengths.size()>, 2> pass_ms{};  // per level (l1, l2), per length
+  std::array<int, 2> pass_for{};  // per level: fastest_pass of its figures against 128 tokens
+  double l1_ms = 0, l2_ms = 0;    // each level at its pass
   PrefetchLevel faster = PrefetchLevel::l1;
 };
 
@@ -62,10 +71,11 @@ std::int64_t next_pass_probe_bytes(std::int64_t last_level_cache_bytes);
 /// a shared machine's noise.
 PrefetchLevel faster_prefetch_level(double l1_ms, double l2_ms);
 
-/// Measures both levels on the active CPU path for `shape` (its heads and
-/// dimensions) the first time that shape asks in this process (about 0.1-0.5
-/// s: the probe's allocation and first touch, then 2 x 8 steps). Call it from
-/// a thread that runs host kernels (it launches them); safe from several.
+/// Measures both levels, each with every pass length, on the active CPU path
+/// for `shape` (its heads and dimensions) the first time that shape asks in
+/// this process (about 0.2-0.6 s: the probe's allocation and first touch,
+/// then 6 x 8 steps). Call it from a thread that runs host kernels (it
+/// launches them); safe from several.
 const NextPassPrefetchMeasurement& next_pass_prefetch_measurement(const AttentionShape& shape);
 
 /// The level host decode attention of `shape` takes now: the pinned one
@@ -75,10 +85,16 @@ const NextPassPrefetchMeasurement& next_pass_prefetch_measurement(const Attentio
 PrefetchLevel active_next_pass_prefetch(const AttentionShape& shape);
 /// Pins the level for the process (every shape).
 void set_next_pass_prefetch(PrefetchLevel level);
-/// One line for results and `writescope info`: the shape's level and where it
-/// came from, e.g. "l1 (measured on avx512_bf16, qwen3-30b-a3b (32 query / 4
-/// KV heads), head-major, 256 MiB, medians of 7: l1 5.338 ms, l2 7.067 ms)",
-/// "l1 (WRITESCOPE_NEXT_PASS_PREFETCH)".
+/// The tokens per pass host decode attention of `shape` takes over head-major
+/// blocks now: the length measured with the active level (pass_for); 0 where
+/// the products do not request the next pass by level (impl::honours_next_pass_level).
+int active_head_major_pass(const AttentionShape& shape);
+/// One line for results and `writescope info`: the shape's level (and, where
+/// measured, its head-major pass) and where they came from, e.g. "l1, passes
+/// of 32 tokens (measured on avx512_bf16, qwen3-30b-a3b (32 query / 4 KV
+/// heads), head-major, 256 MiB, medians of 7: l1 at 32/64/128 tokens 4.811
+/// 5.120 5.338 ms, l2 at 32/64/128 tokens 5.902 6.310 7.067 ms)", "l1
+/// (WRITESCOPE_NEXT_PASS_PREFETCH)".
 std::string describe_next_pass_prefetch(const AttentionShape& shape);
 
 /// Pins a level for a scope (tests), restoring the previous pin (or none) after.
@@ -93,25 +109,22 @@ class ScopedNextPassPrefetch {
   int previous_;
 };
 
-/// The token-major pass lengths measured, in tokens (at most the products'
-/// pass of 128 tokens).
-inline constexpr std::array<int, 3> token_major_pass_lengths = {32, 64, 128};
-
-/// "32", "64", "128" to a length of token_major_pass_lengths; throws
+/// "32", "64", "128" to a length of pass_lengths; throws
 /// std::invalid_argument naming the valid ones.
 int parse_token_major_pass(const std::string& tokens);
 
 /// The measurement behind the token-major pass of one attention shape
-/// (token-major KV), per length of token_major_pass_lengths.
+/// (token-major KV), per length of pass_lengths.
 struct TokenMajorPassMeasurement : HostProbe {
-  std::array<double, token_major_pass_lengths.size()> ms{};  // per length
+  std::array<double, pass_lengths.size()> ms{};  // per length
   int rule = 0;           // the products' own length for the shape (impl::token_major_pass_rule)
-  int fastest = 0;        // fastest_token_major_pass; 0 where not measured
+  int fastest = 0;        // fastest_pass; 0 where not measured
 };
 
-/// The length whose median step is shortest, but the rule's unless another is
-/// at least 3% faster than it (the noise of a shared machine).
-int fastest_token_major_pass(const std::array<double, token_major_pass_lengths.size()>& ms, int rule);
+/// The length of pass_lengths whose median step (`ms`) is shortest, but the
+/// rule's unless another is at least 3% faster than it (the noise of a shared
+/// machine).
+int fastest_pass(const std::array<double, pass_lengths.size()>& ms, int rule);
 
 /// Measures every length on the active CPU path for `shape` the first time
 /// that shape asks in this process (as next_pass_prefetch_measurement, about
@@ -169,8 +182,8 @@ bool honours_token_major_pass(CpuPath path, const AttentionShape& shape);
 ///   token_bytes: the keys and values of one token row, all of its heads
 constexpr int token_major_pass_rule(std::int64_t token_bytes) {
   constexpr std::int64_t max_pass_bytes = 128 << 10;
-  int tokens = token_major_pass_lengths.back();
-  while (tokens > token_major_pass_lengths.front() && tokens * token_bytes > max_pass_bytes) tokens /= 2;
+  int tokens = pass_lengths.back();
+  while (tokens > pass_lengths.front() && tokens * token_bytes > max_pass_bytes) tokens /= 2;
   return tokens;
 }
 }  // namespace impl

@@ -60,8 +60,8 @@ class DecodeStep {
   std::string host_label() const {
     std::string label = std::string(cpu_path_name(workspace_.host_path)) + ", next pass into " +
                         prefetch_level_name(workspace_.host_next_pass);
-    if (workspace_.host_token_major_pass > 0)
-      label += ", passes of " + std::to_string(workspace_.host_token_major_pass) + " tokens";
+    if (workspace_.host_pass > 0)
+      label += ", passes of " + std::to_string(workspace_.host_pass) + " tokens";
     return label;
   }
 

@@ -164,7 +164,7 @@ struct DecodeSegmentsHostKernel {
   Kokkos::View<const int*, typename ExecSpace::memory_space> run_begins;  // (runs + 1), host_segment_runs
   CpuPath path;                          // host_product_path, once per launch
   PrefetchLevel next_pass;               // impl::next_pass_level, once per launch
-  int token_major_pass;                  // active_token_major_pass (0: the products' rule), once per launch
+  int requested_pass;                    // active_head_major_pass / active_token_major_pass (0: the products' rule)
   const std::uint32_t* query_pairs;      // PrepareQueryPairsKernel's output (avx512_bf16, amx_bf16 only)
   const float* query_lanes;              // PrepareQueryLanesKernel's output (avx512_fma only)
   int lane_floats;                       // its floats per (batch entry, KV head)
@@ -204,7 +204,7 @@ struct DecodeSegmentsHostKernel {
     const int q0 = kv_head * data.group;
     host_run_attention(segments.data(), last - first, heads, &data.segment_o(run, q0, 0), &data.segment_lse(run, q0),
                        path, query_pairs ? pairs.data() : nullptr, work + 1 < work_items ? &following : nullptr,
-                       query_lanes ? lanes.data() : nullptr, next_pass, token_major_pass);
+                       query_lanes ? lanes.data() : nullptr, next_pass, requested_pass);
   }
 };
 
@@ -615,12 +615,14 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
         const PrefetchLevel next_pass = impl::honours_next_pass_level(path, geometry.tiled_keys(order), shape.group())
                                             ? active_next_pass_prefetch(shape)
                                             : PrefetchLevel::l1;
-        const int token_major_pass =
-            !geometry.tiled_keys(order) && impl::honours_token_major_pass(path, shape) ? active_token_major_pass(shape)
-                                                                                      : 0;
+        // Likewise the tokens per pass, by the blocks' order.
+        const bool tiled = geometry.tiled_keys(order);
+        const int requested_pass =
+            tiled ? (impl::honours_next_pass_level(path, true, shape.group()) ? active_head_major_pass(shape) : 0)
+                  : (impl::honours_token_major_pass(path, shape) ? active_token_major_pass(shape) : 0);
         workspace.host_path = path;
         workspace.host_next_pass = next_pass;
-        workspace.host_token_major_pass = token_major_pass;
+        workspace.host_pass = requested_pass;
         // The AVX-512 paths' queries in the order their products read them,
         // once per (batch entry, KV head).
         const std::uint32_t* query_pairs = nullptr;
@@ -658,7 +660,7 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
         Kokkos::deep_copy(space, Kokkos::subview(workspace.batch_offsets, std::make_pair(0, batch + 1)),
                           Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(run_offsets.data(), batch + 1));
         launch_parallel_for("writescope::attention::decode_segments_host", work_stealing_range(space, runs * items_per_run),
-                             HostKernel{data, workspace.run_begins, path, next_pass, token_major_pass, query_pairs, query_lanes,
+                             HostKernel{data, workspace.run_begins, path, next_pass, requested_pass, query_pairs, query_lanes,
                                         lane_floats, all_heads, runs * items_per_run});
       } else {
         launch_team_kernel();

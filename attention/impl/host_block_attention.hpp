@@ -465,10 +465,10 @@ void prepare_query_lanes_avx512_fma(const BlockGeometry& g, BlockOrder order, in
                                     float* query_lanes);
 void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, int heads,
                                     const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following,
-                                    PrefetchLevel next_pass, int token_major_pass, float* o, float* lse);
+                                    PrefetchLevel next_pass, int requested_pass, float* o, float* lse);
 void host_run_attention_avx512_fma(const HostSegment<bf16>* run, int count, int heads,
                                    const float* const* query_lanes, const HostSegment<bf16>* following,
-                                   PrefetchLevel next_pass, int token_major_pass, float* o, float* lse);
+                                   PrefetchLevel next_pass, int requested_pass, float* o, float* lse);
 
 /// The AMX tile products (host_block_attention_amx.cpp): whether they take
 /// blocks of this geometry and order with `group` query heads per KV head
@@ -582,23 +582,24 @@ inline void merge_state(float* o, float* lse, const float* part_o, const float* 
 /// this thread likely attends after the run (or null), whose first keys and
 /// values it prefetches; `next_pass`, the level the AVX-512 products request
 /// each next pass into (impl::next_pass_level of active_next_pass_prefetch);
-/// `token_major_pass`, their tokens per pass over token rows (but MLA's), from
-/// active_token_major_pass, or 0 for impl::token_major_pass_rule.
+/// `requested_pass`, their tokens per pass (but MLA's), from
+/// active_head_major_pass or active_token_major_pass by the blocks' order, or
+/// 0 for their own rule.
 /// The other paths attend each segment (for all heads, reading token-major
 /// rows once) and merge it into the heads' states.
 template <class Scalar>
 void host_run_attention(const HostSegment<Scalar>* run, int count, int heads, float* o, float* lse, CpuPath path,
                         const std::uint32_t* const* query_pairs = nullptr,
                         const HostSegment<Scalar>* following = nullptr, const float* const* query_lanes = nullptr,
-                        PrefetchLevel next_pass = PrefetchLevel::l1, int token_major_pass = 0) {
+                        PrefetchLevel next_pass = PrefetchLevel::l1, int requested_pass = 0) {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
   if constexpr (std::is_same_v<Scalar, bf16>) {
     if (path == CpuPath::avx512_bf16) {
-      host_run_attention_avx512_bf16(run, count, heads, query_pairs, following, next_pass, token_major_pass, o, lse);
+      host_run_attention_avx512_bf16(run, count, heads, query_pairs, following, next_pass, requested_pass, o, lse);
       return;
     }
     if (path == CpuPath::avx512_fma) {
-      host_run_attention_avx512_fma(run, count, heads, query_lanes, following, next_pass, token_major_pass, o, lse);
+      host_run_attention_avx512_fma(run, count, heads, query_lanes, following, next_pass, requested_pass, o, lse);
       return;
     }
     if (path == CpuPath::amx_bf16) {
@@ -607,7 +608,7 @@ void host_run_attention(const HostSegment<Scalar>* run, int count, int heads, fl
     }
   }
 #endif
-  (void)query_pairs, (void)following, (void)query_lanes, (void)next_pass, (void)token_major_pass;
+  (void)query_pairs, (void)following, (void)query_lanes, (void)next_pass, (void)requested_pass;
   const int rows = heads * run[0].group, value_dim = run[0].geometry.value_dim;
   int longest = 0;
   for (int i = 0; i < count; ++i) longest = std::max(longest, run[i].token_count);

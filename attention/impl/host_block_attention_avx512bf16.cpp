@@ -779,18 +779,21 @@ RowPrefetcher value_rows(const HostSegment<bf16>& s, int first, int count, int h
                        count, level);
 }
 
-/// Tokens per pass: pass_tokens, but for token rows (GQA token-major) the
-/// length measured for the shape (`token_major_pass`, attention/host_prefetch.hpp),
-/// or where none is (0) token_major_pass_rule: with the next pass requested
-/// beside them, longer passes crowded L2 (Zen 4, from DRAM, probe alternated
-/// in one process, medians: Qwen3 token-major, 4 heads, 64 tokens +6-16%
-/// (four rounds), 32 +2-6%; Mixtral token-major, 8 heads, 32 tokens +7-10%,
-/// 64 +2-4%; Zen 5: Qwen3 32 tokens +5-17% over 64 in fast memory
-/// periods). Head-major blocks, 64 KiB a pass, lost 4-8% at 64 tokens; MLA,
-/// one latent read by both products, 3-4%.
-int pass_length(const BlockGeometry& g, bool tiled, int heads, int token_major_pass) {
-  if (tiled || g.values_in_keys) return pass_tokens;
-  if (token_major_pass > 0) return std::min(token_major_pass, pass_tokens);
+/// Tokens per pass: the length measured for the shape and block order
+/// (`requested_pass`, attention/host_prefetch.hpp), or where none is (0)
+/// pass_tokens, and for token rows (GQA token-major) token_major_pass_rule:
+/// with the next pass requested beside them, longer passes crowded L2 (Zen 4,
+/// from DRAM, probe alternated in one process, medians: Qwen3 token-major, 4
+/// heads, 64 tokens +6-16% (four rounds), 32 +2-6%; Mixtral token-major, 8
+/// heads, 32 tokens +7-10%, 64 +2-4%; Zen 5: Qwen3 32 tokens +5-17% over 64
+/// in fast memory periods). Head-major blocks, 64 KiB a pass, lost 4-8% at
+/// 64 tokens on Zen 4 (next pass into L2); on Zen 5, with it into L1, 32
+/// tokens led by 10-25%. MLA, one latent read by both products, keeps 128
+/// (3-4% ahead of 64).
+int pass_length(const BlockGeometry& g, bool tiled, int heads, int requested_pass) {
+  if (g.values_in_keys) return pass_tokens;
+  if (requested_pass > 0) return std::min(requested_pass, pass_tokens);
+  if (tiled) return pass_tokens;
   return token_major_pass_rule(std::int64_t{heads} * (g.key_dim + g.value_dim) * std::int64_t{sizeof(bf16)});
 }
 
@@ -807,7 +810,7 @@ float* first_line(std::vector<float>& buffer) {
 template <int Group, bool Fp32>
 void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::uint32_t* const* query_pairs,
             const float* const* query_lanes, const HostSegment<bf16>* following, PrefetchLevel next_pass,
-            int token_major_pass, float* o, float* lse) {
+            int requested_pass, float* o, float* lse) {
   const BlockGeometry& g = run[0].geometry;
   const bool tiled = g.tiled_keys(run[0].order);
   // `next_pass`: for head-major blocks L2, as one stream, or L1, as the
@@ -817,7 +820,7 @@ void attend(const HostSegment<bf16>* run, int run_count, int heads, const std::u
   // Mixtral +19-31% on vdpbf16ps and +8-18% on fp32 FMAs (four parts), then
   // +6-8% from one stream; Qwen3 keys +3-8%, one stream +5-8%, its values
   // +6-9% more. Zen 5: Qwen3 and Mixtral -15 to -30%.
-  const int pass = pass_length(g, tiled, heads, token_major_pass);
+  const int pass = pass_length(g, tiled, heads, requested_pass);
   const int state = Group * g.value_dim;
   // The value products' register tiles: heads x 32-dim chunks.
   constexpr int value_heads = Group >= 8 ? 8 : Group, value_chunks = Group >= 8 ? 1 : 2;
@@ -945,14 +948,14 @@ namespace {
 template <bool Fp32>
 void attend_group(const HostSegment<bf16>* run, int count, int heads, const std::uint32_t* const* query_pairs,
                   const float* const* query_lanes, const HostSegment<bf16>* following, PrefetchLevel next_pass,
-                  int token_major_pass, float* o, float* lse) {
+                  int requested_pass, float* o, float* lse) {
   switch (run[0].group) {
     case 4:
-      return attend<4, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, token_major_pass, o, lse);
+      return attend<4, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, requested_pass, o, lse);
     case 8:
-      return attend<8, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, token_major_pass, o, lse);
+      return attend<8, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, requested_pass, o, lse);
     default:
-      return attend<16, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, token_major_pass, o, lse);
+      return attend<16, Fp32>(run, count, heads, query_pairs, query_lanes, following, next_pass, requested_pass, o, lse);
   }
 }
 
@@ -960,14 +963,14 @@ void attend_group(const HostSegment<bf16>* run, int count, int heads, const std:
 
 void host_run_attention_avx512_bf16(const HostSegment<bf16>* run, int count, int heads,
                                     const std::uint32_t* const* query_pairs, const HostSegment<bf16>* following,
-                                    PrefetchLevel next_pass, int token_major_pass, float* o, float* lse) {
-  attend_group<false>(run, count, heads, query_pairs, nullptr, following, next_pass, token_major_pass, o, lse);
+                                    PrefetchLevel next_pass, int requested_pass, float* o, float* lse) {
+  attend_group<false>(run, count, heads, query_pairs, nullptr, following, next_pass, requested_pass, o, lse);
 }
 
 void host_run_attention_avx512_fma(const HostSegment<bf16>* run, int count, int heads,
                                    const float* const* query_lanes, const HostSegment<bf16>* following,
-                                   PrefetchLevel next_pass, int token_major_pass, float* o, float* lse) {
-  attend_group<true>(run, count, heads, nullptr, query_lanes, following, next_pass, token_major_pass, o, lse);
+                                   PrefetchLevel next_pass, int requested_pass, float* o, float* lse) {
+  attend_group<true>(run, count, heads, nullptr, query_lanes, following, next_pass, requested_pass, o, lse);
 }
 
 }  // namespace writescope::impl

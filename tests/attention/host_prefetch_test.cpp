@@ -132,6 +132,7 @@ TEST(NextPassPrefetch, IsMeasuredFromDramOnEachShapeWhereItMatters) {
     EXPECT_EQ(m.path, cpu_path_name(path));
     if (!honoured) {
       EXPECT_EQ(active_next_pass_prefetch(shape), PrefetchLevel::l1);
+      EXPECT_EQ(active_head_major_pass(shape), 0);
       EXPECT_NE(describe_next_pass_prefetch(shape).find("does not request the next pass by level"), std::string::npos);
       continue;
     }
@@ -140,8 +141,16 @@ TEST(NextPassPrefetch, IsMeasuredFromDramOnEachShapeWhereItMatters) {
     EXPECT_GT(m.l1_ms, 0);
     EXPECT_GT(m.l2_ms, 0);
     EXPECT_GE(m.alternations, 5);
+    // Each level at its fastest length (the rule's 128 unless 3% slower), the level by those.
+    for (int level = 0; level < 2; ++level) {
+      for (const double ms : m.pass_ms[level]) EXPECT_GT(ms, 0);
+      EXPECT_EQ(m.pass_for[level], fastest_pass(m.pass_ms[level], 128));
+      const auto at = std::find(pass_lengths.begin(), pass_lengths.end(), m.pass_for[level]) - pass_lengths.begin();
+      EXPECT_EQ(level == 0 ? m.l1_ms : m.l2_ms, m.pass_ms[level][at]);
+    }
     EXPECT_EQ(m.faster, faster_prefetch_level(m.l1_ms, m.l2_ms));
     EXPECT_EQ(active_next_pass_prefetch(shape), m.faster);
+    EXPECT_EQ(active_head_major_pass(shape), m.pass_for[static_cast<int>(m.faster)]);
     EXPECT_NE(describe_next_pass_prefetch(shape).find("measured on " + m.path + ", " + m.probe), std::string::npos);
   }
   EXPECT_NE(&next_pass_prefetch_measurement(mixtral_8x7b_attention()),
@@ -217,14 +226,33 @@ class HostDecode {
   std::vector<BlockSegment> segments_;
 };
 
+/// Makes each level's head-major pass `tokens` in the shape's measurement on
+/// the active path for a scope, restoring the measurement after.
+class ScopedHeadMajorPasses {
+ public:
+  ScopedHeadMajorPasses(const AttentionShape& shape, int tokens)
+      : shape_(shape), measured_(next_pass_prefetch_measurement(shape)) {
+    NextPassPrefetchMeasurement m = measured_;
+    m.pass_for = {tokens, tokens};
+    impl::replace_next_pass_prefetch_measurement(shape_, m);
+  }
+  ~ScopedHeadMajorPasses() { impl::replace_next_pass_prefetch_measurement(shape_, measured_); }
+
+ private:
+  AttentionShape shape_;
+  NextPassPrefetchMeasurement measured_;
+};
+
 // The launch requests what the active level and the rule say (benchmarks
-// label their figures with it), and the level changes no result: the products
-// of both levels agree bit for bit (the accuracy tests run the measured one).
+// label their figures with it), and the level changes no result: with passes
+// of one length, the products of both levels agree bit for bit (the accuracy
+// tests run the measured ones).
 TEST(NextPassPrefetch, DecodeRequestsThePinnedLevelAndItChangesNoResult) {
   test::for_each_cpu_path([&](CpuPath path) {
     for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention()})
       for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major}) {
         SCOPED_TRACE(shape.name + (order == BlockOrder::head_major ? ", head-major" : ", token-major"));
+        const ScopedHeadMajorPasses one_length(shape, 64);
         const HostDecode decode(shape, order);
         const CpuPath product_path =
             impl::host_product_path(path, decode.geometry(), order, shape.group(), true);
@@ -271,7 +299,7 @@ TEST(NextPassPrefetch, DecodeTakesTheLevelMeasuredForItsShape) {
 }
 
 TEST(TokenMajorPass, LengthsRoundTripAndAnUnknownOneListsTheKnownOnes) {
-  for (const int tokens : token_major_pass_lengths) EXPECT_EQ(parse_token_major_pass(std::to_string(tokens)), tokens);
+  for (const int tokens : pass_lengths) EXPECT_EQ(parse_token_major_pass(std::to_string(tokens)), tokens);
   for (const char* unknown : {"48", "256", "64 tokens", ""}) {
     try {
       parse_token_major_pass(unknown);
@@ -285,11 +313,11 @@ TEST(TokenMajorPass, LengthsRoundTripAndAnUnknownOneListsTheKnownOnes) {
 }
 
 TEST(TokenMajorPass, TheRulesLengthUnlessAnotherIsThreePercentFaster) {
-  EXPECT_EQ(fastest_token_major_pass({1.0, 0.98, 1.1}, 64), 64);
-  EXPECT_EQ(fastest_token_major_pass({0.97, 1.0, 1.1}, 64), 32);
-  EXPECT_EQ(fastest_token_major_pass({1.0, 1.2, 0.9}, 64), 128);
-  EXPECT_EQ(fastest_token_major_pass({1.0, 0.9, 0.8}, 32), 128);
-  EXPECT_EQ(fastest_token_major_pass({1.0, 0.99, 0.98}, 32), 32);
+  EXPECT_EQ(fastest_pass({1.0, 0.98, 1.1}, 64), 64);
+  EXPECT_EQ(fastest_pass({0.97, 1.0, 1.1}, 64), 32);
+  EXPECT_EQ(fastest_pass({1.0, 1.2, 0.9}, 64), 128);
+  EXPECT_EQ(fastest_pass({1.0, 0.9, 0.8}, 32), 128);
+  EXPECT_EQ(fastest_pass({1.0, 0.99, 0.98}, 32), 32);
   // The rule's 128 KiB a pass: 128 tokens of one 256-byte head, 64 of Qwen3's 4 KV heads, 32 of Mixtral's 8 or more.
   EXPECT_EQ(impl::token_major_pass_rule(2 * 128 * 2), 128);
   EXPECT_EQ(impl::token_major_pass_rule(4 * 256 * 2), 64);
@@ -365,7 +393,7 @@ TEST(TokenMajorPass, IsMeasuredFromDramOnEachShapeWhereItMatters) {
     for (const double ms : m.ms) EXPECT_GT(ms, 0);
     EXPECT_GE(m.alternations, 5);
     EXPECT_EQ(m.rule, impl::token_major_pass_rule(std::int64_t{shape.kv_heads} * (shape.key_dim + shape.value_dim) * 2));
-    EXPECT_EQ(m.fastest, fastest_token_major_pass(m.ms, m.rule));
+    EXPECT_EQ(m.fastest, fastest_pass(m.ms, m.rule));
     EXPECT_EQ(active_token_major_pass(shape), m.fastest);
     EXPECT_NE(describe_token_major_pass(shape).find(std::to_string(m.fastest) + " tokens (measured on " + m.path +
                                                     ", " + m.probe),
@@ -396,17 +424,17 @@ TEST(TokenMajorPass, DecodeTakesTheLengthMeasuredForItsShapeAndEveryLengthMatche
       if (!impl::honours_token_major_pass(product_path, shape)) {
         DecodeWorkspace<HostMemSpace> workspace;
         decode.expect_reference(decode.attend(workspace), test::host_bf16_products<bf16>(product_path));
-        EXPECT_EQ(workspace.host_token_major_pass, 0);
+        EXPECT_EQ(workspace.host_pass, 0);
         continue;
       }
       any = true;
       std::vector<PartialState<HostMemSpace>> pinned_states;
-      for (const int tokens : token_major_pass_lengths) {
+      for (const int tokens : pass_lengths) {
         SCOPED_TRACE(std::to_string(tokens) + " tokens a pass");
         const ScopedTokenMajorPass pinned(tokens);
         DecodeWorkspace<HostMemSpace> workspace;
         pinned_states.push_back(decode.attend(workspace));
-        EXPECT_EQ(workspace.host_token_major_pass, tokens);
+        EXPECT_EQ(workspace.host_pass, tokens);
         decode.expect_reference(pinned_states.back(), test::host_bf16_products<bf16>(product_path));
       }
       const auto same = [](const PartialState<HostMemSpace>& a, const PartialState<HostMemSpace>& b) {
@@ -415,13 +443,13 @@ TEST(TokenMajorPass, DecodeTakesTheLengthMeasuredForItsShapeAndEveryLengthMatche
       };
       ASSERT_FALSE(same(pinned_states.front(), pinned_states.back())) << "lengths indistinguishable by result";
       const TokenMajorPassMeasurement measured = token_major_pass_measurement(shape);
-      for (std::size_t i = 0; i < token_major_pass_lengths.size(); ++i) {
+      for (std::size_t i = 0; i < pass_lengths.size(); ++i) {
         TokenMajorPassMeasurement m = measured;
-        m.fastest = token_major_pass_lengths[i];
+        m.fastest = pass_lengths[i];
         impl::replace_token_major_pass_measurement(shape, m);
         DecodeWorkspace<HostMemSpace> workspace;
         const PartialState<HostMemSpace> state = decode.attend(workspace);
-        EXPECT_EQ(workspace.host_token_major_pass, m.fastest);
+        EXPECT_EQ(workspace.host_pass, m.fastest);
         EXPECT_TRUE(same(state, pinned_states[i])) << "measured " << m.fastest << " tokens";
       }
       impl::replace_token_major_pass_measurement(shape, measured);
@@ -429,6 +457,47 @@ TEST(TokenMajorPass, DecodeTakesTheLengthMeasuredForItsShapeAndEveryLengthMatche
   });
   if (!any)
     std::cout << "[ SKIPPED  ] no path here takes a token-major pass length\n";
+}
+
+// Head-major passes take the length measured with the active level: every
+// length agrees with the reference, and the launch runs the measured one (the
+// softmax weights are rounded against the maximum so far, so lengths differ
+// in the last bits).
+TEST(NextPassPrefetch, DecodeTakesTheHeadMajorPassMeasuredAndEveryLengthMatchesTheReference) {
+  bool any = false;
+  test::for_each_cpu_path([&](CpuPath path) {
+    for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention()}) {
+      SCOPED_TRACE(shape.name);
+      const HostDecode decode(shape, BlockOrder::head_major);
+      const CpuPath product_path =
+          impl::host_product_path(path, decode.geometry(), BlockOrder::head_major, shape.group(), true);
+      if (!impl::honours_next_pass_level(product_path, true, shape.group())) {
+        DecodeWorkspace<HostMemSpace> workspace;
+        decode.expect_reference(decode.attend(workspace), test::host_bf16_products<bf16>(product_path));
+        EXPECT_EQ(workspace.host_pass, 0);
+        continue;
+      }
+      any = true;
+      std::vector<PartialState<HostMemSpace>> states;
+      for (const int tokens : pass_lengths) {
+        SCOPED_TRACE(std::to_string(tokens) + " tokens a pass");
+        const ScopedHeadMajorPasses measured(shape, tokens);
+        for (const PrefetchLevel level : {PrefetchLevel::l1, PrefetchLevel::l2}) {
+          const ScopedNextPassPrefetch pinned(level);
+          EXPECT_EQ(active_head_major_pass(shape), tokens);
+        }
+        DecodeWorkspace<HostMemSpace> workspace;
+        states.push_back(decode.attend(workspace));
+        EXPECT_EQ(workspace.host_pass, tokens);
+        decode.expect_reference(states.back(), test::host_bf16_products<bf16>(product_path));
+      }
+      const auto& first = states.front();
+      const auto& last = states.back();
+      EXPECT_FALSE(std::equal(first.o.data(), first.o.data() + first.o.span(), last.o.data()))
+          << "passes of 32 and 128 tokens indistinguishable by result";
+    }
+  });
+  if (!any) std::cout << "[ SKIPPED  ] no path here requests the next pass by level\n";
 }
 
 }  // namespace
