@@ -553,6 +553,8 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
     // This process's level for the shape (measured per shape), which its rates at all threads use.
     progress("next-pass prefetch level of the decode products, " + shape.name + " ...");
     p.cpu_next_pass_prefetch[shape.name] = prefetch_level_name(active_next_pass_prefetch(shape));
+    if (const int tokens = active_head_major_pass(shape); tokens > 0)
+      p.cpu_head_major_pass[shape.name] = std::to_string(tokens);
     progress("token-major pass of the decode products, " + shape.name + " ...");
     if (const int tokens = active_token_major_pass(shape); tokens > 0)
       p.cpu_token_major_pass[shape.name] = std::to_string(tokens);

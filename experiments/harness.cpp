@@ -790,17 +790,22 @@ std::string run_damage(const ResultsReader& reader, const std::string& group) {
 
 std::vector<std::string> attention_choice_mismatches(const MachineProfile& profile, const AttentionShape& shape) {
   std::vector<std::string> warnings;
+  // `variable`: the environment variable that pins the choice, if any.
   const auto compare = [&](const std::map<std::string, std::string>& stated_by_shape, const std::string& taken,
                            const std::string& described, const char* what, const char* variable) {
     const auto stated = stated_by_shape.find(shape.name);
     if (stated != stated_by_shape.end() && stated->second != taken)
       warnings.push_back("run: warning: profile '" + profile.name + "' measured CPU attention of " + shape.name +
                          " with " + what + " " + stated->second + " but this process takes " + described +
-                         "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set " +
-                         variable + "=" + stated->second + ")");
+                         "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate" +
+                         (variable ? std::string(", or set ") + variable + "=" + stated->second : std::string()) +
+                         ")");
   };
   compare(profile.cpu_next_pass_prefetch, prefetch_level_name(active_next_pass_prefetch(shape)),
           describe_next_pass_prefetch(shape), "the next pass requested into", "WRITESCOPE_NEXT_PASS_PREFETCH");
+  if (const int tokens = active_head_major_pass(shape); tokens > 0)
+    compare(profile.cpu_head_major_pass, std::to_string(tokens), describe_next_pass_prefetch(shape),
+            "head-major passes of", nullptr);
   if (const int tokens = active_token_major_pass(shape); tokens > 0)
     compare(profile.cpu_token_major_pass, std::to_string(tokens), describe_token_major_pass(shape),
             "token-major passes of", "WRITESCOPE_TOKEN_MAJOR_PASS");

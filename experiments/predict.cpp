@@ -617,6 +617,7 @@ MachineProfile with_cpu_of(const MachineProfile& base, const MachineProfile& cpu
   p.cpu_path = cpu.cpu_path;
   p.cpu_next_pass_prefetch = cpu.cpu_next_pass_prefetch;
   p.cpu_token_major_pass = cpu.cpu_token_major_pass;
+  p.cpu_head_major_pass = cpu.cpu_head_major_pass;
   p.cpu_fma_glanes = cpu.cpu_fma_glanes;
   p.cpu_launch_latency_s = cpu.cpu_launch_latency_s;
   p.cpu_expert_gbps = cpu.cpu_expert_gbps;

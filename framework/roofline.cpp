@@ -57,7 +57,7 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     if (p.link_chunk_bytes == 0) link.fail("chunk_bytes", "must be positive");
   }
   const ConfigNode cpu = root.child("cpu");
-  cpu.allow_only({"threads", "dram_read_gbps", "path", "next_pass_prefetch", "token_major_pass", "fma_glanes",
+  cpu.allow_only({"threads", "dram_read_gbps", "path", "next_pass_prefetch", "head_major_pass", "token_major_pass", "fma_glanes",
                   "launch_latency_us", "expert_gbps", "expert_gflops", "gemv_gbps", "gemm_gflops", "attention_gbps"});
   if (cpu.has("path")) {
     p.cpu_path = cpu.get<std::string>("path");
@@ -80,6 +80,7 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     }
   };
   per_shape("next_pass_prefetch", {"l1", "l2"}, "l1 or l2", p.cpu_next_pass_prefetch);
+  per_shape("head_major_pass", {"32", "64", "128"}, "32, 64 or 128 tokens", p.cpu_head_major_pass);
   per_shape("token_major_pass", {"32", "64", "128"}, "32, 64 or 128 tokens", p.cpu_token_major_pass);
   p.cpu_threads = cpu.get<int>("threads");
   if (p.cpu_threads < 1) cpu.fail("threads", "must be at least 1");
@@ -142,6 +143,7 @@ std::string MachineProfile::to_yaml() const {
       << YAML::Key << "dram_read_gbps" << YAML::Value << cpu_dram_read_gbps << YAML::Key << "path" << YAML::Value
       << cpu_path;
   for (const auto& [key, by_shape] : {std::pair{"next_pass_prefetch", &cpu_next_pass_prefetch},
+                                      std::pair{"head_major_pass", &cpu_head_major_pass},
                                       std::pair{"token_major_pass", &cpu_token_major_pass}}) {
     if (by_shape->empty()) continue;
     out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginMap;

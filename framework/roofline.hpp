@@ -45,6 +45,9 @@ struct MachineProfile {
   /// measured ("32", "64", "128"; measured per shape like the level), for the
   /// shapes whose products take one; empty in profiles that do not say.
   std::map<std::string, std::string> cpu_token_major_pass;
+  /// Likewise their tokens per pass over head-major blocks, measured with the
+  /// next-pass level, for the shapes whose products request it by level.
+  std::map<std::string, std::string> cpu_head_major_pass;
   /// Multiply-adds per second (10^9) of that path's product instruction
   /// (8-lane fp32 FMA for avx2, 16-lane for avx512_fma, 32-pair vdpbf16ps for
   /// avx512_bf16).

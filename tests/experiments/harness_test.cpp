@@ -203,23 +203,31 @@ TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
   MachineProfile profile = test::tiny_profile();
   EXPECT_TRUE(attention_choice_mismatches(profile, shape).empty()) << "nothing stated";
   const std::string level = prefetch_level_name(active_next_pass_prefetch(shape));
-  const int pass = active_token_major_pass(shape);
+  const int pass = active_token_major_pass(shape), head_major_pass = active_head_major_pass(shape);
   profile.cpu_next_pass_prefetch[shape.name] = level;
   if (pass > 0) profile.cpu_token_major_pass[shape.name] = std::to_string(pass);
+  if (head_major_pass > 0) profile.cpu_head_major_pass[shape.name] = std::to_string(head_major_pass);
   EXPECT_TRUE(attention_choice_mismatches(profile, shape).empty()) << "the same choices";
   const std::string other_level = level == "l1" ? "l2" : "l1", other_pass = pass == 32 ? "128" : "32";
   profile.cpu_next_pass_prefetch[shape.name] = other_level;
   profile.cpu_token_major_pass[shape.name] = other_pass;
+  const std::string other_head_major_pass = head_major_pass == 32 ? "128" : "32";
+  profile.cpu_head_major_pass[shape.name] = other_head_major_pass;
   profile.cpu_next_pass_prefetch["mixtral-8x7b"] = "l3";  // another shape's: not this one's business
   const std::vector<std::string> warnings = attention_choice_mismatches(profile, shape);
-  ASSERT_EQ(warnings.size(), pass > 0 ? 2u : 1u);
+  ASSERT_EQ(warnings.size(), 1u + (head_major_pass > 0) + (pass > 0));
   EXPECT_EQ(warnings[0], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the next pass "
                          "requested into " + other_level + " but this process takes " +
                          describe_next_pass_prefetch(shape) +
                          "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
                          "WRITESCOPE_NEXT_PASS_PREFETCH=" + other_level + ")");
+  if (head_major_pass > 0)
+    EXPECT_EQ(warnings[1], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with head-major "
+                           "passes of " + other_head_major_pass + " but this process takes " +
+                           describe_next_pass_prefetch(shape) +
+                           "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate)");
   if (pass > 0)
-    EXPECT_EQ(warnings[1], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with token-major "
+    EXPECT_EQ(warnings.back(), "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with token-major "
                            "passes of " + other_pass + " but this process takes " +
                            describe_token_major_pass(shape) +
                            "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "

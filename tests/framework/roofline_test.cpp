@@ -122,11 +122,13 @@ TEST_F(ProfileTest, SaveAndLoadRoundTrip) {
   measured.cpu_path = "amx_bf16";
   measured.cpu_next_pass_prefetch = {{"qwen3-30b-a3b", "l1"}, {"mixtral-8x7b", "l2"}};
   measured.cpu_token_major_pass = {{"qwen3-30b-a3b", "32"}, {"mixtral-8x7b", "64"}};
+  measured.cpu_head_major_pass = {{"qwen3-30b-a3b", "128"}, {"mixtral-8x7b", "32"}};
   measured.save(path);
   const auto amx = MachineProfile::load(path);
   EXPECT_EQ(amx.cpu_path, "amx_bf16");
   EXPECT_EQ(amx.cpu_next_pass_prefetch, measured.cpu_next_pass_prefetch);
   EXPECT_EQ(amx.cpu_token_major_pass, measured.cpu_token_major_pass);
+  EXPECT_EQ(amx.cpu_head_major_pass, measured.cpu_head_major_pass);
   EXPECT_TRUE(again.cpu_next_pass_prefetch.empty());  // not stated: no warning, no comparison
   EXPECT_TRUE(again.cpu_token_major_pass.empty());
   // Older profiles give the BLAS rates under their older names.
@@ -177,7 +179,8 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
         std::tuple{"next_pass_prefetch", "{qwen3-30b-a3b: l3}", "cpu.next_pass_prefetch.qwen3-30b-a3b", "l3"},
         std::tuple{"next_pass_prefetch", "l2", "cpu.next_pass_prefetch", "mapping"},
         std::tuple{"token_major_pass", "{qwen3-30b-a3b: 48}", "cpu.token_major_pass.qwen3-30b-a3b", "48"},
-        std::tuple{"token_major_pass", "64", "cpu.token_major_pass", "mapping"}}) {
+        std::tuple{"token_major_pass", "64", "cpu.token_major_pass", "mapping"},
+        std::tuple{"head_major_pass", "{mixtral-8x7b: 16}", "cpu.head_major_pass.mixtral-8x7b", "16"}}) {
     std::string bad = base;
     bad.replace(bad.find("pageable_d2h_gbps: -8"), 21, "pageable_d2h_gbps: 8");
     bad.replace(bad.find("threads: 4"), 10, std::string("threads: 4, ") + field + ": " + value);
