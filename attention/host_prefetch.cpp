@@ -80,10 +80,10 @@ class Probe {
   }
   std::int64_t kv_bytes() const { return static_cast<std::int64_t>(pool_.span() * sizeof(bf16)); }
   /// Milliseconds of one step with the next pass requested into `level`
-  /// and passes of `token_major_pass` tokens over token-major rows.
-  double step_ms(PrefetchLevel level, int token_major_pass) {
+  /// and passes of `pass` tokens.
+  double step_ms(PrefetchLevel level, int pass) {
     probing = static_cast<int>(level);
-    probing_pass = token_major_pass;
+    probing_pass = pass;
     const HostExecSpace space;
     space.fence();
     const auto start = std::chrono::steady_clock::now();
@@ -129,6 +129,13 @@ CpuPath probe_path(const AttentionShape& shape, BlockOrder order) {
 
 constexpr int alternations = 7;
 
+/// Whether the products of `path` request the next pass of the shape's
+/// head-major blocks by level (and so take a measured head-major pass).
+bool takes_level(CpuPath path, const AttentionShape& shape) {
+  return impl::honours_next_pass_level(path, shape.block_geometry(256).tiled_keys(BlockOrder::head_major),
+                                       shape.group());
+}
+
 /// Fills m's probe fields for `shape` in `order`; where the path's products
 /// take the choice (`honoured(path)`), the median milliseconds of a probe
 /// step with each of `choices` (set by `step(probe, choice)`), alternated:
@@ -159,10 +166,7 @@ std::optional<std::array<double, N>> probe_choices(HostProbe& m, const Attention
 
 NextPassPrefetchMeasurement measure_level(const AttentionShape& shape) {
   NextPassPrefetchMeasurement m;
-  const auto honoured = [&](CpuPath path) {
-    return impl::honours_next_pass_level(path, shape.block_geometry(256).tiled_keys(BlockOrder::head_major),
-                                         shape.group());
-  };
+  const auto honoured = [&](CpuPath path) { return takes_level(path, shape); };
   // Every (level, length), level-major.
   std::array<std::pair<PrefetchLevel, int>, 2 * pass_lengths.size()> choices;
   for (std::size_t i = 0; i < choices.size(); ++i)
@@ -269,9 +273,7 @@ PrefetchLevel active_next_pass_prefetch(const AttentionShape& shape) {
 void set_next_pass_prefetch(PrefetchLevel level) { pinned = static_cast<int>(level); }
 
 int active_head_major_pass(const AttentionShape& shape) {
-  if (!impl::honours_next_pass_level(probe_path(shape, BlockOrder::head_major),
-                                     shape.block_geometry(256).tiled_keys(BlockOrder::head_major), shape.group()))
-    return 0;
+  if (!takes_level(probe_path(shape, BlockOrder::head_major), shape)) return 0;
   if (probing_pass != unpinned) return probing_pass;
   const PrefetchLevel level = active_next_pass_prefetch(shape);
   return next_pass_prefetch_measurement(shape).pass_for[static_cast<int>(level)];

@@ -5,8 +5,11 @@
 //    while the current pass's products run (AVX-512 paths). On AMD Zen 4, L2
 //    (one stream) beat L1 (four streams) by 10-30% for Qwen3 and Mixtral; on
 //    AMD Zen 5 it cost them 15-30% one day, and the next, in one process, cost
-//    Qwen3 15-20% and gained Mixtral 8-17%. Pinned with set_next_pass_prefetch
-//    or WRITESCOPE_NEXT_PASS_PREFETCH ("l1" or "l2").
+//    Qwen3 15-20% and gained Mixtral 8-17%. Each level is timed with passes of
+//    32, 64 and 128 tokens, and the head-major passes take the length
+//    measured with the level taken (Zen 5: L1 with 32 tokens, where a pass and
+//    the next fit L1, led Mixtral by 10-25%). Pinned with
+//    set_next_pass_prefetch or WRITESCOPE_NEXT_PASS_PREFETCH ("l1" or "l2").
 //  - the tokens per pass over token-major blocks whose rows several KV heads
 //    share (GQA CpuStreamed): Zen 4 read Qwen3 fastest in passes of 64 tokens
 //    (128 KiB), Zen 5 in passes of 32 (64 KiB), 5-17% ahead of 64. Pinned

@@ -56,7 +56,7 @@ class DecodeStep {
                                                  (cache.*pool_)(), caches_.segments[c], workspace_, out_);
   }
   /// What the last step's host product ran: "avx512_bf16, next pass into l2",
-  /// and over token-major rows its passes: "..., passes of 32 tokens".
+  /// and where measured, its tokens per pass: "..., passes of 32 tokens".
   std::string host_label() const {
     std::string label = std::string(cpu_path_name(workspace_.host_path)) + ", next pass into " +
                         prefetch_level_name(workspace_.host_next_pass);
