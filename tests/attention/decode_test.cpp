@@ -402,6 +402,19 @@ TEST(DecodeAttentionDispatch, EveryModelShapeTakesTheBestCpuPath) {
           << shape.name << " " << region_name(region);
 }
 
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+// The AVX-512 tiled score product takes key pairs two at a time (two
+// accumulator chains): keys in an odd number of pairs go to another path.
+TEST(DecodeAttentionDispatch, TiledKeysInAnOddNumberOfPairsLeaveTheAvx512Products) {
+  BlockGeometry g = mixtral_8x7b_attention().block_geometry(256);
+  EXPECT_TRUE(impl::avx512_takes(g, BlockOrder::head_major, 4));
+  g.key_dim = 126;
+  EXPECT_FALSE(impl::avx512_takes(g, BlockOrder::head_major, 4));
+  g.key_dim = 124;
+  EXPECT_TRUE(impl::avx512_takes(g, BlockOrder::head_major, 4));
+}
+#endif
+
 TYPED_TEST(DecodeAttentionTest, SplitAtAnyPointAndMergeEqualsMonolithic) {
   this->build(qwen3_30b_a3b_attention(), {200, 257, 64});
   // Split points: at the ends, on block edges and inside blocks.
