@@ -33,6 +33,7 @@ struct Avx2Lines {
   static constexpr CpuPath path = CpuPath::avx2;
   /// 16 registers: up to 8 accumulators beside the converted weights.
   static constexpr int step(int rows) { return rows <= 2 ? 4 : rows <= 4 ? 2 : 1; }
+  static constexpr int first_rows(int rows) { return rows; }  // one group
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec load(const float* p) { return _mm256_load_ps(p); }
   static void store(float* p, Vec v) { _mm256_store_ps(p, v); }

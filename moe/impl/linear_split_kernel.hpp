@@ -15,8 +15,10 @@
 // each row's next block (the next work item's first) one block ahead.
 //
 // Lines, the path's operations on one vector of `lanes` floats (`Vec`):
-//   path; step(rows): weight rows per pass (rows x step accumulators fit the
-//   registers); zero(); load(p) (aligned); store(p, v); fmadd(a, b, c);
+//   path; first_rows(rows): the first group of input rows (the rest, if
+//   any, go second, against the same weight lines from L1); step(rows):
+//   weight rows per pass for a group of `rows` (rows x step accumulators fit
+//   the registers); zero(); load(p) (aligned); store(p, v); fmadd(a, b, c);
 //   weights<LoadOnce>(row, even, odd): 2 x lanes bf16 at row as even and odd
 //   columns; LoadOnce: the line loaded once into a register for the shift and
 //   the mask, where GCC folds the load into both, i.e. reads each line twice
@@ -42,8 +44,9 @@ namespace writescope::impl::split_kernel {
 ///   ahead: bytes from a weight to the one requested from memory meanwhile
 /// Width: c1 - c0 where known when compiled (full blocks: the inputs' offsets
 /// become immediates instead of 2 x Rows address registers, which spilled),
-/// else 0.
-template <class Lines, int Rows, int Features, int Width>
+/// else 0. Request: whether to request the lines `ahead` (not where another
+/// group of input rows has just read these weights, and requested them).
+template <class Lines, int Rows, int Features, int Width, bool Request = true>
 void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, int c0, int c1, std::int64_t ahead,
                     float (*partial)[Lines::lanes]) {
   using Vec = typename Lines::Vec;
@@ -63,7 +66,7 @@ void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, 
       // One request per 64-byte line (a step reads 2 x lanes bf16: half a line on AVX2), into L2: a
       // block ahead is 16 to 64 KiB, which in L1 evicted the inputs and the lines in use (Intel VM,
       // in the benchmark, 1 row: 19 -> 21 GB/s, 8 rows: 17 -> 19 GB/s).
-      if (2 * Lines::lanes >= 32 || c % 32 == 0) _mm_prefetch(reinterpret_cast<const char*>(row) + ahead, _MM_HINT_T1);
+      if (Request && (2 * Lines::lanes >= 32 || c % 32 == 0)) _mm_prefetch(reinterpret_cast<const char*>(row) + ahead, _MM_HINT_T1);
       Lines::template weights<(Rows > 1)>(row, even[f], odd[f]);
     }
     WRITESCOPE_UNROLL(8)
@@ -81,16 +84,34 @@ void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, 
     for (int f = 0; f < Features; ++f) Lines::store(partial[r * Features + f], acc[r][f]);
 }
 
-/// One column block of every weight row in groups of `Step`; partial[f0]
-/// holds (row, feature - f0) for the group starting at f0.
-template <class Lines, int Rows, int Step, int Width>
+/// The input rows of a call in one or two groups, each multiplied with
+/// `step` weight rows at a time (Lines::first_rows).
+template <class Lines, int Rows>
+struct RowGroups {
+  static constexpr int first = Lines::first_rows(Rows), second = Rows - first;
+  static constexpr int step = Lines::step(first);
+  static_assert(second == 0 || Lines::step(second) == step, "both groups take the same weight rows at a time");
+};
+
+/// One column block of every weight row in groups of `Step`, against the
+/// first group of input rows and then (from L1) the second; first[f0] and
+/// second[f0] hold (row, feature - f0) for the group starting at f0.
+template <class Lines, class Groups, int Width>
 void block_features(const float* x_block, const bf16* w, std::int64_t w_stride, int features, int c0, int c1,
-                    std::int64_t ahead, float (*partial)[Rows * Step][Lines::lanes]) {
+                    std::int64_t ahead, float (*first)[Groups::first * Groups::step][Lines::lanes],
+                    float (*second)[std::max(1, Groups::second) * Groups::step][Lines::lanes]) {
+  constexpr int step = Groups::step;
+  const float* second_x = x_block + Groups::first * (c1 - c0);
+  auto features_rows = [&](auto features_at_once, int f) {
+    constexpr int n = decltype(features_at_once)::value;
+    features_block<Lines, Groups::first, n, Width>(x_block, w + f * w_stride, w_stride, c0, c1, ahead, first[f]);
+    if constexpr (Groups::second > 0)
+      features_block<Lines, Groups::second, n, Width, false>(second_x, w + f * w_stride, w_stride, c0, c1, ahead,
+                                                             second[f]);
+  };
   int f = 0;
-  for (; f + Step <= features; f += Step)
-    features_block<Lines, Rows, Step, Width>(x_block, w + f * w_stride, w_stride, c0, c1, ahead, partial[f]);
-  for (; f < features; ++f)
-    features_block<Lines, Rows, 1, Width>(x_block, w + f * w_stride, w_stride, c0, c1, ahead, partial[f]);
+  for (; f + step <= features; f += step) features_rows(std::integral_constant<int, step>{}, f);
+  for (; f < features; ++f) features_rows(std::integral_constant<int, 1>{}, f);
 }
 
 /// Column blocks outermost, so that the block's inputs stay in L1 while
@@ -98,9 +119,11 @@ void block_features(const float* x_block, const bf16* w, std::int64_t w_stride, 
 template <class Lines, int Rows>
 void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stride, int features, float* y,
                 std::int64_t y_stride) {
-  constexpr int step = Lines::step(Rows);
+  using Groups = RowGroups<Lines, Rows>;
+  constexpr int step = Groups::step;
   constexpr int block = split_linear_column_block(Lines::path, Rows);
-  alignas(64) float partial[split_linear_features][Rows * step][Lines::lanes];
+  alignas(64) float first[split_linear_features][Groups::first * step][Lines::lanes];
+  alignas(64) float second[split_linear_features][std::max(1, Groups::second) * step][Lines::lanes];
   for (int c0 = 0; c0 < in; c0 += block) {
     const int c1 = std::min(in, c0 + block);
     const float* x_block = x_split + static_cast<std::int64_t>(c0) * Rows;
@@ -111,15 +134,20 @@ void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stri
     const std::int64_t ahead = static_cast<std::int64_t>(sizeof(bf16)) *
                                (c1 < in ? block : split_linear_features * w_stride - c0);
     if (c1 - c0 == block)
-      block_features<Lines, Rows, step, block>(x_block, w, w_stride, features, c0, c1, ahead, partial);
-    else block_features<Lines, Rows, step, 0>(x_block, w, w_stride, features, c0, c1, ahead, partial);
+      block_features<Lines, Groups, block>(x_block, w, w_stride, features, c0, c1, ahead, first, second);
+    else block_features<Lines, Groups, 0>(x_block, w, w_stride, features, c0, c1, ahead, first, second);
   }
+  // Row r of the call: row r of the first group, or r - Groups::first of the second.
+  auto total = [&](int r, int f, int k, int at_once) {
+    const float* lanes = r < Groups::first ? first[f][r * at_once + k] : second[f][(r - Groups::first) * at_once + k];
+    return Lines::sum(Lines::load(lanes));
+  };
   int f = 0;
   for (; f + step <= features; f += step)
     for (int r = 0; r < Rows; ++r)
-      for (int k = 0; k < step; ++k) y[r * y_stride + f + k] = Lines::sum(Lines::load(partial[f][r * step + k]));
+      for (int k = 0; k < step; ++k) y[r * y_stride + f + k] = total(r, f, k, step);
   for (; f < features; ++f)
-    for (int r = 0; r < Rows; ++r) y[r * y_stride + f] = Lines::sum(Lines::load(partial[f][r]));
+    for (int r = 0; r < Rows; ++r) y[r * y_stride + f] = total(r, f, 0, 1);
 }
 
 /// linear_features_avx512 / linear_features_avx2 (linear_host.hpp) on Lines.
