@@ -25,8 +25,9 @@ void expect_reference() {
   // Shapes with and without the vector fast paths: in % 32, in % 8, out % 16, out % 4, 1 to 9 rows;
   // beyond max_linear_rows the GEMM path, with tail rows, a partial feature
   // block and more than one 256-column block; decode rows over several
-  // 512-column blocks of split inputs, the last one partial (of 16 columns
-  // but not 32: AVX2 only); 9-32 rows in groups of 8 split rows, the last
+  // column blocks of split inputs (512, or 256 for 5-8 rows on AVX-512), the
+  // last one partial (of 16 columns but not 32: AVX2 only); 9-32 rows in
+  // groups of 8 split rows, the last
   // group partial (17: one row).
   for (const auto& [rows, in, out] : std::vector<std::tuple<int, int, int>>{{1, 64, 12},
                                                                             {5, 128, 36},
