@@ -163,13 +163,13 @@ struct ScalarFmaChains {
 };
 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-/// Per thread: iterations x fma_chains vdpbf16ps (32 multiply-adds each).
+/// Per thread: iterations x impl::avx512_peak_chains vdpbf16ps (32 multiply-adds each).
 struct Bf16DotChains {
   float seed;
   std::int64_t iterations;
   void operator()(int, float& sink) const { sink += impl::bf16_dot_chains(seed, iterations); }
 };
-/// Per thread: iterations x fma_chains 16-lane fp32 FMAs (AVX-512F).
+/// Per thread: iterations x impl::avx512_peak_chains 16-lane fp32 FMAs (AVX-512F).
 struct Fma16Chains {
   float seed;
   std::int64_t iterations;
@@ -203,6 +203,7 @@ struct ProductRun {
 ProductRun run_product_chains(CpuPath path, std::int64_t iterations) {
   const HostExecSpace space;
   const double steps = static_cast<double>(space.concurrency()) * static_cast<double>(iterations) * fma_chains;
+  const double avx512_steps = steps / fma_chains * impl::avx512_peak_chains;
   switch (path) {
     case CpuPath::amx_bf16:
 #ifdef WRITESCOPE_HOST_AVX512_BF16
@@ -219,13 +220,13 @@ ProductRun run_product_chains(CpuPath path, std::int64_t iterations) {
 #endif
     case CpuPath::avx512_bf16:
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-      return {steps * 32, chains_seconds(space, Bf16DotChains{1.0f, iterations})};
+      return {avx512_steps * 32, chains_seconds(space, Bf16DotChains{1.0f, iterations})};
 #else
       break;
 #endif
     case CpuPath::avx512_fma:
 #ifdef WRITESCOPE_HOST_AVX512_BF16
-      return {steps * 16, chains_seconds(space, Fma16Chains{1.0f, iterations})};
+      return {avx512_steps * 16, chains_seconds(space, Fma16Chains{1.0f, iterations})};
 #else
       break;
 #endif

@@ -162,7 +162,7 @@ const Avx512ProductRates& avx512_product_rates() {
 #ifdef WRITESCOPE_HOST_AVX512_BF16
     if (!cpu_runs(CpuPath::avx512_bf16)) return measured;
     constexpr std::int64_t iterations = 50'000;  // 600k instructions: about 0.1-0.5 ms
-    const double multiply_adds = static_cast<double>(iterations) * impl::peak_chains;
+    const double multiply_adds = static_cast<double>(iterations) * impl::avx512_peak_chains;
     auto rate = [&](auto chains, double per_instruction) {
       const auto start = std::chrono::steady_clock::now();
       volatile float sink = chains(1.0f, iterations);

@@ -16,17 +16,17 @@ namespace writescope::impl {
 // the shared loop must inline their steps.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,fma")
-/// Runs `iterations` steps of peak_chains accumulators started at seed +
+/// Runs `iterations` steps of avx512_peak_chains accumulators started at seed +
 /// chain; returns the sum of their lanes, so that the work cannot be dropped.
 template <class Step>
 inline float chains(float seed, std::int64_t iterations, Step step) {
-  __m512 acc[peak_chains];
-  for (int c = 0; c < peak_chains; ++c) acc[c] = _mm512_set1_ps(seed + c);
+  __m512 acc[avx512_peak_chains];
+  for (int c = 0; c < avx512_peak_chains; ++c) acc[c] = _mm512_set1_ps(seed + c);
   for (std::int64_t i = 0; i < iterations; ++i)
-    for (int c = 0; c < peak_chains; ++c) acc[c] = step(acc[c]);
+    for (int c = 0; c < avx512_peak_chains; ++c) acc[c] = step(acc[c]);
   float sum = 0;
   alignas(64) float lanes[16];
-  for (int c = 0; c < peak_chains; ++c) {
+  for (int c = 0; c < avx512_peak_chains; ++c) {
     _mm512_store_ps(lanes, acc[c]);
     for (float lane : lanes) sum += lane;
   }

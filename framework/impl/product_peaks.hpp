@@ -9,10 +9,13 @@
 namespace writescope::impl {
 
 /// Independent accumulator chains of the peak loops: enough to cover the
-/// multiply-add latency times its ports.
+/// multiply-add latency times its ports, within the registers: 12 of the 16
+/// AVX2 ones; 16 of the 32 AVX-512 ones (12 ran vdpbf16ps at 0.93 of the rate
+/// of 16 on Zen 5, whose latency of 6 cycles x 2 ports asks for 12 at least).
 inline constexpr int peak_chains = 12;
+inline constexpr int avx512_peak_chains = 16;
 
-/// peak_chains chains of `iterations` dependent vdpbf16ps each (32
+/// avx512_peak_chains chains of `iterations` dependent vdpbf16ps each (32
 /// multiply-adds apiece), started at seed + chain; returns the sum of their
 /// lanes so that the work cannot be dropped. Only on CPUs with AVX-512 BF16.
 float bf16_dot_chains(float seed, std::int64_t iterations);

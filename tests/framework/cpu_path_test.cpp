@@ -9,6 +9,7 @@
 #include <string>
 
 #include "framework/impl/amx_tiles.hpp"
+#include "framework/impl/product_peaks.hpp"
 #include "framework/simd.hpp"
 
 namespace writescope {
@@ -143,6 +144,18 @@ TEST(CpuPath, KernelsWithoutTileProductsTakeTheFasterVectorPathOnAmx) {
   const CpuPath vector = vector_path(CpuPath::amx_bf16);
   EXPECT_EQ(vector, faster_avx512_path(avx512_product_rates()));
 }
+
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+// The AVX-512 peak loops run the chains that the rates count: with no steps,
+// their sums are the chains' starting values, seed + chain in each of 16 lanes.
+TEST(CpuPath, Avx512PeakLoopsRunTheChainsTheirRatesCount) {
+  if (!cpu_path_supported(CpuPath::avx512_bf16)) GTEST_SKIP() << "no AVX-512 BF16 here";
+  constexpr int chains = impl::avx512_peak_chains;
+  const float starts = 16.0f * (chains * 0.5f + chains * (chains - 1) / 2.0f);
+  EXPECT_EQ(impl::bf16_dot_chains(0.5f, 0), starts);
+  EXPECT_EQ(impl::fp32_fma16_chains(0.5f, 0), starts);
+}
+#endif
 
 TEST(CpuPath, UnknownOrUnsupportedPathsAreRefusedByName) {
   try {
