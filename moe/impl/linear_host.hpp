@@ -42,11 +42,11 @@ inline constexpr int max_linear_rows = 32;
 /// split on its own (x_split: group after group); a work item runs every group
 /// over its weight rows, which the later groups read from L2.
 inline constexpr int max_split_linear_rows = 8;
-/// Blocks of 512 columns (8 rows: 16 KiB) stay in L1 with the 16 weight rows'
-/// blocks; one row on the AVX-512 path in blocks of 2048 (fewer passes over
+/// Blocks of 512 columns (4 rows: 8 KiB of inputs) stay in L1 with the 16
+/// weight rows' blocks; one row on the AVX-512 path in blocks of 2048 (fewer passes over
 /// the weight rows: +8% in a probe, where the AVX2 kernel lost 20%); 5-8 rows
 /// on the AVX-512 path, two groups over each weight line, in blocks of 256
-/// (expert_linear at 8 rows, Zen 5, 7 alternations: +4 to +19%, median +10%;
+/// (8 rows: 8 KiB; expert_linear at 8 rows, Zen 5, 7 alternations: +4 to +19%, median +10%;
 /// at 2 and 4 rows within the VM's noise, and blocks of 1024-2048 lost 1-17%).
 constexpr int split_linear_column_block(CpuPath path, int rows) {
   if (path < CpuPath::avx512_fma) return 512;

@@ -66,7 +66,8 @@ void features_block(const float* x_block, const bf16* w, std::int64_t w_stride, 
       // One request per 64-byte line (a step reads 2 x lanes bf16: half a line on AVX2), into L2: a
       // block ahead is 16 to 64 KiB, which in L1 evicted the inputs and the lines in use (Intel VM,
       // in the benchmark, 1 row: 19 -> 21 GB/s, 8 rows: 17 -> 19 GB/s).
-      if (Request && (2 * Lines::lanes >= 32 || c % 32 == 0)) _mm_prefetch(reinterpret_cast<const char*>(row) + ahead, _MM_HINT_T1);
+      if (Request && (2 * Lines::lanes >= 32 || c % 32 == 0))
+        _mm_prefetch(reinterpret_cast<const char*>(row) + ahead, _MM_HINT_T1);
       Lines::template weights<(Rows > 1)>(row, even[f], odd[f]);
     }
     WRITESCOPE_UNROLL(8)
