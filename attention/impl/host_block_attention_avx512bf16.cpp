@@ -13,8 +13,8 @@
 //  - QK^T, keys in token rows (token-major blocks, MLA's latent): lanes are
 //    (head, phase) with token_row_phases(group) phases; a head's phases see
 //    consecutive key pairs of one token (an 8- or 16-byte broadcast) and are
-//    summed at the end. Groups of 16 go as two groups of 8 that share each
-//    broadcast.
+//    summed at the end. Groups of 16 and 8 go as two halves (8 heads x 2
+//    phases, 4 x 4) that share each broadcast.
 //  - PV, values in token rows (every layout): rows t and t+1 interleaved by one
 //    unpack give (v_t, v_t+1) pairs per dim; each head adds its broadcast
 //    (p_t, p_t+1) pair. Accumulators stay in registers across all token pairs
@@ -62,9 +62,10 @@ constexpr int tile_tokens = 16;
 constexpr int max_key_dim = 1024;
 constexpr int max_value_dim = 1024;
 
-/// Key pairs per head and token-row step of the scores: 16 lanes per group of
-/// 4 or 8; groups of 16 as two groups of 8 (scores_rows_tile_16).
-constexpr int token_row_phases(int group) { return group == 16 ? 2 : 16 / group; }
+/// Key pairs per head and token-row step of the scores: 16 lanes of 4 heads
+/// x 4 phases for groups of 4; groups of 16 and 8 in two halves of 16 lanes,
+/// 8 heads x 2 phases and 4 x 4 (scores_rows_halves).
+constexpr int token_row_phases(int group) { return group == 16 ? 2 : 4; }
 
 inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
@@ -342,6 +343,7 @@ inline void store_four_phase_scores(const __m512 (&sums)[8], float scale, float*
 template <int Phases, int Tokens>
 inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, const std::uint32_t* query_pairs,
                              float scale, int column, Work& w, RowPrefetcher& ahead) {
+  static_assert(Phases == 4, "groups of 4 (8 and 16 go in halves: scores_rows_halves)");
   constexpr int group = 16 / Phases;
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
   __m512 even[Tokens], odd[Tokens];
@@ -366,11 +368,11 @@ inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, 
   }
   // Every access to the accumulators in an unrolled loop, or GCC keeps them in memory.
   ahead = prefetch;
-  if constexpr (Phases == 2 && Tokens == 8) {
+  if constexpr (Tokens == 8) {
     __m512 sums[Tokens];
     WRITESCOPE_UNROLL(8)
     for (int t = 0; t < Tokens; ++t) sums[t] = _mm512_add_ps(even[t], odd[t]);
-    store_two_phase_scores(sums, scale, w.scores + column);
+    store_four_phase_scores(sums, scale, w.scores + column);
     return;
   }
   alignas(64) float lanes[Tokens][16];
@@ -384,16 +386,20 @@ inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, 
     }
 }
 
-/// Groups of 16 (MLA): as scores_rows_tile<2, Tokens> for heads 0-7 and
-/// 8-15 side by side, so that each 8-byte key broadcast feeds two products
-/// (10 loads per 16 products instead of 18: the form with lanes (head) and a
-/// 4-byte broadcast per product ran at about 70% of the vdpbf16ps peak in L1).
-/// query_pairs: per chunk of two pairs, heads 0-7 then 8-15, lanes (h, f).
-template <int Tokens>
-inline void scores_rows_tile_16(const bf16* keys, std::int64_t stride, int chunks, const std::uint32_t* query_pairs,
-                                float scale, int column, Work& w, RowPrefetcher& ahead) {
-  RowPrefetcher prefetch = ahead;  // a local copy stays in registers
-  __m512 low[Tokens], high[Tokens];  // heads 0-7, 8-15
+/// Groups of 16 (MLA) and 8: two halves of 16 / Phases heads side by side,
+/// as scores_rows_tile<Phases, Tokens> for each, so that each key broadcast
+/// feeds two products (MLA: 10 loads per 16 products instead of 18, where the
+/// form with lanes (head) and a 4-byte broadcast per product ran at about 70%
+/// of the vdpbf16ps peak in L1; Qwen3's token rows, with an 8-byte broadcast
+/// per product before: the step in L2 +5-6%, +6-10% without the next pass's
+/// requests, Zen 5; from DRAM within the VM's noise). query_pairs: per chunk
+/// of Phases pairs, the first half's heads then the second's, lanes (h, f).
+template <int Phases, int Tokens>
+inline void scores_rows_halves(const bf16* keys, std::int64_t stride, int chunks, const std::uint32_t* query_pairs,
+                               float scale, int column, Work& w, RowPrefetcher& ahead) {
+  constexpr int heads = 16 / Phases;  // per half
+  RowPrefetcher prefetch = ahead;     // a local copy stays in registers
+  __m512 low[Tokens], high[Tokens];   // the first half's heads, the second's
   WRITESCOPE_UNROLL(8)
   for (int t = 0; t < Tokens; ++t) low[t] = high[t] = _mm512_setzero_ps();
   for (int c = 0; c < chunks; ++c) {
@@ -402,21 +408,29 @@ inline void scores_rows_tile_16(const bf16* keys, std::int64_t stride, int chunk
                   q_high = _mm512_load_si512(query_pairs + 32 * c + 16);
     WRITESCOPE_UNROLL(8)
     for (int t = 0; t < Tokens; ++t) {
-      const __m512i key = broadcast_pairs<2>(keys + t * stride + 4 * c);
+      const __m512i key = broadcast_pairs<Phases>(keys + t * stride + 2 * Phases * c);
       low[t] = dot(low[t], q_low, key);
       high[t] = dot(high[t], q_high, key);
     }
   }
   ahead = prefetch;
   if constexpr (Tokens == 8) {
-    store_two_phase_scores(low, scale, w.scores + column);
-    store_two_phase_scores(high, scale, w.scores + 8 * pass_tokens + column);
+    if constexpr (Phases == 2) {
+      store_two_phase_scores(low, scale, w.scores + column);
+      store_two_phase_scores(high, scale, w.scores + heads * pass_tokens + column);
+    } else {
+      store_four_phase_scores(low, scale, w.scores + column);
+      store_four_phase_scores(high, scale, w.scores + heads * pass_tokens + column);
+    }
   } else {
     alignas(64) float lanes[2][16];
     _mm512_store_ps(lanes[0], low[0]);
     _mm512_store_ps(lanes[1], high[0]);
-    for (int h = 0; h < 16; ++h)
-      w.scores[h * pass_tokens + column] = (lanes[h / 8][2 * (h % 8)] + lanes[h / 8][2 * (h % 8) + 1]) * scale;
+    for (int h = 0; h < 2 * heads; ++h) {
+      float sum = 0;
+      for (int f = 0; f < Phases; ++f) sum += lanes[h / heads][Phases * (h % heads) + f];
+      w.scores[h * pass_tokens + column] = sum * scale;
+    }
   }
 }
 
@@ -561,7 +575,7 @@ __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first
   // The next pass's keys are requested evenly over the tiles' steps (chunks,
   // or pairs of chunks for vdpbf16ps' smaller groups).
   const int slots = widened_slots(g.key_dim);
-  const int steps_per_tile = Fp32 ? slots / (2 * fp32_row_layout(Group).phases) : Group == 16 ? chunks : chunks / 2;
+  const int steps_per_tile = Fp32 ? slots / (2 * fp32_row_layout(Group).phases) : Group >= 8 ? chunks : chunks / 2;
   ahead.spread_over(std::int64_t{count / 8 + count % 8} * heads * steps_per_tile);
   // The fp32 tiles' widened rows: MLA's pass buffer (read again by the value
   // products), else an 8-row tile that stays in L1.
@@ -575,7 +589,8 @@ __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first
       scores_rows_tile_fp32<Group, n>(rows, stride, g.key_dim,
                                       w[h].widened_latent ? w[h].widened_latent + t * slots : tile_rows,
                                       w[h].query_lanes, s.scale, t, w[h], ahead);
-    else if constexpr (Group == 16) scores_rows_tile_16<n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
+    else if constexpr (Group >= 8)
+      scores_rows_halves<phases, n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
     else scores_rows_tile<phases, n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
   };
   int t = 0;

@@ -187,10 +187,10 @@ TYPED_TEST(DecodeAttentionTest, MatchesReferenceForEveryModelShape) {
 // named as skipped), with segments that start and end inside key tiles.
 TYPED_TEST(DecodeAttentionTest, HostProductMatchesReferenceOnEveryCpuPath) {
   // Token-row keys in an odd number of chunks: the AVX-512 score product's
-  // last chunk is not one of a pair.
-  AttentionShape odd_chunks = qwen3_30b_a3b_attention();
-  odd_chunks.name = "qwen3 with 132-dim keys";
-  odd_chunks.key_dim = 132;
+  // last chunk (4 key pairs for groups of 4) is not one of a pair.
+  AttentionShape odd_chunks = mixtral_8x7b_attention();
+  odd_chunks.name = "mixtral with 136-dim keys";
+  odd_chunks.key_dim = 136;
   test::for_each_cpu_path([&](CpuPath path) {
     for (const AttentionShape& shape :
          {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention(), odd_chunks}) {
