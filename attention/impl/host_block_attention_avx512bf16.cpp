@@ -336,15 +336,15 @@ inline void store_four_phase_scores(const __m512 (&sums)[8], float scale, float*
   _mm256_storeu_ps(scores + 3 * pass_tokens, _mm512_extractf32x8_ps(high, 1));
 }
 
-/// `Tokens` tokens from `keys` (row stride `stride`), lanes (head, phase).
-/// Two chunks per step into separate accumulators: 2 x Tokens independent
-/// chains from Tokens row pointers, few enough to stay in registers (16 rows
-/// spilled their pointers, a stack load per product).
-template <int Phases, int Tokens>
+/// Groups of 4: `Tokens` tokens from `keys` (row stride `stride`), lanes
+/// (head, phase), 4 phases (groups of 8 and 16 go in halves:
+/// scores_rows_halves). Two chunks per step into separate accumulators: 2 x
+/// Tokens independent chains from Tokens row pointers, few enough to stay in
+/// registers (16 rows spilled their pointers, a stack load per product).
+template <int Tokens>
 inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, const std::uint32_t* query_pairs,
                              float scale, int column, Work& w, RowPrefetcher& ahead) {
-  static_assert(Phases == 4, "groups of 4 (8 and 16 go in halves: scores_rows_halves)");
-  constexpr int group = 16 / Phases;
+  constexpr int phases = token_row_phases(4), group = 4;
   RowPrefetcher prefetch = ahead;  // a local copy stays in registers
   __m512 even[Tokens], odd[Tokens];
   WRITESCOPE_UNROLL(8)
@@ -355,16 +355,16 @@ inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, 
     const __m512i q0 = _mm512_load_si512(query_pairs + 16 * c), q1 = _mm512_load_si512(query_pairs + 16 * c + 16);
     WRITESCOPE_UNROLL(8)
     for (int t = 0; t < Tokens; ++t) {
-      const bf16* row = keys + t * stride + 2 * Phases * c;
-      even[t] = dot(even[t], q0, broadcast_pairs<Phases>(row));
-      odd[t] = dot(odd[t], q1, broadcast_pairs<Phases>(row + 2 * Phases));
+      const bf16* row = keys + t * stride + 2 * phases * c;
+      even[t] = dot(even[t], q0, broadcast_pairs<phases>(row));
+      odd[t] = dot(odd[t], q1, broadcast_pairs<phases>(row + 2 * phases));
     }
   }
   if (c < chunks) {
     const __m512i q0 = _mm512_load_si512(query_pairs + 16 * c);
     WRITESCOPE_UNROLL(8)
     for (int t = 0; t < Tokens; ++t)
-      even[t] = dot(even[t], q0, broadcast_pairs<Phases>(keys + t * stride + 2 * Phases * c));
+      even[t] = dot(even[t], q0, broadcast_pairs<phases>(keys + t * stride + 2 * phases * c));
   }
   // Every access to the accumulators in an unrolled loop, or GCC keeps them in memory.
   ahead = prefetch;
@@ -381,13 +381,13 @@ inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, 
   for (int t = 0; t < Tokens; ++t)
     for (int h = 0; h < group; ++h) {
       float sum = 0;
-      for (int f = 0; f < Phases; ++f) sum += lanes[t][h * Phases + f];
+      for (int f = 0; f < phases; ++f) sum += lanes[t][h * phases + f];
       w.scores[h * pass_tokens + column + t] = sum * scale;
     }
 }
 
-/// Groups of 16 (MLA) and 8: two halves of 16 / Phases heads side by side,
-/// as scores_rows_tile<Phases, Tokens> for each, so that each key broadcast
+/// Groups of 16 (MLA) and 8: two halves of 16 / Phases heads x Phases phases
+/// side by side (lanes as scores_rows_tile's), so that each key broadcast
 /// feeds two products (MLA: 10 loads per 16 products instead of 18, where the
 /// form with lanes (head) and a 4-byte broadcast per product ran at about 70%
 /// of the vdpbf16ps peak in L1; Qwen3's token rows, with an 8-byte broadcast
@@ -591,7 +591,7 @@ __attribute__((noinline)) void scores_rows(const HostSegment<bf16>& s, int first
                                       w[h].query_lanes, s.scale, t, w[h], ahead);
     else if constexpr (Group >= 8)
       scores_rows_halves<phases, n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
-    else scores_rows_tile<phases, n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
+    else scores_rows_tile<n>(rows, stride, chunks, w[h].query_pairs, s.scale, t, w[h], ahead);
   };
   int t = 0;
   for (; t + 8 <= count; t += 8)
