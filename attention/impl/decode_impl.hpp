@@ -46,6 +46,11 @@ struct DecodeSegmentsData {
   }
 };
 
+/// Query floats of a step (batch x q_heads x key_dim) up to which the host
+/// products' queries are prepared on the launching thread (one sequence of
+/// every supported shape: MLA's 16 x 576).
+inline constexpr std::int64_t queries_prepared_here = 16 * 1024;
+
 /// Host work item (batch entry, KV head): the group's queries as the bf16
 /// pairs the AVX-512 BF16 product reads, once per call instead of per segment.
 template <class ExecSpace, class Scalar, class PoolSpace>
@@ -426,9 +431,9 @@ struct DecodeSegmentsTeamKernel {
 };
 
 /// Merges the segments of each (batch entry, query head) by log-sum-exp. Host
-/// spaces take one (b, q) per index of a 2-D range (rows vectorise over the
-/// value dims); other spaces (and the portable product) one team per (b, q)
-/// with vector lanes over them.
+/// spaces take one (b, q) per index of a 2-D range, a tile each
+/// (rows_by_columns_policy; rows vectorise over the value dims); other spaces
+/// (and the portable product) one team per (b, q) with vector lanes over them.
 template <class ExecSpace>
 struct MergeSegmentsKernel {
   using MemSpace = typename ExecSpace::memory_space;
@@ -629,12 +634,20 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
         const float* query_lanes = nullptr;
         int lane_floats = 0;
         const int items = batch * geometry.kv_heads;
+        // A step's few queries are prepared on this thread: a launch (a fork
+        // and join) cost 5-9 us a step against 0.4-2 us of work for one
+        // sequence (Zen 5, 2 threads).
+        const bool prepare_here = std::int64_t{batch} * shape.q_heads * shape.key_dim <= impl::queries_prepared_here;
+        auto prepare = [&](const char* label, const auto& kernel) {
+          if (prepare_here)
+            for (int item = 0; item < items; ++item) kernel(item);
+          else launch_parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, items), kernel);
+        };
         if (path == CpuPath::avx512_bf16 || path == CpuPath::amx_bf16) {
           impl::grow(workspace.query_pairs, "writescope::attention::query_pairs",
                      static_cast<std::size_t>(items) * shape.q_heads / geometry.kv_heads * shape.key_dim / 2);
-          launch_parallel_for(
-              "writescope::attention::prepare_query_pairs", Kokkos::RangePolicy<ExecSpace>(space, 0, items),
-              impl::PrepareQueryPairsKernel<ExecSpace, Scalar, PoolSpace>{data, workspace.query_pairs, path});
+          prepare("writescope::attention::prepare_query_pairs",
+                  impl::PrepareQueryPairsKernel<ExecSpace, Scalar, PoolSpace>{data, workspace.query_pairs, path});
           query_pairs = workspace.query_pairs.data();
         }
 #ifdef WRITESCOPE_HOST_AVX512_BF16
@@ -642,9 +655,8 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
           lane_floats = impl::query_lane_floats(shape.group(), shape.key_dim);
           impl::grow(workspace.query_lanes, "writescope::attention::query_lanes",
                      static_cast<std::size_t>(items) * lane_floats);
-          launch_parallel_for(
-              "writescope::attention::prepare_query_lanes", Kokkos::RangePolicy<ExecSpace>(space, 0, items),
-              impl::PrepareQueryLanesKernel<ExecSpace, Scalar, PoolSpace>{data, workspace.query_lanes, lane_floats});
+          prepare("writescope::attention::prepare_query_lanes",
+                  impl::PrepareQueryLanesKernel<ExecSpace, Scalar, PoolSpace>{data, workspace.query_lanes, lane_floats});
           query_lanes = workspace.query_lanes.data();
         }
 #endif
@@ -674,7 +686,7 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
   // The portable product merges with the GPU's team kernel too, so host tests cover it.
   if (host_products)
     launch_parallel_for("writescope::attention::merge_segments",
-                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {batch, shape.q_heads}), merge);
+                         rows_by_columns_policy(space, batch, shape.q_heads, 1), merge);
   else
     launch_parallel_for("writescope::attention::merge_segments",
                          Kokkos::TeamPolicy<ExecSpace>(space, batch * shape.q_heads, 1, 32), merge);

@@ -35,9 +35,10 @@ struct ClearKernel {
   }
 };
 
+/// One (batch entry, head) per index pair, each a tile on host spaces.
 template <class ExecSpace>
 Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>> batch_heads_policy(const ExecSpace& space, int batch, int heads) {
-  return Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {batch, heads});
+  return rows_by_columns_policy(space, batch, heads, 1);
 }
 
 }  // namespace impl

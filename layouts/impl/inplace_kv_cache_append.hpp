@@ -131,7 +131,8 @@ void InplaceKVCache<Scalar>::write_tokens(const ExecSpace& space, const Block& b
   Kokkos::View<Scalar*, HostMemSpace, Kokkos::MemoryUnmanaged> target(
       host_pool_.data() + static_cast<std::int64_t>(block.slot) * g.block_elements(),
       static_cast<std::size_t>(g.block_elements()));
-  const Kokkos::MDRangePolicy<HostExecSpace, Kokkos::Rank<2>> heads_by_tokens({0, 0}, {g.kv_heads, count});
+  // Tiles of 64 tokens: one thread writes each key tile's lines.
+  const auto heads_by_tokens = rows_by_columns_policy(HostExecSpace(), g.kv_heads, count, 64);
   launch_parallel_for("writescope::layouts::transpose_keys", heads_by_tokens,
                        impl::TransposeIntoHeadMajor<Scalar>{target, to_host(keys, staging_[0]), g, token_in_block, true});
   if (!g.values_in_keys)

@@ -46,9 +46,11 @@ struct AddRows {
   KOKKOS_INLINE_FUNCTION void operator()(int r, int c) const { out(r, c) += y(r, c); }
 };
 
+/// Element-wise (row, column) kernels: host tiles of 1024 columns, so that a
+/// decode step's one row spreads over the threads.
 template <class ExecSpace>
 Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>> rows_by_columns(const ExecSpace& space, int rows, int columns) {
-  return Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, columns});
+  return rows_by_columns_policy(space, rows, columns, 1024);
 }
 
 /// A (rows, columns) matrix over `m`'s storage, which grows geometrically

@@ -101,7 +101,7 @@ void rms_norm(const ExecSpace& space, const Matrix<typename ExecSpace::memory_sp
     throw std::invalid_argument("rms_norm: width must divide the columns and match the scale");
   const int groups = static_cast<int>(x.extent(1)) / width;
   launch_parallel_for("writescope::moe::rms_norm",
-                       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {static_cast<int>(x.extent(0)), groups}),
+                       rows_by_columns_policy(space, static_cast<int>(x.extent(0)), groups, 1),
                        impl::RmsNormKernel<typename ExecSpace::memory_space>{x, scale, width, eps});
 }
 
@@ -116,7 +116,7 @@ void apply_rope(const ExecSpace& space, const Matrix<typename ExecSpace::memory_
   const int slices = static_cast<int>(x.extent(1)) / stride;
   launch_parallel_for(
       "writescope::moe::rope",
-      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {static_cast<int>(x.extent(0)), slices}),
+      rows_by_columns_policy(space, static_cast<int>(x.extent(0)), slices, 1),
       impl::RopeKernel<typename ExecSpace::memory_space>{x, positions, inverse_frequencies, scale, offset, stride, dim,
                                                          interleaved_input});
 }

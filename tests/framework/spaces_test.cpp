@@ -2,7 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <mutex>
 #include <numeric>
+#include <set>
+#include <thread>
+
+#include "framework/launch.hpp"
 
 #include "exec_spaces.hpp"
 
@@ -48,6 +54,53 @@ TYPED_TEST(SpacesTest, ParallelForAndReduceMatchAPlainLoop) {
 
   auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), values);
   for (int i : {0, 1, 999, n - 1}) EXPECT_EQ(host(i), 0.5 * i * i);
+}
+
+/// hits(r, c) += 1 for each index pair the range hands out.
+template <class View>
+struct CountPairs {
+  View hits;
+  KOKKOS_INLINE_FUNCTION void operator()(int r, int c) const { Kokkos::atomic_increment(&hits(r, c)); }
+};
+
+TYPED_TEST(SpacesTest, RowsByColumnsPolicyHandsOutEveryPairOnce) {
+  using ExecSpace = TypeParam;
+  using View = Kokkos::View<int**, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
+  const ExecSpace space;
+  // (rows, columns, host tile columns): whole rows (0), a tile wider than
+  // the row, and tiles that do not divide it.
+  for (const auto& [rows, columns, tile] : {std::tuple{1, 16, 1}, std::tuple{3, 1000, 64}, std::tuple{5, 7, 0},
+                                            std::tuple{2, 5, 1024}}) {
+    View hits("writescope::test::hits", rows, columns);
+    launch_parallel_for("writescope::test::count_pairs", rows_by_columns_policy(space, rows, columns, tile),
+                        CountPairs<View>{hits});
+    const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), hits);
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < columns; ++c)
+        ASSERT_EQ(host(r, c), 1) << rows << " x " << columns << " in tiles of " << tile << ": (" << r << ", " << c << ")";
+  }
+}
+
+/// Records which host thread ran each index pair.
+struct RecordThreads {
+  std::mutex* lock;
+  std::set<std::size_t>* threads;
+  void operator()(int, int) const {
+    const std::lock_guard<std::mutex> hold(*lock);
+    threads->insert(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  }
+};
+
+// Kokkos' default host tile of a 2-D range is 2 rows x every column: a
+// decode step's (1 sequence, heads) merge ran on one thread.
+TEST(Spaces, OneRowOfARowsByColumnsRangeSpreadsOverTheHostThreads) {
+  const HostExecSpace space;
+  if (space.concurrency() < 2) GTEST_SKIP() << "one host thread";
+  std::mutex lock;
+  std::set<std::size_t> threads;
+  launch_parallel_for("writescope::test::record_threads", rows_by_columns_policy(space, 1, 64, 1),
+                      RecordThreads{&lock, &threads});
+  EXPECT_GE(threads.size(), 2u);
 }
 
 TEST(Spaces, PinnedAndGpuBuffersRoundTripThroughHost) {
