@@ -135,18 +135,34 @@ inline std::optional<std::vector<BlockSegment>> host_split_segments(const std::v
   return pieces;
 }
 
+/// Work items per thread that the host's runs of segments leave: 16 (work
+/// stealing evens out a core that anything else slows), fewer, down to 4,
+/// where the runs' partial outputs would come to more than 1% of the KV they
+/// read: each run writes its heads' o and lse in fp32, and the merge reads them
+/// again (MLA: 16 x 512 floats a run against 295 KB of KV a block; 16 -> 4
+/// items a thread read +12% at 8K tokens and +4% at 32K, Zen 5, 2 threads,
+/// alternated in one process; GQA head-major, 2-4 KB a work item, within 1-3%).
+///   kv_bytes: the step's keys and values; output_bytes: one work item's o and lse
+inline int host_items_per_thread(double kv_bytes, double output_bytes, int concurrency) {
+  constexpr int most = 16, fewest = 4;
+  constexpr double output_share = 0.01;
+  const double items = kv_bytes * output_share / output_bytes / std::max(1, concurrency);
+  return items >= most ? most : std::max(fewest, static_cast<int>(items));
+}
+
 /// The host's runs of segments: consecutive segments of one batch entry that
 /// one work item attends with one running state, so that a partial state is
 /// written to memory (and merged) once per run rather than once per block.
-/// Runs are as long as leaves about 16 work items per thread (`items_per_run`
-/// per run), split evenly within a batch entry.
+/// Runs are as long as leaves about `items_per_thread` work items per thread
+/// (`items_per_run` per run), split evenly within a batch entry.
 ///   batch_offsets: (batch + 1) first segment of each batch entry
 ///   returns run_begins, (runs + 1): run r covers segments [run_begins[r], run_begins[r + 1]);
 ///   run_offsets: (batch + 1) first run of each batch entry
 inline std::vector<int> host_segment_runs(const std::vector<int>& batch_offsets, int items_per_run, int concurrency,
-                                          std::vector<int>& run_offsets) {
+                                          int items_per_thread, std::vector<int>& run_offsets) {
   const int segments = batch_offsets.back();
-  const int runs_wanted = std::max(1, (16 * concurrency + items_per_run - 1) / items_per_run);
+  const int runs_wanted =
+      std::max(1, (items_per_thread * concurrency + items_per_run - 1) / items_per_run);
   const int longest = std::max(1, (segments + runs_wanted - 1) / runs_wanted);
   std::vector<int> run_begins{0};
   run_offsets.assign(batch_offsets.size(), 0);
@@ -662,8 +678,13 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
 #endif
         using HostKernel = impl::DecodeSegmentsHostKernel<ExecSpace, Scalar, PoolSpace>;
         std::vector<int> run_offsets;
-        const std::vector<int> run_begins =
-            impl::host_segment_runs(offsets, items_per_run, space.concurrency(), run_offsets);
+        double kv_bytes = 0;
+        for (const BlockSegment& seg : work_segments) kv_bytes += seg.token_count;
+        kv_bytes *= static_cast<double>(geometry.block_elements()) / geometry.block_tokens * sizeof(Scalar);
+        const double output_bytes = (all_heads ? shape.q_heads : shape.group()) * (shape.value_dim + 1.0) * sizeof(float);
+        const std::vector<int> run_begins = impl::host_segment_runs(
+            offsets, items_per_run, space.concurrency(),
+            impl::host_items_per_thread(kv_bytes, output_bytes, space.concurrency()), run_offsets);
         const int runs = static_cast<int>(run_begins.size()) - 1;
         impl::grow(workspace.run_begins, "writescope::attention::run_begins", runs + 1);
         Kokkos::deep_copy(space, Kokkos::subview(workspace.run_begins, std::make_pair(0, runs + 1)),

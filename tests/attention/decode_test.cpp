@@ -221,7 +221,7 @@ TYPED_TEST(DecodeAttentionTest, RunsOfManySegmentsMatchReferenceOnEveryCpuPath) 
   for (int items_per_run : {1, 4, 8}) {
     std::vector<int> run_offsets;
     const std::vector<int> runs =
-        impl::host_segment_runs({0, blocks_per_region - 1}, items_per_run, threads, run_offsets);
+        impl::host_segment_runs({0, blocks_per_region - 1}, items_per_run, threads, 16, run_offsets);
     int longest = 0;
     for (std::size_t r = 0; r + 1 < runs.size(); ++r) longest = std::max(longest, runs[r + 1] - runs[r]);
     ASSERT_GE(longest, 2) << "the test no longer covers runs of segments";
@@ -309,11 +309,14 @@ TEST(HostSplitSegments, CutsFewSegmentsIntoWholePassesInOrder) {
 TEST(HostSegmentRuns, CoverEachBatchEntryInOrderWithEnoughWorkItems) {
   // Batch entries of 100, 3, 0 and 97 segments.
   const std::vector<int> batch_offsets{0, 100, 103, 103, 200};
+  for (int items_per_thread : {4, 16})
   for (int items_per_run : {1, 4, 16})
     for (int threads : {1, 2, 16, 64}) {
-      SCOPED_TRACE(std::to_string(items_per_run) + " items per run, " + std::to_string(threads) + " threads");
+      SCOPED_TRACE(std::to_string(items_per_run) + " items per run, " + std::to_string(threads) + " threads, " +
+                   std::to_string(items_per_thread) + " items per thread wanted");
       std::vector<int> run_offsets;
-      const std::vector<int> runs = impl::host_segment_runs(batch_offsets, items_per_run, threads, run_offsets);
+      const std::vector<int> runs =
+          impl::host_segment_runs(batch_offsets, items_per_run, threads, items_per_thread, run_offsets);
       ASSERT_EQ(run_offsets.size(), batch_offsets.size());
       EXPECT_EQ(runs.front(), 0);
       EXPECT_EQ(runs.back(), 200);
@@ -328,14 +331,32 @@ TEST(HostSegmentRuns, CoverEachBatchEntryInOrderWithEnoughWorkItems) {
           longest = std::max(longest, runs[r + 1] - runs[r]);
         }
       }
-      // About 16 work items per thread are wanted; splitting evenly within
-      // batch entries leaves at least half of them.
+      // Splitting evenly within batch entries leaves at least half of the
+      // work items wanted, and not many more.
       const int work_items = (static_cast<int>(runs.size()) - 1) * items_per_run;
-      EXPECT_GE(work_items, std::min(200 * items_per_run, 8 * threads));
-      if (16 * threads <= 4 * items_per_run) {
+      EXPECT_GE(work_items, std::min(200 * items_per_run, items_per_thread / 2 * threads));
+      if (items_per_thread * threads <= 4 * items_per_run) {
         EXPECT_GT(longest, 20);  // few threads: long runs
       }
+      // Each of the 4 entries rounds its runs up by one at most.
+      const int runs_wanted = (items_per_thread * threads + items_per_run - 1) / items_per_run;
+      EXPECT_LE(static_cast<int>(runs.size()) - 1, runs_wanted + 4);
     }
+}
+
+TEST(HostSegmentRuns, ItemsPerThreadKeepTheRunsOutputsNearAHundredthOfTheirKv) {
+  // MLA at 8K tokens on 2 threads: 9.4 MB of KV, 32 KB of output a run.
+  const double mla_kv = 8192.0 * 576 * 2, mla_output = 16 * 513 * 4.0;
+  EXPECT_EQ(impl::host_items_per_thread(mla_kv, mla_output, 2), 4);
+  // At 128K tokens 16 * 2 runs are 0.2% of it.
+  EXPECT_EQ(impl::host_items_per_thread(16 * mla_kv, mla_output, 2), 16);
+  // Between: 1% of the KV over one run's output, per thread.
+  EXPECT_EQ(impl::host_items_per_thread(4 * mla_kv, mla_output, 2),
+            static_cast<int>(4 * mla_kv * 0.01 / mla_output / 2));
+  // GQA head-major: 8 heads x 128 dims a work item against 16 MB at 8K tokens.
+  EXPECT_EQ(impl::host_items_per_thread(8192.0 * 4 * 256 * 2, 8 * 129 * 4.0, 2), 16);
+  // Many threads never get fewer than 4 each.
+  EXPECT_EQ(impl::host_items_per_thread(mla_kv, mla_output, 64), 4);
 }
 
 #ifdef WRITESCOPE_HOST_AVX2
