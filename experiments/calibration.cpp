@@ -361,15 +361,16 @@ constexpr std::int64_t fill_chunk = 4096;
 
 double measure_host_launch_latency_s() {
   // The model's small kernels (norms, residuals, gathers of a few rows) are
-  // two-dimensional launches each waited for: the median of such a kernel
-  // over a few rows, not the best case of an empty one.
+  // two-dimensional launches each waited for (impl::rows_by_columns, the
+  // element-wise kernels' range): the median of such a kernel over a few
+  // rows, not the best case of an empty one.
   const HostExecSpace space;
   const Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> rows("writescope::experiments::rows", 4, 64);
   std::vector<double> seconds;
   for (int r = 0; r < 201; ++r)
     seconds.push_back(time_fenced(space, [&](const HostExecSpace& s) {
       launch_parallel_for("writescope::experiments::small",
-                           Kokkos::MDRangePolicy<HostExecSpace, Kokkos::Rank<2>>(s, {0, 0}, {4, 64}), SmallHostWork{rows});
+                           impl::rows_by_columns(s, 4, 64), SmallHostWork{rows});
     }));
   std::nth_element(seconds.begin(), seconds.begin() + 100, seconds.end());
   return seconds[100];
