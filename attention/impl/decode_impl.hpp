@@ -161,8 +161,7 @@ inline int host_items_per_thread(double kv_bytes, double output_bytes, int concu
 inline std::vector<int> host_segment_runs(const std::vector<int>& batch_offsets, int items_per_run, int concurrency,
                                           int items_per_thread, std::vector<int>& run_offsets) {
   const int segments = batch_offsets.back();
-  const int runs_wanted =
-      std::max(1, (items_per_thread * concurrency + items_per_run - 1) / items_per_run);
+  const int runs_wanted = std::max(1, (items_per_thread * concurrency + items_per_run - 1) / items_per_run);
   const int longest = std::max(1, (segments + runs_wanted - 1) / runs_wanted);
   std::vector<int> run_begins{0};
   run_offsets.assign(batch_offsets.size(), 0);
@@ -671,8 +670,9 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
           lane_floats = impl::query_lane_floats(shape.group(), shape.key_dim);
           impl::grow(workspace.query_lanes, "writescope::attention::query_lanes",
                      static_cast<std::size_t>(items) * lane_floats);
-          prepare("writescope::attention::prepare_query_lanes",
-                  impl::PrepareQueryLanesKernel<ExecSpace, Scalar, PoolSpace>{data, workspace.query_lanes, lane_floats});
+          prepare(
+              "writescope::attention::prepare_query_lanes",
+              impl::PrepareQueryLanesKernel<ExecSpace, Scalar, PoolSpace>{data, workspace.query_lanes, lane_floats});
           query_lanes = workspace.query_lanes.data();
         }
 #endif
@@ -681,7 +681,8 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
         double kv_bytes = 0;
         for (const BlockSegment& seg : work_segments) kv_bytes += seg.token_count;
         kv_bytes *= static_cast<double>(geometry.block_elements()) / geometry.block_tokens * sizeof(Scalar);
-        const double output_bytes = (all_heads ? shape.q_heads : shape.group()) * (shape.value_dim + 1.0) * sizeof(float);
+        const double output_bytes =
+            (all_heads ? shape.q_heads : shape.group()) * (shape.value_dim + 1.0) * sizeof(float);
         const std::vector<int> run_begins = impl::host_segment_runs(
             offsets, items_per_run, space.concurrency(),
             impl::host_items_per_thread(kv_bytes, output_bytes, space.concurrency()), run_offsets);

@@ -310,38 +310,38 @@ TEST(HostSegmentRuns, CoverEachBatchEntryInOrderWithEnoughWorkItems) {
   // Batch entries of 100, 3, 0 and 97 segments.
   const std::vector<int> batch_offsets{0, 100, 103, 103, 200};
   for (int items_per_thread : {4, 16})
-  for (int items_per_run : {1, 4, 16})
-    for (int threads : {1, 2, 16, 64}) {
-      SCOPED_TRACE(std::to_string(items_per_run) + " items per run, " + std::to_string(threads) + " threads, " +
-                   std::to_string(items_per_thread) + " items per thread wanted");
-      std::vector<int> run_offsets;
-      const std::vector<int> runs =
-          impl::host_segment_runs(batch_offsets, items_per_run, threads, items_per_thread, run_offsets);
-      ASSERT_EQ(run_offsets.size(), batch_offsets.size());
-      EXPECT_EQ(runs.front(), 0);
-      EXPECT_EQ(runs.back(), 200);
-      EXPECT_EQ(run_offsets.back(), static_cast<int>(runs.size()) - 1);
-      int longest = 0;
-      for (std::size_t b = 0; b + 1 < batch_offsets.size(); ++b) {
-        // Runs of entry b start at its first segment and end at its last.
-        EXPECT_EQ(runs[run_offsets[b]], batch_offsets[b]);
-        EXPECT_EQ(runs[run_offsets[b + 1]], batch_offsets[b + 1]);
-        for (int r = run_offsets[b]; r < run_offsets[b + 1]; ++r) {
-          ASSERT_LT(runs[r], runs[r + 1]) << "run " << r << " is empty";
-          longest = std::max(longest, runs[r + 1] - runs[r]);
+    for (int items_per_run : {1, 4, 16})
+      for (int threads : {1, 2, 16, 64}) {
+        SCOPED_TRACE(std::to_string(items_per_run) + " items per run, " + std::to_string(threads) + " threads, " +
+                     std::to_string(items_per_thread) + " items per thread wanted");
+        std::vector<int> run_offsets;
+        const std::vector<int> runs =
+            impl::host_segment_runs(batch_offsets, items_per_run, threads, items_per_thread, run_offsets);
+        ASSERT_EQ(run_offsets.size(), batch_offsets.size());
+        EXPECT_EQ(runs.front(), 0);
+        EXPECT_EQ(runs.back(), 200);
+        EXPECT_EQ(run_offsets.back(), static_cast<int>(runs.size()) - 1);
+        int longest = 0;
+        for (std::size_t b = 0; b + 1 < batch_offsets.size(); ++b) {
+          // Runs of entry b start at its first segment and end at its last.
+          EXPECT_EQ(runs[run_offsets[b]], batch_offsets[b]);
+          EXPECT_EQ(runs[run_offsets[b + 1]], batch_offsets[b + 1]);
+          for (int r = run_offsets[b]; r < run_offsets[b + 1]; ++r) {
+            ASSERT_LT(runs[r], runs[r + 1]) << "run " << r << " is empty";
+            longest = std::max(longest, runs[r + 1] - runs[r]);
+          }
         }
+        // Splitting evenly within batch entries leaves at least half of the
+        // work items wanted, and not many more.
+        const int work_items = (static_cast<int>(runs.size()) - 1) * items_per_run;
+        EXPECT_GE(work_items, std::min(200 * items_per_run, items_per_thread / 2 * threads));
+        if (items_per_thread * threads <= 4 * items_per_run) {
+          EXPECT_GT(longest, 20);  // few threads: long runs
+        }
+        // Each of the 4 entries rounds its runs up by one at most.
+        const int runs_wanted = (items_per_thread * threads + items_per_run - 1) / items_per_run;
+        EXPECT_LE(static_cast<int>(runs.size()) - 1, runs_wanted + 4);
       }
-      // Splitting evenly within batch entries leaves at least half of the
-      // work items wanted, and not many more.
-      const int work_items = (static_cast<int>(runs.size()) - 1) * items_per_run;
-      EXPECT_GE(work_items, std::min(200 * items_per_run, items_per_thread / 2 * threads));
-      if (items_per_thread * threads <= 4 * items_per_run) {
-        EXPECT_GT(longest, 20);  // few threads: long runs
-      }
-      // Each of the 4 entries rounds its runs up by one at most.
-      const int runs_wanted = (items_per_thread * threads + items_per_run - 1) / items_per_run;
-      EXPECT_LE(static_cast<int>(runs.size()) - 1, runs_wanted + 4);
-    }
 }
 
 TEST(HostSegmentRuns, ItemsPerThreadKeepTheRunsOutputsNearAHundredthOfTheirKv) {

@@ -77,7 +77,8 @@ TYPED_TEST(SpacesTest, RowsByColumnsPolicyHandsOutEveryPairOnce) {
     const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), hits);
     for (int r = 0; r < rows; ++r)
       for (int c = 0; c < columns; ++c)
-        ASSERT_EQ(host(r, c), 1) << rows << " x " << columns << " in tiles of " << tile << ": (" << r << ", " << c << ")";
+        ASSERT_EQ(host(r, c), 1) << rows << " x " << columns << " in tiles of " << tile << ": (" << r << ", " << c
+                                 << ")";
   }
 }
 
