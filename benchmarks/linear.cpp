@@ -7,11 +7,13 @@
 // names the path), with weights rotated past the last-level cache; and the
 // same against the rates sampled between iterations (bounds.hpp). Shapes: an expert's gate
 // (or up) projection of Qwen3-30B-A3B (768 x 2048), DeepSeek-V2-Lite
-// (1408 x 2048) and Mixtral-8x7B (14336 x 4096).
+// (1408 x 2048) and Mixtral-8x7B (14336 x 4096). And cpu_experts: a decode
+// step's routed experts of one layer, batched in one add or one add each.
+#include "moe/linear.hpp"
+
 #include <benchmark/benchmark.h>
 
 #include <KokkosBlas3_gemm.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -20,7 +22,7 @@
 #include "bounds.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/host_memory.hpp"
-#include "moe/linear.hpp"
+#include "moe/experts.hpp"
 
 namespace writescope {
 namespace {
@@ -105,6 +107,92 @@ void openblas_float_linear(benchmark::State& state) {
   });
   report(state, total, 4.0 * out * in, 2.0 * out * in);
 }
+
+/// A decode step's routed experts of one MoE layer on the host, through the
+/// model's ExpertRunner: `qwen3`: Qwen3-30B-A3B's experts (768 x 2048, 8 a
+/// token), else DeepSeek-V2-Lite's (1408 x 2048, 6 a token); range(0) =
+/// tokens, range(1) = 1: the experts batched in one add (the model's way), 0:
+/// one add per expert, for comparison. Each token takes its experts from a
+/// window of twice as many, so that experts are shared between tokens as
+/// routing shares them; the windows rotate through copies of experts past the
+/// last-level cache. Bytes: the weights of the experts a step touches, once.
+void cpu_experts(benchmark::State& state, bool qwen3) {
+  const int tokens = static_cast<int>(state.range(0)), hidden = 2048, intermediate = qwen3 ? 768 : 1408;
+  const int per_token = qwen3 ? 8 : 6, window = 2 * per_token;
+  const bool batched = state.range(1) == 1;
+  const double expert_bytes = 3.0 * 2.0 * hidden * intermediate;
+  const int pool = window * static_cast<int>(std::ceil(rotated_weight_bytes / expert_bytes / window));
+  using Weights = ExpertWeights<bf16, HostMemSpace>;
+  const auto gate = weights<bf16>(intermediate, hidden), up = weights<bf16>(intermediate, hidden),
+             down = weights<bf16>(hidden, intermediate);
+  std::vector<Weights> experts;
+  for (int e = 0; e < pool; ++e) {
+    const auto g = advised_weights<bf16>(intermediate, hidden), u = advised_weights<bf16>(intermediate, hidden),
+               d = advised_weights<bf16>(hidden, intermediate);
+    Kokkos::deep_copy(g, gate), Kokkos::deep_copy(u, up), Kokkos::deep_copy(d, down);
+    experts.push_back(Weights{g, u, d});
+  }
+  // Step i's routing: token t takes experts (5 t + j) mod window, j < per_token, of window i.
+  const int steps = pool / window;
+  std::vector<Routing> routings(static_cast<std::size_t>(steps));
+  std::vector<std::vector<int>> active(static_cast<std::size_t>(steps));
+  std::vector<std::vector<Weights>> active_weights(static_cast<std::size_t>(steps));
+  int touched = 0, rows = 0;  // experts and expert rows per step
+  for (int i = 0; i < steps; ++i) {
+    Routing& routing = routings[static_cast<std::size_t>(i)];
+    routing.rows.resize(static_cast<std::size_t>(pool));
+    routing.weights.resize(static_cast<std::size_t>(pool));
+    for (int t = 0; t < tokens; ++t)
+      for (int j = 0; j < per_token; ++j) {
+        const int e = i * window + (5 * t + j) % window;
+        routing.rows[static_cast<std::size_t>(e)].push_back(t);
+        routing.weights[static_cast<std::size_t>(e)].push_back(1.0f / per_token);
+      }
+    active[static_cast<std::size_t>(i)] = routing.active();
+    for (int e : routing.active())
+      active_weights[static_cast<std::size_t>(i)].push_back(experts[static_cast<std::size_t>(e)]);
+    touched = static_cast<int>(routing.active().size());
+    rows = tokens * per_token;
+  }
+  Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> x("writescope::benchmarks::x", tokens, hidden),
+      out("writescope::benchmarks::out", tokens, hidden);
+  Kokkos::deep_copy(x, 0.5f);
+  ExpertRunner<HostExecSpace, bf16> runner;
+  const CpuPath path = impl::linear_path(active_cpu_path(), tokens, hidden, true);
+  state.SetLabel(cpu_path_name(path));
+  HostRateSampler sampler(fp32_fma_path(path));
+  int next = 0;
+  const double total = bench::run_sampled_iterations(
+      state, HostExecSpace(),
+      [&](const HostExecSpace& s) {
+        const auto step = static_cast<std::size_t>(next++ % steps);
+        runner.upload(s, routings[step]);
+        if (batched) {
+          runner.add(s, active[step], active_weights[step], x, out);
+        } else {
+          for (std::size_t k = 0; k < active[step].size(); ++k)
+            runner.add(s, active_weights[step][k], active[step][k], x, out);
+        }
+      },
+      sampler);
+  const double bytes = touched * expert_bytes;
+  const double dram = report(state, total, bytes, bytes);
+  // Multiply-adds per weight byte: each expert's rows over its 2 bytes a weight.
+  const double multiply_adds_per_byte = static_cast<double>(rows) / touched / 2.0;
+  const double compute_bound = measure_host_fp32_fma_gmacs(path) / multiply_adds_per_byte;
+  const double gbps = state.counters["GB/s"];
+  state.counters["compute_bound_GB/s"] = compute_bound;
+  state.counters["fraction_of_roofline"] = gbps / std::min(compute_bound, dram);
+  bench::report_sampled_roofline(state, gbps, sampler, multiply_adds_per_byte);
+  state.counters["experts"] = touched;
+  state.counters["expert_copies"] = pool;
+  state.counters["threads"] = HostExecSpace().concurrency();
+}
+#define WRITESCOPE_EXPERT_STEPS(b) \
+  b->ArgNames({"tokens", "batched"})->ArgsProduct({{1, 4}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)
+WRITESCOPE_EXPERT_STEPS(BENCHMARK_CAPTURE(cpu_experts, qwen3, true));
+WRITESCOPE_EXPERT_STEPS(BENCHMARK_CAPTURE(cpu_experts, deepseek, false));
+#undef WRITESCOPE_EXPERT_STEPS
 
 #define WRITESCOPE_LINEAR_SHAPES(b)                                                                        \
   b->Args({1, 768, 2048})->Args({8, 768, 2048})->Args({1, 1408, 2048})->Args({1, 14336, 4096})           \

@@ -84,6 +84,17 @@ class ExpertRunner {
   ///   x: (rows, hidden), out: (rows, hidden)
   void add(const ExecSpace& space, const ExpertWeights<Scalar, MemSpace>& expert, int expert_index,
            const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x, const Matrix<MemSpace>& out);
+  /// add() of each experts[i] as expert expert_indices[i], in that order, as
+  /// one batch: a gather, then the gate and up products of every expert, their
+  /// SiLU products, the down products and the weighted sums, one launch each
+  /// (linear_batch), where one expert at a time costs six launches an expert
+  /// (on the host, a fork and join each, against a few microseconds of
+  /// weights per matrix in a decode step). Each row of out receives its
+  /// experts' terms in the order given, as add() one at a time adds them.
+  ///   x: (rows, hidden), out: (rows, hidden)
+  void add(const ExecSpace& space, const std::vector<int>& expert_indices,
+           const std::vector<ExpertWeights<Scalar, MemSpace>>& experts,
+           const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x, const Matrix<MemSpace>& out);
   /// out += expert(x) for every row (shared experts).
   void add_all(const ExecSpace& space, const ExpertWeights<Scalar, MemSpace>& expert,
                const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x, const Matrix<MemSpace>& out);
@@ -95,6 +106,12 @@ class ExpertRunner {
   Kokkos::View<int*, MemSpace> rows_;
   Kokkos::View<float*, MemSpace> weights_;
   SwigluScratch<MemSpace> swiglu_;
+  // The batch's entries (a routed row of one expert each, experts in the
+  // order given) and, per row of x, its entries in that order.
+  std::vector<int> entry_rows_, row_first_entry_, row_entries_;
+  std::vector<float> entry_weights_;
+  Kokkos::View<int*, MemSpace> batch_ints_;  // entry_rows_ | row_first_entry_ | row_entries_
+  Kokkos::View<float*, MemSpace> batch_weights_;
 };
 
 }  // namespace writescope

@@ -9,6 +9,7 @@
 // against OpenBLAS sgemm on float weights in the same run.
 
 #include <Kokkos_Core.hpp>
+#include <vector>
 
 #include "framework/bf16.hpp"
 
@@ -21,6 +22,25 @@ void linear(const ExecSpace& space,
             const Kokkos::View<const float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& x,
             const Kokkos::View<const Scalar**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& w,
             const Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& y);
+
+/// One product of linear_batch, shapes as linear's.
+///   x: (rows, in) float, w: (out, in) Scalar, y: (rows, out) float
+template <class MemSpace, class Scalar>
+struct LinearProblem {
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> x;
+  Kokkos::View<const Scalar**, Kokkos::LayoutRight, MemSpace> w;
+  Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> y;
+};
+
+/// linear() of every problem (independent: no y is another's x). On the host
+/// the problems that take the split-input decode path (bf16 weights, up to
+/// max_linear_rows rows) share one launch, so that a decode step's experts pay
+/// one fork and join instead of one per matrix, and the threads' work
+/// stealing runs on across matrices instead of waiting at each one's end;
+/// the rest, and every problem on other spaces, take linear() one by one.
+template <class ExecSpace, class Scalar>
+void linear_batch(const ExecSpace& space,
+                  const std::vector<LinearProblem<typename ExecSpace::memory_space, Scalar>>& problems);
 
 }  // namespace writescope
 

@@ -941,8 +941,9 @@ struct ModelForward {
       cpu_compute += time_fenced(Host(), [&](const Host& space) {
         Kokkos::deep_copy(space, out_host, 0.0f);
         m.cpu_runner.upload(space, routing);
-        for (int e : plan.cpu)
-          m.cpu_runner.add(space, host_experts.layers[moe_layer][e].weights<HostMemSpace>(), e, x_host, out_host);
+        std::vector<ExpertWeights<bf16, HostMemSpace>> experts;
+        for (int e : plan.cpu) experts.push_back(host_experts.layers[moe_layer][e].weights<HostMemSpace>());
+        m.cpu_runner.add(space, plan.cpu, experts, x_host, out_host);
       });
     };
     if (plan.cpu.empty()) {

@@ -1,7 +1,10 @@
 #pragma once
 
+#include <algorithm>
+#include <numeric>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "framework/launch.hpp"
 
@@ -36,6 +39,24 @@ struct ScatterAddRows {
   Kokkos::View<const int*, MemSpace> rows;
   Kokkos::View<const float*, MemSpace> weights;
   KOKKOS_INLINE_FUNCTION void operator()(int i, int c) const { out(rows(i), c) += weights(i) * y(i, c); }
+};
+
+/// out(r, :) += weights(i) * y(i, :) for the entries i = entries(k) of row r,
+/// k in [first(r), first(r + 1)) ascending: the terms in that order.
+template <class MemSpace>
+struct WeightedSumRows {
+  Matrix<MemSpace> out;
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> y;  // (entries, columns)
+  Kokkos::View<const int*, MemSpace> first, entries;             // (rows + 1), (entries)
+  Kokkos::View<const float*, MemSpace> weights;                  // (entries)
+  KOKKOS_INLINE_FUNCTION void operator()(int r, int c) const {
+    float sum = out(r, c);
+    for (int k = first(r); k < first(r + 1); ++k) {
+      const int i = entries(k);
+      sum += weights(i) * y(i, c);
+    }
+    out(r, c) = sum;
+  }
 };
 
 /// out += y
@@ -172,6 +193,92 @@ void ExpertRunner<ExecSpace, Scalar>::add(const ExecSpace& space, const ExpertWe
   swiglu_expert<ExecSpace, Scalar>(space, expert, xs, ys, swiglu_);
   launch_parallel_for("writescope::moe::scatter_add", impl::rows_by_columns(space, n, hidden),
                        impl::ScatterAddRows<MemSpace>{out, ys, rows, weights});
+}
+
+template <class ExecSpace, class Scalar>
+void ExpertRunner<ExecSpace, Scalar>::add(const ExecSpace& space, const std::vector<int>& expert_indices,
+                                          const std::vector<ExpertWeights<Scalar, MemSpace>>& experts,
+                                          const Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace>& x,
+                                          const Matrix<MemSpace>& out) {
+  if (expert_indices.size() != experts.size())
+    throw std::invalid_argument("ExpertRunner::add: expert_indices and experts differ in length");
+  const int rows = static_cast<int>(x.extent(0)), hidden = static_cast<int>(x.extent(1));
+  entry_rows_.clear();
+  entry_weights_.clear();
+  std::vector<int> expert_first_entry{0};
+  int intermediate_floats = 0;  // the gate (and up) products of every expert
+  for (std::size_t i = 0; i < experts.size(); ++i) {
+    const int begin = offsets_.at(static_cast<std::size_t>(expert_indices[i]));
+    const int end = offsets_.at(static_cast<std::size_t>(expert_indices[i]) + 1);
+    entry_rows_.insert(entry_rows_.end(), host_rows_.begin() + begin, host_rows_.begin() + end);
+    entry_weights_.insert(entry_weights_.end(), host_weights_.begin() + begin, host_weights_.begin() + end);
+    expert_first_entry.push_back(static_cast<int>(entry_rows_.size()));
+    intermediate_floats += (end - begin) * experts[i].intermediate();
+  }
+  const int n = static_cast<int>(entry_rows_.size());
+  if (n == 0) return;
+  // Each row's entries in the batch's order (a counting sort keeps it).
+  row_first_entry_.assign(static_cast<std::size_t>(rows) + 1, 0);
+  for (int r : entry_rows_) ++row_first_entry_[static_cast<std::size_t>(r) + 1];
+  std::partial_sum(row_first_entry_.begin(), row_first_entry_.end(), row_first_entry_.begin());
+  row_entries_.resize(static_cast<std::size_t>(n));
+  std::vector<int> next(row_first_entry_.begin(), row_first_entry_.end() - 1);
+  for (int k = 0; k < n; ++k) row_entries_[static_cast<std::size_t>(next[entry_rows_[k]]++)] = k;
+
+  const std::size_t ints = 2 * static_cast<std::size_t>(n) + rows + 1;
+  if (batch_ints_.extent(0) < ints)
+    batch_ints_ = Kokkos::View<int*, MemSpace>(
+        Kokkos::view_alloc(std::string("writescope::moe::expert_batch_indices"), Kokkos::WithoutInitializing),
+        std::max(ints, 2 * batch_ints_.extent(0)));
+  if (batch_weights_.extent(0) < static_cast<std::size_t>(n))
+    batch_weights_ = Kokkos::View<float*, MemSpace>(
+        Kokkos::view_alloc(std::string("writescope::moe::expert_batch_weights"), Kokkos::WithoutInitializing),
+        std::max(static_cast<std::size_t>(n), 2 * batch_weights_.extent(0)));
+  using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+  std::size_t at = 0;
+  auto upload_ints = [&](const std::vector<int>& values) {
+    const auto part = Kokkos::subview(batch_ints_, std::make_pair(at, at + values.size()));
+    at += values.size();
+    Kokkos::deep_copy(space, part,
+                      Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(values.data(), values.size()));
+    return part;
+  };
+  const auto entry_rows = upload_ints(entry_rows_);
+  const auto row_first_entry = upload_ints(row_first_entry_);
+  const auto row_entries = upload_ints(row_entries_);
+  const auto weights = Kokkos::subview(batch_weights_, std::make_pair(std::size_t{0}, static_cast<std::size_t>(n)));
+  Kokkos::deep_copy(
+      space, weights,
+      Kokkos::View<const float*, Kokkos::HostSpace, Unmanaged>(entry_weights_.data(), entry_weights_.size()));
+
+  const auto xs = impl::scratch(gathered_, "writescope::moe::gathered", n, hidden);
+  launch_parallel_for("writescope::moe::gather", impl::rows_by_columns(space, n, hidden),
+                      impl::GatherRows<MemSpace>{xs, x, entry_rows});
+  // Every expert's (rows, intermediate) gate and up products, one after another.
+  const auto gates = impl::scratch(swiglu_.gate, "writescope::moe::expert_gate", 1, intermediate_floats);
+  const auto ups = impl::scratch(swiglu_.up, "writescope::moe::expert_up", 1, intermediate_floats);
+  const auto ys = impl::scratch(expert_out_, "writescope::moe::expert_out", n, hidden);
+  std::vector<LinearProblem<MemSpace, Scalar>> gate_and_up, down;
+  std::size_t offset = 0;
+  for (std::size_t i = 0; i < experts.size(); ++i) {
+    const int begin = expert_first_entry[i], count = expert_first_entry[i + 1] - begin;
+    if (count == 0) continue;
+    const auto entries = std::make_pair(begin, begin + count);
+    const int intermediate = experts[i].intermediate();
+    const Matrix<MemSpace> gate(gates.data() + offset, count, intermediate),
+        up(ups.data() + offset, count, intermediate);
+    offset += static_cast<std::size_t>(count) * intermediate;
+    const auto x_expert = Kokkos::subview(xs, entries, Kokkos::ALL);
+    gate_and_up.push_back({x_expert, experts[i].gate, gate});
+    gate_and_up.push_back({x_expert, experts[i].up, up});
+    down.push_back({gate, experts[i].down, Kokkos::subview(ys, entries, Kokkos::ALL)});
+  }
+  linear_batch<ExecSpace, Scalar>(space, gate_and_up);
+  launch_parallel_for("writescope::moe::silu_multiply", impl::rows_by_columns(space, 1, intermediate_floats),
+                      impl::SiluMultiply<MemSpace>{gates, ups});
+  linear_batch<ExecSpace, Scalar>(space, down);
+  launch_parallel_for("writescope::moe::weighted_sum", impl::rows_by_columns(space, rows, hidden),
+                      impl::WeightedSumRows<MemSpace>{out, ys, row_first_entry, row_entries, weights});
 }
 
 template <class ExecSpace, class Scalar>

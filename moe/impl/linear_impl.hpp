@@ -16,42 +16,103 @@
 namespace writescope {
 namespace impl {
 
-/// Host work item of the split-input decode paths: split_linear_features
-/// weight rows on `path` (amx_bf16, an AVX-512 path or avx2; linear_host.hpp),
-/// against each group of max_split_linear_rows input rows in turn.
-struct LinearSplitHostKernel {
+/// One product of the split-input decode paths, in raw host pointers.
+struct SplitProblem {
   const float* x_split;  // each group of x's rows as split_even_odd (pair_inputs_amx on amx_bf16) lays it out
-  Kokkos::View<const bf16**, Kokkos::LayoutRight, HostMemSpace> w;
-  Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> y;
+  const bf16* w;         // (out, in), row stride w_stride
+  float* y;              // (rows, out), row stride y_stride
+  std::int64_t w_stride, y_stride;
+  int rows, in, out;
+};
+
+/// Host work item of the split-input decode paths: split_linear_features
+/// weight rows of one problem on `path` (amx_bf16, an AVX-512 path or avx2;
+/// linear_host.hpp), against each group of max_split_linear_rows input rows
+/// in turn. Problem p owns the items [first_item[p], first_item[p + 1]).
+struct LinearSplitHostKernel {
+  const SplitProblem* problems;
+  const int* first_item;  // problems + 1 entries
+  int count;
   CpuPath path;
 
-  void operator()(int block) const {
+  void operator()(int item) const {
 #ifdef WRITESCOPE_HOST_AVX2
-    const int rows = static_cast<int>(y.extent(0)), in = static_cast<int>(w.extent(1));
-    const int j0 = block * split_linear_features;
-    const int features = std::min(split_linear_features, static_cast<int>(w.extent(0)) - j0);
-    const auto w_stride = static_cast<std::int64_t>(w.stride(0)), y_stride = static_cast<std::int64_t>(y.stride(0));
-    for (int r0 = 0; r0 < rows; r0 += max_split_linear_rows) {
-      const int group = std::min(max_split_linear_rows, rows - r0);
-      const float* x_group = x_split + static_cast<std::int64_t>(r0) * in;
+    const int p = static_cast<int>(std::upper_bound(first_item, first_item + count + 1, item) - first_item) - 1;
+    const SplitProblem& problem = problems[p];
+    const int j0 = (item - first_item[p]) * split_linear_features;
+    const int features = std::min(split_linear_features, problem.out - j0);
+    const bf16* w = problem.w + j0 * problem.w_stride;
+    for (int r0 = 0; r0 < problem.rows; r0 += max_split_linear_rows) {
+      const int group = std::min(max_split_linear_rows, problem.rows - r0);
+      const float* x_group = problem.x_split + static_cast<std::int64_t>(r0) * problem.in;
+      float* y = problem.y + r0 * problem.y_stride + j0;
 #ifdef WRITESCOPE_HOST_AVX512_BF16
       if (path == CpuPath::amx_bf16) {
-        linear_features_amx(reinterpret_cast<const std::uint32_t*>(x_group), group, in, &w(j0, 0), w_stride,
-                            features, &y(r0, j0), y_stride);
+        linear_features_amx(reinterpret_cast<const std::uint32_t*>(x_group), group, problem.in, w, problem.w_stride,
+                            features, y, problem.y_stride);
         continue;
       }
       if (path >= CpuPath::avx512_fma) {
-        linear_features_avx512(x_group, group, in, &w(j0, 0), w_stride, features, &y(r0, j0), y_stride);
+        linear_features_avx512(x_group, group, problem.in, w, problem.w_stride, features, y, problem.y_stride);
         continue;
       }
 #endif
-      linear_features_avx2(x_group, group, in, &w(j0, 0), w_stride, features, &y(r0, j0), y_stride);
+      linear_features_avx2(x_group, group, problem.in, w, problem.w_stride, features, y, problem.y_stride);
     }
 #else
-    (void)block;  // takes_split_inputs is false without a vector path
+    (void)item;  // takes_split_inputs is false without a vector path
 #endif
   }
 };
+
+/// x's rows as the split kernels take them on `path`, in groups of
+/// max_split_linear_rows rows, each group 64-byte aligned (in % 16 == 0).
+///   x: (rows, in), row stride x_stride; x_split: rows x in floats
+inline void split_inputs(const float* x, std::int64_t x_stride, int rows, int in, CpuPath path, float* x_split) {
+  for (int r0 = 0; r0 < rows; r0 += max_split_linear_rows) {
+    const int group = std::min(max_split_linear_rows, rows - r0);
+    float* group_split = x_split + static_cast<std::int64_t>(r0) * in;
+#ifdef WRITESCOPE_HOST_AVX512_BF16
+    if (path == CpuPath::amx_bf16) {
+      pair_inputs_amx(x + r0 * x_stride, x_stride, group, in, reinterpret_cast<std::uint32_t*>(group_split));
+      continue;
+    }
+#endif
+    split_even_odd(x + r0 * x_stride, x_stride, group, in, path, group_split);
+  }
+}
+
+/// The problems (on `path`, each taking split inputs) in one launch; their
+/// inputs split first by the launching thread (host launches run to
+/// completion), into 64-byte lines.
+template <class ExecSpace>
+void linear_split_host(const ExecSpace& space, CpuPath path,
+                       const std::vector<LinearProblem<HostMemSpace, bf16>>& problems) {
+  struct alignas(64) Line {
+    float lanes[16];
+  };
+  thread_local std::vector<Line> x_split;
+  thread_local std::vector<SplitProblem> split;
+  thread_local std::vector<int> first_item;
+  std::size_t lines = 0;
+  for (const auto& p : problems) lines += (p.x.extent(0) * p.x.extent(1) + 15) / 16;
+  x_split.resize(lines);
+  split.clear();
+  first_item.assign(1, 0);
+  std::size_t line = 0;
+  for (const auto& p : problems) {
+    const int rows = static_cast<int>(p.x.extent(0)), in = static_cast<int>(p.x.extent(1));
+    const int out = static_cast<int>(p.w.extent(0));
+    float* x_split_floats = x_split[line].lanes;
+    line += (static_cast<std::size_t>(rows) * in + 15) / 16;
+    split_inputs(p.x.data(), static_cast<std::int64_t>(p.x.stride(0)), rows, in, path, x_split_floats);
+    split.push_back(SplitProblem{x_split_floats, p.w.data(), p.y.data(), static_cast<std::int64_t>(p.w.stride(0)),
+                                 static_cast<std::int64_t>(p.y.stride(0)), rows, in, out});
+    first_item.push_back(first_item.back() + (out + split_linear_features - 1) / split_linear_features);
+  }
+  launch_parallel_for("writescope::moe::linear_host_split", work_stealing_range(space, first_item.back()),
+                      LinearSplitHostKernel{split.data(), first_item.data(), static_cast<int>(split.size()), path});
+}
 
 template <class Scalar>
 struct LinearHostKernel {
@@ -133,31 +194,7 @@ void linear(const ExecSpace& space,
     const CpuPath path = impl::linear_path(active_cpu_path(), rows, in, std::is_same_v<Scalar, bf16>);
     if constexpr (std::is_same_v<Scalar, bf16>) {
       if (impl::takes_split_inputs(path, rows, in, true)) {
-        // Inputs split once per call, by the launching thread (host launches
-        // run to completion), into 64-byte lines.
-        struct alignas(64) Line {
-          float lanes[16];
-        };
-        thread_local std::vector<Line> x_split;
-        x_split.resize((static_cast<std::size_t>(rows) * in + 15) / 16);
-        float* x_split_floats = x_split.data()->lanes;
-        const auto x_stride = static_cast<std::int64_t>(x.stride(0));
-        // Groups lie 8 x in floats apart (in % 16 == 0): each 64-byte aligned.
-        for (int r0 = 0; r0 < rows; r0 += impl::max_split_linear_rows) {
-          const int group = std::min(impl::max_split_linear_rows, rows - r0);
-          float* group_split = x_split_floats + static_cast<std::int64_t>(r0) * in;
-#ifdef WRITESCOPE_HOST_AVX512_BF16
-          if (path == CpuPath::amx_bf16) {
-            impl::pair_inputs_amx(x.data() + r0 * x_stride, x_stride, group, in,
-                                  reinterpret_cast<std::uint32_t*>(group_split));
-            continue;
-          }
-#endif
-          impl::split_even_odd(x.data() + r0 * x_stride, x_stride, group, in, path, group_split);
-        }
-        launch_parallel_for("writescope::moe::linear_host_split",
-                             work_stealing_range(space, (out + impl::split_linear_features - 1) / impl::split_linear_features),
-                             impl::LinearSplitHostKernel{x_split_floats, w, y, path});
+        impl::linear_split_host(space, path, {LinearProblem<HostMemSpace, bf16>{x, w, y}});
         return;
       }
     }
@@ -167,6 +204,32 @@ void linear(const ExecSpace& space,
   } else {
     launch_parallel_for("writescope::moe::linear", Kokkos::TeamPolicy<ExecSpace>(space, out, 4, 32),
                          impl::LinearTeamKernel<ExecSpace, Scalar>{x, w, y});
+  }
+}
+
+template <class ExecSpace, class Scalar>
+void linear_batch(const ExecSpace& space,
+                  const std::vector<LinearProblem<typename ExecSpace::memory_space, Scalar>>& problems) {
+  if constexpr (is_host_exec_space<ExecSpace> && std::is_same_v<Scalar, bf16>) {
+    // The problems on the split path of the first one's choice share a launch.
+    std::vector<LinearProblem<HostMemSpace, bf16>> batched;
+    CpuPath batch_path = CpuPath::scalar;
+    for (const auto& p : problems) {
+      const int rows = static_cast<int>(p.x.extent(0)), in = static_cast<int>(p.x.extent(1));
+      const CpuPath path = impl::linear_path(active_cpu_path(), rows, in, true);
+      const bool shapes_match =
+          p.x.extent(1) == p.w.extent(1) && p.y.extent(0) == p.x.extent(0) && p.y.extent(1) == p.w.extent(0);
+      if (shapes_match && rows <= impl::max_linear_rows && impl::takes_split_inputs(path, rows, in, true) &&
+          (batched.empty() || path == batch_path)) {
+        batch_path = path;
+        batched.push_back(p);
+      } else {
+        linear<ExecSpace, Scalar>(space, p.x, p.w, p.y);
+      }
+    }
+    if (!batched.empty()) impl::linear_split_host(space, batch_path, batched);
+  } else {
+    for (const auto& p : problems) linear<ExecSpace, Scalar>(space, p.x, p.w, p.y);
   }
 }
 

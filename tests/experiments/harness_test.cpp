@@ -221,11 +221,12 @@ TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
                          describe_next_pass_prefetch(shape) +
                          "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
                          "WRITESCOPE_NEXT_PASS_PREFETCH=" + other_level + ")");
-  if (head_major_pass > 0)
+  if (head_major_pass > 0) {
     EXPECT_EQ(warnings[1], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with head-major "
                            "passes of " + other_head_major_pass + " but this process takes " +
                            describe_next_pass_prefetch(shape) +
                            "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate)");
+  }
   if (pass > 0)
     EXPECT_EQ(warnings.back(), "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with token-major "
                            "passes of " + other_pass + " but this process takes " +

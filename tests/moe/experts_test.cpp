@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "exec_spaces.hpp"
 #include "kv_test_data.hpp"
@@ -40,18 +41,25 @@ std::vector<double> reference_expert(const std::vector<float>& gate, const std::
 }
 
 /// The model's feed-forward on one space: route, then every activated expert
-/// and the shared ones; returns the tokens each expert received.
+/// (one at a time, or `batched` in one add) and the shared ones; returns the
+/// tokens each expert received.
 template <class ExecSpace, class Scalar, class Weights>
-std::vector<int> feed_forward(Router<ExecSpace, Scalar>& router, const std::vector<Weights>& routed,
-                              const std::vector<Weights>& shared,
-                              const Kokkos::View<const float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& x,
-                              const Matrix<typename ExecSpace::memory_space>& out) {
+std::vector<int> feed_forward(
+    Router<ExecSpace, Scalar>& router, const std::vector<Weights>& routed, const std::vector<Weights>& shared,
+    const Kokkos::View<const float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& x,
+    const Matrix<typename ExecSpace::memory_space>& out, bool batched) {
   const ExecSpace space;
   ExpertRunner<ExecSpace, Scalar> runner;
   const Routing routing = router(space, x);
   Kokkos::deep_copy(space, out, 0.0f);
   runner.upload(space, routing);
-  for (int e : routing.active()) runner.add(space, routed[e], e, x, out);
+  if (batched) {
+    std::vector<Weights> active;
+    for (int e : routing.active()) active.push_back(routed[e]);
+    runner.add(space, routing.active(), active, x, out);
+  } else {
+    for (int e : routing.active()) runner.add(space, routed[e], e, x, out);
+  }
   for (const Weights& expert : shared) runner.add_all(space, expert, x, out);
   space.fence();
   return routing.counts();
@@ -82,12 +90,15 @@ TYPED_TEST(RouterAndExpertsTest, RouteGatherAndAddLikeAPlainLoop) {
   std::copy(x_values.begin(), x_values.end(), x_host.data());
   const auto x = Kokkos::create_mirror_view_and_copy(Mem(), x_host);
 
-  for (RouterKind kind : {RouterKind::normalized_topk, RouterKind::scaled_topk}) {
+  for (const auto& [kind, batched] :
+       {std::pair{RouterKind::normalized_topk, false}, std::pair{RouterKind::scaled_topk, false},
+        std::pair{RouterKind::normalized_topk, true}}) {
+    SCOPED_TRACE(batched ? "experts batched" : "one expert at a time");
     const bool with_shared = kind == RouterKind::scaled_topk;  // DeepSeek style
     Router<ExecSpace, Scalar> route_tokens(router.view, top_k, kind, 1.25);
     Matrix<Mem> out("writescope::test::out", rows, hidden);
-    const std::vector<int> routed_counts =
-        feed_forward(route_tokens, routed, with_shared ? std::vector<Weights>{shared} : std::vector<Weights>{}, x, out);
+    const std::vector<int> routed_counts = feed_forward(
+        route_tokens, routed, with_shared ? std::vector<Weights>{shared} : std::vector<Weights>{}, x, out, batched);
     const auto result = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
     std::vector<int> counts(experts, 0);
     for (int r = 0; r < rows; ++r) {
@@ -120,6 +131,77 @@ TYPED_TEST(RouterAndExpertsTest, RouteGatherAndAddLikeAPlainLoop) {
   }
   EXPECT_THROW((Router<ExecSpace, Scalar>(router.view, experts + 1, RouterKind::scaled_topk, 1.0)),
                std::invalid_argument);
+}
+
+// A batch with an expert of no rows, one of a single row, groups of split
+// rows (7, 9, 12) and one past max_linear_rows (33: the GEMM path), given out
+// of order and with split-path shapes in both products: the same sums as one
+// expert at a time, in the same order, and as a double reference.
+TYPED_TEST(RouterAndExpertsTest, BatchedExpertsAddLikeOneAtATime) {
+  using ExecSpace = typename TypeParam::Exec;
+  using Scalar = typename TypeParam::Storage;
+  using Mem = typename ExecSpace::memory_space;
+  using Weights = ExpertWeights<Scalar, Mem>;
+  constexpr int tokens = 40, wide = 64, inner = 96;
+  const std::vector<int> order{5, 0, 2, 1, 4, 3}, sizes{0, 1, 7, 9, 33, 12};
+  std::vector<TestMatrix<Scalar, Mem>> gates, ups, downs;
+  Routing routing;
+  for (int e = 0; e < static_cast<int>(sizes.size()); ++e) {
+    gates.emplace_back(inner, wide, 50 + e);
+    ups.emplace_back(inner, wide, 60 + e);
+    downs.emplace_back(wide, inner, 70 + e);
+    std::vector<int> chosen;  // t -> (7 t + 3 e) mod 40 is one to one: sizes[e] tokens, ascending
+    for (int t = 0; t < tokens; ++t)
+      if ((t * 7 + e * 3) % tokens < sizes[e]) chosen.push_back(t);
+    routing.rows.push_back(chosen);
+    std::vector<float> weights;
+    for (int t : chosen) weights.push_back(0.1f + 0.01f * static_cast<float>(t + e));
+    routing.weights.push_back(weights);
+  }
+  std::vector<Weights> batch;
+  for (int e : order) batch.push_back(Weights{gates[e].view, ups[e].view, downs[e].view});
+  const auto x_values = test::random_values<float>(tokens * wide, 80);
+  Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> x_host("writescope::test::x", tokens, wide);
+  std::copy(x_values.begin(), x_values.end(), x_host.data());
+  const auto x = Kokkos::create_mirror_view_and_copy(Mem(), x_host);
+  const ExecSpace space;
+  ExpertRunner<ExecSpace, Scalar> runner;
+  runner.upload(space, routing);
+  Matrix<Mem> batched("writescope::test::batched", tokens, wide),
+      one_at_a_time("writescope::test::single", tokens, wide);
+  Kokkos::deep_copy(batched, 0.5f);
+  Kokkos::deep_copy(one_at_a_time, 0.5f);
+  runner.add(space, order, batch, x, batched);
+  for (std::size_t i = 0; i < order.size(); ++i) runner.add(space, batch[i], order[i], x, one_at_a_time);
+  space.fence();
+  const auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), batched);
+  const auto single = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), one_at_a_time);
+  std::vector<double> expected(static_cast<std::size_t>(tokens) * wide, 0.5);
+  for (int e : order)
+    for (std::size_t k = 0; k < routing.rows[e].size(); ++k) {
+      const int t = routing.rows[e][k];
+      std::vector<double> h(inner);
+      for (int i = 0; i < inner; ++i) {
+        double g = 0, u = 0;
+        for (int c = 0; c < wide; ++c) {
+          g += static_cast<double>(gates[e].values[i * wide + c]) * x_values[t * wide + c];
+          u += static_cast<double>(ups[e].values[i * wide + c]) * x_values[t * wide + c];
+        }
+        h[i] = g / (1 + std::exp(-g)) * u;
+      }
+      for (int j = 0; j < wide; ++j) {
+        double y = 0;
+        for (int i = 0; i < inner; ++i) y += downs[e].values[j * inner + i] * h[i];
+        expected[static_cast<std::size_t>(t) * wide + j] += routing.weights[e][k] * y;
+      }
+    }
+  for (int t = 0; t < tokens; ++t)
+    for (int c = 0; c < wide; ++c) {
+      ASSERT_NEAR(got(t, c), single(t, c), 1e-6 * (1 + std::abs(single(t, c)))) << "token " << t << " column " << c;
+      ASSERT_NEAR(got(t, c), expected[static_cast<std::size_t>(t) * wide + c], 1e-4)
+          << "token " << t << " column " << c;
+    }
+  EXPECT_THROW(runner.add(space, {order[0]}, batch, x, batched), std::invalid_argument);
 }
 
 }  // namespace

@@ -19,42 +19,28 @@ class LinearTest : public ::testing::Test {};
 using Cases = test::SpacesTimesScalars<EnabledExecSpaces, float, bf16>::type;
 TYPED_TEST_SUITE(LinearTest, Cases, test::SpaceAndScalarName);
 
-/// y = x W^T against a double reference for a set of shapes.
-template <class ExecSpace, class Scalar, class Mem>
-void expect_reference() {
-  // Shapes with and without the vector fast paths: in % 32, in % 8, out % 16, out % 4, 1 to 9 rows;
-  // beyond max_linear_rows the GEMM path, with tail rows, a partial feature
-  // block and more than one 256-column block; decode rows over several
-  // column blocks of split inputs (512, or 256 for 5-8 rows on AVX-512), the
-  // last one partial (of 16 columns but not 32: AVX2 only); 9-32 rows in
-  // groups of 8 split rows, the last
-  // group partial (17: one row).
-  for (const auto& [rows, in, out] : std::vector<std::tuple<int, int, int>>{{1, 64, 12},
-                                                                            {5, 128, 36},
-                                                                            {3, 20, 7},
-                                                                            {8, 96, 35},
-                                                                            {2, 32, 16},
-                                                                            {7, 64, 18},
-                                                                            {9, 64, 20},
-                                                                            {8, 1056, 35},
-                                                                            {3, 544, 20},
-                                                                            {6, 1024, 18},
-                                                                            {4, 560, 9},
-                                                                            {1, 2080, 20},
-                                                                            {17, 544, 20},
-                                                                            {30, 1056, 18},
-                                                                            {37, 300, 70},
-                                                                            {64, 64, 130}}) {
-    const auto x_values = test::random_values<float>(rows * in, 1);
-    const auto w_values = test::random_values<Scalar>(out * in, 2);
+/// One product's operands on Mem, with the host values they hold.
+template <class Scalar, class Mem>
+struct Product {
+  int rows, in, out;
+  std::vector<float> x_values, w_values;
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> x, y;
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> w;
+
+  Product(int rows_, int in_, int out_, unsigned seed) : rows(rows_), in(in_), out(out_) {
+    x_values = test::random_values<float>(rows * in, seed);
+    w_values = test::random_values<Scalar>(out * in, seed + 1);
     Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> x_host("writescope::test::x", rows, in);
     Kokkos::View<Scalar**, Kokkos::LayoutRight, Kokkos::HostSpace> w_host("writescope::test::w", out, in);
     std::copy(x_values.begin(), x_values.end(), x_host.data());
     for (int i = 0; i < out * in; ++i) w_host.data()[i] = from_float<Scalar>(w_values[i]);
-    auto x = Kokkos::create_mirror_view_and_copy(Mem(), x_host);
-    auto w = Kokkos::create_mirror_view_and_copy(Mem(), w_host);
-    Kokkos::View<float**, Kokkos::LayoutRight, Mem> y("writescope::test::y", rows, out);
-    linear<ExecSpace, Scalar>(ExecSpace(), x, w, y);
+    x = Kokkos::create_mirror_view_and_copy(Mem(), x_host);
+    w = Kokkos::create_mirror_view_and_copy(Mem(), w_host);
+    y = Kokkos::View<float**, Kokkos::LayoutRight, Mem>("writescope::test::y", rows, out);
+  }
+
+  /// y against x W^T in double.
+  void expect_reference() const {
     const auto result = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
     for (int r = 0; r < rows; ++r)
       for (int j = 0; j < out; ++j) {
@@ -63,6 +49,44 @@ void expect_reference() {
         ASSERT_NEAR(result(r, j), expected, 1e-4 * (1 + std::abs(expected))) << rows << "x" << in << "x" << out;
       }
   }
+};
+
+// Shapes with and without the vector fast paths: in % 32, in % 8, out % 16, out % 4, 1 to 9 rows;
+// beyond max_linear_rows the GEMM path, with tail rows, a partial feature
+// block and more than one 256-column block; decode rows over several
+// column blocks of split inputs (512, or 256 for 5-8 rows on AVX-512), the
+// last one partial (of 16 columns but not 32: AVX2 only); 9-32 rows in
+// groups of 8 split rows, the last
+// group partial (17: one row).
+const std::vector<std::tuple<int, int, int>> linear_shapes{{1, 64, 12},   {5, 128, 36},   {3, 20, 7},    {8, 96, 35},
+                                                           {2, 32, 16},   {7, 64, 18},    {9, 64, 20},   {8, 1056, 35},
+                                                           {3, 544, 20},  {6, 1024, 18},  {4, 560, 9},   {1, 2080, 20},
+                                                           {17, 544, 20}, {30, 1056, 18}, {37, 300, 70}, {64, 64, 130}};
+
+/// y = x W^T against a double reference for every shape, one linear() each.
+template <class ExecSpace, class Scalar, class Mem>
+void expect_reference() {
+  for (const auto& [rows, in, out] : linear_shapes) {
+    const Product<Scalar, Mem> product(rows, in, out, 1);
+    linear<ExecSpace, Scalar>(ExecSpace(), product.x, product.w, product.y);
+    product.expect_reference();
+  }
+}
+
+/// Every shape in one linear_batch, and each split-path shape twice with other
+/// values (a work item of one problem run on another's operands fails).
+template <class ExecSpace, class Scalar, class Mem>
+void expect_batch_reference() {
+  std::vector<Product<Scalar, Mem>> products;
+  unsigned seed = 10;
+  for (const auto& [rows, in, out] : linear_shapes) {
+    products.emplace_back(rows, in, out, seed += 2);
+    products.emplace_back(rows, in, out, seed += 2);
+  }
+  std::vector<LinearProblem<Mem, Scalar>> problems;
+  for (const auto& p : products) problems.push_back({p.x, p.w, p.y});
+  linear_batch<ExecSpace, Scalar>(ExecSpace(), problems);
+  for (const auto& p : products) p.expect_reference();
 }
 
 // On every CPU path this machine runs (others named as skipped), all within
@@ -74,6 +98,14 @@ TYPED_TEST(LinearTest, MatchesADoubleReferenceOnEveryCpuPath) {
   test::for_each_cpu_path([](CpuPath) { expect_reference<ExecSpace, Scalar, Mem>(); });
 }
 
+// One launch for a decode step's products (linear_batch), on every CPU path.
+TYPED_TEST(LinearTest, BatchesMatchADoubleReferenceOnEveryCpuPath) {
+  using ExecSpace = typename TypeParam::Exec;
+  using Scalar = typename TypeParam::Storage;
+  using Mem = typename ExecSpace::memory_space;
+  test::for_each_cpu_path([](CpuPath) { expect_batch_reference<ExecSpace, Scalar, Mem>(); });
+}
+
 TYPED_TEST(LinearTest, RejectsMismatchedShapes) {
   using ExecSpace = typename TypeParam::Exec;
   using Scalar = typename TypeParam::Storage;
@@ -81,8 +113,9 @@ TYPED_TEST(LinearTest, RejectsMismatchedShapes) {
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> x("writescope::test::x", 2, 8), y("writescope::test::y", 2, 3);
   Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> w("writescope::test::w", 4, 8);
   EXPECT_THROW((linear<ExecSpace, Scalar>(ExecSpace(), x, w, y)), std::invalid_argument);
+  EXPECT_THROW((linear_batch<ExecSpace, Scalar>(ExecSpace(), {LinearProblem<Mem, Scalar>{x, w, y}})),
+               std::invalid_argument);
 }
-
 
 #ifdef WRITESCOPE_HOST_AVX512_BF16
 /// The AMX linear kernel (`kernel`: hardware or emulated tiles) on split
