@@ -378,9 +378,10 @@ double measure_host_launch_latency_s() {
 
 ExpertKernelRates measure_cpu_expert_rates() {
   // Qwen3-30B-A3B's expert shape, rotating over experts whose weights
-  // (32 x 9.4 MB) exceed any last-level cache: the bf16 SwiGLU kernel the
-  // systems' CPU experts run, from DRAM, at one decode token (weight-bound)
-  // and at 64 tokens (compute-bound).
+  // (32 x 9.4 MB) exceed any last-level cache: the bf16 SwiGLU kernels the
+  // systems' CPU experts run, from DRAM. Weight-bound: a decode token's 8
+  // experts in one batch, as the model runs a step's CPU experts
+  // (ExpertRunner::add over many); compute-bound: one expert at 64 tokens.
   constexpr int hidden = 2048, intermediate = 768, experts = 32, many_rows = 64;
   using Weights = Kokkos::View<bf16**, Kokkos::LayoutRight, HostMemSpace>;
   std::vector<ExpertWeights<bf16, HostMemSpace>> store;
@@ -394,18 +395,36 @@ ExpertKernelRates measure_cpu_expert_rates() {
     store.push_back({gate, up, down});
   }
   SwigluScratch<HostMemSpace> scratch;
-  auto rate = [&](int rows, double units) {
-    Matrix<HostMemSpace> x("writescope::experiments::expert_x", rows, hidden),
-        y("writescope::experiments::expert_y", rows, hidden);
+  const double weights = 3.0 * hidden * intermediate;
+  auto many_rows_rate = [&] {
+    Matrix<HostMemSpace> x("writescope::experiments::expert_x", many_rows, hidden),
+        y("writescope::experiments::expert_y", many_rows, hidden);
     Kokkos::deep_copy(x, 1.0f);
     int next = 0;
-    return best_rate(HostExecSpace(), units, [&](const HostExecSpace& space) {
+    return best_rate(HostExecSpace(), 2.0 * weights * many_rows, [&](const HostExecSpace& space) {
       swiglu_expert<HostExecSpace, bf16>(space, store[next], x, y, scratch);
       next = (next + 1) % experts;
     });
   };
-  const double weights = 3.0 * hidden * intermediate;
-  return {rate(1, weights * sizeof(bf16)), rate(many_rows, 2.0 * weights * many_rows)};
+  auto decode_step_rate = [&] {
+    constexpr int per_token = 8;
+    Matrix<HostMemSpace> x("writescope::experiments::expert_x", 1, hidden),
+        y("writescope::experiments::expert_y", 1, hidden);
+    Kokkos::deep_copy(x, 1.0f);
+    Routing routing;
+    routing.rows.assign(per_token, {0});
+    routing.weights.assign(per_token, {1.0f / per_token});
+    ExpertRunner<HostExecSpace, bf16> runner;
+    runner.upload(HostExecSpace(), routing);
+    const std::vector<int> chosen = routing.active();
+    std::vector<ExpertWeights<bf16, HostMemSpace>> batch(per_token);
+    int next = 0;
+    return best_rate(HostExecSpace(), per_token * weights * sizeof(bf16), [&](const HostExecSpace& space) {
+      for (auto& expert : batch) expert = store[next++ % experts];
+      runner.add(space, chosen, batch, x, y);
+    });
+  };
+  return {decode_step_rate(), many_rows_rate()};
 }
 
 std::unique_ptr<InplaceKVCache<bf16>> filled_cache(const AttentionShape& shape, Region region, std::int64_t tokens) {

@@ -131,8 +131,10 @@ class HostRateSampler {
 };
 /// Median time of a small two-dimensional host kernel, launched and fenced.
 double measure_host_launch_latency_s();
-/// The project's bf16 SwiGLU expert kernel on the host, from DRAM: weight
-/// bytes per second (10^9) at one token, FLOP per second (10^9) at 64 tokens.
+/// The project's bf16 SwiGLU expert kernels on the host, from DRAM: weight
+/// bytes per second (10^9) of a decode token's 8 experts in one batch (as the
+/// model runs a step's CPU experts), FLOP per second (10^9) of one expert at
+/// 64 tokens.
 struct ExpertKernelRates {
   double gbps = 0, gflops = 0;
 };
