@@ -100,12 +100,20 @@ void linear_split_host(const ExecSpace& space, CpuPath path,
   split.clear();
   first_item.assign(1, 0);
   std::size_t line = 0;
+  const LinearProblem<HostMemSpace, bf16>* before = nullptr;
+  const float* x_split_floats = nullptr;
   for (const auto& p : problems) {
     const int rows = static_cast<int>(p.x.extent(0)), in = static_cast<int>(p.x.extent(1));
     const int out = static_cast<int>(p.w.extent(0));
-    float* x_split_floats = x_split[line].lanes;
-    line += (static_cast<std::size_t>(rows) * in + 15) / 16;
-    split_inputs(p.x.data(), static_cast<std::int64_t>(p.x.stride(0)), rows, in, path, x_split_floats);
+    // An expert's gate and up products share their inputs: split once.
+    if (!before || p.x.data() != before->x.data() || p.x.extent(0) != before->x.extent(0) ||
+        p.x.extent(1) != before->x.extent(1) || p.x.stride(0) != before->x.stride(0)) {
+      float* place = x_split[line].lanes;
+      line += (static_cast<std::size_t>(rows) * in + 15) / 16;
+      split_inputs(p.x.data(), static_cast<std::int64_t>(p.x.stride(0)), rows, in, path, place);
+      x_split_floats = place;
+    }
+    before = &p;
     split.push_back(SplitProblem{x_split_floats, p.w.data(), p.y.data(), static_cast<std::int64_t>(p.w.stride(0)),
                                  static_cast<std::int64_t>(p.y.stride(0)), rows, in, out});
     first_item.push_back(first_item.back() + (out + split_linear_features - 1) / split_linear_features);
