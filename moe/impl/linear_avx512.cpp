@@ -52,8 +52,8 @@ struct Avx512Lines {
 }  // namespace
 
 void linear_features_avx512(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
-                            float* y, std::int64_t y_stride) {
-  split_kernel::linear_features<Avx512Lines>(x_split, rows, in, w, w_stride, features, y, y_stride);
+                            float* y, std::int64_t y_stride, const bf16* next) {
+  split_kernel::linear_features<Avx512Lines>(x_split, rows, in, w, w_stride, features, y, y_stride, next);
 }
 
 }  // namespace writescope::impl

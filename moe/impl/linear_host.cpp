@@ -48,8 +48,8 @@ struct Avx2Lines {
 }  // namespace
 
 void linear_features_avx2(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
-                          float* y, std::int64_t y_stride) {
-  split_kernel::linear_features<Avx2Lines>(x_split, rows, in, w, w_stride, features, y, y_stride);
+                          float* y, std::int64_t y_stride, const bf16* next) {
+  split_kernel::linear_features<Avx2Lines>(x_split, rows, in, w, w_stride, features, y, y_stride, next);
 }
 #endif
 

@@ -35,7 +35,10 @@ inline constexpr int max_linear_rows = 32;
 /// weights (one shift, one mask). In the kernels, each work item streams
 /// `features` <= split_linear_features weight rows from w (row stride
 /// w_stride) once against all input rows and writes y(r, f) (row stride
-/// y_stride), one kernel for both paths (linear_split_kernel.hpp): AVX-512
+/// y_stride), requesting during its last column block the lines of `next`
+/// (the first weight row of the next work item: the next rows of w, or the
+/// next matrix's in a batch) as it would the rows of w, one kernel for both
+/// paths (linear_split_kernel.hpp): AVX-512
 /// with in % 32 == 0 (linear_avx512.cpp), avx2 with in % 16 == 0
 /// (linear_host.cpp). fp32 FMAs: at 8 rows their peak is about the DRAM rate.
 /// Up to max_linear_rows rows go in groups of max_split_linear_rows, each
@@ -56,7 +59,7 @@ inline constexpr int split_linear_features = 16;
 void split_even_odd(const float* x, std::int64_t x_stride, int rows, int in, CpuPath path, float* x_split);
 #ifdef WRITESCOPE_HOST_AVX512_BF16
 void linear_features_avx512(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
-                            float* y, std::int64_t y_stride);
+                            float* y, std::int64_t y_stride, const bf16* next);
 /// The amx_bf16 path (linear_amx.cpp), in % 32 == 0, rows <=
 /// max_split_linear_rows: pair_inputs_amx writes x (rows, in) as the B tiles
 /// of each 32 input columns, (16 pairs, rows) words of the bf16 high halves
@@ -71,7 +74,7 @@ void linear_features_amx_emulated(const std::uint32_t* x_pairs, int rows, int in
 #endif
 #ifdef WRITESCOPE_HOST_AVX2
 void linear_features_avx2(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
-                          float* y, std::int64_t y_stride);
+                          float* y, std::int64_t y_stride, const bf16* next);
 #endif
 
 /// The instruction path linear() takes on the host for these operands.

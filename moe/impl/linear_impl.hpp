@@ -42,6 +42,10 @@ struct LinearSplitHostKernel {
     const int j0 = (item - first_item[p]) * split_linear_features;
     const int features = std::min(split_linear_features, problem.out - j0);
     const bf16* w = problem.w + j0 * problem.w_stride;
+    // The weights of the next work item, which work stealing gives this
+    // thread: requested during this item's last block, across matrices too.
+    const bf16* next = item + 1 == first_item[p + 1] && p + 1 < count ? problems[p + 1].w
+                                                                      : w + split_linear_features * problem.w_stride;
     for (int r0 = 0; r0 < problem.rows; r0 += max_split_linear_rows) {
       const int group = std::min(max_split_linear_rows, problem.rows - r0);
       const float* x_group = problem.x_split + static_cast<std::int64_t>(r0) * problem.in;
@@ -53,11 +57,11 @@ struct LinearSplitHostKernel {
         continue;
       }
       if (path >= CpuPath::avx512_fma) {
-        linear_features_avx512(x_group, group, problem.in, w, problem.w_stride, features, y, problem.y_stride);
+        linear_features_avx512(x_group, group, problem.in, w, problem.w_stride, features, y, problem.y_stride, next);
         continue;
       }
 #endif
-      linear_features_avx2(x_group, group, problem.in, w, problem.w_stride, features, y, problem.y_stride);
+      linear_features_avx2(x_group, group, problem.in, w, problem.w_stride, features, y, problem.y_stride, next);
     }
 #else
     (void)item;  // takes_split_inputs is false without a vector path

@@ -119,7 +119,7 @@ void block_features(const float* x_block, const bf16* w, std::int64_t w_stride, 
 /// every group of weight rows meets them.
 template <class Lines, int Rows>
 void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stride, int features, float* y,
-                std::int64_t y_stride) {
+                std::int64_t y_stride, const bf16* next) {
   using Groups = RowGroups<Lines, Rows>;
   constexpr int step = Groups::step;
   constexpr int block = split_linear_column_block(Lines::path, Rows);
@@ -129,11 +129,15 @@ void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stri
     const int c1 = std::min(in, c0 + block);
     const float* x_block = x_split + static_cast<std::int64_t>(c0) * Rows;
     // Each weight row's next block is requested while this one is multiplied;
-    // during the last block, the first block of the row split_linear_features
-    // rows on: the next work item's, which work stealing gives this thread
-    // (but for the other threads' last items it takes).
-    const std::int64_t ahead = static_cast<std::int64_t>(sizeof(bf16)) *
-                               (c1 < in ? block : split_linear_features * w_stride - c0);
+    // during the last block, the first block of the same row of `next`: the
+    // next work item's, which work stealing gives this thread (but for the
+    // other threads' last items it takes), in the same matrix or the next
+    // one of a batch (each thread starting every matrix cold otherwise).
+    const std::int64_t ahead =
+        c1 < in
+            ? static_cast<std::int64_t>(sizeof(bf16)) * block
+            : static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(next) - reinterpret_cast<std::uintptr_t>(w)) -
+                  static_cast<std::int64_t>(sizeof(bf16)) * c0;
     if (c1 - c0 == block)
       block_features<Lines, Groups, block>(x_block, w, w_stride, features, c0, c1, ahead, first, second);
     else block_features<Lines, Groups, 0>(x_block, w, w_stride, features, c0, c1, ahead, first, second);
@@ -154,16 +158,16 @@ void rows_block(const float* x_split, int in, const bf16* w, std::int64_t w_stri
 /// linear_features_avx512 / linear_features_avx2 (linear_host.hpp) on Lines.
 template <class Lines>
 void linear_features(const float* x_split, int rows, int in, const bf16* w, std::int64_t w_stride, int features,
-                     float* y, std::int64_t y_stride) {
+                     float* y, std::int64_t y_stride, const bf16* next) {
   switch (rows) {
-    case 1: return rows_block<Lines, 1>(x_split, in, w, w_stride, features, y, y_stride);
-    case 2: return rows_block<Lines, 2>(x_split, in, w, w_stride, features, y, y_stride);
-    case 3: return rows_block<Lines, 3>(x_split, in, w, w_stride, features, y, y_stride);
-    case 4: return rows_block<Lines, 4>(x_split, in, w, w_stride, features, y, y_stride);
-    case 5: return rows_block<Lines, 5>(x_split, in, w, w_stride, features, y, y_stride);
-    case 6: return rows_block<Lines, 6>(x_split, in, w, w_stride, features, y, y_stride);
-    case 7: return rows_block<Lines, 7>(x_split, in, w, w_stride, features, y, y_stride);
-    default: return rows_block<Lines, 8>(x_split, in, w, w_stride, features, y, y_stride);
+    case 1: return rows_block<Lines, 1>(x_split, in, w, w_stride, features, y, y_stride, next);
+    case 2: return rows_block<Lines, 2>(x_split, in, w, w_stride, features, y, y_stride, next);
+    case 3: return rows_block<Lines, 3>(x_split, in, w, w_stride, features, y, y_stride, next);
+    case 4: return rows_block<Lines, 4>(x_split, in, w, w_stride, features, y, y_stride, next);
+    case 5: return rows_block<Lines, 5>(x_split, in, w, w_stride, features, y, y_stride, next);
+    case 6: return rows_block<Lines, 6>(x_split, in, w, w_stride, features, y, y_stride, next);
+    case 7: return rows_block<Lines, 7>(x_split, in, w, w_stride, features, y, y_stride, next);
+    default: return rows_block<Lines, 8>(x_split, in, w, w_stride, features, y, y_stride, next);
   }
 }
 
