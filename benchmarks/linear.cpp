@@ -56,6 +56,20 @@ double report(benchmark::State& state, double total_seconds, double streamed_byt
   return dram;
 }
 
+/// report()'s counters and the roofline of a layer on `path`: the compute
+/// bound (the measured peak of the path's fp32 FMA over the layer's
+/// `multiply_adds_per_byte` of weights), GB/s over min(DRAM, that), and the
+/// same against the rates `sampler` sampled.
+void report_roofline(benchmark::State& state, double total_seconds, double bytes, CpuPath path,
+                     double multiply_adds_per_byte, const HostRateSampler& sampler) {
+  const double dram = report(state, total_seconds, bytes, bytes);
+  const double compute_bound = measure_host_fp32_fma_gmacs(path) / multiply_adds_per_byte;
+  const double gbps = state.counters["GB/s"];
+  state.counters["compute_bound_GB/s"] = compute_bound;
+  state.counters["fraction_of_roofline"] = gbps / std::min(compute_bound, dram);
+  bench::report_sampled_roofline(state, gbps, sampler, multiply_adds_per_byte);
+}
+
 /// Weight bytes the rotated copies add up to at least, so that every iteration
 /// streams its weights from DRAM (see attention.cpp).
 constexpr double rotated_weight_bytes = 512.0 * (1 << 20);
@@ -85,12 +99,7 @@ void bf16_linear(benchmark::State& state) {
   const double total = bench::run_sampled_iterations(
       state, HostExecSpace(),
       [&](const HostExecSpace& s) { linear<HostExecSpace, bf16>(s, x, w[next++ % copies], y); }, sampler);
-  const double dram = report(state, total, weight_bytes, weight_bytes);
-  const double compute_bound = measure_host_fp32_fma_gmacs(path) * 2.0 / rows;
-  const double gbps = state.counters["GB/s"];
-  state.counters["compute_bound_GB/s"] = compute_bound;
-  state.counters["fraction_of_roofline"] = gbps / std::min(compute_bound, dram);
-  bench::report_sampled_roofline(state, gbps, sampler, rows / 2.0);
+  report_roofline(state, total, weight_bytes, path, rows / 2.0, sampler);
   state.counters["weight_copies"] = copies;
   state.counters["threads"] = HostExecSpace().concurrency();
 }
@@ -137,7 +146,6 @@ void cpu_experts(benchmark::State& state, bool qwen3) {
   std::vector<Routing> routings(static_cast<std::size_t>(steps));
   std::vector<std::vector<int>> active(static_cast<std::size_t>(steps));
   std::vector<std::vector<Weights>> active_weights(static_cast<std::size_t>(steps));
-  int touched = 0, rows = 0;  // experts and expert rows per step
   for (int i = 0; i < steps; ++i) {
     Routing& routing = routings[static_cast<std::size_t>(i)];
     routing.rows.resize(static_cast<std::size_t>(pool));
@@ -151,9 +159,8 @@ void cpu_experts(benchmark::State& state, bool qwen3) {
     active[static_cast<std::size_t>(i)] = routing.active();
     for (int e : routing.active())
       active_weights[static_cast<std::size_t>(i)].push_back(experts[static_cast<std::size_t>(e)]);
-    touched = static_cast<int>(routing.active().size());
-    rows = tokens * per_token;
   }
+  const int touched = static_cast<int>(active.front().size()), rows = tokens * per_token;  // a step's experts, rows
   Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> x("writescope::benchmarks::x", tokens, hidden),
       out("writescope::benchmarks::out", tokens, hidden);
   Kokkos::deep_copy(x, 0.5f);
@@ -175,19 +182,13 @@ void cpu_experts(benchmark::State& state, bool qwen3) {
         }
       },
       sampler);
-  const double bytes = touched * expert_bytes;
-  const double dram = report(state, total, bytes, bytes);
-  // Multiply-adds per weight byte: each expert's rows over its 2 bytes a weight.
-  const double multiply_adds_per_byte = static_cast<double>(rows) / touched / 2.0;
-  const double compute_bound = measure_host_fp32_fma_gmacs(path) / multiply_adds_per_byte;
-  const double gbps = state.counters["GB/s"];
-  state.counters["compute_bound_GB/s"] = compute_bound;
-  state.counters["fraction_of_roofline"] = gbps / std::min(compute_bound, dram);
-  bench::report_sampled_roofline(state, gbps, sampler, multiply_adds_per_byte);
+  // Multiply-adds per weight byte: the experts' rows over 2 bytes a weight.
+  report_roofline(state, total, touched * expert_bytes, path, static_cast<double>(rows) / touched / 2.0, sampler);
   state.counters["experts"] = touched;
   state.counters["expert_copies"] = pool;
   state.counters["threads"] = HostExecSpace().concurrency();
 }
+
 #define WRITESCOPE_EXPERT_STEPS(b) \
   b->ArgNames({"tokens", "batched"})->ArgsProduct({{1, 4}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)
 WRITESCOPE_EXPERT_STEPS(BENCHMARK_CAPTURE(cpu_experts, qwen3, true));
