@@ -110,7 +110,7 @@ class ExpertRunner {
   // order given) and, per row of x, its entries in that order.
   std::vector<int> entry_rows_, row_first_entry_, row_entries_;
   std::vector<float> entry_weights_;
-  Kokkos::View<int*, MemSpace> batch_ints_;  // entry_rows_ | row_first_entry_ | row_entries_
+  Kokkos::View<int*, MemSpace> batch_rows_, row_first_entry_view_, row_entries_view_;  // their copies on MemSpace
   Kokkos::View<float*, MemSpace> batch_weights_;
 };
 

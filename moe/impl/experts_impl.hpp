@@ -87,6 +87,22 @@ View scratch(View& m, const char* label, int rows, int columns) {
   return View(m.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(columns));
 }
 
+/// `values` copied on `space` into the front of `view`, which grows
+/// geometrically when they do not fit; returns that front.
+template <class ExecSpace, class T, class MemSpace>
+auto upload_values(const ExecSpace& space, Kokkos::View<T*, MemSpace>& view, const char* label,
+                   const std::vector<T>& values) {
+  const std::size_t n = values.size();
+  if (view.extent(0) < n)
+    view = Kokkos::View<T*, MemSpace>(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing),
+                                      std::max(n, 2 * view.extent(0)));
+  const auto front = Kokkos::subview(view, std::make_pair(std::size_t{0}, n));
+  Kokkos::deep_copy(
+      space, front,
+      Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(values.data(), n));
+  return front;
+}
+
 }  // namespace impl
 
 template <class ExecSpace, class Scalar>
@@ -162,18 +178,8 @@ void ExpertRunner<ExecSpace, Scalar>::upload(const ExecSpace& space, const Routi
     host_weights_.insert(host_weights_.end(), routing.weights[e].begin(), routing.weights[e].end());
     offsets_.push_back(static_cast<int>(host_rows_.size()));
   }
-  const std::size_t n = host_rows_.size();
-  if (rows_.extent(0) < n) {
-    rows_ = Kokkos::View<int*, MemSpace>(
-        Kokkos::view_alloc(std::string("writescope::moe::expert_rows"), Kokkos::WithoutInitializing), n);
-    weights_ = Kokkos::View<float*, MemSpace>(
-        Kokkos::view_alloc(std::string("writescope::moe::expert_weights"), Kokkos::WithoutInitializing), n);
-  }
-  using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
-  Kokkos::deep_copy(space, Kokkos::subview(rows_, std::make_pair(std::size_t{0}, n)),
-                    Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(host_rows_.data(), n));
-  Kokkos::deep_copy(space, Kokkos::subview(weights_, std::make_pair(std::size_t{0}, n)),
-                    Kokkos::View<const float*, Kokkos::HostSpace, Unmanaged>(host_weights_.data(), n));
+  impl::upload_values(space, rows_, "writescope::moe::expert_rows", host_rows_);
+  impl::upload_values(space, weights_, "writescope::moe::expert_weights", host_weights_);
 }
 
 template <class ExecSpace, class Scalar>
@@ -225,31 +231,13 @@ void ExpertRunner<ExecSpace, Scalar>::add(const ExecSpace& space, const std::vec
   std::vector<int> next(row_first_entry_.begin(), row_first_entry_.end() - 1);
   for (int k = 0; k < n; ++k) row_entries_[static_cast<std::size_t>(next[entry_rows_[k]]++)] = k;
 
-  const std::size_t ints = 2 * static_cast<std::size_t>(n) + rows + 1;
-  if (batch_ints_.extent(0) < ints)
-    batch_ints_ = Kokkos::View<int*, MemSpace>(
-        Kokkos::view_alloc(std::string("writescope::moe::expert_batch_indices"), Kokkos::WithoutInitializing),
-        std::max(ints, 2 * batch_ints_.extent(0)));
-  if (batch_weights_.extent(0) < static_cast<std::size_t>(n))
-    batch_weights_ = Kokkos::View<float*, MemSpace>(
-        Kokkos::view_alloc(std::string("writescope::moe::expert_batch_weights"), Kokkos::WithoutInitializing),
-        std::max(static_cast<std::size_t>(n), 2 * batch_weights_.extent(0)));
-  using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
-  std::size_t at = 0;
-  auto upload_ints = [&](const std::vector<int>& values) {
-    const auto part = Kokkos::subview(batch_ints_, std::make_pair(at, at + values.size()));
-    at += values.size();
-    Kokkos::deep_copy(space, part,
-                      Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(values.data(), values.size()));
-    return part;
-  };
-  const auto entry_rows = upload_ints(entry_rows_);
-  const auto row_first_entry = upload_ints(row_first_entry_);
-  const auto row_entries = upload_ints(row_entries_);
-  const auto weights = Kokkos::subview(batch_weights_, std::make_pair(std::size_t{0}, static_cast<std::size_t>(n)));
-  Kokkos::deep_copy(
-      space, weights,
-      Kokkos::View<const float*, Kokkos::HostSpace, Unmanaged>(entry_weights_.data(), entry_weights_.size()));
+  const auto entry_rows = impl::upload_values(space, batch_rows_, "writescope::moe::expert_batch_rows", entry_rows_);
+  const auto weights =
+      impl::upload_values(space, batch_weights_, "writescope::moe::expert_batch_weights", entry_weights_);
+  const auto row_first_entry =
+      impl::upload_values(space, row_first_entry_view_, "writescope::moe::expert_batch_row_offsets", row_first_entry_);
+  const auto row_entries =
+      impl::upload_values(space, row_entries_view_, "writescope::moe::expert_batch_row_entries", row_entries_);
 
   const auto xs = impl::scratch(gathered_, "writescope::moe::gathered", n, hidden);
   launch_parallel_for("writescope::moe::gather", impl::rows_by_columns(space, n, hidden),
