@@ -25,9 +25,11 @@ namespace {
 /// path, each paying the profile's launch latency: a layer outside attention
 /// and experts (norms, projections, rope, residuals, copies of queries and
 /// activations), its router (logits, top-k, copies to the host), each routed
-/// expert (gather, gate, up, silu, down, scatter), and the step outside layers
-/// (embedding, final norm, LM head, logits).
-constexpr int layer_launches = 17, router_launches = 5, expert_launches = 6, step_launches = 6;
+/// expert on the GPU side (gather, gate, up, silu, down, scatter), a layer's
+/// CPU experts as one batch (gather, gate and up, silu, down, weighted sums),
+/// and the step outside layers (embedding, final norm, LM head, logits).
+constexpr int layer_launches = 17, router_launches = 5, expert_launches = 6, cpu_expert_batch_launches = 5,
+              step_launches = 6;
 
 /// Weight bytes of the model's dense parts, read once per decode step.
 struct DenseBytes {
@@ -107,7 +109,8 @@ struct StepRates {
   double gpu_expert(int tokens) const {
     return (has_gpu ? experts.gpu_seconds(tokens) : experts.cpu_seconds(tokens)) + expert_launches * launch_s;
   }
-  double cpu_expert(int tokens) const { return experts.cpu_seconds(tokens) + expert_launches * cpu_launch_s; }
+  /// The launches of a layer's CPU experts, one batch.
+  double cpu_expert_batch_launches_s() const { return cpu_expert_batch_launches * cpu_launch_s; }
   /// Dense bf16 weights of `bytes` applied to `rows` rows on the GPU side. A
   /// GPU streams them at HBM rate (a decode batch is far below its compute
   /// rate); the host's linear kernel at a few rows neither streams nor
@@ -331,8 +334,9 @@ class PlanningModel {
     const double loads = static_cast<double>(plan.loads.size()) * rates_.experts.transfer_seconds();
     apply(plan.loads);
     for (int e : plan.gpu) gpu += rates_.gpu_expert(static_cast<int>(routing.rows[e].size()));
-    for (int e : plan.cpu) cpu += rates_.cpu_expert(static_cast<int>(routing.rows[e].size()));
+    for (int e : plan.cpu) cpu += rates_.experts.cpu_seconds(static_cast<int>(routing.rows[e].size()));
     if (!plan.cpu.empty()) {
+      cpu += rates_.cpu_expert_batch_launches_s();
       const double activations = static_cast<double>(rows) * c_.hidden * sizeof(float);
       copies = activations / (rates_.link_gbps * 1e9) + activations / (rates_.d2h_gbps * 1e9) + 2 * rates_.link_latency_s;
     }

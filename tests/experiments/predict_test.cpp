@@ -79,10 +79,11 @@ TEST(PredictTest, PricesATwoLayerStepAsComputedByHand) {
   // Projections q, k, v, o (64x64, 32x64, 32x64, 64x64) in bf16 and two fp32 norms of 64: 25088 bytes, 17 launches.
   const double dense = 25088 / 100e9 + 17 * 1e-6;
   // Router 4x64 bf16 and 5 launches; each of the 2 experts (3 x 64 x 32 bf16 = 12288 bytes, 12288 FLOP for the
-  // token) at max(12288 / 4 GB/s, 12288 / 8 GFLOP/s) plus 6 host launches; the token's activations (256 bytes)
-  // to the host and back at 10 GB/s with the link latency each way; the GPU has no experts to overlap.
+  // token) at max(12288 / 4 GB/s, 12288 / 8 GFLOP/s), both in one batch of 5 host launches; the token's
+  // activations (256 bytes) to the host and back at 10 GB/s with the link latency each way; the GPU has no
+  // experts to overlap.
   const double router = 512 / 100e9 + 5 * 1e-6;
-  const double experts = 2 * (12288 / 4e9 + 6 * 3e-6);
+  const double experts = 2 * 12288 / 4e9 + 5 * 3e-6;
   const double copies = 2 * (256 / 10e9 + 2e-6);
   const double layer = attention + dense + router + copies + experts;
   // The LM head (256 x 64 bf16), the logits (256 floats) back at 10 GB/s, 6 launches.
