@@ -69,7 +69,7 @@ if [ "$mode" = gpu ]; then
   slice_config=$repo/experiments/configs/h200-slice.yaml
   profile_option=(--profile "$work/profile.yaml")
   bench_filter="^(pcie/.*/1024/|hbm/.*/1024/|host_dram/read/1024/|gpu_decode/.*/(32768|131072)/|split_decode/.*/131072/(0|25|50|75|100)/|cpu_decode/qwen3.*/32768/|cpu_decode/.*/131072/|prefill/.*/16384/)"
-  host_kernel_filter="^(cpu_decode_from_cache/|expert_linear/bf16_writescope/(1|2|4|8)/14336/4096/|host_overlap/fmas_per_line:(4|16|64)/)"
+  host_kernel_filter="^(cpu_decode_from_cache/|expert_linear/bf16_writescope/(1|2|4|8)/14336/4096/|cpu_experts/qwen3/tokens:1/|host_overlap/fmas_per_line:(4|16|64)/)"
   vector_kernel_filter="^(cpu_decode_from_cache/|cpu_decode/(deepseek_mla|qwen3_gqa)_cpu_resident/131072/|expert_linear/bf16_writescope/(1|8)/14336/4096/)"
   limits=(smoke:45 tests:120 calibrate:60 benchmarks:110 host_kernels:120 slice:125)
 else
@@ -82,7 +82,7 @@ else
   # of the one measured here, so that its split is exercised.
   profile_option=()
   bench_filter="^(host_dram/read/1024/|split_decode/.*/32768/(0|50|100)/|cpu_decode/qwen3_gqa_cpu_resident/8192/)"
-  host_kernel_filter="^(cpu_decode_from_cache/qwen3_gqa_cpu_resident/|expert_linear/bf16_writescope/8/768/2048/|host_overlap/fmas_per_line:16/)"
+  host_kernel_filter="^(cpu_decode_from_cache/qwen3_gqa_cpu_resident/|expert_linear/bf16_writescope/8/768/2048/|cpu_experts/qwen3/tokens:1/batched:1/|host_overlap/fmas_per_line:16/)"
   vector_kernel_filter="^cpu_decode_from_cache/deepseek_mla_cpu_resident/"
   limits=(smoke:120 tests:240 calibrate:120 benchmarks:240 host_kernels:120 slice:180)
 fi

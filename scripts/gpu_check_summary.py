@@ -73,7 +73,7 @@ def benchmark_runs(folder, name):
 
 
 def host_roofline_line(name, b):
-    """A host kernel from DRAM (cpu_decode, expert_linear) against min(DRAM read, the compute roof of its path)."""
+    """A host kernel from DRAM (cpu_decode, expert_linear, cpu_experts) against min(DRAM read, its path's compute roof)."""
     return (f"  {name:48s} {b['GB/s']:8.1f}  {b['fraction_of_roofline']:.2f} of roofline "
             f"(DRAM {b['bound_GB/s']:.0f}, {b.get('label', '?')} {b['compute_bound_GB/s']:.0f}, "
             f"{b['threads']:.0f} threads); {b['fraction_of_sampled_roofline']:.2f} of the rates "
@@ -128,7 +128,7 @@ def host_kernel_section(folder):
     vector_runs = benchmark_runs(folder, "host_kernels_vector") or []
     for b in runs + vector_runs:
         name = b["name"].replace("/manual_time", "")
-        if name.startswith(("expert_linear/", "cpu_decode/")):
+        if name.startswith(("expert_linear/", "cpu_experts/", "cpu_decode/")):
             lines.append(host_roofline_line(name, b))
         elif name.startswith("cpu_decode_from_cache/"):
             lines.append(f"  {name:48s} {b['GB/s']:8.1f}  {b['fraction_of_compute_bound']:.2f} of "

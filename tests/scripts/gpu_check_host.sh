@@ -36,6 +36,7 @@ for line in "tests: [0-9]+ tests, 0 failed" "split_decode/qwen3_gqa_band/32768/5
             "speedup of writescope over the best baseline" \
             "cpu_decode/qwen3_gqa_cpu_resident/8192 .* of roofline .* of the rates sampled while it ran" \
             "expert_linear/bf16_writescope/8/768/2048 .* of roofline .*, 2 threads\); .* of the rates sampled.*; L2 reads [0-9.]+ of their fastest" \
+            "cpu_experts/qwen3/tokens:1/batched:1 .* of roofline .*, 2 threads\); .* of the rates sampled.*; L2 reads [0-9.]+ of their fastest" \
             "cpu_decode_from_cache/qwen3_gqa_cpu_resident .* of .* tokens, 2 threads\); .* of the rate sampled.*; L2 reads [0-9.]+ of their fastest" \
             "host_overlap/fmas_per_line:16 +[0-9.]+  [0-9.]+ of min\(DRAM [0-9]+, in cache [0-9]+\): the most a kernel of 4 multiply-adds per byte reaches here"; do
   grep -Eq "$line" "$out/summary.txt" || fail "summary.txt lacks '$line'"
