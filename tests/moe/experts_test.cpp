@@ -92,7 +92,7 @@ TYPED_TEST(RouterAndExpertsTest, RouteGatherAndAddLikeAPlainLoop) {
 
   for (const auto& [kind, batched] :
        {std::pair{RouterKind::normalized_topk, false}, std::pair{RouterKind::scaled_topk, false},
-        std::pair{RouterKind::normalized_topk, true}}) {
+        std::pair{RouterKind::normalized_topk, true}, std::pair{RouterKind::scaled_topk, true}}) {
     SCOPED_TRACE(batched ? "experts batched" : "one expert at a time");
     const bool with_shared = kind == RouterKind::scaled_topk;  // DeepSeek style
     Router<ExecSpace, Scalar> route_tokens(router.view, top_k, kind, 1.25);
