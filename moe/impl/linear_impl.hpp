@@ -16,6 +16,13 @@
 namespace writescope {
 namespace impl {
 
+/// Throws unless x is (rows, in), w (out, in) and y (rows, out).
+template <class X, class W, class Y>
+void check_linear_shapes(const X& x, const W& w, const Y& y) {
+  if (x.extent(1) != w.extent(1) || y.extent(0) != x.extent(0) || y.extent(1) != w.extent(0))
+    throw std::invalid_argument("linear: need x (rows, in), w (out, in), y (rows, out)");
+}
+
 /// One product of the split-input decode paths, in raw host pointers.
 struct SplitProblem {
   const float* x_split;  // each group of x's rows as split_even_odd (pair_inputs_amx on amx_bf16) lays it out
@@ -190,8 +197,7 @@ void linear(const ExecSpace& space,
             const Kokkos::View<const float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& x,
             const Kokkos::View<const Scalar**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& w,
             const Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& y) {
-  if (x.extent(1) != w.extent(1) || y.extent(0) != x.extent(0) || y.extent(1) != w.extent(0))
-    throw std::invalid_argument("linear: need x (rows, in), w (out, in), y (rows, out)");
+  impl::check_linear_shapes(x, w, y);
   const int out = static_cast<int>(w.extent(0));
   if constexpr (is_host_exec_space<ExecSpace>) {
     const int rows = static_cast<int>(x.extent(0)), in = static_cast<int>(x.extent(1));
@@ -222,6 +228,8 @@ void linear(const ExecSpace& space,
 template <class ExecSpace, class Scalar>
 void linear_batch(const ExecSpace& space,
                   const std::vector<LinearProblem<typename ExecSpace::memory_space, Scalar>>& problems) {
+  // Every shape checked before any product runs.
+  for (const auto& p : problems) impl::check_linear_shapes(p.x, p.w, p.y);
   if constexpr (is_host_exec_space<ExecSpace> && std::is_same_v<Scalar, bf16>) {
     // The problems on the split path of the first one's choice share a launch.
     std::vector<LinearProblem<HostMemSpace, bf16>> batched;
@@ -229,10 +237,7 @@ void linear_batch(const ExecSpace& space,
     for (const auto& p : problems) {
       const int rows = static_cast<int>(p.x.extent(0)), in = static_cast<int>(p.x.extent(1));
       const CpuPath path = impl::linear_path(active_cpu_path(), rows, in, true);
-      const bool shapes_match =
-          p.x.extent(1) == p.w.extent(1) && p.y.extent(0) == p.x.extent(0) && p.y.extent(1) == p.w.extent(0);
-      if (shapes_match && rows <= impl::max_linear_rows && impl::takes_split_inputs(path, rows, in, true) &&
-          (batched.empty() || path == batch_path)) {
+      if (impl::takes_split_inputs(path, rows, in, true) && (batched.empty() || path == batch_path)) {
         batch_path = path;
         batched.push_back(p);
       } else {
