@@ -9,6 +9,8 @@
 // (or up) projection of Qwen3-30B-A3B (768 x 2048), DeepSeek-V2-Lite
 // (1408 x 2048) and Mixtral-8x7B (14336 x 4096). And cpu_experts: a decode
 // step's routed experts of one layer, batched in one add or one add each.
+// In the CUDA variant, the GPU's side of both (gpu_linear, gpu_experts) on
+// weights in VRAM rotated past the GPU's L2, against the HBM copy bound.
 #include "moe/linear.hpp"
 
 #include <benchmark/benchmark.h>
@@ -117,6 +119,46 @@ void openblas_float_linear(benchmark::State& state) {
   report(state, total, 4.0 * out * in, 2.0 * out * in);
 }
 
+/// The routings of a decode step's experts over `pool` experts: step i's
+/// token t takes experts (5 t + j) mod window of window i, j < per_token.
+struct ExpertSteps {
+  std::vector<Routing> routings;
+  std::vector<std::vector<int>> active;  // per step, its experts ascending
+
+  ExpertSteps(int tokens, int per_token, int window, int pool) {
+    for (int i = 0; i < pool / window; ++i) {
+      Routing routing;
+      routing.rows.resize(static_cast<std::size_t>(pool));
+      routing.weights.resize(static_cast<std::size_t>(pool));
+      for (int t = 0; t < tokens; ++t)
+        for (int j = 0; j < per_token; ++j) {
+          const int e = i * window + (5 * t + j) % window;
+          routing.rows[static_cast<std::size_t>(e)].push_back(t);
+          routing.weights[static_cast<std::size_t>(e)].push_back(1.0f / per_token);
+        }
+      active.push_back(routing.active());
+      routings.push_back(std::move(routing));
+    }
+  }
+  int steps() const { return static_cast<int>(routings.size()); }
+};
+
+/// One step of `runner` on step `step` of `steps`: batched, or one add per expert.
+template <class ExecSpace>
+void expert_step(const ExecSpace& space, ExpertRunner<ExecSpace, bf16>& runner, const ExpertSteps& steps,
+                 const std::vector<std::vector<ExpertWeights<bf16, typename ExecSpace::memory_space>>>& weights,
+                 int step, bool batched,
+                 const Kokkos::View<const float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& x,
+                 const Matrix<typename ExecSpace::memory_space>& out) {
+  const auto s = static_cast<std::size_t>(step);
+  runner.upload(space, steps.routings[s]);
+  if (batched) {
+    runner.add(space, steps.active[s], weights[s], x, out);
+  } else {
+    for (std::size_t k = 0; k < steps.active[s].size(); ++k) runner.add(space, weights[s][k], steps.active[s][k], x, out);
+  }
+}
+
 /// A decode step's routed experts of one MoE layer on the host, through the
 /// model's ExpertRunner: `qwen3`: Qwen3-30B-A3B's experts (768 x 2048, 8 a
 /// token), else DeepSeek-V2-Lite's (1408 x 2048, 6 a token); range(0) =
@@ -141,26 +183,13 @@ void cpu_experts(benchmark::State& state, bool qwen3) {
     Kokkos::deep_copy(g, gate), Kokkos::deep_copy(u, up), Kokkos::deep_copy(d, down);
     experts.push_back(Weights{g, u, d});
   }
-  // Step i's routing: token t takes experts (5 t + j) mod window, j < per_token, of window i.
-  const int steps = pool / window;
-  std::vector<Routing> routings(static_cast<std::size_t>(steps));
-  std::vector<std::vector<int>> active(static_cast<std::size_t>(steps));
-  std::vector<std::vector<Weights>> active_weights(static_cast<std::size_t>(steps));
-  for (int i = 0; i < steps; ++i) {
-    Routing& routing = routings[static_cast<std::size_t>(i)];
-    routing.rows.resize(static_cast<std::size_t>(pool));
-    routing.weights.resize(static_cast<std::size_t>(pool));
-    for (int t = 0; t < tokens; ++t)
-      for (int j = 0; j < per_token; ++j) {
-        const int e = i * window + (5 * t + j) % window;
-        routing.rows[static_cast<std::size_t>(e)].push_back(t);
-        routing.weights[static_cast<std::size_t>(e)].push_back(1.0f / per_token);
-      }
-    active[static_cast<std::size_t>(i)] = routing.active();
-    for (int e : routing.active())
-      active_weights[static_cast<std::size_t>(i)].push_back(experts[static_cast<std::size_t>(e)]);
+  const ExpertSteps steps(tokens, per_token, window, pool);
+  std::vector<std::vector<Weights>> active_weights;
+  for (const auto& active : steps.active) {
+    active_weights.emplace_back();
+    for (int e : active) active_weights.back().push_back(experts[static_cast<std::size_t>(e)]);
   }
-  const int touched = static_cast<int>(active.front().size()), rows = tokens * per_token;  // a step's experts, rows
+  const int touched = static_cast<int>(steps.active.front().size()), rows = tokens * per_token;  // a step's experts, rows
   Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> x("writescope::benchmarks::x", tokens, hidden),
       out("writescope::benchmarks::out", tokens, hidden);
   Kokkos::deep_copy(x, 0.5f);
@@ -172,14 +201,7 @@ void cpu_experts(benchmark::State& state, bool qwen3) {
   const double total = bench::run_sampled_iterations(
       state, HostExecSpace(),
       [&](const HostExecSpace& s) {
-        const auto step = static_cast<std::size_t>(next++ % steps);
-        runner.upload(s, routings[step]);
-        if (batched) {
-          runner.add(s, active[step], active_weights[step], x, out);
-        } else {
-          for (std::size_t k = 0; k < active[step].size(); ++k)
-            runner.add(s, active_weights[step][k], active[step][k], x, out);
-        }
+        expert_step(s, runner, steps, active_weights, next++ % steps.steps(), batched, x, out);
       },
       sampler);
   // Multiply-adds per weight byte: the experts' rows over 2 bytes a weight.
@@ -189,10 +211,87 @@ void cpu_experts(benchmark::State& state, bool qwen3) {
   state.counters["threads"] = HostExecSpace().concurrency();
 }
 
+#ifdef KOKKOS_ENABLE_CUDA
+/// Counters of a GPU kernel that streamed `bytes` of weights an iteration
+/// against the device's copy bound (HBM) measured in the same process.
+void report_hbm(benchmark::State& state, double total_seconds, double bytes) {
+  const double gbps = bytes * static_cast<double>(state.iterations()) / total_seconds / 1e9;
+  state.counters["GB/s"] = gbps;
+  state.counters["bound_GB/s"] = bench::hbm_copy_gbps();
+  state.counters["fraction_of_bound"] = gbps / bench::hbm_copy_gbps();
+}
+
+/// `w` copied into a new View of GPU memory.
+template <class Scalar>
+Kokkos::View<Scalar**, Kokkos::LayoutRight, GpuMemSpace> on_gpu(
+    const Kokkos::View<Scalar**, Kokkos::LayoutRight, HostMemSpace>& w) {
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, GpuMemSpace> copy(
+      Kokkos::view_alloc(std::string("writescope::benchmarks::gpu_weights"), Kokkos::WithoutInitializing), w.extent(0),
+      w.extent(1));
+  Kokkos::deep_copy(copy, w);
+  return copy;
+}
+
+/// The GPU's linear layer (linear() on the GPU: impl::linear_team) on bf16
+/// weights in VRAM, copies rotated past the GPU's L2; ranges as bf16_linear's.
+void gpu_bf16_linear(benchmark::State& state) {
+  const int rows = static_cast<int>(state.range(0)), out = static_cast<int>(state.range(1)),
+            in = static_cast<int>(state.range(2));
+  const double weight_bytes = 2.0 * out * in;
+  const int copies = static_cast<int>(std::ceil(rotated_weight_bytes / weight_bytes));
+  const auto host_weights = weights<bf16>(out, in);
+  std::vector<Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMemSpace>> w;
+  for (int c = 0; c < copies; ++c) w.push_back(on_gpu(host_weights));
+  Kokkos::View<float**, Kokkos::LayoutRight, GpuMemSpace> x("writescope::benchmarks::x", rows, in),
+      y("writescope::benchmarks::y", rows, out);
+  Kokkos::deep_copy(x, 0.5f);
+  int next = 0;
+  const double total = bench::run_fenced_iterations(state, GpuExecSpace(), [&](const GpuExecSpace& s) {
+    linear<GpuExecSpace, bf16>(s, x, w[next++ % copies], y);
+  });
+  report_hbm(state, total, weight_bytes);
+  state.counters["weight_copies"] = copies;
+}
+
+/// cpu_experts on the GPU: the experts in VRAM, copies rotated past the
+/// GPU's L2, through the model's GPU ExpertRunner; against the HBM bound.
+void gpu_experts(benchmark::State& state, bool qwen3) {
+  const int tokens = static_cast<int>(state.range(0)), hidden = 2048, intermediate = qwen3 ? 768 : 1408;
+  const int per_token = qwen3 ? 8 : 6, window = 2 * per_token;
+  const double expert_bytes = 3.0 * 2.0 * hidden * intermediate;
+  const int pool = window * static_cast<int>(std::ceil(rotated_weight_bytes / expert_bytes / window));
+  using Weights = ExpertWeights<bf16, GpuMemSpace>;
+  const auto gate = weights<bf16>(intermediate, hidden), up = weights<bf16>(intermediate, hidden),
+             down = weights<bf16>(hidden, intermediate);
+  std::vector<Weights> experts;
+  for (int e = 0; e < pool; ++e) experts.push_back(Weights{on_gpu(gate), on_gpu(up), on_gpu(down)});
+  const ExpertSteps steps(tokens, per_token, window, pool);
+  std::vector<std::vector<Weights>> active_weights;
+  for (const auto& active : steps.active) {
+    active_weights.emplace_back();
+    for (int e : active) active_weights.back().push_back(experts[static_cast<std::size_t>(e)]);
+  }
+  Kokkos::View<float**, Kokkos::LayoutRight, GpuMemSpace> x("writescope::benchmarks::x", tokens, hidden),
+      out("writescope::benchmarks::out", tokens, hidden);
+  Kokkos::deep_copy(x, 0.5f);
+  ExpertRunner<GpuExecSpace, bf16> runner;
+  int next = 0;
+  const double total = bench::run_fenced_iterations(state, GpuExecSpace(), [&](const GpuExecSpace& s) {
+    expert_step(s, runner, steps, active_weights, next++ % steps.steps(), state.range(1) == 1, x, out);
+  });
+  report_hbm(state, total, static_cast<double>(steps.active.front().size()) * expert_bytes);
+  state.counters["experts"] = static_cast<double>(steps.active.front().size());
+}
+#endif
+
 #define WRITESCOPE_EXPERT_STEPS(b) \
   b->ArgNames({"tokens", "batched"})->ArgsProduct({{1, 4}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)
 WRITESCOPE_EXPERT_STEPS(BENCHMARK_CAPTURE(cpu_experts, qwen3, true));
 WRITESCOPE_EXPERT_STEPS(BENCHMARK_CAPTURE(cpu_experts, deepseek, false));
+#ifdef KOKKOS_ENABLE_CUDA
+WRITESCOPE_EXPERT_STEPS(BENCHMARK_CAPTURE(gpu_experts, qwen3, true));
+WRITESCOPE_EXPERT_STEPS(BENCHMARK_CAPTURE(gpu_experts, deepseek, false));
+#endif
 #undef WRITESCOPE_EXPERT_STEPS
 
 #define WRITESCOPE_LINEAR_SHAPES(b)                                                                        \
@@ -202,6 +301,9 @@ WRITESCOPE_EXPERT_STEPS(BENCHMARK_CAPTURE(cpu_experts, deepseek, false));
       ->Unit(benchmark::kMicrosecond)
 WRITESCOPE_LINEAR_SHAPES(BENCHMARK(bf16_linear)->Name("expert_linear/bf16_writescope"));
 WRITESCOPE_LINEAR_SHAPES(BENCHMARK(openblas_float_linear)->Name("expert_linear/float_openblas"));
+#ifdef KOKKOS_ENABLE_CUDA
+WRITESCOPE_LINEAR_SHAPES(BENCHMARK(gpu_bf16_linear)->Name("gpu_linear/bf16_writescope"));
+#endif
 #undef WRITESCOPE_LINEAR_SHAPES
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "framework/machine.hpp"
 #include "framework/results_store.hpp"
 #include "framework/runtime.hpp"
+#include "moe/linear.hpp"
 #include "moe/weights.hpp"
 
 namespace writescope {
@@ -24,12 +25,14 @@ namespace {
 /// Kernel launches (each also a fence) counted from moe/model.cpp's decode
 /// path, each paying the profile's launch latency: a layer outside attention
 /// and experts (norms, projections, rope, residuals, copies of queries and
-/// activations), its router (logits, top-k, copies to the host), each routed
-/// expert on the GPU side (gather, gate, up, silu, down, scatter), a layer's
-/// CPU experts as one batch (gather, gate and up, silu, down, weighted sums),
-/// and the step outside layers (embedding, final norm, LM head, logits).
-constexpr int layer_launches = 17, router_launches = 5, expert_launches = 6, cpu_expert_batch_launches = 5,
-              step_launches = 6;
+/// activations), its router (logits, top-k, copies to the host), a routed
+/// expert on the GPU side run alone (gather, gate, up, silu, down, scatter),
+/// a batch of experts (gather, gate and up, silu, down, weighted sums; on a
+/// GPU also the two copies of its indices and weights, and a launch of the
+/// products per impl::max_team_problems groups of their rows), and the step
+/// outside layers (embedding, final norm, LM head, logits).
+constexpr int layer_launches = 17, router_launches = 5, expert_launches = 6, expert_batch_launches = 5,
+              gpu_expert_batch_copies = 2, step_launches = 6;
 
 /// Weight bytes of the model's dense parts, read once per decode step.
 struct DenseBytes {
@@ -105,12 +108,24 @@ struct StepRates {
     }
   }
 
-  /// One routed expert over `tokens` rows on the GPU side, or the CPU.
+  /// One routed expert's products over `tokens` rows on the GPU side (the
+  /// CPU without a GPU), without its launches.
   double gpu_expert(int tokens) const {
-    return (has_gpu ? experts.gpu_seconds(tokens) : experts.cpu_seconds(tokens)) + expert_launches * launch_s;
+    return has_gpu ? experts.gpu_seconds(tokens) : experts.cpu_seconds(tokens);
+  }
+  /// The launches of a routed expert run alone on the GPU side.
+  double gpu_expert_launches_s() const { return expert_launches * launch_s; }
+  /// The launches of a batch of experts on the GPU side whose rows make
+  /// `row_groups` groups of up to impl::linear_team_rows (a host build runs
+  /// each product step of the batch in one launch).
+  double gpu_expert_batch_launches_s(int row_groups) const {
+    if (!has_gpu) return expert_batch_launches * launch_s;
+    const int per_launch = impl::max_team_problems;
+    const int products = (2 * row_groups + per_launch - 1) / per_launch + (row_groups + per_launch - 1) / per_launch;
+    return (expert_batch_launches - 2 + products + gpu_expert_batch_copies) * launch_s;
   }
   /// The launches of a layer's CPU experts, one batch.
-  double cpu_expert_batch_launches_s() const { return cpu_expert_batch_launches * cpu_launch_s; }
+  double cpu_expert_batch_launches_s() const { return expert_batch_launches * cpu_launch_s; }
   /// Dense bf16 weights of `bytes` applied to `rows` rows on the GPU side. A
   /// GPU streams them at HBM rate (a decode batch is far below its compute
   /// rate); the host's linear kernel at a few rows neither streams nor
@@ -333,7 +348,24 @@ class PlanningModel {
     double gpu = rates_.dense(dense_.shared[layer], rows), cpu = 0, copies = 0;
     const double loads = static_cast<double>(plan.loads.size()) * rates_.experts.transfer_seconds();
     apply(plan.loads);
-    for (int e : plan.gpu) gpu += rates_.gpu_expert(static_cast<int>(routing.rows[e].size()));
+    // As the runtime runs them: runs of resident experts one batch each, a
+    // staged expert alone.
+    int batch_groups = 0;
+    auto close_batch = [&] {
+      if (batch_groups > 0) gpu += rates_.gpu_expert_batch_launches_s(batch_groups);
+      batch_groups = 0;
+    };
+    for (int e : plan.gpu) {
+      const int tokens = static_cast<int>(routing.rows[e].size());
+      gpu += rates_.gpu_expert(tokens);
+      if (residency_.slot_of(moe_layer, e) >= 0) {
+        batch_groups += (tokens + impl::linear_team_rows - 1) / impl::linear_team_rows;
+        continue;
+      }
+      close_batch();
+      gpu += rates_.gpu_expert_launches_s();
+    }
+    close_batch();
     for (int e : plan.cpu) cpu += rates_.experts.cpu_seconds(static_cast<int>(routing.rows[e].size()));
     if (!plan.cpu.empty()) {
       cpu += rates_.cpu_expert_batch_launches_s();

@@ -63,4 +63,32 @@ WRITESCOPE_INLINE_FUNCTION float round_to(float value) {
   return to_float(from_float<Scalar>(value));
 }
 
+/// Eight consecutive elements of a row as floats, in one 16-byte load for bf16
+/// (two for float): `p` must be 16-byte aligned.
+struct alignas(16) SixteenBytes {
+  std::uint32_t words[4];
+};
+WRITESCOPE_INLINE_FUNCTION SixteenBytes load_sixteen_bytes(const void* p) {
+#ifdef __CUDA_ARCH__
+  return *static_cast<const SixteenBytes*>(p);
+#else
+  SixteenBytes bytes;
+  std::memcpy(&bytes, p, sizeof bytes);
+  return bytes;
+#endif
+}
+WRITESCOPE_INLINE_FUNCTION void load_eight(const bf16* p, float (&out)[8]) {
+  const SixteenBytes bytes = load_sixteen_bytes(p);
+  for (int j = 0; j < 4; ++j) {  // little-endian: element 2j is the low half of word j
+    out[2 * j] = float_from_bits(bytes.words[j] << 16);
+    out[2 * j + 1] = float_from_bits(bytes.words[j] & 0xffff0000u);
+  }
+}
+WRITESCOPE_INLINE_FUNCTION void load_eight(const float* p, float (&out)[8]) {
+  for (int half = 0; half < 2; ++half) {
+    const SixteenBytes bytes = load_sixteen_bytes(p + 4 * half);
+    for (int j = 0; j < 4; ++j) out[4 * half + j] = float_from_bits(bytes.words[j]);
+  }
+}
+
 }  // namespace writescope

@@ -87,10 +87,13 @@ class ExpertRunner {
   /// add() of each experts[i] as expert expert_indices[i], in that order, as
   /// one batch: a gather, then the gate and up products of every expert, their
   /// SiLU products, the down products and the weighted sums, one launch each
-  /// (linear_batch), where one expert at a time costs six launches an expert
-  /// (on the host, a fork and join each, against 1-3 MB of weights per matrix
-  /// for Qwen3's and DeepSeek's experts). Each row of out receives its
-  /// experts' terms in the order given, as add() one at a time adds them.
+  /// (linear_batch; on a GPU, a launch per 6 groups of up to 8 rows), and two
+  /// copies of the batch's indices and weights, where one expert at a time
+  /// costs six launches an expert (on the host, a fork and join each, against
+  /// 1-3 MB of weights per matrix for Qwen3's and DeepSeek's experts; on a
+  /// GPU, a launch's latency each against 2-4 us of reading those weights).
+  /// Each row of out receives its experts' terms in the order given, as add()
+  /// one at a time adds them.
   ///   x: (rows, hidden), out: (rows, hidden)
   void add(const ExecSpace& space, const std::vector<int>& expert_indices,
            const std::vector<ExpertWeights<Scalar, MemSpace>>& experts,
@@ -110,7 +113,8 @@ class ExpertRunner {
   // order given) and, per row of x, its entries in that order.
   std::vector<int> entry_rows_, row_first_entry_, row_entries_;
   std::vector<float> entry_weights_;
-  Kokkos::View<int*, MemSpace> batch_rows_, row_first_entry_view_, row_entries_view_;  // their copies on MemSpace
+  std::vector<int> batch_indices_;  // entry_rows_, row_first_entry_ and row_entries_ one after another
+  Kokkos::View<int*, MemSpace> batch_indices_view_;  // its copy on MemSpace
   Kokkos::View<float*, MemSpace> batch_weights_;
 };
 

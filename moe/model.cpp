@@ -916,22 +916,34 @@ struct ModelForward {
       const double phase = gpu_seconds(gpu, [&] {
         Kokkos::deep_copy(gpu, out, 0.0f);
         m.gpu_runner.upload(gpu, routing);
+        // Runs of resident experts as one batch each (a launch per step of
+        // the batch, not per expert); an expert loaded into the one staging
+        // buffer alone, in the plan's order, so every row adds its experts'
+        // terms in that order either way.
+        std::vector<int> resident;
+        std::vector<ExpertWeights<bf16, GpuMem>> resident_weights;
+        auto add_resident = [&] {
+          if (!resident.empty()) m.gpu_runner.add(gpu, resident, resident_weights, h, out);
+          resident.clear();
+          resident_weights.clear();
+        };
         for (int e : plan.gpu) {
-          const int slot = residency.slot_of(moe_layer, e);
-          const impl::ExpertBuffers<GpuMem>* weights = slot >= 0 ? &m.slots[slot] : nullptr;
-          if (!weights) {
-            const bool listed = std::any_of(plan.loads.begin(), plan.loads.end(), [&](const ExpertLoad& l) {
-              return l.slot < 0 && l.layer == moe_layer && l.expert == e;
-            });
-            if (!listed)
-              throw std::logic_error("expert policy: expert " + std::to_string(e) + " of MoE layer " +
-                                     std::to_string(moe_layer) +
-                                     " is planned on the GPU but neither resident nor loaded");
-            staged += gpu_seconds(gpu, [&] { load(ExpertLoad{moe_layer, e, -1}, m.staging); });
-            weights = &m.staging;
+          if (const int slot = residency.slot_of(moe_layer, e); slot >= 0) {
+            resident.push_back(e);
+            resident_weights.push_back(m.slots[slot].weights());
+            continue;
           }
-          m.gpu_runner.add(gpu, weights->weights(), e, h, out);
+          const bool listed = std::any_of(plan.loads.begin(), plan.loads.end(), [&](const ExpertLoad& l) {
+            return l.slot < 0 && l.layer == moe_layer && l.expert == e;
+          });
+          if (!listed)
+            throw std::logic_error("expert policy: expert " + std::to_string(e) + " of MoE layer " +
+                                   std::to_string(moe_layer) + " is planned on the GPU but neither resident nor loaded");
+          add_resident();
+          staged += gpu_seconds(gpu, [&] { load(ExpertLoad{moe_layer, e, -1}, m.staging); });
+          m.gpu_runner.add(gpu, m.staging.weights(), e, h, out);
         }
+        add_resident();
         for (const auto& expert : m.shared[moe_layer]) m.gpu_runner.add_all(gpu, expert, h, out);
       });
       gpu_transfers += staged;

@@ -231,13 +231,17 @@ void ExpertRunner<ExecSpace, Scalar>::add(const ExecSpace& space, const std::vec
   std::vector<int> next(row_first_entry_.begin(), row_first_entry_.end() - 1);
   for (int k = 0; k < n; ++k) row_entries_[static_cast<std::size_t>(next[entry_rows_[k]]++)] = k;
 
-  const auto entry_rows = impl::upload_values(space, batch_rows_, "writescope::moe::expert_batch_rows", entry_rows_);
+  // The three index arrays in one copy (each copy to a GPU costs a launch's latency).
+  batch_indices_.assign(entry_rows_.begin(), entry_rows_.end());
+  batch_indices_.insert(batch_indices_.end(), row_first_entry_.begin(), row_first_entry_.end());
+  batch_indices_.insert(batch_indices_.end(), row_entries_.begin(), row_entries_.end());
+  const auto indices =
+      impl::upload_values(space, batch_indices_view_, "writescope::moe::expert_batch_indices", batch_indices_);
+  const auto entry_rows = Kokkos::subview(indices, std::make_pair(0, n));
+  const auto row_first_entry = Kokkos::subview(indices, std::make_pair(n, n + rows + 1));
+  const auto row_entries = Kokkos::subview(indices, std::make_pair(n + rows + 1, 2 * n + rows + 1));
   const auto weights =
       impl::upload_values(space, batch_weights_, "writescope::moe::expert_batch_weights", entry_weights_);
-  const auto row_first_entry =
-      impl::upload_values(space, row_first_entry_view_, "writescope::moe::expert_batch_row_offsets", row_first_entry_);
-  const auto row_entries =
-      impl::upload_values(space, row_entries_view_, "writescope::moe::expert_batch_row_entries", row_entries_);
 
   const auto xs = impl::scratch(gathered_, "writescope::moe::gathered", n, hidden);
   launch_parallel_for("writescope::moe::gather", impl::rows_by_columns(space, n, hidden),

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "framework/cpu_path.hpp"
@@ -168,27 +169,158 @@ struct LinearGemmHostKernel {
   }
 };
 
-/// Portable: one team per output feature, its threads over input rows and
-/// vector lanes over the reduction (coalesced reads of the weight row).
-template <class ExecSpace, class Scalar>
+/// Weight rows of one thread of LinearTeamKernel (a warp on GPUs): each
+/// load of x feeds this many of them, which keeps a warp's loads of x from
+/// L1 within L1's bandwidth at 8 input rows (4 x fewer than one weight row).
+inline constexpr int linear_team_features = 4;
+/// Input rows of one LinearTeamKernel launch; more go in groups of these.
+inline constexpr int linear_team_rows = 8;
+
+/// One lane's sums for Rows input rows x linear_team_features weight rows
+/// until the lanes' reduction (default-constructed to zero, joined by +=).
+template <int Rows>
+struct LaneSums {
+  float sum[Rows][linear_team_features];
+  KOKKOS_INLINE_FUNCTION LaneSums() {
+    for (int r = 0; r < Rows; ++r)
+      for (int f = 0; f < linear_team_features; ++f) sum[r][f] = 0;
+  }
+  KOKKOS_INLINE_FUNCTION LaneSums& operator+=(const LaneSums& other) {
+    for (int r = 0; r < Rows; ++r)
+      for (int f = 0; f < linear_team_features; ++f) sum[r][f] += other.sum[r][f];
+    return *this;
+  }
+};
+
+/// `Width` consecutive elements from p as floats: eight in one 16-byte load
+/// (p 16-byte aligned), or one.
+template <class T>
+KOKKOS_INLINE_FUNCTION void load_run(const T* p, float (&out)[8]) {
+  load_eight(p, out);
+}
+template <class T>
+KOKKOS_INLINE_FUNCTION void load_run(const T* p, float (&out)[1]) {
+  out[0] = to_float(*p);
+}
+
+/// One product of LinearTeamKernel in raw pointers of its memory space: up
+/// to linear_team_rows input rows.
+///   x: (rows, in), row stride x_stride; w: (out, in), row stride w_stride;
+///   y: (rows, out), row stride y_stride
+template <class Scalar>
+struct TeamProblem {
+  const float* x;
+  const Scalar* w;
+  float* y;
+  int x_stride, w_stride, y_stride;
+  int rows, in, out;
+  bool eight_wide;  // rows of x and w are 16-byte aligned runs of multiples of 8 elements
+};
+
+/// Products of one LinearTeamKernel launch: few enough that the kernel's
+/// closure stays under the 512 bytes Kokkos 3.x passes as a kernel argument
+/// (launch_parallel_for).
+inline constexpr int max_team_problems = 6;
+
+/// Portable, shaped for GPUs (the GEMVs of decode): each team thread takes
+/// linear_team_features weight rows of one problem against its input rows
+/// (at most Rows), its vector lanes (a warp) striding the columns eight at a
+/// time, so that a warp reads 512 contiguous bytes of each bf16 weight row
+/// per step, with every sum in registers until one reduction over the lanes.
+/// Problem p owns the teams [first_team[p], first_team[p + 1]).
+template <class ExecSpace, class Scalar, int Rows>
 struct LinearTeamKernel {
-  using MemSpace = typename ExecSpace::memory_space;
   using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
-  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> x;
-  Kokkos::View<const Scalar**, Kokkos::LayoutRight, MemSpace> w;
-  Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> y;
+  TeamProblem<Scalar> problems[max_team_problems];
+  int first_team[max_team_problems + 1];
+  int count;
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
-    const int j = team.league_rank();
-    const int in = static_cast<int>(w.extent(1));
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<int>(x.extent(0))), [&](int r) {
-      float sum = 0;
-      Kokkos::parallel_reduce(
-          Kokkos::ThreadVectorRange(team, in), [&](int c, float& acc) { acc += x(r, c) * to_float(w(j, c)); }, sum);
-      Kokkos::single(Kokkos::PerThread(team), [&]() { y(r, j) = sum; });
+    int p = 0;
+    while (p + 1 < count && team.league_rank() >= first_team[p + 1]) ++p;
+    const TeamProblem<Scalar>& problem = problems[p];
+    const int j0 =
+        ((team.league_rank() - first_team[p]) * team.team_size() + team.team_rank()) * linear_team_features;
+    if (j0 >= problem.out) return;
+    if (problem.eight_wide) products<8>(team, problem, j0);
+    else products<1>(team, problem, j0);
+  }
+
+  template <int Width>
+  KOKKOS_INLINE_FUNCTION void products(const Member& team, const TeamProblem<Scalar>& problem, int j0) const {
+    // Past the last weight row, a thread's rows repeat it and are not stored.
+    const Scalar* w_rows[linear_team_features];
+    for (int f = 0; f < linear_team_features; ++f)
+      w_rows[f] = problem.w + static_cast<std::int64_t>(j0 + f < problem.out ? j0 + f : problem.out - 1) *
+                                  problem.w_stride;
+    LaneSums<Rows> sums;
+    Kokkos::parallel_reduce(
+        Kokkos::ThreadVectorRange(team, problem.in / Width),
+        [&](int step, LaneSums<Rows>& lane) {
+          const int c = step * Width;
+          float weights[linear_team_features][Width];
+          for (int f = 0; f < linear_team_features; ++f) load_run(w_rows[f] + c, weights[f]);
+          for (int r = 0; r < Rows; ++r) {
+            if (r >= problem.rows) break;
+            float inputs[Width];
+            load_run(problem.x + static_cast<std::int64_t>(r) * problem.x_stride + c, inputs);
+            for (int f = 0; f < linear_team_features; ++f)
+              for (int e = 0; e < Width; ++e) lane.sum[r][f] += inputs[e] * weights[f][e];
+          }
+        },
+        sums);
+    Kokkos::single(Kokkos::PerThread(team), [&]() {
+      for (int r = 0; r < problem.rows; ++r)
+        for (int f = 0; f < linear_team_features && j0 + f < problem.out; ++f)
+          problem.y[static_cast<std::int64_t>(r) * problem.y_stride + j0 + f] = sums.sum[r][f];
     });
   }
 };
+
+/// linear() of every problem by LinearTeamKernel on any space (the GPU's
+/// linear layers; on host spaces, teams of one lane, for tests): each
+/// problem's rows in groups of linear_team_rows, up to max_team_problems
+/// groups a launch.
+template <class ExecSpace, class Scalar>
+void linear_team(const ExecSpace& space,
+                 const std::vector<LinearProblem<typename ExecSpace::memory_space, Scalar>>& problems) {
+  for (const auto& p : problems) check_linear_shapes(p.x, p.w, p.y);
+  constexpr bool host = is_host_exec_space<ExecSpace>;
+  const int team_size = host ? 1 : 4, vector_length = host ? 1 : 32;
+  const int threads_features = team_size * linear_team_features;
+  std::vector<TeamProblem<Scalar>> groups;
+  for (const auto& p : problems) {
+    const int rows = static_cast<int>(p.x.extent(0)), in = static_cast<int>(p.w.extent(1));
+    const bool eight_wide = in % 8 == 0 && p.x.stride(0) % 8 == 0 && p.w.stride(0) % 8 == 0 &&
+                            reinterpret_cast<std::uintptr_t>(p.x.data()) % 16 == 0 &&
+                            reinterpret_cast<std::uintptr_t>(p.w.data()) % 16 == 0;
+    for (int r0 = 0; r0 < rows; r0 += linear_team_rows)
+      groups.push_back(TeamProblem<Scalar>{p.x.data() + r0 * p.x.stride(0), p.w.data(), p.y.data() + r0 * p.y.stride(0),
+                                           static_cast<int>(p.x.stride(0)), static_cast<int>(p.w.stride(0)),
+                                           static_cast<int>(p.y.stride(0)), std::min(linear_team_rows, rows - r0), in,
+                                           static_cast<int>(p.w.extent(0)), eight_wide});
+  }
+  for (std::size_t g0 = 0; g0 < groups.size(); g0 += max_team_problems) {
+    const int count = static_cast<int>(std::min<std::size_t>(max_team_problems, groups.size() - g0));
+    int most_rows = 0;
+    for (int g = 0; g < count; ++g) most_rows = std::max(most_rows, groups[g0 + g].rows);
+    auto launch = [&](auto rows_of_kernel) {
+      LinearTeamKernel<ExecSpace, Scalar, decltype(rows_of_kernel)::value> kernel{};
+      kernel.count = count;
+      for (int g = 0; g < count; ++g) {
+        kernel.problems[g] = groups[g0 + g];
+        kernel.first_team[g + 1] = kernel.first_team[g] + (groups[g0 + g].out + threads_features - 1) / threads_features;
+      }
+      launch_parallel_for("writescope::moe::linear",
+                          Kokkos::TeamPolicy<ExecSpace>(space, kernel.first_team[count], team_size, vector_length),
+                          kernel);
+    };
+    if (most_rows == 1) launch(std::integral_constant<int, 1>());
+    else if (most_rows == 2) launch(std::integral_constant<int, 2>());
+    else if (most_rows <= 4) launch(std::integral_constant<int, 4>());
+    else launch(std::integral_constant<int, 8>());
+  }
+}
 
 }  // namespace impl
 
@@ -198,8 +330,8 @@ void linear(const ExecSpace& space,
             const Kokkos::View<const Scalar**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& w,
             const Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& y) {
   impl::check_linear_shapes(x, w, y);
-  const int out = static_cast<int>(w.extent(0));
   if constexpr (is_host_exec_space<ExecSpace>) {
+    const int out = static_cast<int>(w.extent(0));
     const int rows = static_cast<int>(x.extent(0)), in = static_cast<int>(x.extent(1));
     if (rows > impl::max_linear_rows) {
       // Prompt chunks: weights are reused by many rows, so the layer is a GEMM, not a stream of weights.
@@ -220,8 +352,7 @@ void linear(const ExecSpace& space,
                          work_stealing_range(space, (out + impl::linear_features - 1) / impl::linear_features),
                          impl::LinearHostKernel<Scalar>{x, w, y, path == CpuPath::avx2});
   } else {
-    launch_parallel_for("writescope::moe::linear", Kokkos::TeamPolicy<ExecSpace>(space, out, 4, 32),
-                         impl::LinearTeamKernel<ExecSpace, Scalar>{x, w, y});
+    impl::linear_team(space, std::vector<LinearProblem<typename ExecSpace::memory_space, Scalar>>{{x, w, y}});
   }
 }
 
@@ -245,8 +376,10 @@ void linear_batch(const ExecSpace& space,
       }
     }
     if (!batched.empty()) impl::linear_split_host(space, batch_path, batched);
-  } else {
+  } else if constexpr (is_host_exec_space<ExecSpace>) {
     for (const auto& p : problems) linear<ExecSpace, Scalar>(space, p.x, p.w, p.y);
+  } else {
+    impl::linear_team(space, problems);
   }
 }
 

@@ -121,6 +121,36 @@ TEST(PredictTest, PricesStreamedKvAtTheLinkRate) {
   }
 }
 
+// The GPU side's experts priced as the runtime runs them (moe/model.cpp):
+// a run of resident experts as one batch, a staged expert alone. Two layers
+// of tiny-mixtral, one token, its 2 experts each 12288 bytes at 100 GB/s.
+TEST(PredictTest, PricesTheGpusExpertsAsTheRuntimeBatchesThem) {
+  const ModelConfig config = model_preset("tiny-mixtral");
+  const MachineProfile profile = round_profile();
+  for (const bool staged : {false, true}) {
+    // Every expert resident, or expert 1 staged for its layer and the rest resident.
+    auto placement = [staged](int, int expert) {
+      return staged && expert == 1 ? ExpertPlacement::gpu_loaded : ExpertPlacement::gpu_resident;
+    };
+    const PricedSteps priced =
+        price_decode(config, first_fit_options(profile, 16 << 20, std::make_shared<FixedExpertPolicy>(placement)),
+                     profile, one_step_at_33_tokens());
+    ASSERT_EQ(priced.layers.size(), 1u);
+    bool saw_staged = false;
+    for (const LayerRecord& r : priced.layers[0]) {
+      const double products = 2 * 12288 / 100e9;
+      // One batch of 2 groups of rows: gather, silu, weighted sums, one launch of the 4 gate and up products, one
+      // of the 2 down products, two copies: 7 launches. Where a routed expert is staged, it runs alone (6
+      // launches) and the other is a batch of one group (7).
+      const bool routed_staged = r.transfers > 0;
+      saw_staged = saw_staged || routed_staged;
+      EXPECT_NEAR(r.experts_gpu, products + (routed_staged ? 13e-6 : 7e-6), 1e-12)
+          << (staged ? "with" : "without") << " a staged expert";
+    }
+    EXPECT_EQ(saw_staged, staged) << "expert 1 was not routed in any layer";
+  }
+}
+
 // Experts split between the devices: with a GPU its experts (and their
 // loads) run beside the CPU's, so the feed-forward costs the larger side;
 // a host-only profile runs them one after the other, as a host build does.

@@ -106,6 +106,30 @@ TYPED_TEST(LinearTest, BatchesMatchADoubleReferenceOnEveryCpuPath) {
   test::for_each_cpu_path([](CpuPath) { expect_batch_reference<ExecSpace, Scalar, Mem>(); });
 }
 
+// The GPU's kernel (impl::linear_team, what linear() and linear_batch() run
+// off the host) on every space, each shape alone and all of them twice in
+// one call: rows in groups of 8 (1, 2, 4 and 8 per launch), up to 6 groups of
+// any products a launch, weight rows past the last of a thread's 4, columns
+// eight at a time and one at a time.
+TYPED_TEST(LinearTest, TeamKernelMatchesADoubleReference) {
+  using ExecSpace = typename TypeParam::Exec;
+  using Scalar = typename TypeParam::Storage;
+  using Mem = typename ExecSpace::memory_space;
+  for (const auto& [rows, in, out] : linear_shapes) {
+    const Product<Scalar, Mem> product(rows, in, out, 3);
+    impl::linear_team<ExecSpace, Scalar>(ExecSpace(), {{product.x, product.w, product.y}});
+    product.expect_reference();
+  }
+  std::vector<Product<Scalar, Mem>> products;
+  unsigned seed = 30;
+  for (int copy = 0; copy < 2; ++copy)
+    for (const auto& [rows, in, out] : linear_shapes) products.emplace_back(rows, in, out, seed += 2);
+  std::vector<LinearProblem<Mem, Scalar>> problems;
+  for (const auto& p : products) problems.push_back({p.x, p.w, p.y});
+  impl::linear_team<ExecSpace, Scalar>(ExecSpace(), problems);
+  for (const auto& p : products) p.expect_reference();
+}
+
 TYPED_TEST(LinearTest, RejectsMismatchedShapes) {
   using ExecSpace = typename TypeParam::Exec;
   using Scalar = typename TypeParam::Storage;
