@@ -176,22 +176,6 @@ inline constexpr int linear_team_features = 4;
 /// Input rows of one LinearTeamKernel launch; more go in groups of these.
 inline constexpr int linear_team_rows = 8;
 
-/// One lane's sums for Rows input rows x linear_team_features weight rows
-/// until the lanes' reduction (default-constructed to zero, joined by +=).
-template <int Rows>
-struct LaneSums {
-  float sum[Rows][linear_team_features];
-  KOKKOS_INLINE_FUNCTION LaneSums() {
-    for (int r = 0; r < Rows; ++r)
-      for (int f = 0; f < linear_team_features; ++f) sum[r][f] = 0;
-  }
-  KOKKOS_INLINE_FUNCTION LaneSums& operator+=(const LaneSums& other) {
-    for (int r = 0; r < Rows; ++r)
-      for (int f = 0; f < linear_team_features; ++f) sum[r][f] += other.sum[r][f];
-    return *this;
-  }
-};
-
 /// `Width` consecutive elements from p as floats: eight in one 16-byte load
 /// (p 16-byte aligned), or one.
 template <class T>
@@ -226,7 +210,7 @@ inline constexpr int max_team_problems = 6;
 /// linear_team_features weight rows of one problem against its input rows
 /// (at most Rows), its vector lanes (a warp) striding the columns eight at a
 /// time, so that a warp reads 512 contiguous bytes of each bf16 weight row
-/// per step, with every sum in registers until one reduction over the lanes.
+/// per step, with every sum in registers until a reduction over the lanes.
 /// Problem p owns the teams [first_team[p], first_team[p + 1]).
 template <class ExecSpace, class Scalar, int Rows>
 struct LinearTeamKernel {
@@ -234,6 +218,7 @@ struct LinearTeamKernel {
   TeamProblem<Scalar> problems[max_team_problems];
   int first_team[max_team_problems + 1];
   int count;
+  int vector_length;  // the policy's: each lane adds its own sums once in the final reductions
 
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
     int p = 0;
@@ -253,27 +238,33 @@ struct LinearTeamKernel {
     for (int f = 0; f < linear_team_features; ++f)
       w_rows[f] = problem.w + static_cast<std::int64_t>(j0 + f < problem.out ? j0 + f : problem.out - 1) *
                                   problem.w_stride;
-    LaneSums<Rows> sums;
-    Kokkos::parallel_reduce(
-        Kokkos::ThreadVectorRange(team, problem.in / Width),
-        [&](int step, LaneSums<Rows>& lane) {
-          const int c = step * Width;
-          float weights[linear_team_features][Width];
-          for (int f = 0; f < linear_team_features; ++f) load_run(w_rows[f] + c, weights[f]);
-          for (int r = 0; r < Rows; ++r) {
-            if (r >= problem.rows) break;
-            float inputs[Width];
-            load_run(problem.x + static_cast<std::int64_t>(r) * problem.x_stride + c, inputs);
-            for (int f = 0; f < linear_team_features; ++f)
-              for (int e = 0; e < Width; ++e) lane.sum[r][f] += inputs[e] * weights[f][e];
-          }
-        },
-        sums);
-    Kokkos::single(Kokkos::PerThread(team), [&]() {
-      for (int r = 0; r < problem.rows; ++r)
-        for (int f = 0; f < linear_team_features && j0 + f < problem.out; ++f)
-          problem.y[static_cast<std::int64_t>(r) * problem.y_stride + j0 + f] = sums.sum[r][f];
+    // Each lane's own sums, in registers: a reduction over a struct of them
+    // would go through local memory (Kokkos shuffles it word by word through
+    // its address).
+    float sums[Rows][linear_team_features] = {};
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, problem.in / Width), [&](int step) {
+      const int c = step * Width;
+      float weights[linear_team_features][Width];
+      for (int f = 0; f < linear_team_features; ++f) load_run(w_rows[f] + c, weights[f]);
+      for (int r = 0; r < Rows; ++r) {
+        if (r >= problem.rows) break;
+        float inputs[Width];
+        load_run(problem.x + static_cast<std::int64_t>(r) * problem.x_stride + c, inputs);
+        for (int f = 0; f < linear_team_features; ++f)
+          for (int e = 0; e < Width; ++e) sums[r][f] += inputs[e] * weights[f][e];
+      }
     });
+    for (int r = 0; r < Rows; ++r) {
+      if (r >= problem.rows) break;
+      for (int f = 0; f < linear_team_features; ++f) {
+        float total = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(team, vector_length), [&](int, float& lanes) { lanes += sums[r][f]; }, total);
+        if (j0 + f < problem.out)
+          Kokkos::single(Kokkos::PerThread(team),
+                         [&]() { problem.y[static_cast<std::int64_t>(r) * problem.y_stride + j0 + f] = total; });
+      }
+    }
   }
 };
 
@@ -307,6 +298,7 @@ void linear_team(const ExecSpace& space,
     auto launch = [&](auto rows_of_kernel) {
       LinearTeamKernel<ExecSpace, Scalar, decltype(rows_of_kernel)::value> kernel{};
       kernel.count = count;
+      kernel.vector_length = vector_length;
       for (int g = 0; g < count; ++g) {
         kernel.problems[g] = groups[g0 + g];
         kernel.first_team[g + 1] = kernel.first_team[g] + (groups[g0 + g].out + threads_features - 1) / threads_features;
