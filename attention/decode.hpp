@@ -38,15 +38,21 @@ enum class BlockProduct {
   portable,   // the team kernel on every space (tests use it to cover both)
 };
 
+/// The most warps a GPU decode team takes by its rule.
+inline constexpr int max_gpu_decode_warps = 16;
 /// How the GPU runs decode_attention's team kernel for blocks of
-/// `block_tokens` tokens: one lane per token (up to 8 warps), the P·V phase in
-/// token_splits slices, and the team scratch that needs (scores of the group,
-/// maxima and sums, the slices' partial sums).
+/// `block_tokens` tokens: warps for one lane per token and four lanes per P·V
+/// item, at most `most_warps`; the P·V phase in token_splits slices, and the
+/// team scratch that needs (scores of the group, maxima and sums, the slices'
+/// partial sums), which fewer warps never raise. The rule's 16 warps of 110
+/// registers fill a streaming multiprocessor's registers with one team
+/// (ptxas, sm_90), so teams of fewer warps are measured beside it
+/// (benchmark gpu_decode's warps).
 struct GpuDecodeTeam {
   int team_size = 1, vector_length = 1, token_splits = 1;
   std::size_t scratch_bytes = 0;
 };
-GpuDecodeTeam gpu_decode_team(const AttentionShape& shape, int block_tokens);
+GpuDecodeTeam gpu_decode_team(const AttentionShape& shape, int block_tokens, int most_warps = max_gpu_decode_warps);
 /// Kokkos 3.4's level-0 team scratch on CUDA: the 48 KiB of shared memory a
 /// block gets without opting in to more.
 inline constexpr std::size_t gpu_team_scratch_limit = 48 * 1024;
@@ -72,6 +78,8 @@ struct DecodeWorkspace {
   CpuPath host_path = CpuPath::scalar;
   PrefetchLevel host_next_pass = PrefetchLevel::l1;
   int host_pass = 0;
+  // The GPU team kernel's warps at most (gpu_decode_team; benchmarks sweep it).
+  int gpu_most_warps = max_gpu_decode_warps;
 };
 
 /// Attends queries(b, :, :) over the segments with batch_index b, for every b.

@@ -40,7 +40,9 @@ template <class ExecSpace, class PoolSpace>
 class DecodeStep {
  public:
   using MemSpace = typename ExecSpace::memory_space;
-  DecodeStep(const AttentionShape& shape, Region region, const bench::RotatedCaches& caches, PoolOf<PoolSpace> pool)
+  /// `gpu_most_warps`: the GPU team kernel's warps at most (DecodeWorkspace).
+  DecodeStep(const AttentionShape& shape, Region region, const bench::RotatedCaches& caches, PoolOf<PoolSpace> pool,
+             int gpu_most_warps = max_gpu_decode_warps)
       : shape_(shape),
         region_(region),
         caches_(caches),
@@ -48,6 +50,7 @@ class DecodeStep {
         queries_("writescope::benchmarks::queries", 1, shape.q_heads, shape.key_dim),
         out_("writescope::benchmarks::out", 1, shape.q_heads, shape.value_dim) {
     Kokkos::deep_copy(queries_, 0.05f);
+    workspace_.gpu_most_warps = gpu_most_warps;
   }
   void operator()(const ExecSpace& space) {
     const int c = next_++ % caches_.copies();
@@ -78,15 +81,16 @@ class DecodeStep {
 
 /// `memory_bound()`: the memory bound in GB/s, called right after the timed
 /// iterations (a shared machine's rates drift between benchmarks).
+/// `gpu_most_warps`: as DecodeStep's.
 template <class ExecSpace, class PoolSpace, class MemoryBound>
 void decode(benchmark::State& state, const AttentionShape& shape, Region region, PoolOf<PoolSpace> pool,
-            MemoryBound memory_bound) {
+            MemoryBound memory_bound, int gpu_most_warps = max_gpu_decode_warps) {
   const std::int64_t tokens = state.range(0);
   const double kv_bytes = bench::kv_bytes(shape, tokens);
   const bench::RotatedCaches rotated = bench::rotated_caches(shape, region, tokens);
   const auto& caches = rotated.caches;
   const int copies = rotated.copies();
-  DecodeStep<ExecSpace, PoolSpace> run(shape, region, rotated, pool);
+  DecodeStep<ExecSpace, PoolSpace> run(shape, region, rotated, pool, gpu_most_warps);
   const ExecSpace space;
   run(space);  // warm-up: workspace allocation, first touch of scratch
   // Counters common to both spaces; returns GB/s.
@@ -289,12 +293,24 @@ BENCHMARK_CAPTURE(split_decode, qwen3_gqa_band, qwen3_30b_a3b_attention())
     ->Unit(benchmark::kMillisecond);
 
 #ifdef KOKKOS_ENABLE_CUDA
+/// range(1): the team kernel's warps at most (16: its rule; fewer, for the
+/// next GPU session to measure against it), counter `team_warps`.
 void gpu_decode(benchmark::State& state, AttentionShape shape) {
-  decode<GpuExecSpace, GpuMemSpace>(state, shape, Region::gpu_resident, &InplaceKVCache<bf16>::vram_pool,
-                                    [] { return bench::hbm_copy_gbps(); });
+  const int most_warps = static_cast<int>(state.range(1));
+  decode<GpuExecSpace, GpuMemSpace>(
+      state, shape, Region::gpu_resident, &InplaceKVCache<bf16>::vram_pool, [] { return bench::hbm_copy_gbps(); },
+      most_warps);
+  state.counters["team_warps"] = gpu_decode_team(shape, calibration_block_tokens, most_warps).team_size;
 }
-WRITESCOPE_DECODE_BENCHMARK(gpu_decode, qwen3_gqa_gpu_resident, qwen3_30b_a3b_attention());
-WRITESCOPE_DECODE_BENCHMARK(gpu_decode, deepseek_mla_gpu_resident, deepseek_v2_lite_mla_attention());
+#define WRITESCOPE_GPU_DECODE_BENCHMARK(name, shape)                                        \
+  BENCHMARK_CAPTURE(gpu_decode, name, shape)                                                \
+      ->ArgNames({"", "warps"})                                                             \
+      ->ArgsProduct({{8192, 32768, 131072}, {4, 8, max_gpu_decode_warps}})                  \
+      ->UseManualTime()                                                                     \
+      ->Unit(benchmark::kMillisecond)
+WRITESCOPE_GPU_DECODE_BENCHMARK(qwen3_gqa_gpu_resident, qwen3_30b_a3b_attention());
+WRITESCOPE_GPU_DECODE_BENCHMARK(deepseek_mla_gpu_resident, deepseek_v2_lite_mla_attention());
+#undef WRITESCOPE_GPU_DECODE_BENCHMARK
 #endif
 #undef WRITESCOPE_DECODE_BENCHMARK
 

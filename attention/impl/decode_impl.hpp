@@ -500,11 +500,11 @@ void grow(View& view, const char* label, Extents... extents) {
 
 }  // namespace impl
 
-inline GpuDecodeTeam gpu_decode_team(const AttentionShape& shape, int block_tokens) {
+inline GpuDecodeTeam gpu_decode_team(const AttentionShape& shape, int block_tokens, int most_warps) {
   GpuDecodeTeam team;
-  // Warps for one lane per token and for four lanes per P·V item, up to 16.
   const int items = std::max(1, shape.group() * shape.value_dim / 8);
-  team.team_size = std::min(16, std::max({1, (block_tokens + 31) / 32, (4 * items + 31) / 32}));
+  team.team_size = std::max(1, std::min({max_gpu_decode_warps, most_warps,
+                                         std::max((block_tokens + 31) / 32, (4 * items + 31) / 32)}));
   team.vector_length = 32;
   team.token_splits = std::max(1, std::min(8, team.team_size * team.vector_length / items));
   team.scratch_bytes =
@@ -584,7 +584,7 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
   auto launch_team_kernel = [&] {
     constexpr bool host = is_host_exec_space<ExecSpace>;
     // Host spaces run teams of one lane; their 2 slices keep the sliced P·V path under test.
-    const GpuDecodeTeam gpu = gpu_decode_team(shape, geometry.block_tokens);
+    const GpuDecodeTeam gpu = gpu_decode_team(shape, geometry.block_tokens, workspace.gpu_most_warps);
     const int team_size = host ? 1 : gpu.team_size;
     const int vector_length = host ? 1 : gpu.vector_length;
     const int token_splits = host ? 2 : gpu.token_splits;

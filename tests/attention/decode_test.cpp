@@ -423,6 +423,30 @@ TEST(DecodeAttentionDispatch, EveryModelShapeTakesTheBestCpuPath) {
           << shape.name << " " << region_name(region);
 }
 
+// The GPU team's rule, and teams capped at fewer warps (the benchmark's
+// sweep): the cap holds, the P·V slices never need more lanes than the team
+// has, and fewer warps never need more scratch than the rule (which the
+// block_tokens check is made against).
+TEST(GpuDecodeTeam, FewerWarpsNeverNeedMoreScratchThanTheRule) {
+  for (const AttentionShape& shape :
+       {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()})
+    for (int block_tokens : {16, 256, 766}) {
+      const GpuDecodeTeam rule = gpu_decode_team(shape, block_tokens);
+      EXPECT_LE(rule.team_size, max_gpu_decode_warps);
+      for (int most_warps : {1, 4, 8, max_gpu_decode_warps}) {
+        const GpuDecodeTeam capped = gpu_decode_team(shape, block_tokens, most_warps);
+        const std::string what = shape.name + ", " + std::to_string(block_tokens) + " tokens, " +
+                                 std::to_string(most_warps) + " warps at most";
+        EXPECT_EQ(capped.team_size, std::min(most_warps, rule.team_size)) << what;
+        const int items = shape.group() * shape.value_dim / 8;  // P·V items of 8 value dims
+        if (capped.token_splits > 1) {
+          EXPECT_LE(capped.token_splits * items, capped.team_size * capped.vector_length) << what;
+        }
+        EXPECT_LE(capped.scratch_bytes, rule.scratch_bytes) << what;
+      }
+    }
+}
+
 #ifdef WRITESCOPE_HOST_AVX512_BF16
 // The AVX-512 tiled score product takes key pairs two at a time (two
 // accumulator chains): keys in an odd number of pairs go to another path.
