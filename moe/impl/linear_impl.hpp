@@ -279,7 +279,8 @@ void linear_team(const ExecSpace& space,
   constexpr bool host = is_host_exec_space<ExecSpace>;
   const int team_size = host ? 1 : 4, vector_length = host ? 1 : 32;
   const int threads_features = team_size * linear_team_features;
-  std::vector<TeamProblem<Scalar>> groups;
+  thread_local std::vector<TeamProblem<Scalar>> groups;
+  groups.clear();
   for (const auto& p : problems) {
     const int rows = static_cast<int>(p.x.extent(0)), in = static_cast<int>(p.w.extent(1));
     const bool eight_wide = in % 8 == 0 && p.x.stride(0) % 8 == 0 && p.w.stride(0) % 8 == 0 &&
