@@ -302,11 +302,11 @@ void gpu_decode(benchmark::State& state, AttentionShape shape) {
       most_warps);
   state.counters["team_warps"] = gpu_decode_team(shape, calibration_block_tokens, most_warps).team_size;
 }
-#define WRITESCOPE_GPU_DECODE_BENCHMARK(name, shape)                                        \
-  BENCHMARK_CAPTURE(gpu_decode, name, shape)                                                \
-      ->ArgNames({"", "warps"})                                                             \
-      ->ArgsProduct({{8192, 32768, 131072}, {4, 8, max_gpu_decode_warps}})                  \
-      ->UseManualTime()                                                                     \
+#define WRITESCOPE_GPU_DECODE_BENCHMARK(name, shape)                       \
+  BENCHMARK_CAPTURE(gpu_decode, name, shape)                               \
+      ->ArgNames({"", "warps"})                                            \
+      ->ArgsProduct({{8192, 32768, 131072}, {4, 8, max_gpu_decode_warps}}) \
+      ->UseManualTime()                                                    \
       ->Unit(benchmark::kMillisecond)
 WRITESCOPE_GPU_DECODE_BENCHMARK(qwen3_gqa_gpu_resident, qwen3_30b_a3b_attention());
 WRITESCOPE_GPU_DECODE_BENCHMARK(deepseek_mla_gpu_resident, deepseek_v2_lite_mla_attention());

@@ -141,6 +141,16 @@ struct ExpertSteps {
     }
   }
   int steps() const { return static_cast<int>(routings.size()); }
+  /// Per step, the weights of its experts out of the pool's.
+  template <class Weights>
+  std::vector<std::vector<Weights>> weights(const std::vector<Weights>& pool) const {
+    std::vector<std::vector<Weights>> per_step;
+    for (const auto& experts : active) {
+      per_step.emplace_back();
+      for (int e : experts) per_step.back().push_back(pool[static_cast<std::size_t>(e)]);
+    }
+    return per_step;
+  }
 };
 
 /// One step of `runner` on step `step` of `steps`: batched, or one add per expert.
@@ -155,7 +165,8 @@ void expert_step(const ExecSpace& space, ExpertRunner<ExecSpace, bf16>& runner, 
   if (batched) {
     runner.add(space, steps.active[s], weights[s], x, out);
   } else {
-    for (std::size_t k = 0; k < steps.active[s].size(); ++k) runner.add(space, weights[s][k], steps.active[s][k], x, out);
+    for (std::size_t k = 0; k < steps.active[s].size(); ++k)
+      runner.add(space, weights[s][k], steps.active[s][k], x, out);
   }
 }
 
@@ -184,12 +195,9 @@ void cpu_experts(benchmark::State& state, bool qwen3) {
     experts.push_back(Weights{g, u, d});
   }
   const ExpertSteps steps(tokens, per_token, window, pool);
-  std::vector<std::vector<Weights>> active_weights;
-  for (const auto& active : steps.active) {
-    active_weights.emplace_back();
-    for (int e : active) active_weights.back().push_back(experts[static_cast<std::size_t>(e)]);
-  }
-  const int touched = static_cast<int>(steps.active.front().size()), rows = tokens * per_token;  // a step's experts, rows
+  const std::vector<std::vector<Weights>> active_weights = steps.weights(experts);
+  // A step's experts, and its rows.
+  const int touched = static_cast<int>(steps.active.front().size()), rows = tokens * per_token;
   Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> x("writescope::benchmarks::x", tokens, hidden),
       out("writescope::benchmarks::out", tokens, hidden);
   Kokkos::deep_copy(x, 0.5f);
@@ -246,9 +254,8 @@ void gpu_bf16_linear(benchmark::State& state) {
       y("writescope::benchmarks::y", rows, out);
   Kokkos::deep_copy(x, 0.5f);
   int next = 0;
-  const double total = bench::run_fenced_iterations(state, GpuExecSpace(), [&](const GpuExecSpace& s) {
-    linear<GpuExecSpace, bf16>(s, x, w[next++ % copies], y);
-  });
+  const double total = bench::run_fenced_iterations(
+      state, GpuExecSpace(), [&](const GpuExecSpace& s) { linear<GpuExecSpace, bf16>(s, x, w[next++ % copies], y); });
   report_hbm(state, total, weight_bytes);
   state.counters["weight_copies"] = copies;
 }
@@ -266,11 +273,7 @@ void gpu_experts(benchmark::State& state, bool qwen3) {
   std::vector<Weights> experts;
   for (int e = 0; e < pool; ++e) experts.push_back(Weights{on_gpu(gate), on_gpu(up), on_gpu(down)});
   const ExpertSteps steps(tokens, per_token, window, pool);
-  std::vector<std::vector<Weights>> active_weights;
-  for (const auto& active : steps.active) {
-    active_weights.emplace_back();
-    for (int e : active) active_weights.back().push_back(experts[static_cast<std::size_t>(e)]);
-  }
+  const std::vector<std::vector<Weights>> active_weights = steps.weights(experts);
   Kokkos::View<float**, Kokkos::LayoutRight, GpuMemSpace> x("writescope::benchmarks::x", tokens, hidden),
       out("writescope::benchmarks::out", tokens, hidden);
   Kokkos::deep_copy(x, 0.5f);

@@ -110,9 +110,7 @@ struct StepRates {
 
   /// One routed expert's products over `tokens` rows on the GPU side (the
   /// CPU without a GPU), without its launches.
-  double gpu_expert(int tokens) const {
-    return has_gpu ? experts.gpu_seconds(tokens) : experts.cpu_seconds(tokens);
-  }
+  double gpu_expert(int tokens) const { return has_gpu ? experts.gpu_seconds(tokens) : experts.cpu_seconds(tokens); }
   /// The launches of a routed expert run alone on the GPU side.
   double gpu_expert_launches_s() const { return expert_launches * launch_s; }
   /// The launches of a batch of experts on the GPU side whose rows make

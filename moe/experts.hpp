@@ -113,8 +113,9 @@ class ExpertRunner {
   // order given) and, per row of x, its entries in that order.
   std::vector<int> entry_rows_, row_first_entry_, row_entries_;
   std::vector<float> entry_weights_;
-  std::vector<int> batch_indices_;  // entry_rows_, row_first_entry_ and row_entries_ one after another
-  Kokkos::View<int*, MemSpace> batch_indices_view_;  // its copy on MemSpace
+  // entry_rows_, row_first_entry_ and row_entries_ one after another, and its copy on MemSpace.
+  std::vector<int> batch_indices_;
+  Kokkos::View<int*, MemSpace> batch_indices_view_;
   Kokkos::View<float*, MemSpace> batch_weights_;
 };
 

@@ -938,7 +938,8 @@ struct ModelForward {
           });
           if (!listed)
             throw std::logic_error("expert policy: expert " + std::to_string(e) + " of MoE layer " +
-                                   std::to_string(moe_layer) + " is planned on the GPU but neither resident nor loaded");
+                                   std::to_string(moe_layer) +
+                                   " is planned on the GPU but neither resident nor loaded");
           add_resident();
           staged += gpu_seconds(gpu, [&] { load(ExpertLoad{moe_layer, e, -1}, m.staging); });
           m.gpu_runner.add(gpu, m.staging.weights(), e, h, out);

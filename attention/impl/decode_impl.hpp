@@ -503,8 +503,8 @@ void grow(View& view, const char* label, Extents... extents) {
 inline GpuDecodeTeam gpu_decode_team(const AttentionShape& shape, int block_tokens, int most_warps) {
   GpuDecodeTeam team;
   const int items = std::max(1, shape.group() * shape.value_dim / 8);
-  team.team_size = std::max(1, std::min({max_gpu_decode_warps, most_warps,
-                                         std::max((block_tokens + 31) / 32, (4 * items + 31) / 32)}));
+  team.team_size = std::max(
+      1, std::min({max_gpu_decode_warps, most_warps, std::max((block_tokens + 31) / 32, (4 * items + 31) / 32)}));
   team.vector_length = 32;
   team.token_splits = std::max(1, std::min(8, team.team_size * team.vector_length / items));
   team.scratch_bytes =

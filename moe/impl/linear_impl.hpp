@@ -1,9 +1,8 @@
 #pragma once
 
-#include <stdexcept>
-
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -224,11 +223,12 @@ struct LinearTeamKernel {
     int p = 0;
     while (p + 1 < count && team.league_rank() >= first_team[p + 1]) ++p;
     const TeamProblem<Scalar>& problem = problems[p];
-    const int j0 =
-        ((team.league_rank() - first_team[p]) * team.team_size() + team.team_rank()) * linear_team_features;
+    const int j0 = ((team.league_rank() - first_team[p]) * team.team_size() + team.team_rank()) * linear_team_features;
     if (j0 >= problem.out) return;
-    if (problem.eight_wide) products<8>(team, problem, j0);
-    else products<1>(team, problem, j0);
+    if (problem.eight_wide)
+      products<8>(team, problem, j0);
+    else
+      products<1>(team, problem, j0);
   }
 
   template <int Width>
@@ -236,8 +236,8 @@ struct LinearTeamKernel {
     // Past the last weight row, a thread's rows repeat it and are not stored.
     const Scalar* w_rows[linear_team_features];
     for (int f = 0; f < linear_team_features; ++f)
-      w_rows[f] = problem.w + static_cast<std::int64_t>(j0 + f < problem.out ? j0 + f : problem.out - 1) *
-                                  problem.w_stride;
+      w_rows[f] =
+          problem.w + static_cast<std::int64_t>(j0 + f < problem.out ? j0 + f : problem.out - 1) * problem.w_stride;
     // Each lane's own sums, in registers: a reduction over a struct of them
     // would go through local memory (Kokkos shuffles it word by word through
     // its address).
@@ -302,16 +302,21 @@ void linear_team(const ExecSpace& space,
       kernel.vector_length = vector_length;
       for (int g = 0; g < count; ++g) {
         kernel.problems[g] = groups[g0 + g];
-        kernel.first_team[g + 1] = kernel.first_team[g] + (groups[g0 + g].out + threads_features - 1) / threads_features;
+        kernel.first_team[g + 1] =
+            kernel.first_team[g] + (groups[g0 + g].out + threads_features - 1) / threads_features;
       }
       launch_parallel_for("writescope::moe::linear",
                           Kokkos::TeamPolicy<ExecSpace>(space, kernel.first_team[count], team_size, vector_length),
                           kernel);
     };
-    if (most_rows == 1) launch(std::integral_constant<int, 1>());
-    else if (most_rows == 2) launch(std::integral_constant<int, 2>());
-    else if (most_rows <= 4) launch(std::integral_constant<int, 4>());
-    else launch(std::integral_constant<int, 8>());
+    if (most_rows == 1)
+      launch(std::integral_constant<int, 1>());
+    else if (most_rows == 2)
+      launch(std::integral_constant<int, 2>());
+    else if (most_rows <= 4)
+      launch(std::integral_constant<int, 4>());
+    else
+      launch(std::integral_constant<int, 8>());
   }
 }
 
