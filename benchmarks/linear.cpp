@@ -119,6 +119,23 @@ void openblas_float_linear(benchmark::State& state) {
   report(state, total, 4.0 * out * in, 2.0 * out * in);
 }
 
+/// The experts of cpu_experts and gpu_experts: range(0) tokens of Qwen3's
+/// experts (768 x 2048, 8 a token) or DeepSeek's (1408 x 2048, 6 a token),
+/// each token's taken from a window of twice its top-k, and a pool of them
+/// (whole windows) of at least rotated_weight_bytes.
+struct ExpertStepShape {
+  int tokens, hidden = 2048, intermediate, per_token, window;
+  double expert_bytes;
+  int pool;
+  ExpertStepShape(const benchmark::State& state, bool qwen3)
+      : tokens(static_cast<int>(state.range(0))),
+        intermediate(qwen3 ? 768 : 1408),
+        per_token(qwen3 ? 8 : 6),
+        window(2 * per_token),
+        expert_bytes(3.0 * 2.0 * hidden * intermediate),
+        pool(window * static_cast<int>(std::ceil(rotated_weight_bytes / expert_bytes / window))) {}
+};
+
 /// The routings of a decode step's experts over `pool` experts: step i's
 /// token t takes experts (5 t + j) mod window of window i, j < per_token.
 struct ExpertSteps {
@@ -179,11 +196,11 @@ void expert_step(const ExecSpace& space, ExpertRunner<ExecSpace, bf16>& runner, 
 /// routing shares them; the windows rotate through copies of experts past the
 /// last-level cache. Bytes: the weights of the experts a step touches, once.
 void cpu_experts(benchmark::State& state, bool qwen3) {
-  const int tokens = static_cast<int>(state.range(0)), hidden = 2048, intermediate = qwen3 ? 768 : 1408;
-  const int per_token = qwen3 ? 8 : 6, window = 2 * per_token;
+  const ExpertStepShape shape(state, qwen3);
+  const int tokens = shape.tokens, hidden = shape.hidden, intermediate = shape.intermediate;
+  const int per_token = shape.per_token, pool = shape.pool;
+  const double expert_bytes = shape.expert_bytes;
   const bool batched = state.range(1) == 1;
-  const double expert_bytes = 3.0 * 2.0 * hidden * intermediate;
-  const int pool = window * static_cast<int>(std::ceil(rotated_weight_bytes / expert_bytes / window));
   using Weights = ExpertWeights<bf16, HostMemSpace>;
   const auto gate = weights<bf16>(intermediate, hidden), up = weights<bf16>(intermediate, hidden),
              down = weights<bf16>(hidden, intermediate);
@@ -194,7 +211,7 @@ void cpu_experts(benchmark::State& state, bool qwen3) {
     Kokkos::deep_copy(g, gate), Kokkos::deep_copy(u, up), Kokkos::deep_copy(d, down);
     experts.push_back(Weights{g, u, d});
   }
-  const ExpertSteps steps(tokens, per_token, window, pool);
+  const ExpertSteps steps(tokens, per_token, shape.window, pool);
   const std::vector<std::vector<Weights>> active_weights = steps.weights(experts);
   // A step's experts, and its rows.
   const int touched = static_cast<int>(steps.active.front().size()), rows = tokens * per_token;
@@ -263,16 +280,14 @@ void gpu_bf16_linear(benchmark::State& state) {
 /// cpu_experts on the GPU: the experts in VRAM, copies rotated past the
 /// GPU's L2, through the model's GPU ExpertRunner; against the HBM bound.
 void gpu_experts(benchmark::State& state, bool qwen3) {
-  const int tokens = static_cast<int>(state.range(0)), hidden = 2048, intermediate = qwen3 ? 768 : 1408;
-  const int per_token = qwen3 ? 8 : 6, window = 2 * per_token;
-  const double expert_bytes = 3.0 * 2.0 * hidden * intermediate;
-  const int pool = window * static_cast<int>(std::ceil(rotated_weight_bytes / expert_bytes / window));
+  const ExpertStepShape shape(state, qwen3);
+  const int tokens = shape.tokens, hidden = shape.hidden, intermediate = shape.intermediate, pool = shape.pool;
   using Weights = ExpertWeights<bf16, GpuMemSpace>;
   const auto gate = weights<bf16>(intermediate, hidden), up = weights<bf16>(intermediate, hidden),
              down = weights<bf16>(hidden, intermediate);
   std::vector<Weights> experts;
   for (int e = 0; e < pool; ++e) experts.push_back(Weights{on_gpu(gate), on_gpu(up), on_gpu(down)});
-  const ExpertSteps steps(tokens, per_token, window, pool);
+  const ExpertSteps steps(tokens, shape.per_token, shape.window, pool);
   const std::vector<std::vector<Weights>> active_weights = steps.weights(experts);
   Kokkos::View<float**, Kokkos::LayoutRight, GpuMemSpace> x("writescope::benchmarks::x", tokens, hidden),
       out("writescope::benchmarks::out", tokens, hidden);
@@ -282,7 +297,7 @@ void gpu_experts(benchmark::State& state, bool qwen3) {
   const double total = bench::run_fenced_iterations(state, GpuExecSpace(), [&](const GpuExecSpace& s) {
     expert_step(s, runner, steps, active_weights, next++ % steps.steps(), state.range(1) == 1, x, out);
   });
-  report_hbm(state, total, static_cast<double>(steps.active.front().size()) * expert_bytes);
+  report_hbm(state, total, static_cast<double>(steps.active.front().size()) * shape.expert_bytes);
   state.counters["experts"] = static_cast<double>(steps.active.front().size());
 }
 #endif
