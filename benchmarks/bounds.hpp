@@ -84,6 +84,9 @@ double host_dram_read_gbps();
 double pinned_h2d_gbps();
 /// Device memory bandwidth (GB/s, bytes read + written by a device copy).
 double hbm_copy_gbps();
+/// The GPU's fp32 FMA peak (G multiply-adds/s): independent register chains
+/// on every SM, best of five launches.
+double gpu_fp32_fma_gmacs();
 #endif
 
 }  // namespace writescope::bench

@@ -10,7 +10,9 @@
 // (1408 x 2048) and Mixtral-8x7B (14336 x 4096). And cpu_experts: a decode
 // step's routed experts of one layer, batched in one add or one add each.
 // In the CUDA variant, the GPU's side of both (gpu_linear, gpu_experts) on
-// weights in VRAM rotated past the GPU's L2, against the HBM copy bound.
+// weights in VRAM rotated past the GPU's L2, against the HBM copy bound, and
+// its prompt chunks (gpu_prompt_linear: tiled against team kernel) against
+// the roofline of HBM and the GPU's fp32 FMA peak.
 #include "moe/linear.hpp"
 
 #include <benchmark/benchmark.h>
@@ -277,6 +279,42 @@ void gpu_bf16_linear(benchmark::State& state) {
   state.counters["weight_copies"] = copies;
 }
 
+/// A prompt chunk's linear layer on the GPU: range(0) rows against bf16
+/// weights (range(1) out x range(2) in) in VRAM, copies rotated past the
+/// GPU's L2, by the tiled kernel (what linear() runs beyond max_linear_rows
+/// rows) or the decode team kernel (groups of 8 rows, each streaming the
+/// weights), against the problem's roofline: max(weights once over HBM,
+/// multiply-adds over the fp32 FMA peak), both measured in this process.
+void gpu_prompt_linear(benchmark::State& state, bool tiled) {
+  const int rows = static_cast<int>(state.range(0)), out = static_cast<int>(state.range(1)),
+            in = static_cast<int>(state.range(2));
+  const double weight_bytes = 2.0 * out * in, multiply_adds = static_cast<double>(rows) * out * in;
+  const int copies = static_cast<int>(std::ceil(rotated_weight_bytes / weight_bytes));
+  const auto host_weights = weights<bf16>(out, in);
+  std::vector<Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMemSpace>> w;
+  for (int c = 0; c < copies; ++c) w.push_back(on_gpu(host_weights));
+  Kokkos::View<float**, Kokkos::LayoutRight, GpuMemSpace> x("writescope::benchmarks::x", rows, in),
+      y("writescope::benchmarks::y", rows, out);
+  Kokkos::deep_copy(x, 0.5f);
+  int next = 0;
+  const double total = bench::run_fenced_iterations(state, GpuExecSpace(), [&](const GpuExecSpace& s) {
+    const auto& weights = w[next++ % copies];
+    if (tiled)
+      impl::linear_tiled<GpuExecSpace, bf16>(s, x, weights, y);
+    else
+      impl::linear_team<GpuExecSpace, bf16>(s, {{x, weights, y}});
+  });
+  const double seconds = total / static_cast<double>(state.iterations());
+  const double hbm = bench::hbm_copy_gbps(), peak = bench::gpu_fp32_fma_gmacs();
+  state.counters["GFLOP/s"] = 2 * multiply_adds / seconds / 1e9;
+  state.counters["compute_bound_GFLOP/s"] = 2 * peak;
+  state.counters["GB/s"] = weight_bytes / seconds / 1e9;
+  state.counters["bound_GB/s"] = hbm;
+  state.counters["fraction_of_roofline"] =
+      std::max(weight_bytes / (hbm * 1e9), multiply_adds / (peak * 1e9)) / seconds;
+  state.counters["weight_copies"] = copies;
+}
+
 /// cpu_experts on the GPU: the experts in VRAM, copies rotated past the
 /// GPU's L2, through the model's GPU ExpertRunner; against the HBM bound.
 void gpu_experts(benchmark::State& state, bool qwen3) {
@@ -321,6 +359,14 @@ WRITESCOPE_LINEAR_SHAPES(BENCHMARK(bf16_linear)->Name("expert_linear/bf16_writes
 WRITESCOPE_LINEAR_SHAPES(BENCHMARK(openblas_float_linear)->Name("expert_linear/float_openblas"));
 #ifdef KOKKOS_ENABLE_CUDA
 WRITESCOPE_LINEAR_SHAPES(BENCHMARK(gpu_bf16_linear)->Name("gpu_linear/bf16_writescope"));
+// Prompt chunks of 64 and 256 rows on a Qwen3 expert's gate and a Mixtral expert's.
+#define WRITESCOPE_PROMPT_SHAPES(b)                                                                        \
+  b->Args({64, 768, 2048})->Args({256, 768, 2048})->Args({64, 14336, 4096})->Args({256, 14336, 4096})   \
+      ->UseManualTime()                                                                                    \
+      ->Unit(benchmark::kMicrosecond)
+WRITESCOPE_PROMPT_SHAPES(BENCHMARK_CAPTURE(gpu_prompt_linear, tiled, true));
+WRITESCOPE_PROMPT_SHAPES(BENCHMARK_CAPTURE(gpu_prompt_linear, team, false));
+#undef WRITESCOPE_PROMPT_SHAPES
 #endif
 #undef WRITESCOPE_LINEAR_SHAPES
 

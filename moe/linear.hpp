@@ -37,8 +37,10 @@ struct LinearProblem {
 /// max_linear_rows rows) share one launch, so that a decode step's experts pay
 /// one fork and join instead of one per matrix, and the threads' work
 /// stealing runs on across matrices instead of waiting at each one's end;
-/// the rest take linear() one by one. On other spaces (GPUs), groups of up
-/// to 8 rows of any problems share launches of the team kernel, 6 a launch.
+/// the rest take linear() one by one. On other spaces (GPUs), problems of up
+/// to max_linear_rows rows share launches of the team kernel (groups of up to
+/// 8 rows, 6 a launch); larger ones (prompt chunks) take the tiled kernel one
+/// by one.
 template <class ExecSpace, class Scalar>
 void linear_batch(const ExecSpace& space,
                   const std::vector<LinearProblem<typename ExecSpace::memory_space, Scalar>>& problems);

@@ -71,10 +71,10 @@ if [ "$mode" = gpu ]; then
   space=Cuda
   slice_config=$repo/experiments/configs/h200-slice.yaml
   profile_option=(--profile "$work/profile.yaml")
-  bench_filter="^(pcie/.*/1024/|hbm/.*/1024/|host_dram/read/1024/|gpu_decode/.*/32768/|gpu_decode/.*/131072/warps:16/|gpu_linear/bf16_writescope/(1|8|16)/14336/4096/|gpu_experts/qwen3/tokens:1/|split_decode/.*/131072/(0|25|50|75|100)/|cpu_decode/qwen3.*/32768/|cpu_decode/.*/131072/|prefill/.*/16384/)"
+  bench_filter="^(pcie/.*/1024/|hbm/.*/1024/|host_dram/read/1024/|gpu_decode/.*/32768/|gpu_decode/.*/131072/warps:16/|gpu_linear/bf16_writescope/(1|8|16)/14336/4096/|gpu_experts/qwen3/tokens:1/|gpu_prompt_linear/.*/256/|split_decode/.*/131072/(0|25|50|75|100)/|cpu_decode/qwen3.*/32768/|cpu_decode/.*/131072/|prefill/.*/16384/)"
   host_kernel_filter="^(cpu_decode_from_cache/|expert_linear/bf16_writescope/(1|2|4|8)/14336/4096/|cpu_experts/qwen3/tokens:1/|host_overlap/fmas_per_line:(4|16|64)/)"
   vector_kernel_filter="^(cpu_decode_from_cache/|cpu_decode/(deepseek_mla|qwen3_gqa)_cpu_resident/131072/|expert_linear/bf16_writescope/(1|8)/14336/4096/)"
-  limits=(smoke:45 tests:120 calibrate:60 benchmarks:130 host_kernels:120 slice:125)
+  limits=(smoke:45 tests:120 calibrate:60 benchmarks:140 host_kernels:120 slice:125)
 else
   build=${WRITESCOPE_BUILD:-$repo/build/host}
   writescope=$build/experiments/writescope tests=$build/tests/writescope_tests

@@ -98,7 +98,8 @@ def benchmark_section(folder):
         if name in by_name:
             lines.append(f"  {name.split('/manual_time')[0]:28s} {by_name[name]['GB/s']:8.1f}")
     pinned = by_name.get("pcie/pinned_h2d/1024/manual_time", {}).get("GB/s")
-    lines.append("decode kernels (GB/s of KV or weights; fraction of the bound measured beside them):")
+    lines.append("kernels (decode: GB/s of KV or weights; prompt chunks: GFLOP/s; "
+                 "fraction of the bound measured beside them):")
     for b in runs:
         name = b["name"].replace("/manual_time", "")
         if name.startswith(("gpu_decode/", "gpu_linear/", "gpu_experts/")):
@@ -106,6 +107,9 @@ def benchmark_section(folder):
             if name.startswith("gpu_experts/"):
                 line += f", {b['real_time']:.0f} {b['time_unit']} a step"
             lines.append(line)
+        elif name.startswith("gpu_prompt_linear/"):
+            lines.append(f"  {name:48s} {b['GFLOP/s']:8.0f} GFLOP/s  {b['fraction_of_roofline']:.2f} of the roofline "
+                         f"(fp32 FMA {b['compute_bound_GFLOP/s']:.0f} GFLOP/s, HBM {b['bound_GB/s']:.0f} GB/s)")
         elif name.startswith("cpu_decode/"):
             lines.append(host_roofline_line(name, b))
     split = [b for b in runs if b["name"].startswith("split_decode/")]

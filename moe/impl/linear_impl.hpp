@@ -320,6 +320,118 @@ void linear_team(const ExecSpace& space,
   }
 }
 
+/// Output tile of LinearTileKernel: rows x features of y per team, over
+/// column steps of linear_tile_columns staged in team scratch.
+inline constexpr int linear_tile_rows = 64, linear_tile_features = 64, linear_tile_columns = 32;
+/// Each thread's register block of the tile: linear_tile_micro rows x
+/// linear_tile_micro features, strided by the tile's size / linear_tile_micro
+/// so that a warp's scratch reads are broadcasts (x) and consecutive words (w).
+inline constexpr int linear_tile_micro = 8;
+/// Threads of one tile (a GPU team): one register block each.
+inline constexpr int linear_tile_threads =
+    (linear_tile_rows / linear_tile_micro) * (linear_tile_features / linear_tile_micro);
+
+/// Portable, shaped for GPUs (prompt chunks: more than max_linear_rows rows,
+/// where the team kernel would stream the weights once per linear_team_rows
+/// rows): a team stages a linear_tile_columns-wide step of its tile's rows of
+/// x and of w (widened to fp32) in scratch, column-major with a padded stride
+/// (stores without bank conflicts), and each thread adds its
+/// linear_tile_micro^2 products per column from registers: the weights are
+/// read from memory once per linear_tile_rows rows of x. `Blocks`: register
+/// blocks per thread, 1 on GPUs (teams of linear_tile_threads); on host
+/// spaces (tests) a team of one thread takes them all.
+///   x: (rows, in); w: (out, in); y: (rows, out)
+template <class ExecSpace, class Scalar, int Blocks>
+struct LinearTileKernel {
+  using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  using MemSpace = typename ExecSpace::memory_space;
+  /// (linear_tile_columns, padded_tile) floats: column c's tile rows contiguous.
+  using Stage = Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::scratch_memory_space,
+                             Kokkos::MemoryUnmanaged>;
+  static constexpr int padded_tile = linear_tile_rows + 1;
+  static_assert(linear_tile_rows == linear_tile_features, "x and w share one staging shape");
+
+  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> x;
+  Kokkos::View<const Scalar**, Kokkos::LayoutRight, MemSpace> w;
+  Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> y;
+  int feature_tiles;
+
+  /// Team scratch of the two stages, in bytes.
+  static std::size_t scratch_bytes() { return 2 * Stage::shmem_size(linear_tile_columns, padded_tile); }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    constexpr int stride = linear_tile_rows / linear_tile_micro;  // between a block's rows (and features)
+    const int rows = static_cast<int>(x.extent(0)), in = static_cast<int>(x.extent(1)),
+              out = static_cast<int>(w.extent(0));
+    const int r0 = team.league_rank() / feature_tiles * linear_tile_rows,
+              j0 = team.league_rank() % feature_tiles * linear_tile_features;
+    const Stage x_stage(team.team_scratch(0), linear_tile_columns, padded_tile),
+        w_stage(team.team_scratch(0), linear_tile_columns, padded_tile);
+    float sums[Blocks][linear_tile_micro][linear_tile_micro] = {};
+    for (int c0 = 0; c0 < in; c0 += linear_tile_columns) {
+      // Consecutive threads take consecutive columns of a row: coalesced reads.
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, linear_tile_rows * linear_tile_columns), [&](int i) {
+        const int t = i / linear_tile_columns, c = i % linear_tile_columns;
+        const bool column = c0 + c < in;
+        x_stage(c, t) = column && r0 + t < rows ? x(r0 + t, c0 + c) : 0.0f;
+        w_stage(c, t) = column && j0 + t < out ? to_float(w(j0 + t, c0 + c)) : 0.0f;
+      });
+      team.team_barrier();
+      for (int b = 0; b < Blocks; ++b) {
+        const int block = team.team_rank() + b * team.team_size();
+        const int br = block / stride, bf = block % stride;
+        for (int c = 0; c < linear_tile_columns; ++c) {
+          float inputs[linear_tile_micro], weights[linear_tile_micro];
+          for (int m = 0; m < linear_tile_micro; ++m) {
+            inputs[m] = x_stage(c, br + m * stride);
+            weights[m] = w_stage(c, bf + m * stride);
+          }
+          for (int i = 0; i < linear_tile_micro; ++i)
+            for (int j = 0; j < linear_tile_micro; ++j) sums[b][i][j] += inputs[i] * weights[j];
+        }
+      }
+      team.team_barrier();
+    }
+    for (int b = 0; b < Blocks; ++b) {
+      const int block = team.team_rank() + b * team.team_size();
+      const int br = block / stride, bf = block % stride;
+      for (int i = 0; i < linear_tile_micro; ++i) {
+        const int r = r0 + br + i * stride;
+        if (r >= rows) break;
+        for (int j = 0; j < linear_tile_micro; ++j) {
+          const int f = j0 + bf + j * stride;
+          if (f < out) y(r, f) = sums[b][i][j];
+        }
+      }
+    }
+  }
+};
+
+/// linear() of one product by LinearTileKernel on any space (the GPU's
+/// prompt chunks; on host spaces, teams of one thread, for tests).
+template <class ExecSpace, class Scalar>
+void linear_tiled(const ExecSpace& space,
+                  const Kokkos::View<const float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& x,
+                  const Kokkos::View<const Scalar**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& w,
+                  const Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& y) {
+  check_linear_shapes(x, w, y);
+  const int rows = static_cast<int>(x.extent(0)), out = static_cast<int>(w.extent(0));
+  if (rows == 0 || out == 0) return;
+  const int row_tiles = (rows + linear_tile_rows - 1) / linear_tile_rows;
+  const int feature_tiles = (out + linear_tile_features - 1) / linear_tile_features;
+  auto launch = [&](auto blocks) {
+    using Kernel = LinearTileKernel<ExecSpace, Scalar, decltype(blocks)::value>;
+    const int team_size = linear_tile_threads / decltype(blocks)::value;
+    Kokkos::TeamPolicy<ExecSpace> policy(space, row_tiles * feature_tiles, team_size);
+    policy.set_scratch_size(0, Kokkos::PerTeam(Kernel::scratch_bytes()));
+    launch_parallel_for("writescope::moe::linear_tiled", policy, Kernel{x, w, y, feature_tiles});
+  };
+  if constexpr (is_host_exec_space<ExecSpace>)
+    launch(std::integral_constant<int, linear_tile_threads>());
+  else
+    launch(std::integral_constant<int, 1>());
+}
+
 }  // namespace impl
 
 template <class ExecSpace, class Scalar>
@@ -349,6 +461,8 @@ void linear(const ExecSpace& space,
     launch_parallel_for("writescope::moe::linear_host",
                          work_stealing_range(space, (out + impl::linear_features - 1) / impl::linear_features),
                          impl::LinearHostKernel<Scalar>{x, w, y, path == CpuPath::avx2});
+  } else if (static_cast<int>(x.extent(0)) > impl::max_linear_rows) {
+    impl::linear_tiled(space, x, w, y);
   } else {
     impl::linear_team(space, std::vector<LinearProblem<typename ExecSpace::memory_space, Scalar>>{{x, w, y}});
   }
@@ -377,7 +491,15 @@ void linear_batch(const ExecSpace& space,
   } else if constexpr (is_host_exec_space<ExecSpace>) {
     for (const auto& p : problems) linear<ExecSpace, Scalar>(space, p.x, p.w, p.y);
   } else {
-    impl::linear_team(space, problems);
+    // Prompt chunks one by one on the tiled kernel; decode rows batched on the team kernel.
+    std::vector<LinearProblem<typename ExecSpace::memory_space, Scalar>> decode_rows;
+    for (const auto& p : problems) {
+      if (static_cast<int>(p.x.extent(0)) > impl::max_linear_rows)
+        impl::linear_tiled(space, p.x, p.w, p.y);
+      else
+        decode_rows.push_back(p);
+    }
+    if (!decode_rows.empty()) impl::linear_team(space, decode_rows);
   }
 }
 

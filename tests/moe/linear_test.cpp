@@ -130,6 +130,24 @@ TYPED_TEST(LinearTest, TeamKernelMatchesADoubleReference) {
   for (const auto& p : products) p.expect_reference();
 }
 
+// The GPU's prompt-chunk kernel (impl::linear_tiled, what linear() and
+// linear_batch() run off the host beyond max_linear_rows rows) on every
+// space: every decode shape, and tiles cut at each edge (rows, features and
+// columns one past, one short of and at a tile's size; several tiles each way).
+TYPED_TEST(LinearTest, TiledKernelMatchesADoubleReference) {
+  using ExecSpace = typename TypeParam::Exec;
+  using Scalar = typename TypeParam::Storage;
+  using Mem = typename ExecSpace::memory_space;
+  auto shapes = linear_shapes;
+  shapes.insert(shapes.end(), {{1, 1, 1}, {64, 32, 64}, {65, 33, 63}, {63, 31, 65}, {130, 100, 129}, {200, 544, 70}});
+  unsigned seed = 50;
+  for (const auto& [rows, in, out] : shapes) {
+    const Product<Scalar, Mem> product(rows, in, out, seed += 2);
+    impl::linear_tiled<ExecSpace, Scalar>(ExecSpace(), product.x, product.w, product.y);
+    product.expect_reference();
+  }
+}
+
 TYPED_TEST(LinearTest, RejectsMismatchedShapes) {
   using ExecSpace = typename TypeParam::Exec;
   using Scalar = typename TypeParam::Storage;
