@@ -310,8 +310,7 @@ void gpu_prompt_linear(benchmark::State& state, bool tiled) {
   state.counters["compute_bound_GFLOP/s"] = 2 * peak;
   state.counters["GB/s"] = weight_bytes / seconds / 1e9;
   state.counters["bound_GB/s"] = hbm;
-  state.counters["fraction_of_roofline"] =
-      std::max(weight_bytes / (hbm * 1e9), multiply_adds / (peak * 1e9)) / seconds;
+  state.counters["fraction_of_roofline"] = std::max(weight_bytes / (hbm * 1e9), multiply_adds / (peak * 1e9)) / seconds;
   state.counters["weight_copies"] = copies;
 }
 
@@ -360,9 +359,12 @@ WRITESCOPE_LINEAR_SHAPES(BENCHMARK(openblas_float_linear)->Name("expert_linear/f
 #ifdef KOKKOS_ENABLE_CUDA
 WRITESCOPE_LINEAR_SHAPES(BENCHMARK(gpu_bf16_linear)->Name("gpu_linear/bf16_writescope"));
 // Prompt chunks of 64 and 256 rows on a Qwen3 expert's gate and a Mixtral expert's.
-#define WRITESCOPE_PROMPT_SHAPES(b)                                                                        \
-  b->Args({64, 768, 2048})->Args({256, 768, 2048})->Args({64, 14336, 4096})->Args({256, 14336, 4096})   \
-      ->UseManualTime()                                                                                    \
+#define WRITESCOPE_PROMPT_SHAPES(b) \
+  b->Args({64, 768, 2048})          \
+      ->Args({256, 768, 2048})      \
+      ->Args({64, 14336, 4096})     \
+      ->Args({256, 14336, 4096})    \
+      ->UseManualTime()             \
       ->Unit(benchmark::kMicrosecond)
 WRITESCOPE_PROMPT_SHAPES(BENCHMARK_CAPTURE(gpu_prompt_linear, tiled, true));
 WRITESCOPE_PROMPT_SHAPES(BENCHMARK_CAPTURE(gpu_prompt_linear, team, false));

@@ -346,8 +346,8 @@ struct LinearTileKernel {
   using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   using MemSpace = typename ExecSpace::memory_space;
   /// (linear_tile_columns, padded_tile) floats: column c's tile rows contiguous.
-  using Stage = Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::scratch_memory_space,
-                             Kokkos::MemoryUnmanaged>;
+  using Stage =
+      Kokkos::View<float**, Kokkos::LayoutRight, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   static constexpr int padded_tile = linear_tile_rows + 1;
   static_assert(linear_tile_rows == linear_tile_features, "x and w share one staging shape");
 
