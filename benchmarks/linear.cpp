@@ -259,24 +259,36 @@ Kokkos::View<Scalar**, Kokkos::LayoutRight, GpuMemSpace> on_gpu(
   return copy;
 }
 
+/// The GPU linear benchmarks' operands: range(0) rows of x and y, and bf16
+/// weights (range(1) out x range(2) in) in VRAM, in copies adding up to
+/// rotated_weight_bytes (past the GPU's L2), taken in turn.
+struct GpuLinearOperands {
+  explicit GpuLinearOperands(const benchmark::State& state)
+      : weight_bytes(2.0 * static_cast<double>(state.range(1)) * static_cast<double>(state.range(2))),
+        x("writescope::benchmarks::x", state.range(0), state.range(2)),
+        y("writescope::benchmarks::y", state.range(0), state.range(1)) {
+    const auto host_weights = weights<bf16>(static_cast<int>(state.range(1)), static_cast<int>(state.range(2)));
+    const int copies = static_cast<int>(std::ceil(rotated_weight_bytes / weight_bytes));
+    for (int c = 0; c < copies; ++c) w.push_back(on_gpu(host_weights));
+    Kokkos::deep_copy(x, 0.5f);
+  }
+  const Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMemSpace>& next_weights() { return w[next++ % w.size()]; }
+
+  double weight_bytes;
+  std::vector<Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMemSpace>> w;
+  Kokkos::View<float**, Kokkos::LayoutRight, GpuMemSpace> x, y;
+  std::size_t next = 0;
+};
+
 /// The GPU's linear layer (linear() on the GPU: impl::linear_team) on bf16
 /// weights in VRAM, copies rotated past the GPU's L2; ranges as bf16_linear's.
 void gpu_bf16_linear(benchmark::State& state) {
-  const int rows = static_cast<int>(state.range(0)), out = static_cast<int>(state.range(1)),
-            in = static_cast<int>(state.range(2));
-  const double weight_bytes = 2.0 * out * in;
-  const int copies = static_cast<int>(std::ceil(rotated_weight_bytes / weight_bytes));
-  const auto host_weights = weights<bf16>(out, in);
-  std::vector<Kokkos::View<bf16**, Kokkos::LayoutRight, GpuMemSpace>> w;
-  for (int c = 0; c < copies; ++c) w.push_back(on_gpu(host_weights));
-  Kokkos::View<float**, Kokkos::LayoutRight, GpuMemSpace> x("writescope::benchmarks::x", rows, in),
-      y("writescope::benchmarks::y", rows, out);
-  Kokkos::deep_copy(x, 0.5f);
-  int next = 0;
-  const double total = bench::run_fenced_iterations(
-      state, GpuExecSpace(), [&](const GpuExecSpace& s) { linear<GpuExecSpace, bf16>(s, x, w[next++ % copies], y); });
-  report_hbm(state, total, weight_bytes);
-  state.counters["weight_copies"] = copies;
+  GpuLinearOperands operands(state);
+  const double total = bench::run_fenced_iterations(state, GpuExecSpace(), [&](const GpuExecSpace& s) {
+    linear<GpuExecSpace, bf16>(s, operands.x, operands.next_weights(), operands.y);
+  });
+  report_hbm(state, total, operands.weight_bytes);
+  state.counters["weight_copies"] = static_cast<double>(operands.w.size());
 }
 
 /// A prompt chunk's linear layer on the GPU: range(0) rows against bf16
@@ -286,23 +298,15 @@ void gpu_bf16_linear(benchmark::State& state) {
 /// weights), against the problem's roofline: max(weights once over HBM,
 /// multiply-adds over the fp32 FMA peak), both measured in this process.
 void gpu_prompt_linear(benchmark::State& state, bool tiled) {
-  const int rows = static_cast<int>(state.range(0)), out = static_cast<int>(state.range(1)),
-            in = static_cast<int>(state.range(2));
-  const double weight_bytes = 2.0 * out * in, multiply_adds = static_cast<double>(rows) * out * in;
-  const int copies = static_cast<int>(std::ceil(rotated_weight_bytes / weight_bytes));
-  const auto host_weights = weights<bf16>(out, in);
-  std::vector<Kokkos::View<const bf16**, Kokkos::LayoutRight, GpuMemSpace>> w;
-  for (int c = 0; c < copies; ++c) w.push_back(on_gpu(host_weights));
-  Kokkos::View<float**, Kokkos::LayoutRight, GpuMemSpace> x("writescope::benchmarks::x", rows, in),
-      y("writescope::benchmarks::y", rows, out);
-  Kokkos::deep_copy(x, 0.5f);
-  int next = 0;
+  GpuLinearOperands operands(state);
+  const double weight_bytes = operands.weight_bytes,
+               multiply_adds = static_cast<double>(state.range(0)) * state.range(1) * state.range(2);
   const double total = bench::run_fenced_iterations(state, GpuExecSpace(), [&](const GpuExecSpace& s) {
-    const auto& weights = w[next++ % copies];
+    const auto& weights = operands.next_weights();
     if (tiled)
-      impl::linear_tiled<GpuExecSpace, bf16>(s, x, weights, y);
+      impl::linear_tiled<GpuExecSpace, bf16>(s, operands.x, weights, operands.y);
     else
-      impl::linear_team<GpuExecSpace, bf16>(s, {{x, weights, y}});
+      impl::linear_team<GpuExecSpace, bf16>(s, {{operands.x, weights, operands.y}});
   });
   const double seconds = total / static_cast<double>(state.iterations());
   const double hbm = bench::hbm_copy_gbps(), peak = bench::gpu_fp32_fma_gmacs();
@@ -311,7 +315,7 @@ void gpu_prompt_linear(benchmark::State& state, bool tiled) {
   state.counters["GB/s"] = weight_bytes / seconds / 1e9;
   state.counters["bound_GB/s"] = hbm;
   state.counters["fraction_of_roofline"] = std::max(weight_bytes / (hbm * 1e9), multiply_adds / (peak * 1e9)) / seconds;
-  state.counters["weight_copies"] = copies;
+  state.counters["weight_copies"] = static_cast<double>(operands.w.size());
 }
 
 /// cpu_experts on the GPU: the experts in VRAM, copies rotated past the

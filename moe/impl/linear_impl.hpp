@@ -461,10 +461,9 @@ void linear(const ExecSpace& space,
     launch_parallel_for("writescope::moe::linear_host",
                          work_stealing_range(space, (out + impl::linear_features - 1) / impl::linear_features),
                          impl::LinearHostKernel<Scalar>{x, w, y, path == CpuPath::avx2});
-  } else if (static_cast<int>(x.extent(0)) > impl::max_linear_rows) {
-    impl::linear_tiled(space, x, w, y);
   } else {
-    impl::linear_team(space, std::vector<LinearProblem<typename ExecSpace::memory_space, Scalar>>{{x, w, y}});
+    // Off the host, linear_batch chooses between the tiled and the team kernel.
+    linear_batch<ExecSpace, Scalar>(space, {{x, w, y}});
   }
 }
 
