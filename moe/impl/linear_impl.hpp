@@ -459,8 +459,8 @@ void linear(const ExecSpace& space,
       }
     }
     launch_parallel_for("writescope::moe::linear_host",
-                         work_stealing_range(space, (out + impl::linear_features - 1) / impl::linear_features),
-                         impl::LinearHostKernel<Scalar>{x, w, y, path == CpuPath::avx2});
+                        work_stealing_range(space, (out + impl::linear_features - 1) / impl::linear_features),
+                        impl::LinearHostKernel<Scalar>{x, w, y, path == CpuPath::avx2});
   } else {
     // Off the host, linear_batch chooses between the tiled and the team kernel.
     linear_batch<ExecSpace, Scalar>(space, {{x, w, y}});
