@@ -50,6 +50,11 @@ struct DecodeSegmentsData {
 /// products' queries are prepared on the launching thread (one sequence of
 /// every supported shape: MLA's 16 x 576).
 inline constexpr std::int64_t queries_prepared_here = 16 * 1024;
+/// Floats of the runs' partial outputs (runs x q_heads x value_dim) up to
+/// which the host products' merge runs on the launching thread: there it
+/// took 1.6 / 6 / 10-11 us for 2 / 8 / 16 runs of Qwen3's or MLA's heads,
+/// launched on 2 threads 4-6 us more each (Zen 5, a probe, medians of 2000).
+inline constexpr std::int64_t runs_merged_here = 64 * 1024;
 
 /// Host work item (batch entry, KV head): the group's queries as the bf16
 /// pairs the AVX-512 BF16 product reads, once per call instead of per segment.
@@ -556,6 +561,7 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
       throw std::invalid_argument("decode_attention: segment " + std::to_string(s) + " lies outside the pool");
   }
   const bool host_products = is_host_exec_space<ExecSpace> && product == BlockProduct::automatic;
+  bool merge_here = false;  // set by the host products where their runs are few
   const bool all_heads = impl::host_takes_all_heads(geometry, order);
   const int items_per_run = all_heads ? 1 : geometry.kv_heads;
   const std::optional<std::vector<BlockSegment>> pieces =
@@ -659,6 +665,7 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
             offsets, items_per_run, space.concurrency(),
             impl::host_items_per_thread(kv_bytes, output_bytes, space.concurrency()), run_offsets);
         const int runs = static_cast<int>(run_begins.size()) - 1;
+        merge_here = std::int64_t{runs} * shape.q_heads * shape.value_dim <= impl::runs_merged_here;
         impl::grow(workspace.run_begins, "writescope::attention::run_begins", runs + 1);
         Kokkos::deep_copy(space, Kokkos::subview(workspace.run_begins, std::make_pair(0, runs + 1)),
                           Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(run_begins.data(), runs + 1));
@@ -678,7 +685,11 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
   const impl::MergeSegmentsKernel<ExecSpace> merge{workspace.batch_offsets, workspace.segment_o, workspace.segment_lse,
                                                    out.o, out.lse};
   // The portable product merges with the GPU's team kernel too, so host tests cover it.
-  if (host_products)
+  if (merge_here) {
+    space.fence();
+    for (int b = 0; b < batch; ++b)
+      for (int q = 0; q < shape.q_heads; ++q) merge(b, q);
+  } else if (host_products)
     launch_parallel_for("writescope::attention::merge_segments",
                          rows_by_columns_policy(space, batch, shape.q_heads, 1), merge);
   else
