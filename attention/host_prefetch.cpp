@@ -45,8 +45,9 @@ int from_environment(const char* variable, Parse parse) {
 int level_from_environment() { return from_environment(environment_variable, parse_prefetch_level); }
 int pass_from_environment() { return from_environment(pass_environment_variable, parse_token_major_pass); }
 
-/// The decode step the choices are timed on: one sequence over a pool of
-/// whole blocks in `order`, more than twice the last-level cache.
+/// The decode step the choices are timed on: one sequence of whole blocks in
+/// `order`, more than twice the last-level cache, in the next of
+/// next_pass_probe_windows windows of a pool at each step.
 class Probe {
  public:
   Probe(const AttentionShape& shape, BlockOrder order)
@@ -54,9 +55,11 @@ class Probe {
     const std::int64_t block_bytes = geometry_.block_elements() * static_cast<std::int64_t>(sizeof(bf16));
     const std::int64_t wanted = next_pass_probe_bytes(last_level_cache_bytes());
     const int blocks = static_cast<int>((wanted + block_bytes - 1) / block_bytes);
+    windows_ = next_pass_probe_windows(blocks * block_bytes);
+    window_read_.assign(static_cast<std::size_t>(windows_), false);
     pool_ = Kokkos::View<bf16**, Kokkos::LayoutRight, HostMemSpace>(
-        Kokkos::view_alloc("writescope::attention::prefetch_probe_pool", Kokkos::WithoutInitializing), blocks,
-        geometry_.block_elements());
+        Kokkos::view_alloc("writescope::attention::prefetch_probe_pool", Kokkos::WithoutInitializing),
+        std::int64_t{windows_} * blocks, geometry_.block_elements());
     advise_huge_pages(pool_);  // as the cache's host pools
     // One block of values of a few bits in [-0.5, 0.5) (softmax weights of
     // every size), copied into the others.
@@ -66,28 +69,37 @@ class Probe {
       data[i] = from_float<bf16>(static_cast<float>((static_cast<std::uint64_t>(i) * 2654435761u) >> 24 & 255) /
                                      256.0f -
                                  0.5f);
-    for (int block = 1; block < blocks; ++block)
+    for (std::int64_t block = 1; block < std::int64_t{windows_} * blocks; ++block)
       std::memcpy(data + block * elements, data, static_cast<std::size_t>(block_bytes));
     queries_ = Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace>(
         Kokkos::view_alloc("writescope::attention::prefetch_probe_queries", Kokkos::WithoutInitializing), 1,
         shape.q_heads, shape.key_dim);
     for (std::size_t i = 0; i < queries_.span(); ++i)
       queries_.data()[i] = static_cast<float>(i % 7) / 7.0f - 0.5f;
-    for (int slot = 0; slot < blocks; ++slot)
-      segments_.push_back(BlockSegment{0, slot, 0, block_tokens, std::int64_t{slot} * block_tokens});
+    segments_.resize(static_cast<std::size_t>(windows_));
+    for (int window = 0; window < windows_; ++window)
+      for (int block = 0; block < blocks; ++block)
+        segments_[window].push_back(
+            BlockSegment{0, window * blocks + block, 0, block_tokens, std::int64_t{block} * block_tokens});
     out_ = PartialState<HostMemSpace>(Kokkos::WithoutInitializing, "writescope::attention::prefetch_probe", 1,
                                       shape.q_heads, shape.value_dim);
   }
-  std::int64_t kv_bytes() const { return static_cast<std::int64_t>(pool_.span() * sizeof(bf16)); }
-  /// Milliseconds of one step with the next pass requested into `level`
-  /// and passes of `pass` tokens.
+  std::int64_t pool_bytes() const { return static_cast<std::int64_t>(pool_.span() * sizeof(bf16)); }
+  std::int64_t kv_bytes() const { return pool_bytes() / windows_; }
+  int windows_read() const { return static_cast<int>(std::count(window_read_.begin(), window_read_.end(), true)); }
+  void forget_windows_read() { window_read_.assign(window_read_.size(), false); }
+  /// Milliseconds of one step, over the next window, with the next pass
+  /// requested into `level` and passes of `pass` tokens.
   double step_ms(PrefetchLevel level, int pass) {
     probing = static_cast<int>(level);
     probing_pass = pass;
     const HostExecSpace space;
+    const int window = next_window_;
+    next_window_ = (next_window_ + 1) % windows_;
+    window_read_[static_cast<std::size_t>(window)] = true;
     space.fence();
     const auto start = std::chrono::steady_clock::now();
-    decode_attention(space, shape_, geometry_, order_, ConstQueries(queries_), ConstPool(pool_), segments_,
+    decode_attention(space, shape_, geometry_, order_, ConstQueries(queries_), ConstPool(pool_), segments_[window],
                      workspace_, out_);
     space.fence();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -104,7 +116,9 @@ class Probe {
   BlockGeometry geometry_;
   Kokkos::View<bf16**, Kokkos::LayoutRight, HostMemSpace> pool_;
   Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> queries_;
-  std::vector<BlockSegment> segments_;
+  int windows_ = 1, next_window_ = 0;
+  std::vector<bool> window_read_;
+  std::vector<std::vector<BlockSegment>> segments_;  // per window
   DecodeWorkspace<HostMemSpace> workspace_;
   PartialState<HostMemSpace> out_;
 };
@@ -150,6 +164,7 @@ std::optional<std::array<double, N>> probe_choices(HostProbe& m, const Attention
   if (!honoured(path)) return std::nullopt;
   Probe probe(shape, order);
   for (const Choice& choice : choices) step(probe, choice);  // warm-up: workspace, first touch of the state
+  probe.forget_windows_read();
   std::array<std::vector<double>, N> ms;
   for (int round = 0; round < alternations; ++round)
     for (std::size_t i = 0; i < N; ++i) {
@@ -160,6 +175,8 @@ std::optional<std::array<double, N>> probe_choices(HostProbe& m, const Attention
   for (std::size_t c = 0; c < N; ++c) medians[c] = median(ms[c]);
   m.measured = true;
   m.kv_bytes = probe.kv_bytes();
+  m.pool_bytes = probe.pool_bytes();
+  m.windows_read = probe.windows_read();
   m.alternations = alternations;
   return medians;
 }
@@ -229,14 +246,14 @@ class PerShape {
 PerShape<NextPassPrefetchMeasurement, measure_level> level_measurements;
 PerShape<TokenMajorPassMeasurement, measure_pass> pass_measurements;
 
-/// A description's "measured on <path>, <probe>, <n> MiB, medians of <rounds>: ", its figures to follow.
-std::ostringstream measured_on(const std::string& path, const std::string& probe, std::int64_t kv_bytes,
-                               int rounds) {
+/// A description's "measured on <path>, <probe>, <n> MiB a step over <pool> MiB, medians of <rounds>: ", its
+/// figures to follow.
+std::ostringstream measured_on(const HostProbe& m) {
   std::ostringstream out;
   out.setf(std::ios::fixed);
   out.precision(3);
-  out << "measured on " << path << ", " << probe << ", " << (kv_bytes >> 20) << " MiB, medians of " << rounds
-      << ": ";
+  out << "measured on " << m.path << ", " << m.probe << ", " << (m.kv_bytes >> 20) << " MiB a step over "
+      << (m.pool_bytes >> 20) << " MiB, medians of " << m.alternations << ": ";
   return out;
 }
 
@@ -253,6 +270,11 @@ PrefetchLevel parse_prefetch_level(const std::string& name) {
 std::int64_t next_pass_probe_bytes(std::int64_t last_level_cache_bytes) {
   constexpr std::int64_t least = std::int64_t{64} << 20, most = std::int64_t{256} << 20;
   return std::min(most, std::max(least, 2 * last_level_cache_bytes));
+}
+
+int next_pass_probe_windows(std::int64_t step_bytes) {
+  constexpr std::int64_t pool = std::int64_t{512} << 20;
+  return static_cast<int>(std::max<std::int64_t>(2, pool / std::max<std::int64_t>(1, step_bytes)));
 }
 
 PrefetchLevel faster_prefetch_level(double l1_ms, double l2_ms) {
@@ -285,7 +307,7 @@ std::string describe_next_pass_prefetch(const AttentionShape& shape) {
   if (level_from_environment() != unpinned) return level + " (" + environment_variable + ")";
   const NextPassPrefetchMeasurement& m = next_pass_prefetch_measurement(shape);
   if (!m.measured) return level + " (" + m.probe + " on " + m.path + " does not request the next pass by level)";
-  std::ostringstream out = measured_on(m.path, m.probe, m.kv_bytes, m.alternations);
+  std::ostringstream out = measured_on(m);
   for (int l = 0; l < 2; ++l) {
     out << (l ? ", " : "") << prefetch_level_name(all_levels[l]) << " at ";
     for (std::size_t i = 0; i < pass_lengths.size(); ++i) out << (i ? "/" : "") << pass_lengths[i];
@@ -339,7 +361,7 @@ std::string describe_token_major_pass(const AttentionShape& shape) {
   if (tokens == 0) return "not measured (" + m.probe + " on " + m.path + " passes by its own rule)";
   if (pinned_pass.load() != unpinned) return length + " (pinned)";
   if (pass_from_environment() != unpinned) return length + " (" + pass_environment_variable + ")";
-  std::ostringstream out = measured_on(m.path, m.probe, m.kv_bytes, m.alternations);
+  std::ostringstream out = measured_on(m);
   for (std::size_t i = 0; i < m.ms.size(); ++i)
     out << (i ? ", " : "") << pass_lengths[i] << " tokens " << m.ms[i] << " ms";
   out << "; the rule's " << m.rule;

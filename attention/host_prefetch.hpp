@@ -47,7 +47,9 @@ struct HostProbe {
   bool measured = false;  // false where the shape's products do not take the choice here (impl::honours_*)
   std::string path;       // cpu_path_name of the path measured
   std::string probe;      // the probe's shape and block order, e.g. "qwen3-30b-a3b (32 query / 4 KV heads), head-major"
-  std::int64_t kv_bytes = 0;
+  std::int64_t kv_bytes = 0;    // a step's KV
+  std::int64_t pool_bytes = 0;  // the windows the steps take in turn (next_pass_probe_windows)
+  int windows_read = 0;         // distinct windows the timed steps read
   int alternations = 0;
 };
 
@@ -68,6 +70,14 @@ struct NextPassPrefetchMeasurement : HostProbe {
 /// L3: 508 MiB on a 2-vCPU Zen 5 VM, whose core shares 32 MiB; a 1 GiB probe
 /// took 4 s).
 std::int64_t next_pass_probe_bytes(std::int64_t last_level_cache_bytes);
+
+/// Windows of `step_bytes` (next_pass_probe_bytes) that the probe's steps
+/// read in turn: as many as fit in 512 MiB, at least 2, so that each step's KV
+/// comes from DRAM. Over the same 64 MiB each time, part of it came back
+/// from a 32 MiB L3 (Zen 5 VM, 2 threads: a plain read of 64 MiB over and
+/// over ran at 75-80 GB/s, of 512 MiB at 43-45), which no decode of a long
+/// context sees.
+int next_pass_probe_windows(std::int64_t step_bytes);
 
 /// l2 only where its step is at least 3% faster than l1's: L1 requests are
 /// the ones measured on every machine, and a smaller difference is within
@@ -95,9 +105,9 @@ int active_head_major_pass(const AttentionShape& shape);
 /// One line for results and `writescope info`: the shape's level (and, where
 /// measured, its head-major pass) and where they came from, e.g. "l1, passes
 /// of 32 tokens (measured on avx512_bf16, qwen3-30b-a3b (32 query / 4 KV
-/// heads), head-major, 256 MiB, medians of 7: l1 at 32/64/128 tokens 4.811
-/// 5.120 5.338 ms, l2 at 32/64/128 tokens 5.902 6.310 7.067 ms)", "l1
-/// (WRITESCOPE_NEXT_PASS_PREFETCH)".
+/// heads), head-major, 256 MiB a step over 512 MiB, medians of 7: l1 at
+/// 32/64/128 tokens 4.811 5.120 5.338 ms, l2 at 32/64/128 tokens 5.902 6.310
+/// 7.067 ms)", "l1 (WRITESCOPE_NEXT_PASS_PREFETCH)".
 std::string describe_next_pass_prefetch(const AttentionShape& shape);
 
 /// Pins a level for a scope (tests), restoring the previous pin (or none) after.
@@ -141,9 +151,10 @@ const TokenMajorPassMeasurement& token_major_pass_measurement(const AttentionSha
 /// (impl::honours_token_major_pass is false for the shape here).
 int active_token_major_pass(const AttentionShape& shape);
 /// One line for results and `writescope info`, e.g. "32 tokens (measured on
-/// avx512_bf16, qwen3-30b-a3b (32 query / 4 KV heads), token-major, 256 MiB,
-/// medians of 7: 32 tokens 5.791 ms, 64 tokens 6.334 ms, 128 tokens 6.147
-/// ms; the rule's 64)", "not measured (<probe> on <path> passes by its own rule)".
+/// avx512_bf16, qwen3-30b-a3b (32 query / 4 KV heads), token-major, 256 MiB
+/// a step over 512 MiB, medians of 7: 32 tokens 5.791 ms, 64 tokens 6.334
+/// ms, 128 tokens 6.147 ms; the rule's 64)", "not measured (<probe> on <path>
+/// passes by its own rule)".
 std::string describe_token_major_pass(const AttentionShape& shape);
 
 /// Pins a token-major pass length for a scope (tests, comparisons), restoring

@@ -81,6 +81,14 @@ TEST(NextPassPrefetch, ProbeIsTwiceTheLastLevelCacheWithin64To256MiB) {
   EXPECT_EQ(next_pass_probe_bytes(508 * mib), 256 * mib);
 }
 
+TEST(NextPassPrefetch, ProbeStepsTakeTurnsOverWindowsOfAtLeast512MiBOrTwo) {
+  constexpr std::int64_t mib = std::int64_t{1} << 20;
+  EXPECT_EQ(next_pass_probe_windows(64 * mib), 8);
+  EXPECT_EQ(next_pass_probe_windows(100 * mib), 5);
+  EXPECT_EQ(next_pass_probe_windows(210 * mib), 2);
+  EXPECT_EQ(next_pass_probe_windows(256 * mib), 2);
+}
+
 TEST(NextPassPrefetch, L2IsTakenOnlyWhenThreePercentFaster) {
   EXPECT_EQ(faster_prefetch_level(1.0, 0.97), PrefetchLevel::l2);
   EXPECT_EQ(faster_prefetch_level(1.0, 0.98), PrefetchLevel::l1);
@@ -138,6 +146,9 @@ TEST(NextPassPrefetch, IsMeasuredFromDramOnEachShapeWhereItMatters) {
     }
     any = true;
     EXPECT_GE(m.kv_bytes, next_pass_probe_bytes(last_level_cache_bytes()));
+    // The timed steps read every window of the pool, each from DRAM.
+    EXPECT_EQ(m.pool_bytes, next_pass_probe_windows(m.kv_bytes) * m.kv_bytes);
+    EXPECT_EQ(m.windows_read, next_pass_probe_windows(m.kv_bytes));
     EXPECT_GT(m.l1_ms, 0);
     EXPECT_GT(m.l2_ms, 0);
     EXPECT_GE(m.alternations, 5);
@@ -151,7 +162,10 @@ TEST(NextPassPrefetch, IsMeasuredFromDramOnEachShapeWhereItMatters) {
     EXPECT_EQ(m.faster, faster_prefetch_level(m.l1_ms, m.l2_ms));
     EXPECT_EQ(active_next_pass_prefetch(shape), m.faster);
     EXPECT_EQ(active_head_major_pass(shape), m.pass_for[static_cast<int>(m.faster)]);
-    EXPECT_NE(describe_next_pass_prefetch(shape).find("measured on " + m.path + ", " + m.probe), std::string::npos);
+    EXPECT_NE(describe_next_pass_prefetch(shape).find("measured on " + m.path + ", " + m.probe + ", " +
+                                                      std::to_string(m.kv_bytes >> 20) + " MiB a step over " +
+                                                      std::to_string(m.pool_bytes >> 20) + " MiB"),
+              std::string::npos);
   }
   EXPECT_NE(&next_pass_prefetch_measurement(mixtral_8x7b_attention()),
             &next_pass_prefetch_measurement(made_up_mixtral()))
@@ -397,13 +411,18 @@ TEST(TokenMajorPass, IsMeasuredFromDramOnEachShapeWhereItMatters) {
     }
     any = true;
     EXPECT_GE(m.kv_bytes, next_pass_probe_bytes(last_level_cache_bytes()));
+    // The timed steps read every window of the pool, each from DRAM.
+    EXPECT_EQ(m.pool_bytes, next_pass_probe_windows(m.kv_bytes) * m.kv_bytes);
+    EXPECT_EQ(m.windows_read, next_pass_probe_windows(m.kv_bytes));
     for (const double ms : m.ms) EXPECT_GT(ms, 0);
     EXPECT_GE(m.alternations, 5);
     EXPECT_EQ(m.rule, impl::token_major_pass_rule(std::int64_t{shape.kv_heads} * (shape.key_dim + shape.value_dim) * 2));
     EXPECT_EQ(m.fastest, fastest_pass(m.ms, m.rule));
     EXPECT_EQ(active_token_major_pass(shape), m.fastest);
     EXPECT_NE(describe_token_major_pass(shape).find(std::to_string(m.fastest) + " tokens (measured on " + m.path +
-                                                    ", " + m.probe),
+                                                    ", " + m.probe + ", " + std::to_string(m.kv_bytes >> 20) +
+                                                    " MiB a step over " + std::to_string(m.pool_bytes >> 20) +
+                                                    " MiB"),
               std::string::npos);
   }
   EXPECT_FALSE(impl::honours_token_major_pass(CpuPath::amx_bf16, qwen3_30b_a3b_attention()));
