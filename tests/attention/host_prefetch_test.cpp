@@ -421,8 +421,7 @@ TEST(TokenMajorPass, IsMeasuredFromDramOnEachShapeWhereItMatters) {
     EXPECT_EQ(active_token_major_pass(shape), m.fastest);
     EXPECT_NE(describe_token_major_pass(shape).find(std::to_string(m.fastest) + " tokens (measured on " + m.path +
                                                     ", " + m.probe + ", " + std::to_string(m.kv_bytes >> 20) +
-                                                    " MiB a step over " + std::to_string(m.pool_bytes >> 20) +
-                                                    " MiB"),
+                                                    " MiB a step over " + std::to_string(m.pool_bytes >> 20) + " MiB"),
               std::string::npos);
   }
   EXPECT_FALSE(impl::honours_token_major_pass(CpuPath::amx_bf16, qwen3_30b_a3b_attention()));
