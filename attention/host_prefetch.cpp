@@ -23,10 +23,28 @@ namespace writescope {
 namespace {
 
 constexpr PrefetchLevel all_levels[] = {PrefetchLevel::l1, PrefetchLevel::l2};
+constexpr std::array<CpuPath, 2> product_paths = {CpuPath::avx512_bf16, CpuPath::avx512_fma};
 constexpr int unpinned = -1;
 std::atomic<int> pinned{unpinned}, pinned_pass{unpinned};
-// The measurements' own pins, for the kernels they launch on their thread only.
-thread_local int probing = unpinned, probing_pass = unpinned;
+
+/// The measurements' own pins (CpuPath, PrefetchLevel, tokens per pass), for
+/// the kernels they launch on their thread only.
+struct Pins {
+  int path = unpinned, level = unpinned, pass = unpinned;
+};
+thread_local Pins probing;
+
+/// Sets `probing` for a scope, restoring the pins before.
+class ProbingPins {
+ public:
+  explicit ProbingPins(Pins pins) : previous_(probing) { probing = pins; }
+  ~ProbingPins() { probing = previous_; }
+  ProbingPins(const ProbingPins&) = delete;
+  ProbingPins& operator=(const ProbingPins&) = delete;
+
+ private:
+  Pins previous_;
+};
 
 constexpr char environment_variable[] = "WRITESCOPE_NEXT_PASS_PREFETCH";
 constexpr char pass_environment_variable[] = "WRITESCOPE_TOKEN_MAJOR_PASS";
@@ -87,12 +105,13 @@ class Probe {
   std::int64_t pool_bytes() const { return static_cast<std::int64_t>(pool_.span() * sizeof(bf16)); }
   std::int64_t kv_bytes() const { return pool_bytes() / windows_; }
   int windows_read() const { return static_cast<int>(std::count(window_read_.begin(), window_read_.end(), true)); }
+  /// The product path of the last step.
+  CpuPath path_run() const { return workspace_.host_path; }
   void forget_windows_read() { window_read_.assign(window_read_.size(), false); }
-  /// Milliseconds of one step, over the next window, with the next pass
-  /// requested into `level` and passes of `pass` tokens.
-  double step_ms(PrefetchLevel level, int pass) {
-    probing = static_cast<int>(level);
-    probing_pass = pass;
+  /// Milliseconds of one step, over the next window, with `pins`' path, next
+  /// pass level and tokens per pass (the measured choices where unpinned).
+  double step_ms(Pins pins) {
+    const ProbingPins pinned_here(pins);
     const HostExecSpace space;
     const int window = next_window_;
     next_window_ = (next_window_ + 1) % windows_;
@@ -102,9 +121,7 @@ class Probe {
     decode_attention(space, shape_, geometry_, order_, ConstQueries(queries_), ConstPool(pool_), segments_[window],
                      workspace_, out_);
     space.fence();
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    probing = probing_pass = unpinned;
-    return ms;
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   }
 
  private:
@@ -137,8 +154,9 @@ std::string probe_name(const AttentionShape& shape, BlockOrder order) {
   return name.str();
 }
 
-CpuPath probe_path(const AttentionShape& shape, BlockOrder order) {
-  return impl::host_product_path(active_cpu_path(), shape.block_geometry(256), order, shape.group(), true);
+/// The path the products of `shape` take over bf16 blocks in `order` on `path`.
+CpuPath product_path(const AttentionShape& shape, BlockOrder order, CpuPath path) {
+  return impl::host_product_path(path, shape.block_geometry(256), order, shape.group(), true);
 }
 
 constexpr int alternations = 7;
@@ -150,26 +168,26 @@ bool takes_level(CpuPath path, const AttentionShape& shape) {
                                        shape.group());
 }
 
-/// Fills m's probe fields for `shape` in `order`; where the path's products
-/// take the choice (`honoured(path)`), the median milliseconds of a probe
-/// step with each of `choices` (set by `step(probe, choice)`), alternated:
-/// each round in the other order than the last, so that drift lands on all.
-template <class Choice, std::size_t N, class Honoured, class Step>
+/// Fills m's probe fields for `shape` in `order`; where the products take the
+/// choice (`honoured`), the median milliseconds of a probe step with each of
+/// `choices` (pinned by `pins(choice)`), alternated: each round in the other
+/// order than the last, so that drift lands on all.
+template <class Choice, std::size_t N, class ChoicePins>
 std::optional<std::array<double, N>> probe_choices(HostProbe& m, const AttentionShape& shape, BlockOrder order,
-                                                   Honoured honoured, const std::array<Choice, N>& choices,
-                                                   Step step) {
-  const CpuPath path = probe_path(shape, order);
-  m.path = cpu_path_name(path);
+                                                   bool honoured, const std::array<Choice, N>& choices,
+                                                   ChoicePins pins) {
   m.probe = probe_name(shape, order);
-  if (!honoured(path)) return std::nullopt;
+  if (!honoured) return std::nullopt;
   Probe probe(shape, order);
-  for (const Choice& choice : choices) step(probe, choice);  // warm-up: workspace, first touch of the state
+  for (const Choice& choice : choices) probe.step_ms(pins(choice));  // warm-up: workspace, first touch of the state
   probe.forget_windows_read();
   std::array<std::vector<double>, N> ms;
+  m.paths_run.resize(N);
   for (int round = 0; round < alternations; ++round)
     for (std::size_t i = 0; i < N; ++i) {
       const std::size_t c = round % 2 == 0 ? i : N - 1 - i;
-      ms[c].push_back(step(probe, choices[c]));
+      ms[c].push_back(probe.step_ms(pins(choices[c])));
+      m.paths_run[c] = probe.path_run();
     }
   std::array<double, N> medians{};
   for (std::size_t c = 0; c < N; ++c) medians[c] = median(ms[c]);
@@ -181,15 +199,18 @@ std::optional<std::array<double, N>> probe_choices(HostProbe& m, const Attention
   return medians;
 }
 
-NextPassPrefetchMeasurement measure_level(const AttentionShape& shape) {
+/// The level measurement of `shape` on `path` (head-major blocks).
+NextPassPrefetchMeasurement measure_level(const AttentionShape& shape, CpuPath path, BlockOrder order) {
   NextPassPrefetchMeasurement m;
-  const auto honoured = [&](CpuPath path) { return takes_level(path, shape); };
+  m.path = cpu_path_name(path);
   // Every (level, length), level-major.
   std::array<std::pair<PrefetchLevel, int>, 2 * pass_lengths.size()> choices;
   for (std::size_t i = 0; i < choices.size(); ++i)
     choices[i] = {all_levels[i / pass_lengths.size()], pass_lengths[i % pass_lengths.size()]};
-  const auto ms = probe_choices(m, shape, BlockOrder::head_major, honoured, choices,
-                                [](Probe& p, std::pair<PrefetchLevel, int> c) { return p.step_ms(c.first, c.second); });
+  const auto ms = probe_choices(m, shape, order, takes_level(path, shape), choices,
+                                [path](std::pair<PrefetchLevel, int> c) {
+                                  return Pins{static_cast<int>(path), static_cast<int>(c.first), c.second};
+                                });
   if (ms) {
     for (std::size_t i = 0; i < choices.size(); ++i) m.pass_ms[i / pass_lengths.size()][i % pass_lengths.size()] = (*ms)[i];
     double* level_ms[] = {&m.l1_ms, &m.l2_ms};
@@ -203,12 +224,15 @@ NextPassPrefetchMeasurement measure_level(const AttentionShape& shape) {
   return m;
 }
 
-TokenMajorPassMeasurement measure_pass(const AttentionShape& shape) {
+/// The token-major pass measurement of `shape` on `path` (token-major blocks).
+TokenMajorPassMeasurement measure_pass(const AttentionShape& shape, CpuPath path, BlockOrder order) {
   TokenMajorPassMeasurement m;
-  const auto honoured = [&](CpuPath path) { return impl::honours_token_major_pass(path, shape); };
+  m.path = cpu_path_name(path);
   // Token rows request their next pass into L1 at every length.
-  const auto ms = probe_choices(m, shape, BlockOrder::token_major, honoured, pass_lengths,
-                                [](Probe& p, int tokens) { return p.step_ms(PrefetchLevel::l1, tokens); });
+  const auto ms = probe_choices(m, shape, order, impl::honours_token_major_pass(path, shape), pass_lengths,
+                                [path](int tokens) {
+                                  return Pins{static_cast<int>(path), static_cast<int>(PrefetchLevel::l1), tokens};
+                                });
   if (ms) {
     m.ms = *ms;
     m.rule = impl::token_major_pass_rule(std::int64_t{shape.kv_heads} * (shape.key_dim + shape.value_dim) *
@@ -218,33 +242,78 @@ TokenMajorPassMeasurement measure_pass(const AttentionShape& shape) {
   return m;
 }
 
-/// Measurements of one kind, per active path and shape (its heads and
+/// Measurements of one kind, per path, block order and shape (its heads and
 /// dimensions, not its name: tests attend shapes they make up), each taken
-/// once by `measure`.
-template <class Measurement, Measurement (*measure)(const AttentionShape&)>
+/// once by `measure`. Callers pick the path before: picking it may measure
+/// other kinds (active_decode_cpu_path), which must not wait on this lock. A
+/// measurement whose probe asks for its own kind (a choice its pins missed)
+/// is an error, not a wait on itself.
+template <class Measurement, Measurement (*measure)(const AttentionShape&, CpuPath, BlockOrder)>
 class PerShape {
  public:
-  const Measurement& get(const AttentionShape& shape) {
+  const Measurement& get(const AttentionShape& shape, CpuPath path, BlockOrder order) {
+    if (measuring_)
+      throw std::logic_error("host decode attention: a probe asked for the measurement it is taking (" +
+                             probe_name(shape, order) + " on " + cpu_path_name(path) + ")");
     const std::lock_guard<std::mutex> lock(mutex_);
-    std::unique_ptr<const Measurement>& m = measurements_[key(shape)];
-    if (!m) m = std::make_unique<const Measurement>(measure(shape));
+    std::unique_ptr<const Measurement>& m = measurements_[key(shape, path, order)];
+    if (!m) {
+      measuring_ = true;
+      try {
+        m = std::make_unique<const Measurement>(measure(shape, path, order));
+      } catch (...) {
+        measuring_ = false;
+        throw;
+      }
+      measuring_ = false;
+    }
     return *m;
   }
-  void replace(const AttentionShape& shape, const Measurement& m) {
+  void replace(const AttentionShape& shape, CpuPath path, BlockOrder order, const Measurement& m) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    measurements_[key(shape)] = std::make_unique<const Measurement>(m);
+    measurements_[key(shape, path, order)] = std::make_unique<const Measurement>(m);
   }
 
  private:
-  using Key = std::tuple<CpuPath, int, int, int, int, bool>;
-  static Key key(const AttentionShape& shape) {
-    return {active_cpu_path(), shape.q_heads, shape.kv_heads, shape.key_dim, shape.value_dim, shape.values_in_keys};
+  using Key = std::tuple<CpuPath, BlockOrder, int, int, int, int, bool>;
+  static Key key(const AttentionShape& shape, CpuPath path, BlockOrder order) {
+    return {path, order, shape.q_heads, shape.kv_heads, shape.key_dim, shape.value_dim, shape.values_in_keys};
   }
   std::mutex mutex_;
   std::map<Key, std::unique_ptr<const Measurement>> measurements_;
+  static inline thread_local bool measuring_ = false;
 };
+
+/// The product path measurement of `shape` over blocks in `order` for a
+/// machine whose path is `machine` (one of product_paths): each path's own
+/// choices measured first (one probe's pool in memory at a time), then a step
+/// on each path with them.
+ProductPathMeasurement measure_product_path(const AttentionShape& shape, CpuPath machine, BlockOrder order) {
+  ProductPathMeasurement m;
+  m.path = std::string(cpu_path_name(product_paths[0])) + " and " + cpu_path_name(product_paths[1]);
+  m.machine = m.faster = machine;
+  bool both_take = impl::measures_product_path(machine);
+  for (const CpuPath path : product_paths)
+    both_take = both_take && cpu_path_supported(path) && product_path(shape, order, path) == path;
+  if (both_take)
+    for (const CpuPath path : product_paths) {
+      const ProbingPins on_path(Pins{static_cast<int>(path)});
+      if (order == BlockOrder::head_major) active_head_major_pass(shape);  // with its level
+      else active_token_major_pass(shape);
+    }
+  const auto ms = probe_choices(m, shape, order, both_take, product_paths,
+                                [](CpuPath path) { return Pins{static_cast<int>(path)}; });
+  if (ms) {
+    m.bf16_ms = (*ms)[0];
+    m.fma_ms = (*ms)[1];
+    m.faster = faster_product_path(machine, m.bf16_ms, m.fma_ms);
+  }
+  return m;
+}
+
 PerShape<NextPassPrefetchMeasurement, measure_level> level_measurements;
 PerShape<TokenMajorPassMeasurement, measure_pass> pass_measurements;
+PerShape<ProductPathMeasurement, measure_product_path> path_measurements;
 
 /// A description's "measured on <path>, <probe>, <n> MiB a step over <pool> MiB, medians of <rounds>: ", its
 /// figures to follow.
@@ -282,11 +351,12 @@ PrefetchLevel faster_prefetch_level(double l1_ms, double l2_ms) {
 }
 
 const NextPassPrefetchMeasurement& next_pass_prefetch_measurement(const AttentionShape& shape) {
-  return level_measurements.get(shape);
+  const CpuPath path = decode_product_path(shape, BlockOrder::head_major);
+  return level_measurements.get(shape, path, BlockOrder::head_major);
 }
 
 PrefetchLevel active_next_pass_prefetch(const AttentionShape& shape) {
-  if (probing != unpinned) return static_cast<PrefetchLevel>(probing);
+  if (probing.level != unpinned) return static_cast<PrefetchLevel>(probing.level);
   if (const int level = pinned.load(); level != unpinned) return static_cast<PrefetchLevel>(level);
   if (const int level = level_from_environment(); level != unpinned) return static_cast<PrefetchLevel>(level);
   return next_pass_prefetch_measurement(shape).faster;
@@ -295,8 +365,8 @@ PrefetchLevel active_next_pass_prefetch(const AttentionShape& shape) {
 void set_next_pass_prefetch(PrefetchLevel level) { pinned = static_cast<int>(level); }
 
 int active_head_major_pass(const AttentionShape& shape) {
-  if (!takes_level(probe_path(shape, BlockOrder::head_major), shape)) return 0;
-  if (probing_pass != unpinned) return probing_pass;
+  if (!takes_level(decode_product_path(shape, BlockOrder::head_major), shape)) return 0;
+  if (probing.pass != unpinned) return probing.pass;
   const PrefetchLevel level = active_next_pass_prefetch(shape);
   return next_pass_prefetch_measurement(shape).pass_for[static_cast<int>(level)];
 }
@@ -343,12 +413,13 @@ int fastest_pass(const std::array<double, pass_lengths.size()>& ms, int rule) {
 }
 
 const TokenMajorPassMeasurement& token_major_pass_measurement(const AttentionShape& shape) {
-  return pass_measurements.get(shape);
+  const CpuPath path = decode_product_path(shape, BlockOrder::token_major);
+  return pass_measurements.get(shape, path, BlockOrder::token_major);
 }
 
 int active_token_major_pass(const AttentionShape& shape) {
-  if (!impl::honours_token_major_pass(probe_path(shape, BlockOrder::token_major), shape)) return 0;
-  if (probing_pass != unpinned) return probing_pass;
+  if (!impl::honours_token_major_pass(decode_product_path(shape, BlockOrder::token_major), shape)) return 0;
+  if (probing.pass != unpinned) return probing.pass;
   if (const int tokens = pinned_pass.load(); tokens != unpinned) return tokens;
   if (const int tokens = pass_from_environment(); tokens != unpinned) return tokens;
   return token_major_pass_measurement(shape).fastest;
@@ -375,10 +446,48 @@ ScopedTokenMajorPass::ScopedTokenMajorPass(int tokens) : previous_(pinned_pass.l
 
 ScopedTokenMajorPass::~ScopedTokenMajorPass() { pinned_pass = previous_; }
 
+CpuPath faster_product_path(CpuPath machine, double bf16_ms, double fma_ms) {
+  const bool fma = machine == CpuPath::avx512_fma;
+  const double machine_ms = fma ? fma_ms : bf16_ms, other_ms = fma ? bf16_ms : fma_ms;
+  return other_ms <= 0.97 * machine_ms ? (fma ? CpuPath::avx512_bf16 : CpuPath::avx512_fma) : machine;
+}
+
+const ProductPathMeasurement& product_path_measurement(const AttentionShape& shape, BlockOrder order) {
+  return path_measurements.get(shape, active_cpu_path(), order);
+}
+
+CpuPath active_decode_cpu_path(const AttentionShape& shape, BlockOrder order) {
+  if (probing.path != unpinned) return static_cast<CpuPath>(probing.path);
+  const CpuPath machine = active_cpu_path();
+  if (*cpu_path_pinned_by() != '\0' || !impl::measures_product_path(machine)) return machine;
+  return product_path_measurement(shape, order).faster;
+}
+
+CpuPath decode_product_path(const AttentionShape& shape, BlockOrder order) {
+  return product_path(shape, order, active_decode_cpu_path(shape, order));
+}
+
+std::string describe_decode_cpu_path(const AttentionShape& shape, BlockOrder order) {
+  const std::string path = cpu_path_name(active_decode_cpu_path(shape, order));
+  if (const char* by = cpu_path_pinned_by(); *by != '\0') return path + " (" + by + ")";
+  if (!impl::measures_product_path(active_cpu_path())) return path + " (this machine's; no other path is measured)";
+  const ProductPathMeasurement& m = product_path_measurement(shape, order);
+  if (!m.measured) return path + " (" + m.probe + ": not both AVX-512 products take it)";
+  std::ostringstream out = measured_on(m);
+  out << cpu_path_name(product_paths[0]) << " " << m.bf16_ms << " ms, " << cpu_path_name(product_paths[1]) << " "
+      << m.fma_ms << " ms; the machine's " << cpu_path_name(m.machine);
+  return path + " (" + out.str() + ")";
+}
+
+std::string describe_decode_cpu_paths(const AttentionShape& shape) {
+  return "head-major: " + describe_decode_cpu_path(shape, BlockOrder::head_major) +
+         "; token-major: " + describe_decode_cpu_path(shape, BlockOrder::token_major);
+}
+
 namespace impl {
 
 void replace_next_pass_prefetch_measurement(const AttentionShape& shape, const NextPassPrefetchMeasurement& m) {
-  level_measurements.replace(shape, m);
+  level_measurements.replace(shape, decode_product_path(shape, BlockOrder::head_major), BlockOrder::head_major, m);
 }
 
 bool honours_next_pass_level(CpuPath path, bool tiled_keys, int group) {
@@ -390,7 +499,15 @@ PrefetchLevel next_pass_level(CpuPath path, bool tiled_keys, int group, Prefetch
 }
 
 void replace_token_major_pass_measurement(const AttentionShape& shape, const TokenMajorPassMeasurement& m) {
-  pass_measurements.replace(shape, m);
+  pass_measurements.replace(shape, decode_product_path(shape, BlockOrder::token_major), BlockOrder::token_major, m);
+}
+
+void replace_product_path_measurement(const AttentionShape& shape, BlockOrder order, const ProductPathMeasurement& m) {
+  path_measurements.replace(shape, active_cpu_path(), order, m);
+}
+
+bool measures_product_path(CpuPath machine) {
+  return std::find(product_paths.begin(), product_paths.end(), machine) != product_paths.end();
 }
 
 bool honours_token_major_pass(CpuPath path, const AttentionShape& shape) {

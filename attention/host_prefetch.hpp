@@ -14,12 +14,19 @@
 //    share (GQA CpuStreamed): Zen 4 read Qwen3 fastest in passes of 64 tokens
 //    (128 KiB), Zen 5 in passes of 32 (64 KiB), 5-17% ahead of 64. Pinned
 //    with ScopedTokenMajorPass or WRITESCOPE_TOKEN_MAJOR_PASS (32, 64 or 128).
+//  - the product path, where the machine's is one of the two AVX-512 paths and
+//    no path is pinned (cpu_path_pinned_by): the machine's path is chosen by
+//    the products' peak rates (faster_avx512_path), which for DRAM-bound
+//    shapes say little: on Zen 5 Mixtral's step ran 4-19% faster on the
+//    16-lane FMAs than on vdpbf16ps, whose peak is twice as high. Each path
+//    is timed with its own measured level and passes.
 // Tests and comparisons pin them; results and `writescope info` say which
 // was taken and why.
 
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "attention/shape.hpp"
 #include "framework/cpu_path.hpp"
@@ -45,12 +52,13 @@ inline constexpr std::array<int, 3> pass_lengths = {32, 64, 128};
 /// host threads, medians.
 struct HostProbe {
   bool measured = false;  // false where the shape's products do not take the choice here (impl::honours_*)
-  std::string path;       // cpu_path_name of the path measured
+  std::string path;       // cpu_path_name of the path measured (both, for the product path)
   std::string probe;      // the probe's shape and block order, e.g. "qwen3-30b-a3b (32 query / 4 KV heads), head-major"
   std::int64_t kv_bytes = 0;    // a step's KV
   std::int64_t pool_bytes = 0;  // the windows the steps take in turn (next_pass_probe_windows)
   int windows_read = 0;         // distinct windows the timed steps read
   int alternations = 0;
+  std::vector<CpuPath> paths_run;  // per choice, the path its steps ran (the launch's record)
 };
 
 /// The measurement behind the next-pass level of one attention shape and its
@@ -170,8 +178,47 @@ class ScopedTokenMajorPass {
   int previous_;
 };
 
+/// The measurement behind the product path of one attention shape and block
+/// order: a step on each AVX-512 path, each with its own measured choices.
+struct ProductPathMeasurement : HostProbe {
+  double bf16_ms = 0, fma_ms = 0;         // avx512_bf16's and avx512_fma's step
+  CpuPath machine = CpuPath::avx512_bf16;  // the machine's path (active_cpu_path)
+  CpuPath faster = CpuPath::avx512_bf16;   // faster_product_path; the machine's where not measured
+};
+
+/// The other AVX-512 path than `machine` only where its step is at least 3%
+/// faster (the noise of a shared machine).
+CpuPath faster_product_path(CpuPath machine, double bf16_ms, double fma_ms);
+
+/// Measures both AVX-512 paths for `shape` over blocks in `order` the first
+/// time they are asked in this process (with their own levels and passes
+/// first: about 0.5-1.5 s); measured only where the machine's path is one of
+/// them and both products take the shape (impl::measures_product_path).
+const ProductPathMeasurement& product_path_measurement(const AttentionShape& shape, BlockOrder order);
+
+/// The CPU path host decode attention of `shape` over bf16 blocks in `order`
+/// asks for (impl::host_product_path applies what its products take): the
+/// pinned one (set_cpu_path, WRITESCOPE_CPU_PATH), else the machine's
+/// active_cpu_path where it is not an AVX-512 path, else the one measured
+/// faster for the shape and order.
+CpuPath active_decode_cpu_path(const AttentionShape& shape, BlockOrder order);
+/// The path the products of `shape` run over bf16 blocks in `order` now:
+/// impl::host_product_path of active_decode_cpu_path (what a launch records
+/// in DecodeWorkspace::host_path).
+CpuPath decode_product_path(const AttentionShape& shape, BlockOrder order);
+/// One line for results and `writescope info`, e.g. "avx512_fma (measured on
+/// avx512_bf16 and avx512_fma, mixtral-8x7b (32 query / 8 KV heads),
+/// head-major, 256 MiB a step over 512 MiB, medians of 7: avx512_bf16 5.911
+/// ms, avx512_fma 5.502 ms; the machine's avx512_bf16)", "avx2
+/// (WRITESCOPE_CPU_PATH)".
+std::string describe_decode_cpu_path(const AttentionShape& shape, BlockOrder order);
+/// Both orders' for results: "head-major: <describe_decode_cpu_path>;
+/// token-major: <describe_decode_cpu_path>".
+std::string describe_decode_cpu_paths(const AttentionShape& shape);
+
 namespace impl {
-/// Makes `m` the shape's measurement on the active path (tests: levels that
+/// Makes `m` the shape's measurement on the path its head-major products take
+/// (active_decode_cpu_path; tests: levels that
 /// differ by shape on any machine); references to the one it replaces dangle.
 void replace_next_pass_prefetch_measurement(const AttentionShape& shape, const NextPassPrefetchMeasurement& m);
 /// Whether the products of `path` request the next pass by level for blocks
@@ -184,13 +231,20 @@ bool honours_next_pass_level(CpuPath path, bool tiled_keys, int group);
 /// (active_next_pass_prefetch) where honours_next_pass_level, else l1.
 PrefetchLevel next_pass_level(CpuPath path, bool tiled_keys, int group, PrefetchLevel requested);
 
-/// Makes `m` the shape's token-major measurement on the active path (tests).
+/// Makes `m` the shape's token-major measurement on the path its token-major
+/// products take (tests).
 void replace_token_major_pass_measurement(const AttentionShape& shape, const TokenMajorPassMeasurement& m);
 /// Whether the products of `path` take a token-major pass length for `shape`:
 /// the AVX-512 products of token rows shared by several KV heads (MLA's one
 /// latent row, read by both products, keeps passes of 128 tokens; AMX passes
 /// by its tiles).
 bool honours_token_major_pass(CpuPath path, const AttentionShape& shape);
+/// Makes `m` the product path measurement of `shape` in `order` for the
+/// machine's path (tests).
+void replace_product_path_measurement(const AttentionShape& shape, BlockOrder order, const ProductPathMeasurement& m);
+/// Whether the product path is measured on a machine whose path is
+/// `machine`: one of the two AVX-512 paths (AMX machines keep their tiles).
+bool measures_product_path(CpuPath machine);
 /// The products' own length where none is measured or pinned: 128 tokens,
 /// halved down to 32 while a pass's keys and values exceed 128 KiB (Zen 4).
 ///   token_bytes: the keys and values of one token row, all of its heads

@@ -21,7 +21,7 @@
 
 #include "attention/decode.hpp"
 #include "attention/split.hpp"
-#include "attention/impl/host_block_attention.hpp"
+#include "attention/host_prefetch.hpp"
 #include "bounds.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/host_memory.hpp"
@@ -110,8 +110,7 @@ void decode(benchmark::State& state, const AttentionShape& shape, Region region,
     // multiply-adds per second, measured right after the kernel and sampled
     // while it ran) over the shape's multiply-adds per KV byte (QK^T and P.V
     // for each query head of a group).
-    const CpuPath path = impl::host_product_path(active_cpu_path(), caches[0]->geometry(), block_order(region),
-                                                 shape.group(), true);
+    const CpuPath path = decode_product_path(shape, block_order(region));
     state.SetLabel(run.host_label());
     HostRateSampler sampler(path);
     const double gbps = report(bench::run_sampled_iterations(state, space, run, sampler));
@@ -157,8 +156,7 @@ void from_cache(benchmark::State& state, const AttentionShape& shape, Region reg
   one.segments.push_back(one.caches[0]->segments(0, region, {0}, {TokenRange{0, tokens}}));
   DecodeStep<HostExecSpace, PoolSpace> run(shape, region, one, pool);
   run(space);  // warm-up: workspace allocation, the KV into the cache
-  const CpuPath path = impl::host_product_path(active_cpu_path(), one.caches[0]->geometry(), block_order(region),
-                                               shape.group(), true);
+  const CpuPath path = decode_product_path(shape, block_order(region));
   state.SetLabel(run.host_label());
   HostProductSampler sampler(path);
   const double total = bench::run_sampled_iterations(state, space, run, sampler);

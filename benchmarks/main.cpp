@@ -37,6 +37,7 @@ int main(int argc, char* argv[]) try {
   }
   // Measured here, per attention shape, before any benchmark, rather than inside the first one's warm-up.
   for (const writescope::AttentionShape& shape : writescope::supported_attention_shapes()) {
+    benchmark::AddCustomContext("cpu_decode_path " + shape.name, writescope::describe_decode_cpu_paths(shape));
     benchmark::AddCustomContext("next_pass_prefetch " + shape.name, writescope::describe_next_pass_prefetch(shape));
     benchmark::AddCustomContext("token_major_pass " + shape.name, writescope::describe_token_major_pass(shape));
   }

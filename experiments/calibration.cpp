@@ -571,7 +571,9 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
     threads.push_back(p.cpu_threads);
   }
   for (const AttentionShape& shape : supported_attention_shapes()) {
-    // This process's level for the shape (measured per shape), which its rates at all threads use.
+    // This process's path and level for the shape (measured per shape), which its rates at all threads use.
+    progress("product path of the decode over head-major blocks, " + shape.name + " ...");
+    p.cpu_decode_path[shape.name] = cpu_path_name(decode_product_path(shape, BlockOrder::head_major));
     progress("next-pass prefetch level of the decode products, " + shape.name + " ...");
     p.cpu_next_pass_prefetch[shape.name] = prefetch_level_name(active_next_pass_prefetch(shape));
     if (const int tokens = active_head_major_pass(shape); tokens > 0)

@@ -21,7 +21,6 @@
 
 #include "attention/decode.hpp"
 #include "attention/host_prefetch.hpp"
-#include "attention/impl/host_block_attention.hpp"
 #include "experiments/calibration.hpp"
 #include "experiments/harness.hpp"
 #include "experiments/predict.hpp"
@@ -112,12 +111,10 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
   }
   out << "\nCPU decode attention (bf16 KV): the path each product takes\n";
   for (const AttentionShape& shape : supported_attention_shapes()) {
-    const BlockGeometry geometry = shape.block_geometry(256);
     out << "  " << std::left << std::setw(18) << shape.name << std::right;
     for (Region region : {Region::cpu_resident, Region::cpu_streamed})
       out << "  " << region_name(region) << ": "
-          << cpu_path_name(impl::host_product_path(active_cpu_path(), geometry, block_order(region), shape.group(),
-                                                   true));
+          << cpu_path_name(decode_product_path(shape, block_order(region)));
     out << "\n";
   }
   if (cpu_path_supported(CpuPath::avx512_bf16)) {
@@ -127,6 +124,11 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
         << cpu_path_name(faster_avx512_path(rates)) << "\n"
         << std::defaultfloat;
   }
+  out << "  product path (measured per shape where both AVX-512 paths run):\n";
+  for (const AttentionShape& shape : supported_attention_shapes())
+    for (Region region : {Region::cpu_resident, Region::cpu_streamed})
+      out << "    " << std::left << std::setw(18) << shape.name << std::setw(13) << region_name(region) << std::right
+          << describe_decode_cpu_path(shape, block_order(region)) << "\n";
   out << "  next pass of head-major blocks requested into (measured per shape):\n";
   for (const AttentionShape& shape : supported_attention_shapes())
     out << "    " << std::left << std::setw(18) << shape.name << std::right << describe_next_pass_prefetch(shape) << "\n";
@@ -138,8 +140,9 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
         << cpu_path_name(vector_path(CpuPath::amx_bf16)) << "\n";
   else
     out << "  amx_bf16: not offered: " << amx_bf16_unavailable_reason() << "\n";
-  if (active_cpu_path() != best_cpu_path())
-    out << "  (pinned by WRITESCOPE_CPU_PATH; the best path here is " << cpu_path_name(best_cpu_path()) << ")\n";
+  if (*cpu_path_pinned_by() != '\0')
+    out << "  (pinned by " << cpu_path_pinned_by() << "; the best path here is " << cpu_path_name(best_cpu_path())
+        << ")\n";
   out << "\nKokkos configuration\n" << machine.kokkos_configuration;
 }
 

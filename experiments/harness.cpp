@@ -801,6 +801,8 @@ std::vector<std::string> attention_choice_mismatches(const MachineProfile& profi
                          (variable ? std::string(", or set ") + variable + "=" + stated->second : std::string()) +
                          ")");
   };
+  compare(profile.cpu_decode_path, cpu_path_name(decode_product_path(shape, BlockOrder::head_major)),
+          describe_decode_cpu_path(shape, BlockOrder::head_major), "the products on", "WRITESCOPE_CPU_PATH");
   compare(profile.cpu_next_pass_prefetch, prefetch_level_name(active_next_pass_prefetch(shape)),
           describe_next_pass_prefetch(shape), "the next pass requested into", "WRITESCOPE_NEXT_PASS_PREFETCH");
   if (const int tokens = active_head_major_pass(shape); tokens > 0)
@@ -823,9 +825,10 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
              "; its CPU rates do not describe these kernels (re-run writescope calibrate)");
   // Measured now, per model's attention shape, before any timed step; each
   // measured run records its model's.
-  std::map<std::string, std::string> next_pass_prefetch, token_major_pass;  // by model label
+  std::map<std::string, std::string> decode_cpu_path, next_pass_prefetch, token_major_pass;  // by model label
   for (const ModelSpec& model : config.models) {
     const AttentionShape shape = model.config.attention();
+    decode_cpu_path[model.label] = describe_decode_cpu_paths(shape);
     next_pass_prefetch[model.label] = describe_next_pass_prefetch(shape);
     token_major_pass[model.label] = describe_token_major_pass(shape);
     for (const std::string& warning : attention_choice_mismatches(profile, shape)) log_info(warning);
@@ -882,6 +885,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
       if (runs_group.has(id)) runs_group.remove(id);
       write_run(runs_group, id, config, run, profile.name, machine_yaml, result, failure);
       ResultsGroup written = runs_group.open_group(id);
+      written.set_attribute("cpu_decode_path", decode_cpu_path.at(run.model->label));
       written.set_attribute("next_pass_prefetch", next_pass_prefetch.at(run.model->label));
       written.set_attribute("token_major_pass", token_major_pass.at(run.model->label));
       written.set_attribute("checksum", written.checksum());

@@ -649,6 +649,7 @@ MachineProfile with_cpu_of(const MachineProfile& base, const MachineProfile& cpu
   p.cpu_threads = cpu.cpu_threads;
   p.cpu_dram_read_gbps = cpu.cpu_dram_read_gbps;
   p.cpu_path = cpu.cpu_path;
+  p.cpu_decode_path = cpu.cpu_decode_path;
   p.cpu_next_pass_prefetch = cpu.cpu_next_pass_prefetch;
   p.cpu_token_major_pass = cpu.cpu_token_major_pass;
   p.cpu_head_major_pass = cpu.cpu_head_major_pass;

@@ -98,11 +98,16 @@ std::string refusal_of(CpuPath path) {
 }
 
 constexpr int unset = -1;
-std::atomic<int> pinned{unset};
+std::atomic<int> pinned{unset};  // by set_cpu_path
+
+const char* environment_variable() {
+  const char* value = std::getenv("WRITESCOPE_CPU_PATH");
+  return value == nullptr || *value == '\0' ? nullptr : value;
+}
 
 CpuPath from_environment() {
-  const char* value = std::getenv("WRITESCOPE_CPU_PATH");
-  if (value == nullptr || *value == '\0') return best_cpu_path();
+  const char* value = environment_variable();
+  if (value == nullptr) return best_cpu_path();
   CpuPath path;
   try {
     path = parse_cpu_path(value);
@@ -216,12 +221,9 @@ std::string amx_description() {
 }
 
 CpuPath active_cpu_path() {
-  const int current = pinned.load(std::memory_order_relaxed);
-  if (current != unset) return static_cast<CpuPath>(current);
-  const CpuPath path = from_environment();
-  int expected = unset;
-  pinned.compare_exchange_strong(expected, static_cast<int>(path));
-  return static_cast<CpuPath>(pinned.load(std::memory_order_relaxed));
+  if (const int path = pinned.load(std::memory_order_relaxed); path != unset) return static_cast<CpuPath>(path);
+  static const CpuPath unpinned = from_environment();
+  return unpinned;
 }
 
 void set_cpu_path(CpuPath path) {
@@ -231,5 +233,15 @@ void set_cpu_path(CpuPath path) {
                                 cpu_path_name(best_cpu_path()) + ")");
   pinned.store(static_cast<int>(path), std::memory_order_relaxed);
 }
+
+const char* cpu_path_pinned_by() {
+  if (pinned.load(std::memory_order_relaxed) != unset) return "set_cpu_path";
+  static const bool from_environment = environment_variable() != nullptr;  // read once, as active_cpu_path
+  return from_environment ? "WRITESCOPE_CPU_PATH" : "";
+}
+
+ScopedCpuPath::ScopedCpuPath(CpuPath path) : previous_(pinned.load()) { set_cpu_path(path); }
+
+ScopedCpuPath::~ScopedCpuPath() { pinned.store(previous_); }
 
 }  // namespace writescope

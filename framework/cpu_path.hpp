@@ -75,22 +75,28 @@ std::string amx_description();
 /// tile data" or "; the OS does not support tile data".
 std::string describe_amx(unsigned cpuid7_edx, bool os_tile_data);
 
-/// The path kernels take now: WRITESCOPE_CPU_PATH if set (an unsupported or
-/// unknown name is an error naming the variable), else the best one.
+/// The path kernels take now: the one pinned by set_cpu_path, else
+/// WRITESCOPE_CPU_PATH if set (an unsupported or unknown name is an error
+/// naming the variable), else the best one.
 CpuPath active_cpu_path();
 /// Pins the path for the process; throws std::invalid_argument when unsupported.
 void set_cpu_path(CpuPath path);
+/// What pins the active path: "set_cpu_path", "WRITESCOPE_CPU_PATH", or ""
+/// where it is the best one. Unpinned, host decode attention may take the
+/// other AVX-512 path for a shape where it measured faster
+/// (attention/host_prefetch.hpp); pinned, every kernel takes the pinned path.
+const char* cpu_path_pinned_by();
 
-/// Pins a path for a scope (tests), restoring the previous one after.
+/// Pins a path for a scope (tests), restoring the previous pin (or none) after.
 class ScopedCpuPath {
  public:
-  explicit ScopedCpuPath(CpuPath path) : previous_(active_cpu_path()) { set_cpu_path(path); }
-  ~ScopedCpuPath() { set_cpu_path(previous_); }
+  explicit ScopedCpuPath(CpuPath path);
+  ~ScopedCpuPath();
   ScopedCpuPath(const ScopedCpuPath&) = delete;
   ScopedCpuPath& operator=(const ScopedCpuPath&) = delete;
 
  private:
-  CpuPath previous_;
+  int previous_;  // the pin before, or none
 };
 
 }  // namespace writescope

@@ -57,7 +57,7 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     if (p.link_chunk_bytes == 0) link.fail("chunk_bytes", "must be positive");
   }
   const ConfigNode cpu = root.child("cpu");
-  cpu.allow_only({"threads", "dram_read_gbps", "path", "next_pass_prefetch", "head_major_pass", "token_major_pass", "fma_glanes",
+  cpu.allow_only({"threads", "dram_read_gbps", "path", "decode_path", "next_pass_prefetch", "head_major_pass", "token_major_pass", "fma_glanes",
                   "launch_latency_us", "expert_gbps", "expert_gflops", "gemv_gbps", "gemm_gflops", "attention_gbps"});
   if (cpu.has("path")) {
     p.cpu_path = cpu.get<std::string>("path");
@@ -79,6 +79,8 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
       into[shape_name] = by_shape.get_choice(shape_name, choices);
     }
   };
+  per_shape("decode_path", {"scalar", "avx2", "avx512_fma", "avx512_bf16", "amx_bf16"}, "a CPU path",
+            p.cpu_decode_path);
   per_shape("next_pass_prefetch", {"l1", "l2"}, "l1 or l2", p.cpu_next_pass_prefetch);
   per_shape("head_major_pass", {"32", "64", "128"}, "32, 64 or 128 tokens", p.cpu_head_major_pass);
   per_shape("token_major_pass", {"32", "64", "128"}, "32, 64 or 128 tokens", p.cpu_token_major_pass);
@@ -142,7 +144,8 @@ std::string MachineProfile::to_yaml() const {
   out << YAML::Key << "cpu" << YAML::Value << YAML::BeginMap << YAML::Key << "threads" << YAML::Value << cpu_threads
       << YAML::Key << "dram_read_gbps" << YAML::Value << cpu_dram_read_gbps << YAML::Key << "path" << YAML::Value
       << cpu_path;
-  for (const auto& [key, by_shape] : {std::pair{"next_pass_prefetch", &cpu_next_pass_prefetch},
+  for (const auto& [key, by_shape] : {std::pair{"decode_path", &cpu_decode_path},
+                                      std::pair{"next_pass_prefetch", &cpu_next_pass_prefetch},
                                       std::pair{"head_major_pass", &cpu_head_major_pass},
                                       std::pair{"token_major_pass", &cpu_token_major_pass}}) {
     if (by_shape->empty()) continue;

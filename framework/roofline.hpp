@@ -48,6 +48,11 @@ struct MachineProfile {
   /// Likewise their tokens per pass over head-major blocks, measured with the
   /// next-pass level, for the shapes whose products request it by level.
   std::map<std::string, std::string> cpu_head_major_pass;
+  /// Per attention shape name, the CPU path the decode's products over
+  /// head-major blocks took while its CPU attention rates were measured
+  /// (cpu_path_name; measured per shape where both AVX-512 paths run, else the
+  /// machine's); empty in profiles that do not say.
+  std::map<std::string, std::string> cpu_decode_path;
   /// Multiply-adds per second (10^9) of that path's product instruction
   /// (8-lane fp32 FMA for avx2, 16-lane for avx512_fma, 32-pair vdpbf16ps for
   /// avx512_bf16).

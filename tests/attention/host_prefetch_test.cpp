@@ -127,8 +127,8 @@ TEST(NextPassPrefetch, IsMeasuredFromDramOnEachShapeWhereItMatters) {
   for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), made_up_mixtral(),
                                       deepseek_v2_lite_mla_attention()}) {
     SCOPED_TRACE(shape.name + ", " + std::to_string(shape.q_heads) + " query heads");
-    const CpuPath path = impl::host_product_path(active_cpu_path(), shape.block_geometry(256), BlockOrder::head_major,
-                                                 shape.group(), true);
+    const CpuPath path = impl::host_product_path(active_decode_cpu_path(shape, BlockOrder::head_major),
+                                                 shape.block_geometry(256), BlockOrder::head_major, shape.group(), true);
     const bool honoured = impl::honours_next_pass_level(
         path, shape.block_geometry(256).tiled_keys(BlockOrder::head_major), shape.group());
     const NextPassPrefetchMeasurement& m = next_pass_prefetch_measurement(shape);
@@ -149,6 +149,7 @@ TEST(NextPassPrefetch, IsMeasuredFromDramOnEachShapeWhereItMatters) {
     // The timed steps read every window of the pool, each from DRAM.
     EXPECT_EQ(m.pool_bytes, next_pass_probe_windows(m.kv_bytes) * m.kv_bytes);
     EXPECT_EQ(m.windows_read, next_pass_probe_windows(m.kv_bytes));
+    EXPECT_EQ(m.paths_run, std::vector<CpuPath>(6, path)) << "every choice on the path measured";
     EXPECT_GT(m.l1_ms, 0);
     EXPECT_GT(m.l2_ms, 0);
     EXPECT_GE(m.alternations, 5);
@@ -349,8 +350,8 @@ TEST(TokenMajorPass, TheRulesLengthUnlessAnotherIsThreePercentFaster) {
 TEST(TokenMajorPass, PinBeatsEnvironmentBeatsMeasurement) {
   const AttentionShape shape = qwen3_30b_a3b_attention();
   if (!impl::honours_token_major_pass(
-          impl::host_product_path(active_cpu_path(), shape.block_geometry(256), BlockOrder::token_major,
-                                  shape.group(), true),
+          impl::host_product_path(active_decode_cpu_path(shape, BlockOrder::token_major), shape.block_geometry(256),
+                                  BlockOrder::token_major, shape.group(), true),
           shape)) {
     EXPECT_EQ(active_token_major_pass(shape), 0);
     {
@@ -395,8 +396,8 @@ TEST(TokenMajorPass, IsMeasuredFromDramOnEachShapeWhereItMatters) {
   for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), made_up_mixtral(),
                                       deepseek_v2_lite_mla_attention()}) {
     SCOPED_TRACE(shape.name + ", " + std::to_string(shape.q_heads) + " query heads");
-    const CpuPath path = impl::host_product_path(active_cpu_path(), shape.block_geometry(256), BlockOrder::token_major,
-                                                 shape.group(), true);
+    const CpuPath path = impl::host_product_path(active_decode_cpu_path(shape, BlockOrder::token_major),
+                                                 shape.block_geometry(256), BlockOrder::token_major, shape.group(), true);
     const bool honoured = impl::honours_token_major_pass(path, shape);
     const TokenMajorPassMeasurement& m = token_major_pass_measurement(shape);
     EXPECT_EQ(&m, &token_major_pass_measurement(shape)) << "measured again";
@@ -414,6 +415,7 @@ TEST(TokenMajorPass, IsMeasuredFromDramOnEachShapeWhereItMatters) {
     // The timed steps read every window of the pool, each from DRAM.
     EXPECT_EQ(m.pool_bytes, next_pass_probe_windows(m.kv_bytes) * m.kv_bytes);
     EXPECT_EQ(m.windows_read, next_pass_probe_windows(m.kv_bytes));
+    EXPECT_EQ(m.paths_run, std::vector<CpuPath>(pass_lengths.size(), path)) << "every length on the path measured";
     for (const double ms : m.ms) EXPECT_GT(ms, 0);
     EXPECT_GE(m.alternations, 5);
     EXPECT_EQ(m.rule, impl::token_major_pass_rule(std::int64_t{shape.kv_heads} * (shape.key_dim + shape.value_dim) * 2));
@@ -519,6 +521,110 @@ TEST(NextPassPrefetch, DecodeTakesTheHeadMajorPassMeasuredAndEveryLengthMatchesT
     }
   });
   if (!any) std::cout << "[ SKIPPED  ] no path here requests the next pass by level\n";
+}
+
+TEST(ProductPath, TheOtherAvx512PathOnlyWhereThreePercentFaster) {
+  EXPECT_EQ(faster_product_path(CpuPath::avx512_bf16, 100, 97), CpuPath::avx512_fma);
+  EXPECT_EQ(faster_product_path(CpuPath::avx512_bf16, 100, 97.5), CpuPath::avx512_bf16) << "within the noise";
+  EXPECT_EQ(faster_product_path(CpuPath::avx512_bf16, 97, 100), CpuPath::avx512_bf16);
+  EXPECT_EQ(faster_product_path(CpuPath::avx512_fma, 97, 100), CpuPath::avx512_bf16);
+  EXPECT_EQ(faster_product_path(CpuPath::avx512_fma, 97.5, 100), CpuPath::avx512_fma) << "within the noise";
+  EXPECT_EQ(faster_product_path(CpuPath::avx512_fma, 100, 90), CpuPath::avx512_fma);
+}
+
+/// The skip message where this machine measures no product path.
+bool skipped_without_a_product_path() {
+  if (impl::measures_product_path(active_cpu_path())) return false;
+  std::cout << "[ SKIPPED  ] no product path is measured: the machine's path is " << cpu_path_name(active_cpu_path())
+            << ", not an AVX-512 one\n";
+  return true;
+}
+
+// Each shape and block order is timed on both AVX-512 paths from DRAM, each
+// with its own measured choices, where both products take it; the path the
+// decode asks for is the faster by faster_product_path, and says so.
+TEST(ProductPath, IsMeasuredFromDramOnEachShapeAndOrderWhereBothPathsRun) {
+  if (skipped_without_a_product_path()) return;
+  for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), made_up_mixtral(),
+                                      deepseek_v2_lite_mla_attention()})
+    for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major}) {
+      const std::string order_name = order == BlockOrder::head_major ? "head-major" : "token-major";
+      SCOPED_TRACE(shape.name + ", " + std::to_string(shape.q_heads) + " query heads, " + order_name);
+      const ProductPathMeasurement& m = product_path_measurement(shape, order);
+      EXPECT_EQ(&m, &product_path_measurement(shape, order)) << "measured again";
+      bool both_take = true;
+      for (CpuPath path : {CpuPath::avx512_bf16, CpuPath::avx512_fma})
+        both_take = both_take && impl::host_product_path(path, shape.block_geometry(256), order, shape.group(),
+                                                         true) == path;
+      ASSERT_EQ(m.measured, both_take);
+      EXPECT_EQ(m.machine, active_cpu_path());
+      EXPECT_EQ(m.probe, shape.name + " (" + std::to_string(shape.q_heads) + " query / " +
+                             std::to_string(shape.kv_heads) + " KV heads), " + order_name);
+      const std::string described = describe_decode_cpu_path(shape, order);
+      if (!both_take) {
+        EXPECT_EQ(m.faster, m.machine);
+        EXPECT_NE(described.find("not both AVX-512 products take it"), std::string::npos) << described;
+        continue;
+      }
+      EXPECT_GT(m.bf16_ms, 0);
+      EXPECT_GT(m.fma_ms, 0);
+      EXPECT_GE(m.alternations, 5);
+      EXPECT_EQ(m.windows_read, next_pass_probe_windows(m.kv_bytes));
+      EXPECT_EQ(m.paths_run, (std::vector<CpuPath>{CpuPath::avx512_bf16, CpuPath::avx512_fma}));
+      EXPECT_EQ(m.faster, faster_product_path(m.machine, m.bf16_ms, m.fma_ms));
+      EXPECT_EQ(active_decode_cpu_path(shape, order), m.faster);
+      EXPECT_EQ(described.rfind(std::string(cpu_path_name(m.faster)) + " (measured on avx512_bf16 and avx512_fma, " +
+                                    m.probe + ", " + std::to_string(m.kv_bytes >> 20) + " MiB a step over " +
+                                    std::to_string(m.pool_bytes >> 20) + " MiB",
+                                0),
+                0u)
+          << described;
+    }
+  EXPECT_EQ(describe_decode_cpu_paths(mixtral_8x7b_attention()),
+            "head-major: " + describe_decode_cpu_path(mixtral_8x7b_attention(), BlockOrder::head_major) +
+                "; token-major: " + describe_decode_cpu_path(mixtral_8x7b_attention(), BlockOrder::token_major));
+}
+
+// Unpinned, the decode runs the path measured faster for its shape and order,
+// bit for bit as that path pinned (the two differ: vdpbf16ps rounds the
+// queries to bf16); a pinned path beats the measurement.
+TEST(ProductPath, DecodeTakesThePathMeasuredForItsShapeUnlessOneIsPinned) {
+  if (skipped_without_a_product_path()) return;
+  const AttentionShape shape = mixtral_8x7b_attention();
+  for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major}) {
+    SCOPED_TRACE(order == BlockOrder::head_major ? "head-major" : "token-major");
+    const ProductPathMeasurement measured = product_path_measurement(shape, order);
+    ASSERT_TRUE(measured.measured);
+    const HostDecode decode(shape, order);
+    std::vector<PartialState<HostMemSpace>> pinned_states;  // avx512_bf16's, avx512_fma's
+    for (CpuPath path : {CpuPath::avx512_bf16, CpuPath::avx512_fma}) {
+      const ScopedCpuPath pinned(path);
+      DecodeWorkspace<HostMemSpace> workspace;
+      pinned_states.push_back(decode.attend(workspace));
+      EXPECT_EQ(workspace.host_path, path);
+    }
+    ASSERT_NE(pinned_states[0].o(0, 0, 0), pinned_states[1].o(0, 0, 0)) << "the paths' results differ";
+    for (int faster = 0; faster < 2; ++faster) {
+      const CpuPath path = faster ? CpuPath::avx512_fma : CpuPath::avx512_bf16;
+      const CpuPath other = faster ? CpuPath::avx512_bf16 : CpuPath::avx512_fma;
+      SCOPED_TRACE(std::string("measured faster: ") + cpu_path_name(path));
+      ProductPathMeasurement m = measured;
+      m.faster = path;
+      impl::replace_product_path_measurement(shape, order, m);
+      DecodeWorkspace<HostMemSpace> workspace;
+      const PartialState<HostMemSpace> state = decode.attend(workspace);
+      EXPECT_EQ(workspace.host_path, path);
+      for (std::size_t i = 0; i < state.o.span(); ++i)
+        ASSERT_EQ(state.o.data()[i], pinned_states[faster].o.data()[i]) << "o element " << i;
+      EXPECT_EQ(describe_decode_cpu_path(shape, order).rfind(std::string(cpu_path_name(path)) + " (measured", 0), 0u);
+      const ScopedCpuPath pinned(other);
+      DecodeWorkspace<HostMemSpace> pinned_workspace;
+      decode.attend(pinned_workspace);
+      EXPECT_EQ(pinned_workspace.host_path, other) << "a pinned path beats the measurement";
+      EXPECT_EQ(describe_decode_cpu_path(shape, order), std::string(cpu_path_name(other)) + " (set_cpu_path)");
+    }
+    impl::replace_product_path_measurement(shape, order, measured);
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "attention/host_prefetch.hpp"
 #include "attention/impl/host_block_attention.hpp"
 #include "attention/reference.hpp"
 #include "framework/streams.hpp"
@@ -82,7 +83,8 @@ TYPED_TEST(StreamedDecodeTest, ChunkedDoubleBufferedStreamingMatchesReference) {
         }
       }
       const bool rounded = test::host_bf16_products<Scalar>(impl::host_product_path(
-          active_cpu_path(), g, BlockOrder::token_major, shape.group(), std::is_same_v<Scalar, bf16>));
+          std::is_same_v<Scalar, bf16> ? active_decode_cpu_path(shape, BlockOrder::token_major) : active_cpu_path(), g,
+          BlockOrder::token_major, shape.group(), std::is_same_v<Scalar, bf16>));
       for (int h = 0; h < shape.q_heads; ++h) {
         ASSERT_NEAR(lse(b, h), merged_lse[h], test::attention_lse_tolerance(rounded, merged_lse[h]));
         for (int d = 0; d < shape.value_dim; ++d)

@@ -111,15 +111,18 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
   EXPECT_EQ(reader.string_attribute("/profile", "name"), "test");
   const auto names = reader.list("/runs");
   ASSERT_EQ(names.size(), runs.size());
-  // Each run records the next-pass level and the token-major pass of its own model's attention shape.
-  std::map<std::string, std::string> next_pass_of_run, token_major_pass_of_run;
+  // Each run records the product path, the next-pass level and the token-major pass of its own model's
+  // attention shape.
+  std::map<std::string, std::string> path_of_run, next_pass_of_run, token_major_pass_of_run;
   for (const RunSpec& run : runs) {
+    path_of_run[run.id()] = describe_decode_cpu_paths(run.model->config.attention());
     next_pass_of_run[run.id()] = describe_next_pass_prefetch(run.model->config.attention());
     token_major_pass_of_run[run.id()] = describe_token_major_pass(run.model->config.attention());
   }
   int complete = 0;
   for (const std::string& name : names) {
     const std::string g = "/runs/" + name;
+    EXPECT_EQ(reader.string_attribute(g, "cpu_decode_path"), path_of_run.at(name)) << g;
     EXPECT_EQ(reader.string_attribute(g, "next_pass_prefetch"), next_pass_of_run.at(name)) << g;
     EXPECT_EQ(reader.string_attribute(g, "token_major_pass"), token_major_pass_of_run.at(name)) << g;
     const std::string status = reader.string_attribute(g, "status");
@@ -195,34 +198,43 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
       << log;
 }
 
-// A profile measured with another next-pass level or token-major pass than
-// this process takes for a shape is named, choice by choice, with what this
-// process takes and how to pin the profile's.
+// A profile measured with another product path, next-pass level or
+// token-major pass than this process takes for a shape is named, choice by
+// choice, with what this process takes and how to pin the profile's.
 TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
   const AttentionShape shape = qwen3_30b_a3b_attention();
   MachineProfile profile = test::tiny_profile();
   EXPECT_TRUE(attention_choice_mismatches(profile, shape).empty()) << "nothing stated";
+  const std::string path = cpu_path_name(decode_product_path(shape, BlockOrder::head_major));
   const std::string level = prefetch_level_name(active_next_pass_prefetch(shape));
   const int pass = active_token_major_pass(shape), head_major_pass = active_head_major_pass(shape);
+  profile.cpu_decode_path[shape.name] = path;
   profile.cpu_next_pass_prefetch[shape.name] = level;
   if (pass > 0) profile.cpu_token_major_pass[shape.name] = std::to_string(pass);
   if (head_major_pass > 0) profile.cpu_head_major_pass[shape.name] = std::to_string(head_major_pass);
   EXPECT_TRUE(attention_choice_mismatches(profile, shape).empty()) << "the same choices";
+  const std::string other_path = path == "avx2" ? "scalar" : "avx2";
   const std::string other_level = level == "l1" ? "l2" : "l1", other_pass = pass == 32 ? "128" : "32";
+  profile.cpu_decode_path[shape.name] = other_path;
   profile.cpu_next_pass_prefetch[shape.name] = other_level;
   profile.cpu_token_major_pass[shape.name] = other_pass;
   const std::string other_head_major_pass = head_major_pass == 32 ? "128" : "32";
   profile.cpu_head_major_pass[shape.name] = other_head_major_pass;
   profile.cpu_next_pass_prefetch["mixtral-8x7b"] = "l3";  // another shape's: not this one's business
   const std::vector<std::string> warnings = attention_choice_mismatches(profile, shape);
-  ASSERT_EQ(warnings.size(), 1u + (head_major_pass > 0) + (pass > 0));
-  EXPECT_EQ(warnings[0], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the next pass "
+  ASSERT_EQ(warnings.size(), 2u + (head_major_pass > 0) + (pass > 0));
+  EXPECT_EQ(warnings[0], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the products on " +
+                             other_path + " but this process takes " +
+                             describe_decode_cpu_path(shape, BlockOrder::head_major) +
+                             "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
+                             "WRITESCOPE_CPU_PATH=" + other_path + ")");
+  EXPECT_EQ(warnings[1], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the next pass "
                          "requested into " + other_level + " but this process takes " +
                          describe_next_pass_prefetch(shape) +
                          "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
                          "WRITESCOPE_NEXT_PASS_PREFETCH=" + other_level + ")");
   if (head_major_pass > 0) {
-    EXPECT_EQ(warnings[1], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with head-major "
+    EXPECT_EQ(warnings[2], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with head-major "
                            "passes of " + other_head_major_pass + " but this process takes " +
                            describe_next_pass_prefetch(shape) +
                            "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate)");

@@ -123,11 +123,19 @@ TEST(CpuPath, TheBestSupportedPathIsActiveUnlessPinned) {
     EXPECT_EQ(best_cpu_path(), paths.back());
   }
   EXPECT_EQ(active_cpu_path(), best_cpu_path());
+  EXPECT_STREQ(cpu_path_pinned_by(), "");
   {
     ScopedCpuPath pinned(CpuPath::scalar);
     EXPECT_EQ(active_cpu_path(), CpuPath::scalar);
+    EXPECT_STREQ(cpu_path_pinned_by(), "set_cpu_path");
+    {
+      ScopedCpuPath best(best_cpu_path());
+      EXPECT_STREQ(cpu_path_pinned_by(), "set_cpu_path") << "the best path pinned is still pinned";
+    }
+    EXPECT_EQ(active_cpu_path(), CpuPath::scalar) << "the outer pin restored";
   }
   EXPECT_EQ(active_cpu_path(), best_cpu_path());
+  EXPECT_STREQ(cpu_path_pinned_by(), "") << "unpinned again, not pinned to the path it had";
 }
 
 TEST(CpuPath, TheAvx512PathWithMoreMultiplyAddsIsTheBest) {

@@ -117,19 +117,22 @@ TEST_F(ProfileTest, SaveAndLoadRoundTrip) {
   measured.link_chunk_bytes = std::uint64_t{3} << 20;
   measured.save(path);
   EXPECT_EQ(MachineProfile::load(path).link_chunk_bytes, std::uint64_t{3} << 20);
-  // Every CPU path round-trips, amx_bf16 (the GPU machine's host) included, with the next-pass level and
-  // the token-major pass per shape.
+  // Every CPU path round-trips, amx_bf16 (the GPU machine's host) included, with the product path, the
+  // next-pass level and the token-major pass per shape.
   measured.cpu_path = "amx_bf16";
+  measured.cpu_decode_path = {{"qwen3-30b-a3b", "avx512_bf16"}, {"mixtral-8x7b", "avx512_fma"}};
   measured.cpu_next_pass_prefetch = {{"qwen3-30b-a3b", "l1"}, {"mixtral-8x7b", "l2"}};
   measured.cpu_token_major_pass = {{"qwen3-30b-a3b", "32"}, {"mixtral-8x7b", "64"}};
   measured.cpu_head_major_pass = {{"qwen3-30b-a3b", "128"}, {"mixtral-8x7b", "32"}};
   measured.save(path);
   const auto amx = MachineProfile::load(path);
   EXPECT_EQ(amx.cpu_path, "amx_bf16");
+  EXPECT_EQ(amx.cpu_decode_path, measured.cpu_decode_path);
   EXPECT_EQ(amx.cpu_next_pass_prefetch, measured.cpu_next_pass_prefetch);
   EXPECT_EQ(amx.cpu_token_major_pass, measured.cpu_token_major_pass);
   EXPECT_EQ(amx.cpu_head_major_pass, measured.cpu_head_major_pass);
-  EXPECT_TRUE(again.cpu_next_pass_prefetch.empty());  // not stated: no warning, no comparison
+  EXPECT_TRUE(again.cpu_decode_path.empty());  // not stated: no warning, no comparison
+  EXPECT_TRUE(again.cpu_next_pass_prefetch.empty());
   EXPECT_TRUE(again.cpu_token_major_pass.empty());
   // Older profiles give the BLAS rates under their older names.
   EXPECT_DOUBLE_EQ(find_profile("a100-pcie4").cpu_expert_gbps, 100);
@@ -176,6 +179,8 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
   // A bad path, a bad level, and a level not given per shape (the form before levels were measured per shape).
   for (const auto& [field, value, named, reason] :
        {std::tuple{"path", "avx1024", "cpu.path", "avx1024"},
+        std::tuple{"decode_path", "{mixtral-8x7b: avx1024}", "cpu.decode_path.mixtral-8x7b", "avx1024"},
+        std::tuple{"decode_path", "avx2", "cpu.decode_path", "mapping"},
         std::tuple{"next_pass_prefetch", "{qwen3-30b-a3b: l3}", "cpu.next_pass_prefetch.qwen3-30b-a3b", "l3"},
         std::tuple{"next_pass_prefetch", "l2", "cpu.next_pass_prefetch", "mapping"},
         std::tuple{"token_major_pass", "{qwen3-30b-a3b: 48}", "cpu.token_major_pass.qwen3-30b-a3b", "48"},
