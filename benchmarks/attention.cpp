@@ -88,7 +88,6 @@ void decode(benchmark::State& state, const AttentionShape& shape, Region region,
   const std::int64_t tokens = state.range(0);
   const double kv_bytes = bench::kv_bytes(shape, tokens);
   const bench::RotatedCaches rotated = bench::rotated_caches(shape, region, tokens);
-  const auto& caches = rotated.caches;
   const int copies = rotated.copies();
   DecodeStep<ExecSpace, PoolSpace> run(shape, region, rotated, pool, gpu_most_warps);
   const ExecSpace space;
