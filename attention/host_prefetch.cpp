@@ -207,10 +207,10 @@ NextPassPrefetchMeasurement measure_level(const AttentionShape& shape, CpuPath p
   std::array<std::pair<PrefetchLevel, int>, 2 * pass_lengths.size()> choices;
   for (std::size_t i = 0; i < choices.size(); ++i)
     choices[i] = {all_levels[i / pass_lengths.size()], pass_lengths[i % pass_lengths.size()]};
-  const auto ms = probe_choices(m, shape, order, takes_level(path, shape), choices,
-                                [path](std::pair<PrefetchLevel, int> c) {
-                                  return Pins{static_cast<int>(path), static_cast<int>(c.first), c.second};
-                                });
+  const auto ms =
+      probe_choices(m, shape, order, takes_level(path, shape), choices, [path](std::pair<PrefetchLevel, int> c) {
+        return Pins{static_cast<int>(path), static_cast<int>(c.first), c.second};
+      });
   if (ms) {
     for (std::size_t i = 0; i < choices.size(); ++i) m.pass_ms[i / pass_lengths.size()][i % pass_lengths.size()] = (*ms)[i];
     double* level_ms[] = {&m.l1_ms, &m.l2_ms};
@@ -229,10 +229,10 @@ TokenMajorPassMeasurement measure_pass(const AttentionShape& shape, CpuPath path
   TokenMajorPassMeasurement m;
   m.path = cpu_path_name(path);
   // Token rows request their next pass into L1 at every length.
-  const auto ms = probe_choices(m, shape, order, impl::honours_token_major_pass(path, shape), pass_lengths,
-                                [path](int tokens) {
-                                  return Pins{static_cast<int>(path), static_cast<int>(PrefetchLevel::l1), tokens};
-                                });
+  const auto ms =
+      probe_choices(m, shape, order, impl::honours_token_major_pass(path, shape), pass_lengths, [path](int tokens) {
+        return Pins{static_cast<int>(path), static_cast<int>(PrefetchLevel::l1), tokens};
+      });
   if (ms) {
     m.ms = *ms;
     m.rule = impl::token_major_pass_rule(std::int64_t{shape.kv_heads} * (shape.key_dim + shape.value_dim) *
@@ -298,8 +298,10 @@ ProductPathMeasurement measure_product_path(const AttentionShape& shape, CpuPath
   if (both_take)
     for (const CpuPath path : product_paths) {
       const ProbingPins on_path(Pins{static_cast<int>(path)});
-      if (order == BlockOrder::head_major) active_head_major_pass(shape);  // with its level
-      else active_token_major_pass(shape);
+      if (order == BlockOrder::head_major)
+        active_head_major_pass(shape);  // with its level
+      else
+        active_token_major_pass(shape);
     }
   const auto ms = probe_choices(m, shape, order, both_take, product_paths,
                                 [](CpuPath path) { return Pins{static_cast<int>(path)}; });

@@ -181,7 +181,7 @@ class ScopedTokenMajorPass {
 /// The measurement behind the product path of one attention shape and block
 /// order: a step on each AVX-512 path, each with its own measured choices.
 struct ProductPathMeasurement : HostProbe {
-  double bf16_ms = 0, fma_ms = 0;         // avx512_bf16's and avx512_fma's step
+  double bf16_ms = 0, fma_ms = 0;          // avx512_bf16's and avx512_fma's step
   CpuPath machine = CpuPath::avx512_bf16;  // the machine's path (active_cpu_path)
   CpuPath faster = CpuPath::avx512_bf16;   // faster_product_path; the machine's where not measured
 };

@@ -20,8 +20,8 @@
 #include <string>
 
 #include "attention/decode.hpp"
-#include "attention/split.hpp"
 #include "attention/host_prefetch.hpp"
+#include "attention/split.hpp"
 #include "bounds.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/host_memory.hpp"

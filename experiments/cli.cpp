@@ -3,10 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
-#include <chrono>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -24,7 +24,6 @@
 #include "experiments/calibration.hpp"
 #include "experiments/harness.hpp"
 #include "experiments/predict.hpp"
-#include "moe/model.hpp"
 #include "framework/config.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/log.hpp"
@@ -32,6 +31,7 @@
 #include "framework/results_store.hpp"
 #include "framework/runtime.hpp"
 #include "framework/spaces.hpp"
+#include "moe/model.hpp"
 
 namespace writescope {
 namespace {
@@ -113,8 +113,7 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
   for (const AttentionShape& shape : supported_attention_shapes()) {
     out << "  " << std::left << std::setw(18) << shape.name << std::right;
     for (Region region : {Region::cpu_resident, Region::cpu_streamed})
-      out << "  " << region_name(region) << ": "
-          << cpu_path_name(decode_product_path(shape, block_order(region)));
+      out << "  " << region_name(region) << ": " << cpu_path_name(decode_product_path(shape, block_order(region)));
     out << "\n";
   }
   if (cpu_path_supported(CpuPath::avx512_bf16)) {

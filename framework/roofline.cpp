@@ -57,8 +57,9 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     if (p.link_chunk_bytes == 0) link.fail("chunk_bytes", "must be positive");
   }
   const ConfigNode cpu = root.child("cpu");
-  cpu.allow_only({"threads", "dram_read_gbps", "path", "decode_path", "next_pass_prefetch", "head_major_pass", "token_major_pass", "fma_glanes",
-                  "launch_latency_us", "expert_gbps", "expert_gflops", "gemv_gbps", "gemm_gflops", "attention_gbps"});
+  cpu.allow_only({"threads", "dram_read_gbps", "path", "decode_path", "next_pass_prefetch", "head_major_pass",
+                  "token_major_pass", "fma_glanes", "launch_latency_us", "expert_gbps", "expert_gflops", "gemv_gbps",
+                  "gemm_gflops", "attention_gbps"});
   if (cpu.has("path")) {
     p.cpu_path = cpu.get<std::string>("path");
     try {
@@ -144,10 +145,9 @@ std::string MachineProfile::to_yaml() const {
   out << YAML::Key << "cpu" << YAML::Value << YAML::BeginMap << YAML::Key << "threads" << YAML::Value << cpu_threads
       << YAML::Key << "dram_read_gbps" << YAML::Value << cpu_dram_read_gbps << YAML::Key << "path" << YAML::Value
       << cpu_path;
-  for (const auto& [key, by_shape] : {std::pair{"decode_path", &cpu_decode_path},
-                                      std::pair{"next_pass_prefetch", &cpu_next_pass_prefetch},
-                                      std::pair{"head_major_pass", &cpu_head_major_pass},
-                                      std::pair{"token_major_pass", &cpu_token_major_pass}}) {
+  for (const auto& [key, by_shape] :
+       {std::pair{"decode_path", &cpu_decode_path}, std::pair{"next_pass_prefetch", &cpu_next_pass_prefetch},
+        std::pair{"head_major_pass", &cpu_head_major_pass}, std::pair{"token_major_pass", &cpu_token_major_pass}}) {
     if (by_shape->empty()) continue;
     out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginMap;
     for (const auto& [shape, choice] : *by_shape) out << YAML::Key << shape << YAML::Value << choice;

@@ -609,8 +609,8 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
         // Over bf16 KV, the path measured for the shape (host_prefetch.hpp);
         // other KV takes the plainer paths, whose choice is the machine's.
         constexpr bool bf16_kv = std::is_same_v<Scalar, bf16>;
-        const CpuPath path = impl::host_product_path(
-            bf16_kv ? active_decode_cpu_path(shape, order) : active_cpu_path(), geometry, order, shape.group(), bf16_kv);
+        const CpuPath path = impl::host_product_path(bf16_kv ? active_decode_cpu_path(shape, order) : active_cpu_path(),
+                                                     geometry, order, shape.group(), bf16_kv);
         // Asked only where the products honour it: the first such launch of a
         // process measures the levels (host_prefetch.hpp).
         const PrefetchLevel next_pass = impl::honours_next_pass_level(path, geometry.tiled_keys(order), shape.group())

@@ -127,8 +127,9 @@ TEST(NextPassPrefetch, IsMeasuredFromDramOnEachShapeWhereItMatters) {
   for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), made_up_mixtral(),
                                       deepseek_v2_lite_mla_attention()}) {
     SCOPED_TRACE(shape.name + ", " + std::to_string(shape.q_heads) + " query heads");
-    const CpuPath path = impl::host_product_path(active_decode_cpu_path(shape, BlockOrder::head_major),
-                                                 shape.block_geometry(256), BlockOrder::head_major, shape.group(), true);
+    const CpuPath path =
+        impl::host_product_path(active_decode_cpu_path(shape, BlockOrder::head_major), shape.block_geometry(256),
+                                BlockOrder::head_major, shape.group(), true);
     const bool honoured = impl::honours_next_pass_level(
         path, shape.block_geometry(256).tiled_keys(BlockOrder::head_major), shape.group());
     const NextPassPrefetchMeasurement& m = next_pass_prefetch_measurement(shape);
@@ -396,8 +397,9 @@ TEST(TokenMajorPass, IsMeasuredFromDramOnEachShapeWhereItMatters) {
   for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), made_up_mixtral(),
                                       deepseek_v2_lite_mla_attention()}) {
     SCOPED_TRACE(shape.name + ", " + std::to_string(shape.q_heads) + " query heads");
-    const CpuPath path = impl::host_product_path(active_decode_cpu_path(shape, BlockOrder::token_major),
-                                                 shape.block_geometry(256), BlockOrder::token_major, shape.group(), true);
+    const CpuPath path =
+        impl::host_product_path(active_decode_cpu_path(shape, BlockOrder::token_major), shape.block_geometry(256),
+                                BlockOrder::token_major, shape.group(), true);
     const bool honoured = impl::honours_token_major_pass(path, shape);
     const TokenMajorPassMeasurement& m = token_major_pass_measurement(shape);
     EXPECT_EQ(&m, &token_major_pass_measurement(shape)) << "measured again";
@@ -545,8 +547,8 @@ bool skipped_without_a_product_path() {
 // decode asks for is the faster by faster_product_path, and says so.
 TEST(ProductPath, IsMeasuredFromDramOnEachShapeAndOrderWhereBothPathsRun) {
   if (skipped_without_a_product_path()) return;
-  for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), made_up_mixtral(),
-                                      deepseek_v2_lite_mla_attention()})
+  for (const AttentionShape& shape :
+       {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), made_up_mixtral(), deepseek_v2_lite_mla_attention()})
     for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major}) {
       const std::string order_name = order == BlockOrder::head_major ? "head-major" : "token-major";
       SCOPED_TRACE(shape.name + ", " + std::to_string(shape.q_heads) + " query heads, " + order_name);
@@ -554,8 +556,8 @@ TEST(ProductPath, IsMeasuredFromDramOnEachShapeAndOrderWhereBothPathsRun) {
       EXPECT_EQ(&m, &product_path_measurement(shape, order)) << "measured again";
       bool both_take = true;
       for (CpuPath path : {CpuPath::avx512_bf16, CpuPath::avx512_fma})
-        both_take = both_take && impl::host_product_path(path, shape.block_geometry(256), order, shape.group(),
-                                                         true) == path;
+        both_take =
+            both_take && impl::host_product_path(path, shape.block_geometry(256), order, shape.group(), true) == path;
       ASSERT_EQ(m.measured, both_take);
       EXPECT_EQ(m.machine, active_cpu_path());
       EXPECT_EQ(m.probe, shape.name + " (" + std::to_string(shape.q_heads) + " query / " +

@@ -227,17 +227,21 @@ TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
                              other_path + " but this process takes " +
                              describe_decode_cpu_path(shape, BlockOrder::head_major) +
                              "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
-                             "WRITESCOPE_CPU_PATH=" + other_path + ")");
-  EXPECT_EQ(warnings[1], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the next pass "
-                         "requested into " + other_level + " but this process takes " +
-                         describe_next_pass_prefetch(shape) +
-                         "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
-                         "WRITESCOPE_NEXT_PASS_PREFETCH=" + other_level + ")");
+                             "WRITESCOPE_CPU_PATH=" +
+                             other_path + ")");
+  EXPECT_EQ(warnings[1],
+            "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the next pass "
+            "requested into " +
+                other_level + " but this process takes " + describe_next_pass_prefetch(shape) +
+                "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
+                "WRITESCOPE_NEXT_PASS_PREFETCH=" +
+                other_level + ")");
   if (head_major_pass > 0) {
-    EXPECT_EQ(warnings[2], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with head-major "
-                           "passes of " + other_head_major_pass + " but this process takes " +
-                           describe_next_pass_prefetch(shape) +
-                           "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate)");
+    EXPECT_EQ(warnings[2],
+              "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with head-major "
+              "passes of " +
+                  other_head_major_pass + " but this process takes " + describe_next_pass_prefetch(shape) +
+                  "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate)");
   }
   if (pass > 0)
     EXPECT_EQ(warnings.back(), "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with token-major "
