@@ -63,32 +63,84 @@ int from_environment(const char* variable, Parse parse) {
 int level_from_environment() { return from_environment(environment_variable, parse_prefetch_level); }
 int pass_from_environment() { return from_environment(pass_environment_variable, parse_token_major_pass); }
 
+/// The probes' KV: bf16 values of a few bits in [-0.5, 0.5) (softmax weights
+/// of every size), filled once and shared by the probes that run while one is
+/// held (a product path measurement holds one over its paths' level and pass
+/// probes and its own: one fill of 512 MiB instead of up to three).
+std::atomic<int> probe_pools_filled{0};
+
+class ProbePool {
+ public:
+  explicit ProbePool(std::int64_t elements)
+      : values_(Kokkos::view_alloc("writescope::attention::prefetch_probe_pool", Kokkos::WithoutInitializing),
+                elements) {
+    ++probe_pools_filled;
+    advise_huge_pages(values_);  // as the cache's host pools
+    // One chunk of the pattern, copied into the rest.
+    constexpr std::int64_t chunk = 1 << 16;
+    bf16* data = values_.data();
+    for (std::int64_t i = 0; i < std::min(chunk, elements); ++i)
+      data[i] = from_float<bf16>(static_cast<float>((static_cast<std::uint64_t>(i) * 2654435761u) >> 24 & 255) /
+                                     256.0f -
+                                 0.5f);
+    for (std::int64_t begin = chunk; begin < elements; begin += chunk)
+      std::memcpy(data + begin, data, static_cast<std::size_t>(std::min(chunk, elements - begin)) * sizeof(bf16));
+  }
+  std::int64_t elements() const { return static_cast<std::int64_t>(values_.span()); }
+  const bf16* data() const { return values_.data(); }
+
+ private:
+  Kokkos::View<bf16*, HostMemSpace> values_;
+};
+
+/// A pool of at least `elements`: the one a probe or measurement still holds
+/// where it is large enough, else a new one.
+std::shared_ptr<const ProbePool> probe_pool(std::int64_t elements) {
+  static std::mutex mutex;
+  static std::weak_ptr<const ProbePool> held;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (std::shared_ptr<const ProbePool> pool = held.lock(); pool && pool->elements() >= elements) return pool;
+  auto pool = std::make_shared<const ProbePool>(elements);
+  held = pool;
+  return pool;
+}
+
+/// How a probe of blocks of `geometry` lays out its steps: `blocks` a step,
+/// more than twice the last-level cache, in `windows` windows.
+struct ProbeLayout {
+  int blocks = 0, windows = 0;
+  std::int64_t elements() const { return std::int64_t{blocks} * windows; }  // blocks in all
+};
+ProbeLayout probe_layout(const BlockGeometry& geometry) {
+  const std::int64_t block_bytes = geometry.block_elements() * static_cast<std::int64_t>(sizeof(bf16));
+  const std::int64_t wanted = next_pass_probe_bytes(last_level_cache_bytes());
+  ProbeLayout layout;
+  layout.blocks = static_cast<int>((wanted + block_bytes - 1) / block_bytes);
+  layout.windows = next_pass_probe_windows(layout.blocks * block_bytes);
+  return layout;
+}
+
+constexpr int probe_block_tokens = 256;
+
+/// The pool elements a probe of `shape` reads.
+std::int64_t probe_pool_elements(const AttentionShape& shape) {
+  const BlockGeometry geometry = shape.block_geometry(probe_block_tokens);
+  return probe_layout(geometry).elements() * geometry.block_elements();
+}
+
 /// The decode step the choices are timed on: one sequence of whole blocks in
 /// `order`, more than twice the last-level cache, in the next of
-/// next_pass_probe_windows windows of a pool at each step.
+/// next_pass_probe_windows windows of a shared pool (probe_pool) at each step.
 class Probe {
  public:
   Probe(const AttentionShape& shape, BlockOrder order)
       : shape_(shape), order_(order), geometry_(shape.block_geometry(block_tokens)) {
-    const std::int64_t block_bytes = geometry_.block_elements() * static_cast<std::int64_t>(sizeof(bf16));
-    const std::int64_t wanted = next_pass_probe_bytes(last_level_cache_bytes());
-    const int blocks = static_cast<int>((wanted + block_bytes - 1) / block_bytes);
-    windows_ = next_pass_probe_windows(blocks * block_bytes);
+    const ProbeLayout layout = probe_layout(geometry_);
+    const int blocks = layout.blocks;
+    windows_ = layout.windows;
     window_read_.assign(static_cast<std::size_t>(windows_), false);
-    pool_ = Kokkos::View<bf16**, Kokkos::LayoutRight, HostMemSpace>(
-        Kokkos::view_alloc("writescope::attention::prefetch_probe_pool", Kokkos::WithoutInitializing),
-        std::int64_t{windows_} * blocks, geometry_.block_elements());
-    advise_huge_pages(pool_);  // as the cache's host pools
-    // One block of values of a few bits in [-0.5, 0.5) (softmax weights of
-    // every size), copied into the others.
-    bf16* data = pool_.data();
-    const std::int64_t elements = geometry_.block_elements();
-    for (std::int64_t i = 0; i < elements; ++i)
-      data[i] = from_float<bf16>(static_cast<float>((static_cast<std::uint64_t>(i) * 2654435761u) >> 24 & 255) /
-                                     256.0f -
-                                 0.5f);
-    for (std::int64_t block = 1; block < std::int64_t{windows_} * blocks; ++block)
-      std::memcpy(data + block * elements, data, static_cast<std::size_t>(block_bytes));
+    pool_ = probe_pool(probe_pool_elements(shape));
+    blocks_ = ConstPool(pool_->data(), layout.elements(), geometry_.block_elements());
     queries_ = Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace>(
         Kokkos::view_alloc("writescope::attention::prefetch_probe_queries", Kokkos::WithoutInitializing), 1,
         shape.q_heads, shape.key_dim);
@@ -102,7 +154,7 @@ class Probe {
     out_ = PartialState<HostMemSpace>(Kokkos::WithoutInitializing, "writescope::attention::prefetch_probe", 1,
                                       shape.q_heads, shape.value_dim);
   }
-  std::int64_t pool_bytes() const { return static_cast<std::int64_t>(pool_.span() * sizeof(bf16)); }
+  std::int64_t pool_bytes() const { return static_cast<std::int64_t>(blocks_.span() * sizeof(bf16)); }
   std::int64_t kv_bytes() const { return pool_bytes() / windows_; }
   int windows_read() const { return static_cast<int>(std::count(window_read_.begin(), window_read_.end(), true)); }
   /// The product path of the last step.
@@ -118,20 +170,21 @@ class Probe {
     window_read_[static_cast<std::size_t>(window)] = true;
     space.fence();
     const auto start = std::chrono::steady_clock::now();
-    decode_attention(space, shape_, geometry_, order_, ConstQueries(queries_), ConstPool(pool_), segments_[window],
-                     workspace_, out_);
+    decode_attention(space, shape_, geometry_, order_, ConstQueries(queries_), blocks_, segments_[window], workspace_,
+                     out_);
     space.fence();
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   }
 
  private:
-  static constexpr int block_tokens = 256;
+  static constexpr int block_tokens = probe_block_tokens;
   using ConstQueries = Kokkos::View<const float***, Kokkos::LayoutRight, HostMemSpace>;
   using ConstPool = Kokkos::View<const bf16**, Kokkos::LayoutRight, HostMemSpace>;
   AttentionShape shape_;
   BlockOrder order_;
   BlockGeometry geometry_;
-  Kokkos::View<bf16**, Kokkos::LayoutRight, HostMemSpace> pool_;
+  std::shared_ptr<const ProbePool> pool_;
+  ConstPool blocks_;  // (blocks, block elements) of pool_
   Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> queries_;
   int windows_ = 1, next_window_ = 0;
   std::vector<bool> window_read_;
@@ -295,6 +348,8 @@ ProductPathMeasurement measure_product_path(const AttentionShape& shape, CpuPath
   bool both_take = impl::measures_product_path(machine);
   for (const CpuPath path : product_paths)
     both_take = both_take && cpu_path_supported(path) && product_path(shape, order, path) == path;
+  std::shared_ptr<const ProbePool> pool;  // one fill for every probe below
+  if (both_take) pool = probe_pool(probe_pool_elements(shape));
   if (both_take)
     for (const CpuPath path : product_paths) {
       const ProbingPins on_path(Pins{static_cast<int>(path)});
@@ -507,6 +562,8 @@ void replace_token_major_pass_measurement(const AttentionShape& shape, const Tok
 void replace_product_path_measurement(const AttentionShape& shape, BlockOrder order, const ProductPathMeasurement& m) {
   path_measurements.replace(shape, active_cpu_path(), order, m);
 }
+
+int probe_pools_filled() { return writescope::probe_pools_filled.load(); }
 
 bool measures_product_path(CpuPath machine) {
   return std::find(product_paths.begin(), product_paths.end(), machine) != product_paths.end();

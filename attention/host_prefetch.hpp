@@ -242,6 +242,9 @@ bool honours_token_major_pass(CpuPath path, const AttentionShape& shape);
 /// Makes `m` the product path measurement of `shape` in `order` for the
 /// machine's path (tests).
 void replace_product_path_measurement(const AttentionShape& shape, BlockOrder order, const ProductPathMeasurement& m);
+/// The probes' pools of KV filled in this process so far (tests: a product
+/// path measurement fills one for all of its probes).
+int probe_pools_filled();
 /// Whether the product path is measured on a machine whose path is
 /// `machine`: one of the two AVX-512 paths (AMX machines keep their tiles).
 bool measures_product_path(CpuPath machine);

@@ -587,6 +587,24 @@ TEST(ProductPath, IsMeasuredFromDramOnEachShapeAndOrderWhereBothPathsRun) {
                 "; token-major: " + describe_decode_cpu_path(mixtral_8x7b_attention(), BlockOrder::token_major));
 }
 
+// A product path measurement and the level measurements of both paths under
+// it (a shape measured nowhere else) read one pool of KV, filled once.
+TEST(ProductPath, ItsProbesShareOnePool) {
+  if (skipped_without_a_product_path()) return;
+  AttentionShape shape = mixtral_8x7b_attention();
+  shape.q_heads = 16, shape.kv_heads = 4;
+  ASSERT_TRUE(impl::honours_next_pass_level(CpuPath::avx512_fma, true, shape.group()));
+  const int filled = impl::probe_pools_filled();
+  const ProductPathMeasurement& m = product_path_measurement(shape, BlockOrder::head_major);
+  ASSERT_TRUE(m.measured);
+  EXPECT_EQ(impl::probe_pools_filled(), filled + 1) << "three probes: each path's levels, then the paths";
+  for (CpuPath path : {CpuPath::avx512_bf16, CpuPath::avx512_fma}) {
+    const ScopedCpuPath pinned(path);
+    EXPECT_TRUE(next_pass_prefetch_measurement(shape).measured) << cpu_path_name(path);
+  }
+  EXPECT_EQ(impl::probe_pools_filled(), filled + 1) << "the levels were measured under the product path's";
+}
+
 // Unpinned, the decode runs the path measured faster for its shape and order,
 // bit for bit as that path pinned (the two differ: vdpbf16ps rounds the
 // queries to bf16); a pinned path beats the measurement.
