@@ -80,9 +80,8 @@ class ProbePool {
     constexpr std::int64_t chunk = 1 << 16;
     bf16* data = values_.data();
     for (std::int64_t i = 0; i < std::min(chunk, elements); ++i)
-      data[i] = from_float<bf16>(static_cast<float>((static_cast<std::uint64_t>(i) * 2654435761u) >> 24 & 255) /
-                                     256.0f -
-                                 0.5f);
+      data[i] = from_float<bf16>(
+          static_cast<float>((static_cast<std::uint64_t>(i) * 2654435761u) >> 24 & 255) / 256.0f - 0.5f);
     for (std::int64_t begin = chunk; begin < elements; begin += chunk)
       std::memcpy(data + begin, data, static_cast<std::size_t>(std::min(chunk, elements - begin)) * sizeof(bf16));
   }
