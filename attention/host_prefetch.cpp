@@ -208,7 +208,7 @@ std::string probe_name(const AttentionShape& shape, BlockOrder order) {
 
 /// The path the products of `shape` take over bf16 blocks in `order` on `path`.
 CpuPath product_path(const AttentionShape& shape, BlockOrder order, CpuPath path) {
-  return impl::host_product_path(path, shape.block_geometry(256), order, shape.group(), true);
+  return impl::host_product_path(path, shape.block_geometry(probe_block_tokens), order, shape.group(), true);
 }
 
 constexpr int alternations = 7;
@@ -338,8 +338,8 @@ class PerShape {
 
 /// The product path measurement of `shape` over blocks in `order` for a
 /// machine whose path is `machine` (one of product_paths): each path's own
-/// choices measured first (one probe's pool in memory at a time), then a step
-/// on each path with them.
+/// choices measured first, then a step on each path with them, all over one
+/// pool.
 ProductPathMeasurement measure_product_path(const AttentionShape& shape, CpuPath machine, BlockOrder order) {
   ProductPathMeasurement m;
   m.path = std::string(cpu_path_name(product_paths[0])) + " and " + cpu_path_name(product_paths[1]);
@@ -348,8 +348,8 @@ ProductPathMeasurement measure_product_path(const AttentionShape& shape, CpuPath
   for (const CpuPath path : product_paths)
     both_take = both_take && cpu_path_supported(path) && product_path(shape, order, path) == path;
   std::shared_ptr<const ProbePool> pool;  // one fill for every probe below
-  if (both_take) pool = probe_pool(probe_pool_elements(shape));
-  if (both_take)
+  if (both_take) {
+    pool = probe_pool(probe_pool_elements(shape));
     for (const CpuPath path : product_paths) {
       const ProbingPins on_path(Pins{static_cast<int>(path)});
       if (order == BlockOrder::head_major)
@@ -357,6 +357,7 @@ ProductPathMeasurement measure_product_path(const AttentionShape& shape, CpuPath
       else
         active_token_major_pass(shape);
     }
+  }
   const auto ms = probe_choices(m, shape, order, both_take, product_paths,
                                 [](CpuPath path) { return Pins{static_cast<int>(path)}; });
   if (ms) {
