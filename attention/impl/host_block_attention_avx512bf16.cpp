@@ -166,7 +166,7 @@ inline void scores_tiles(const bf16* keys, std::int64_t tile_elements, int pairs
     WRITESCOPE_UNROLL(16)
     for (int h = 0; h < Group; ++h)
       acc[k][h] = chains == 1 ? partial[0][k][h] : _mm512_add_ps(partial[0][k][h], partial[chains - 1][k][h]);
-  ahead = prefetch;
+  ahead.take_progress(prefetch);
 }
 
 /// scores_tiles with fp32 FMAs: each key line gives dims d and d + 1 of its
@@ -218,7 +218,7 @@ inline void scores_tiles_fp32(const bf16* keys, std::int64_t tile_elements, int 
       }
     }
   }
-  ahead = prefetch;
+  ahead.take_progress(prefetch);
 }
 
 // The pass products (scores_tiled, scores_rows, values_rows) are kept out of
@@ -367,7 +367,7 @@ inline void scores_rows_tile(const bf16* keys, std::int64_t stride, int chunks, 
       even[t] = dot(even[t], q0, broadcast_pairs<phases>(keys + t * stride + 2 * phases * c));
   }
   // Every access to the accumulators in an unrolled loop, or GCC keeps them in memory.
-  ahead = prefetch;
+  ahead.take_progress(prefetch);
   if constexpr (Tokens == 8) {
     __m512 sums[Tokens];
     WRITESCOPE_UNROLL(8)
@@ -413,7 +413,7 @@ inline void scores_rows_halves(const bf16* keys, std::int64_t stride, int chunks
       high[t] = dot(high[t], q_high, key);
     }
   }
-  ahead = prefetch;
+  ahead.take_progress(prefetch);
   if constexpr (Tokens == 8) {
     if constexpr (Phases == 2) {
       store_two_phase_scores(low, scale, w.scores + column);
@@ -506,7 +506,7 @@ inline void scores_rows_tile_fp32(const bf16* keys, std::int64_t stride, int key
       }
     }
   }
-  ahead = prefetch;
+  ahead.take_progress(prefetch);
   if constexpr (Tokens == 8) {
     WRITESCOPE_UNROLL(2)
     for (int half = 0; half < halves; ++half) {
@@ -710,7 +710,7 @@ inline void values_tile(const bf16* values, std::int64_t stride, int count, cons
   int k = 0;
   for (; 2 * k + 1 < count; ++k) pair(values + 2 * k * stride, values + (2 * k + 1) * stride, k);
   if (2 * k < count) pair(values + 2 * k * stride, nullptr, k);
-  ahead = prefetch;
+  ahead.take_progress(prefetch);
   // Lane j of `low` in 128-bit lane L is dim 8L + j, of `high` dim 8L + 4 + j.
   alignas(64) static constexpr std::int32_t first_half[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
   alignas(64) static constexpr std::int32_t second_half[16] = {8,  9,  10, 11, 24, 25, 26, 27,
@@ -750,7 +750,7 @@ inline void values_tile_fp32(const Row* values, std::int64_t stride, int count, 
       }
     }
   }
-  ahead = prefetch;
+  ahead.take_progress(prefetch);
   // Dims 2j and 2j + 1 of a chunk are lane j of its even and odd accumulators.
   alignas(64) static constexpr std::int32_t first_half[16] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
   alignas(64) static constexpr std::int32_t second_half[16] = {8,  24, 9,  25, 10, 26, 11, 27,

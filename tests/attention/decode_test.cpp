@@ -409,7 +409,45 @@ TEST(RowPrefetcher, RequestsEveryLineOnceWithItsPartsInTurn) {
     }
   }
 }
+
+// The products tick a local copy of the prefetcher, which keeps its state in
+// registers, and hand its progress back (take_progress) after each tile: the
+// requests must be the ones the prefetcher makes uninterrupted, tick for tick.
+TEST(RowPrefetcher, ALocalCopyHandsBackItsProgressExactly) {
+  const char* base = reinterpret_cast<const char*>(std::uintptr_t{1} << 20);
+  for (const PrefetchLevel level : {PrefetchLevel::l1, PrefetchLevel::l2}) {
+    SCOPED_TRACE(level == PrefetchLevel::l1 ? "into L1" : "into L2");
+    // 128 rows of 256 bytes, 512 lines (four parts into L1) over 300 ticks: a
+    // fractional credit per tick, and lines owed across the copies.
+    impl::RowPrefetcher direct(base, 256, 256, 128, level), through_copies = direct;
+    direct.spread_over(300);
+    through_copies.spread_over(300);
+    std::vector<std::vector<std::int64_t>> direct_ticks, copied_ticks;
+    auto recorder = [&](std::vector<std::vector<std::int64_t>>& ticks) {
+      return [&ticks, base](const char* line, PrefetchLevel) { ticks.back().push_back(line - base); };
+    };
+    for (int t = 0; t < 300; ++t) {
+      direct_ticks.emplace_back();
+      direct.tick(recorder(direct_ticks));
+    }
+    // Tiles of 7 ticks, as a product's loop over a tile.
+    for (int t = 0; t < 300;) {
+      impl::RowPrefetcher local = through_copies;
+      for (int k = 0; k < 7 && t < 300; ++k, ++t) {
+        copied_ticks.emplace_back();
+        local.tick(recorder(copied_ticks));
+      }
+      through_copies.take_progress(local);
+    }
+    EXPECT_EQ(copied_ticks, direct_ticks);
+    std::vector<std::int64_t> direct_rest, copied_rest;
+    direct.finish([&](const char* line, PrefetchLevel) { direct_rest.push_back(line - base); });
+    through_copies.finish([&](const char* line, PrefetchLevel) { copied_rest.push_back(line - base); });
+    EXPECT_EQ(copied_rest, direct_rest);
+  }
+}
 #endif
+
 
 // A model shape the fastest path silently refuses would run on a slower one
 // and still pass every accuracy test; this catches it (writescope info shows it).
