@@ -448,7 +448,6 @@ TEST(RowPrefetcher, ALocalCopyHandsBackItsProgressExactly) {
 }
 #endif
 
-
 // A model shape the fastest path silently refuses would run on a slower one
 // and still pass every accuracy test; this catches it (writescope info shows it).
 TEST(DecodeAttentionDispatch, EveryModelShapeTakesTheBestCpuPath) {
