@@ -133,7 +133,7 @@ std::int64_t probe_pool_elements(const AttentionShape& shape) {
 class Probe {
  public:
   Probe(const AttentionShape& shape, BlockOrder order)
-      : shape_(shape), order_(order), geometry_(shape.block_geometry(block_tokens)) {
+      : shape_(shape), order_(order), geometry_(shape.block_geometry(probe_block_tokens)) {
     const ProbeLayout layout = probe_layout(geometry_);
     const int blocks = layout.blocks;
     windows_ = layout.windows;
@@ -149,7 +149,7 @@ class Probe {
     for (int window = 0; window < windows_; ++window)
       for (int block = 0; block < blocks; ++block)
         segments_[window].push_back(
-            BlockSegment{0, window * blocks + block, 0, block_tokens, std::int64_t{block} * block_tokens});
+            BlockSegment{0, window * blocks + block, 0, probe_block_tokens, std::int64_t{block} * probe_block_tokens});
     out_ = PartialState<HostMemSpace>(Kokkos::WithoutInitializing, "writescope::attention::prefetch_probe", 1,
                                       shape.q_heads, shape.value_dim);
   }
@@ -176,7 +176,6 @@ class Probe {
   }
 
  private:
-  static constexpr int block_tokens = probe_block_tokens;
   using ConstQueries = Kokkos::View<const float***, Kokkos::LayoutRight, HostMemSpace>;
   using ConstPool = Kokkos::View<const bf16**, Kokkos::LayoutRight, HostMemSpace>;
   AttentionShape shape_;

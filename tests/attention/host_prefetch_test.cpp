@@ -127,9 +127,7 @@ TEST(NextPassPrefetch, IsMeasuredFromDramOnEachShapeWhereItMatters) {
   for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), made_up_mixtral(),
                                       deepseek_v2_lite_mla_attention()}) {
     SCOPED_TRACE(shape.name + ", " + std::to_string(shape.q_heads) + " query heads");
-    const CpuPath path =
-        impl::host_product_path(active_decode_cpu_path(shape, BlockOrder::head_major), shape.block_geometry(256),
-                                BlockOrder::head_major, shape.group(), true);
+    const CpuPath path = decode_product_path(shape, BlockOrder::head_major);
     const bool honoured = impl::honours_next_pass_level(
         path, shape.block_geometry(256).tiled_keys(BlockOrder::head_major), shape.group());
     const NextPassPrefetchMeasurement& m = next_pass_prefetch_measurement(shape);
@@ -350,10 +348,7 @@ TEST(TokenMajorPass, TheRulesLengthUnlessAnotherIsThreePercentFaster) {
 
 TEST(TokenMajorPass, PinBeatsEnvironmentBeatsMeasurement) {
   const AttentionShape shape = qwen3_30b_a3b_attention();
-  if (!impl::honours_token_major_pass(
-          impl::host_product_path(active_decode_cpu_path(shape, BlockOrder::token_major), shape.block_geometry(256),
-                                  BlockOrder::token_major, shape.group(), true),
-          shape)) {
+  if (!impl::honours_token_major_pass(decode_product_path(shape, BlockOrder::token_major), shape)) {
     EXPECT_EQ(active_token_major_pass(shape), 0);
     {
       const ScopedTokenMajorPass pinned(32);
@@ -397,9 +392,7 @@ TEST(TokenMajorPass, IsMeasuredFromDramOnEachShapeWhereItMatters) {
   for (const AttentionShape& shape : {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), made_up_mixtral(),
                                       deepseek_v2_lite_mla_attention()}) {
     SCOPED_TRACE(shape.name + ", " + std::to_string(shape.q_heads) + " query heads");
-    const CpuPath path =
-        impl::host_product_path(active_decode_cpu_path(shape, BlockOrder::token_major), shape.block_geometry(256),
-                                BlockOrder::token_major, shape.group(), true);
+    const CpuPath path = decode_product_path(shape, BlockOrder::token_major);
     const bool honoured = impl::honours_token_major_pass(path, shape);
     const TokenMajorPassMeasurement& m = token_major_pass_measurement(shape);
     EXPECT_EQ(&m, &token_major_pass_measurement(shape)) << "measured again";
