@@ -60,31 +60,37 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
   cpu.allow_only({"threads", "dram_read_gbps", "path", "decode_path", "next_pass_prefetch", "head_major_pass",
                   "token_major_pass", "fma_glanes", "launch_latency_us", "expert_gbps", "expert_gflops", "gemv_gbps",
                   "gemm_gflops", "attention_gbps"});
-  if (cpu.has("path")) {
-    p.cpu_path = cpu.get<std::string>("path");
+  // A CPU path's name: every path cpu_path.hpp knows, amx_bf16 included.
+  const auto cpu_path_at = [](const ConfigNode& node, const std::string& key) {
+    auto name = node.get<std::string>(key);
     try {
-      parse_cpu_path(p.cpu_path);  // every path cpu_path.hpp knows, amx_bf16 included
+      parse_cpu_path(name);
     } catch (const std::invalid_argument& e) {
-      cpu.fail("path", e.what());
+      node.fail(key, e.what());
     }
-  }
-  // Per attention shape: a mapping from shape name to one of `choices`.
-  const auto per_shape = [&](const char* key, std::initializer_list<std::string_view> choices, const char* what,
-                             std::map<std::string, std::string>& into) {
+    return name;
+  };
+  if (cpu.has("path")) p.cpu_path = cpu_path_at(cpu, "path");
+  // Per attention shape: a mapping from shape name to what `value` reads.
+  const auto per_shape = [&](const char* key, const char* what, std::map<std::string, std::string>& into,
+                             auto value) {
     if (!cpu.has(key)) return;
     const ConfigNode by_shape = cpu.child(key);
     if (!by_shape.yaml().IsMap())
       cpu.fail(key, std::string("expected a mapping from attention shape to ") + what + " (measured per shape)");
     for (const auto& shape : by_shape.yaml()) {
       const auto shape_name = shape.first.as<std::string>();
-      into[shape_name] = by_shape.get_choice(shape_name, choices);
+      into[shape_name] = value(by_shape, shape_name);
     }
   };
-  per_shape("decode_path", {"scalar", "avx2", "avx512_fma", "avx512_bf16", "amx_bf16"}, "a CPU path",
-            p.cpu_decode_path);
-  per_shape("next_pass_prefetch", {"l1", "l2"}, "l1 or l2", p.cpu_next_pass_prefetch);
-  per_shape("head_major_pass", {"32", "64", "128"}, "32, 64 or 128 tokens", p.cpu_head_major_pass);
-  per_shape("token_major_pass", {"32", "64", "128"}, "32, 64 or 128 tokens", p.cpu_token_major_pass);
+  const auto pass_tokens = [](const ConfigNode& node, const std::string& key) {
+    return node.get_choice(key, {"32", "64", "128"});
+  };
+  per_shape("decode_path", "a CPU path", p.cpu_decode_path, cpu_path_at);
+  per_shape("next_pass_prefetch", "l1 or l2", p.cpu_next_pass_prefetch,
+            [](const ConfigNode& node, const std::string& key) { return node.get_choice(key, {"l1", "l2"}); });
+  per_shape("head_major_pass", "32, 64 or 128 tokens", p.cpu_head_major_pass, pass_tokens);
+  per_shape("token_major_pass", "32, 64 or 128 tokens", p.cpu_token_major_pass, pass_tokens);
   p.cpu_threads = cpu.get<int>("threads");
   if (p.cpu_threads < 1) cpu.fail("threads", "must be at least 1");
   p.cpu_dram_read_gbps = positive(cpu, "dram_read_gbps");
