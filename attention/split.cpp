@@ -4,6 +4,15 @@
 #include "framework/timer.hpp"
 
 namespace writescope {
+namespace {
+
+/// What a fence on a stream that has finished may take (a CUDA stream
+/// synchronisation: a few microseconds; an estimate, not yet measured on the
+/// GPU machine): a resident kernel whose fence returns within this of the
+/// streamed path's has no exact time.
+constexpr double fence_seconds = 20e-6;
+
+}  // namespace
 
 double segment_bytes(const std::vector<BlockSegment>& segments, double bytes_per_token) {
   double tokens = 0;
@@ -52,9 +61,14 @@ double SplitDecode<Scalar>::run_gpu_share(const InplaceKVCache<Scalar>& cache, c
   streamed_.run(copy, compute, gpu_queries_, cache.pinned_pool(), plan.gpu_streamed, out, pass_);
   streamed_seconds_ = plan.gpu_streamed.empty() ? 0.0 : streamed_timer.seconds();
   if constexpr (has_gpu) {
-    // Fenced after the streamed path: exact only if the resident kernel ended last.
+    // Fenced after the streamed path: exact only if the resident kernel ended
+    // last, i.e. its fence returned later than the streamed path's did (on the
+    // resident kernel's clock) by more than a fence takes; else no sample,
+    // rather than the streamed path's time charged to the resident kernel.
+    const double streamed_end = resident_timer.seconds_unfenced();
     const double until_resident = resident_timer.seconds();
-    resident_seconds_ = !plan.gpu_resident.empty() && until_resident > streamed_seconds_ ? until_resident : 0.0;
+    resident_seconds_ =
+        !plan.gpu_resident.empty() && until_resident > streamed_end + fence_seconds ? until_resident : 0.0;
   }
   return timer.seconds();
 }

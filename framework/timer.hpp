@@ -24,6 +24,9 @@ class FencedTimer {
     space_.fence();
     return std::chrono::duration<double>(Clock::now() - start_).count();
   }
+  /// The seconds since start(), without a fence: where another instance's
+  /// fence just returned, when that happened on this clock.
+  double seconds_unfenced() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
  private:
   using Clock = std::chrono::steady_clock;
