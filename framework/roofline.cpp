@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -111,11 +112,9 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     for (const auto& entry : per_threads.yaml()) {
       const auto key = entry.first.as<std::string>();
       int threads = 0;
-      try {
-        threads = std::stoi(key);
-      } catch (const std::exception&) {
-        per_threads.fail(key, "expected a thread count as the key");
-      }
+      const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), threads);
+      if (error != std::errc() || end != key.data() + key.size() || key.front() == '0')
+        per_threads.fail(key, "expected a thread count as the key (digits, no leading zero)");
       if (threads < 1) per_threads.fail(key, "thread counts must be at least 1");
       p.cpu_attention_gbps[shape_name][threads] = positive(per_threads, key);
     }

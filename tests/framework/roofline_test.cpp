@@ -197,16 +197,19 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
       EXPECT_NE(e.reason().find(reason), std::string::npos) << e.reason();
     }
   }
-  const std::string no_gpu = R"(name: laptop
+  // Thread counts as keys: whole numbers only, so that no two keys name one count ("1" and "1.9", "01").
+  for (const std::string key : {"four", "2x", "1.9", "01", "0"}) {
+    const std::string no_gpu = R"(name: laptop
 has_gpu: false
 cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_gflops: 50,
-      attention_gbps: {qwen3-30b-a3b: {four: 5}}}
+      attention_gbps: {qwen3-30b-a3b: {1: 4, )" + key + R"(: 5}}}
 )";
-  try {
-    MachineProfile::load(write(no_gpu));
-    FAIL() << "bad thread count accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.field(), "cpu.attention_gbps.qwen3-30b-a3b.four");
+    try {
+      MachineProfile::load(write(no_gpu));
+      FAIL() << "thread count '" << key << "' accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.field(), "cpu.attention_gbps.qwen3-30b-a3b." + key);
+    }
   }
 }
 
