@@ -254,6 +254,8 @@ void InplaceKVCache<Scalar>::read_token(int layer, int sequence, std::int64_t po
   if (storage_ == KVStorage::bookkeeping) throw KVCacheError("read_token: a bookkeeping cache holds no data");
   const Block& block = block_at(layer, sequence, position);
   const BlockGeometry& g = shape_.block;
+  if (head < 0 || head >= g.kv_heads)
+    throw KVCacheError("read_token: KV head " + std::to_string(head) + " of " + std::to_string(g.kv_heads));
   const BlockOrder order = block_order(block.region);
   const int token = static_cast<int>(position % g.block_tokens);
   std::vector<Scalar> host_block(static_cast<std::size_t>(g.block_elements()));

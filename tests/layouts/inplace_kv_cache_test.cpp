@@ -73,6 +73,9 @@ TYPED_TEST(InplaceKVCacheTest, EveryRegionStoresTokensAcrossPartialBlocks) {
     ASSERT_EQ(cache.new_blocks_needed(0, seq, 30), 2);
     this->append(cache, 0, seq, 20, 30, {Region::gpu_streamed, Region::cpu_streamed});
     EXPECT_EQ(cache.length(0, seq), 50);
+    std::vector<float> key(cache.geometry().key_dim), value(cache.geometry().value_dim);
+    for (int head : {-1, cache.geometry().kv_heads})
+      EXPECT_THROW(cache.read_token(0, seq, 0, head, key.data(), value.data()), KVCacheError) << "head " << head;
     EXPECT_EQ(cache.length(1, seq), 0);
     EXPECT_EQ(cache.block_regions(0, seq), (std::vector<Region>{Region::gpu_resident, Region::cpu_resident,
                                                                 Region::gpu_streamed, Region::cpu_streamed}));
