@@ -300,13 +300,16 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   ModelOverrides overrides;
   if (options.count("--layers")) overrides.layers = positive_integer("generate", "--layers", options["--layers"]);
   if (options.count("--hidden-scale")) {
+    const std::string& text = options["--hidden-scale"];
+    std::size_t parsed = 0;
     try {
-      overrides.hidden_scale = std::stod(options["--hidden-scale"]);
+      overrides.hidden_scale = std::stod(text, &parsed);
     } catch (const std::exception&) {
-      overrides.hidden_scale = -1;
+      parsed = 0;
     }
-    if (!(overrides.hidden_scale > 0))
-      throw UsageError("generate: --hidden-scale must be a positive number, got '" + options["--hidden-scale"] + "'");
+    // (0, 1], as a config's hidden_scale: the synthetic model's width times this.
+    if (parsed == 0 || parsed != text.size() || !(overrides.hidden_scale > 0 && overrides.hidden_scale <= 1))
+      throw UsageError("generate: --hidden-scale must be a number in (0, 1], got '" + text + "'");
   }
   if (from_checkpoint && (overrides.layers || overrides.hidden_scale != 1.0))
     throw UsageError("generate: --layers and --hidden-scale apply to synthetic models, not to checkpoint " + model_name);
