@@ -60,7 +60,7 @@ TYPED_TEST(SpacesTest, ParallelForAndReduceMatchAPlainLoop) {
 template <class View>
 struct CountPairs {
   View hits;
-  KOKKOS_INLINE_FUNCTION void operator()(int r, int c) const { Kokkos::atomic_increment(&hits(r, c)); }
+  KOKKOS_INLINE_FUNCTION void operator()(int r, int c) const { Kokkos::atomic_add(&hits(r, c), 1); }
 };
 
 TYPED_TEST(SpacesTest, RowsByColumnsPolicyHandsOutEveryPairOnce) {
