@@ -143,7 +143,10 @@ void WriteScopeScheduler<Scalar>::observe(const SplitPlan& plan, const SplitTimi
   const StepBytes bytes = bytes_of(plan);
   const double cpu_bytes = bytes.cpu_resident + segment_bytes(plan.cpu_pinned);
   const double cpu_time = timings.cpu_seconds - model_.rates().cpu_latency_s;
-  if (cpu_bytes > 0 && cpu_time > 0) cpu_rate_.observe(cpu_bytes / cpu_time);
+  if (cpu_bytes > 0 && cpu_time > 0) {
+    cpu_rate_.observe(cpu_bytes / cpu_time);
+    cpu_timed_ = true;
+  }
   if (model_.rates().has_gpu) {
     const double streamed = segment_bytes(plan.gpu_streamed);
     const double link_time = timings.streamed_seconds - model_.rates().link_latency_s;
@@ -153,9 +156,12 @@ void WriteScopeScheduler<Scalar>::observe(const SplitPlan& plan, const SplitTimi
     model_.rates().link_gbps = link_rate_.value() / 1e9;
     model_.rates().hbm_gbps = resident_rate_.value() / 1e9;
   }
-  // The measured rate already includes the CPU's compute limit.
-  model_.rates().cpu_attention_gbps = cpu_rate_.value() / 1e9;
-  model_.rates().cpu_fma_glanes = 0;
+  // A measured rate already includes the CPU's compute limit; until the CPU
+  // has been timed, the profile's rate and limit stand.
+  if (cpu_timed_) {
+    model_.rates().cpu_attention_gbps = cpu_rate_.value() / 1e9;
+    model_.rates().cpu_fma_glanes = 0;
+  }
 }
 
 template class WriteScopeScheduler<float>;

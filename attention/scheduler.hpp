@@ -68,6 +68,7 @@ class WriteScopeScheduler {
   double fmas_per_byte_;
   double bytes_per_token_;
   RateEstimator cpu_rate_, link_rate_, resident_rate_;
+  bool cpu_timed_ = false;  // whether observe() has had a CPU share to time
   std::vector<std::int64_t> resident_blocks_;  // per layer, placed by this scheduler
 };
 

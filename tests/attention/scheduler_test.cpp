@@ -173,6 +173,25 @@ TEST_F(SchedulerTest, FeedbackFollowsACpuSlowdownAndItsEnd) {
 
 // A resident kernel slower than the profile says is learnt as such and not
 // charged to the link: each rate comes from its own timing.
+TEST_F(SchedulerTest, FeedbackKeepsTheCpuComputeLimitUntilTheCpuIsTimed) {
+  auto cache = make_cache(/*vram_blocks=*/64);
+  ModelRates rates = test::synthetic_rates(50, 50);
+  rates.cpu_fma_glanes = 7;
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(rates), shape_, *cache);
+  SplitTimings gpu_only;
+  gpu_only.gpu_seconds = gpu_only.resident_seconds = 1e-3;
+  SplitPlan all_in_vram;
+  all_in_vram.gpu_resident.push_back(BlockSegment{0, 0, 0, block_tokens, 0});
+  scheduler.observe(all_in_vram, gpu_only);  // no CPU share: nothing measured of the CPU
+  EXPECT_EQ(scheduler.model().rates().cpu_fma_glanes, 7);
+  SplitPlan on_cpu;
+  on_cpu.cpu_resident.push_back(BlockSegment{0, 0, 0, block_tokens, 0});
+  SplitTimings cpu_timed;
+  cpu_timed.cpu_seconds = 1e-3;
+  scheduler.observe(on_cpu, cpu_timed);
+  EXPECT_EQ(scheduler.model().rates().cpu_fma_glanes, 0);  // the measured rate includes the limit
+}
+
 TEST_F(SchedulerTest, FeedbackFitsTheResidentRateApartFromTheLink) {
   auto cache = make_cache(/*vram_blocks=*/64);
   WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(50, 50)), shape_, *cache);
