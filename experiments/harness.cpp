@@ -144,6 +144,13 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
   c.contexts = positive_list<std::int64_t>(root, "contexts");
   c.max_total_tokens = root.get_or<std::int64_t>("max_total_tokens", 0);
   if (c.max_total_tokens < 0) root.fail("max_total_tokens", "must not be negative");
+  if (c.max_total_tokens > 0) {
+    const std::int64_t fewest = std::int64_t{*std::min_element(c.batch_sizes.begin(), c.batch_sizes.end())} *
+                                *std::min_element(c.contexts.begin(), c.contexts.end());
+    if (fewest > c.max_total_tokens)
+      root.fail("max_total_tokens", "leaves no run: the smallest batch x context is " + std::to_string(fewest) +
+                                        " tokens, over " + std::to_string(c.max_total_tokens));
+  }
   const ConfigNode budgets = root.child("budgets");
   budgets.allow_only({"vram", "pinned", "host"});
   if (budgets.yaml()["vram"].IsSequence()) {

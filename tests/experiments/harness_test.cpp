@@ -70,6 +70,11 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
       << error_of(bad_model + "systems: [gpu-only]\n");
   EXPECT_NE(error_of(base + "systems: [gpu-only]\nsteps: {measured: 0}\n").find("measured"), std::string::npos);
   EXPECT_NE(error_of(base + "systems: [gpu-only]\ncontext_fill: random\n").find("context_fill"), std::string::npos);
+  EXPECT_NE(error_of(base + "systems: [gpu-only]\nmax_total_tokens: 7\n")
+                .find("field 'max_total_tokens': leaves no run: the smallest batch x context is 8 tokens, over 7"),
+            std::string::npos)
+      << error_of(base + "systems: [gpu-only]\nmax_total_tokens: 7\n");
+  EXPECT_EQ(error_of(base + "systems: [gpu-only]\nmax_total_tokens: 8\n"), "no error");
   EXPECT_NE(error_of(base + "systems: [fiddler]\nsteps: {profile_tokens: 0}\n").find("profile_tokens"),
             std::string::npos);
   EXPECT_NE(error_of(base + "systems: [fiddler]\nsteps: {warmup: 2, measured: 3}\nmax_sequence_tokens: 12\n")
