@@ -8,8 +8,11 @@
 namespace writescope {
 namespace impl {
 
-/// Scatters tokens (tokens, kv_heads, dim) into a head-major block: keys are
-/// transposed to (kv_heads, dim, tokens), values go to (kv_heads, tokens, dim).
+/// Scatters tokens (tokens, kv_heads, dim) into a head-major block at the
+/// offsets of kv_format.hpp: keys in tiles of key_tile_tokens() tokens,
+/// (kv_heads, block_tokens / tile, key_dim, tile), where the block tiles
+/// them (tiled_keys; MLA's latent stays in token rows), values in
+/// (kv_heads, tokens, dim).
 template <class Scalar>
 struct TransposeIntoHeadMajor {
   Kokkos::View<Scalar*, HostMemSpace, Kokkos::MemoryUnmanaged> block;
@@ -131,7 +134,8 @@ void InplaceKVCache<Scalar>::write_tokens(const ExecSpace& space, const Block& b
   Kokkos::View<Scalar*, HostMemSpace, Kokkos::MemoryUnmanaged> target(
       host_pool_.data() + static_cast<std::int64_t>(block.slot) * g.block_elements(),
       static_cast<std::size_t>(g.block_elements()));
-  // Tiles of 64 tokens: one thread writes each key tile's lines.
+  // 64 source tokens a work item: one thread writes a key tile's lines where
+  // the append starts on a tile boundary.
   const auto heads_by_tokens = rows_by_columns_policy(HostExecSpace(), g.kv_heads, count, 64);
   launch_parallel_for("writescope::layouts::transpose_keys", heads_by_tokens,
                        impl::TransposeIntoHeadMajor<Scalar>{target, to_host(keys, staging_[0]), g, token_in_block, true});
