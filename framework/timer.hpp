@@ -22,7 +22,7 @@ class FencedTimer {
   /// Fences the instance, then returns the seconds since start().
   double seconds() const {
     space_.fence();
-    return std::chrono::duration<double>(Clock::now() - start_).count();
+    return seconds_unfenced();
   }
   /// The seconds since start(), without a fence: where another instance's
   /// fence just returned, when that happened on this clock.
