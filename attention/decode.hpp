@@ -61,7 +61,8 @@ inline constexpr std::size_t gpu_team_scratch_limit = 48 * 1024;
 /// when they can. Configs check it when they are read, on every build.
 std::string gpu_decode_block_tokens_error(const AttentionShape& shape, int block_tokens);
 
-/// Device-side buffers of decode_attention, reused across calls (they only grow).
+/// Device-side buffers of decode_attention, reused across calls (their row
+/// counts only grow; a call for another shape reallocates them).
 template <class MemSpace>
 struct DecodeWorkspace {
   Kokkos::View<BlockSegment*, MemSpace> segments;

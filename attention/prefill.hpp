@@ -46,7 +46,8 @@ PrefillTiling prefill_tiling(const AttentionShape& shape, bool host);
 /// every query head (the prefill benchmarks' FLOP count is twice this).
 double prefill_macs_per_query_key(const AttentionShape& shape);
 
-/// Device-side buffers of the prefill kernels, reused across calls (they only grow).
+/// Device-side buffers of the prefill kernels, reused across calls (their row
+/// counts only grow; a call for another shape reallocates them).
 template <class MemSpace>
 struct PrefillWorkspace {
   Kokkos::View<float**, Kokkos::LayoutRight, MemSpace> items;  // (work items, staged floats per item)

@@ -487,19 +487,20 @@ View allocate_with_extents(const char* label, const std::size_t* extents, std::i
   return View(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), extents[I]...);
 }
 
-/// Grows `view` to at least `extents`, each extent that is too small at least
-/// doubling: a sequence that gains a segment per step reallocates a few times
-/// per run, not every step.
+/// Gives `view` at least `extents[0]` rows, at least doubling when too few (a
+/// sequence that gains a segment per step reallocates a few times per run, not
+/// every step), and exactly the other extents: the host products address a
+/// row's entries by pointer at the stride of the shape they are called for.
 template <class View, class... Extents>
 void grow(View& view, const char* label, Extents... extents) {
   constexpr std::size_t rank = sizeof...(Extents);
   const std::size_t wanted[rank] = {static_cast<std::size_t>(extents)...};
-  bool big_enough = view.data() != nullptr;
-  for (std::size_t r = 0; r < rank; ++r) big_enough = big_enough && view.extent(r) >= wanted[r];
-  if (big_enough) return;
+  bool fits = view.data() != nullptr && view.extent(0) >= wanted[0];
+  for (std::size_t r = 1; r < rank; ++r) fits = fits && view.extent(r) == wanted[r];
+  if (fits) return;
   std::size_t grown[rank];
-  for (std::size_t r = 0; r < rank; ++r)
-    grown[r] = view.extent(r) >= wanted[r] ? view.extent(r) : std::max(wanted[r], 2 * view.extent(r));
+  grown[0] = view.extent(0) >= wanted[0] ? view.extent(0) : std::max(wanted[0], 2 * view.extent(0));
+  for (std::size_t r = 1; r < rank; ++r) grown[r] = wanted[r];
   view = allocate_with_extents<View>(label, grown, std::make_index_sequence<rank>{});
 }
 

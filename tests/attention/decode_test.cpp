@@ -90,9 +90,10 @@ class DecodeAttentionTest : public ::testing::Test {
     auto run = [&](const auto& pool) {
       using PoolSpace = typename std::decay_t<decltype(pool)>::memory_space;
       if constexpr (Kokkos::SpaceAccessibility<ExecSpace, PoolSpace>::accessible) {
-        DecodeWorkspace<MemSpace> workspace;
+        DecodeWorkspace<MemSpace> fresh;
         decode_attention<ExecSpace, Scalar, PoolSpace>(ExecSpace(), shape_, cache_->geometry(), block_order(region),
-                                                       queries_, pool, segments, workspace, out, product);
+                                                       queries_, pool, segments,
+                                                       reuse_workspace_ ? reused_workspace_ : fresh, out, product);
       } else {
         using Other = std::conditional_t<std::is_same_v<PoolSpace, HostMemSpace>, HostExecSpace, GpuExecSpace>;
         using OtherMem = typename Other::memory_space;
@@ -158,6 +159,8 @@ class DecodeAttentionTest : public ::testing::Test {
   }
 
   AttentionShape shape_;
+  bool reuse_workspace_ = false;  // attend() on ExecSpace keeps one workspace across calls and shapes
+  DecodeWorkspace<MemSpace> reused_workspace_;
   std::unique_ptr<InplaceKVCache<Scalar>> cache_;
   std::vector<std::vector<float>> keys_, values_;
   std::vector<int> sequences_;
@@ -181,6 +184,22 @@ TYPED_TEST(DecodeAttentionTest, MatchesReferenceForEveryModelShape) {
     this->build(shape, {1, 150, 333});
     this->expect_reference(this->attend_all_regions(this->full_ranges(), BlockProduct::portable), this->full_ranges());
   }
+}
+
+// A server's workspace serves every layer and model it meets: one grown for
+// wider heads must not leave the next shape's partial rows at its own stride.
+TYPED_TEST(DecodeAttentionTest, AWorkspaceReusedAcrossShapesMatchesReference) {
+  AttentionShape narrow = qwen3_30b_a3b_attention();
+  narrow.value_dim = 64;
+  this->reuse_workspace_ = true;
+  for (const AttentionShape& shape : {deepseek_v2_lite_mla_attention(), qwen3_30b_a3b_attention(), narrow})
+    for (BlockProduct product : {BlockProduct::automatic, BlockProduct::portable}) {
+      SCOPED_TRACE(shape.name + " value_dim " + std::to_string(shape.value_dim) +
+                   (product == BlockProduct::automatic ? ", automatic" : ", portable"));
+      this->build(shape, {150, 333});
+      this->expect_reference(this->attend_all_regions(this->full_ranges(), product), this->full_ranges(),
+                             product == BlockProduct::automatic && this->bf16_products(active_cpu_path()));
+    }
 }
 
 // The host product on every instruction path this machine runs (the others are
