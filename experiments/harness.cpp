@@ -102,11 +102,23 @@ SystemContext system_context(const ExperimentConfig& config, const RunSpec& run,
   return context;
 }
 
+/// Each entry of a setting list names runs of its own: a repeat would give two
+/// runs one id (RunSpec::id) and measure one setting twice.
+template <class T, class Name>
+void refuse_repeats(const ConfigNode& node, const std::string& key, const std::vector<T>& values, Name name) {
+  for (std::size_t i = 0; i < values.size(); ++i)
+    for (std::size_t j = i + 1; j < values.size(); ++j)
+      if (values[i] == values[j])
+        node.fail(key, "entries " + std::to_string(i + 1) + " and " + std::to_string(j + 1) + " are both " +
+                           name(values[i]));
+}
+
 template <class T>
 std::vector<T> positive_list(const ConfigNode& root, const std::string& key) {
   const std::vector<T> values = root.get_list<T>(key);
   for (T v : values)
     if (v <= 0) root.fail(key, "every entry must be positive, got " + std::to_string(v));
+  refuse_repeats(root, key, values, [](T v) { return std::to_string(v); });
   return values;
 }
 
@@ -129,6 +141,9 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
   c.output = root.get<std::string>("output");
   c.profile = root.get<std::string>("profile");
   for (const ConfigNode& model : root.elements("models")) c.models.push_back(parse_model(model));
+  std::vector<std::string> labels;
+  for (const ModelSpec& model : c.models) labels.push_back(model.label);
+  refuse_repeats(root, "models", labels, [](const std::string& label) { return "'" + label + "'"; });
   c.systems = root.get_list<std::string>("systems");
   for (const std::string& system : c.systems) {
     const auto& known = system_names();
@@ -137,9 +152,8 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
       for (const std::string& n : known) names += (names.empty() ? "" : ", ") + n;
       root.fail("systems", "unknown system '" + system + "' (known: " + names + ")");
     }
-    if (std::count(c.systems.begin(), c.systems.end(), system) > 1)
-      root.fail("systems", "'" + system + "' is listed twice");
   }
+  refuse_repeats(root, "systems", c.systems, [](const std::string& system) { return "'" + system + "'"; });
   c.batch_sizes = positive_list<int>(root, "batch_sizes");
   c.contexts = positive_list<std::int64_t>(root, "contexts");
   c.max_total_tokens = root.get_or<std::int64_t>("max_total_tokens", 0);
@@ -162,6 +176,7 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
   } else {
     c.vram_budgets.push_back(budgets.get_bytes("vram"));
   }
+  refuse_repeats(budgets, "vram", c.vram_budgets, [](std::uint64_t bytes) { return format_byte_size(bytes); });
   c.pinned_limit = budgets.get_bytes("pinned");
   c.host_budget = budgets.get_bytes("host");
   if (c.pinned_limit > c.host_budget)

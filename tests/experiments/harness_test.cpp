@@ -60,7 +60,25 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
       << error_of(base + "systems: [vllm]\n");
   EXPECT_NE(error_of(base + "systems: [gpu-only]\nrepetition: 2\n").find("did you mean 'repetitions'"),
             std::string::npos);
-  EXPECT_NE(error_of(base + "systems: [gpu-only, gpu-only]\n").find("listed twice"), std::string::npos);
+  EXPECT_NE(error_of(base + "systems: [gpu-only, gpu-only]\n")
+                .find("field 'systems': entries 1 and 2 are both 'gpu-only'"),
+            std::string::npos);
+  // A repeated setting would give two runs one id.
+  auto replaced = [&](std::string text, const std::string& from, const std::string& to) {
+    return text.replace(text.find(from), from.size(), to) + "systems: [gpu-only]\n";
+  };
+  EXPECT_NE(error_of(replaced(base, "batch_sizes: [1]", "batch_sizes: [1, 2, 1]"))
+                .find("field 'batch_sizes': entries 1 and 3 are both 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(replaced(base, "contexts: [8]", "contexts: [8, 8]")).find("field 'contexts': entries 1 and 2"),
+            std::string::npos);
+  const std::string same_vram = replaced(base, "vram: 1GiB", "vram: [1GiB, 1024MiB]");
+  EXPECT_NE(error_of(same_vram).find("field 'budgets.vram': entries 1 and 2"), std::string::npos)
+      << error_of(same_vram);
+  const std::string same_model =
+      replaced(base, "[{preset: tiny-mixtral}]", "[{preset: tiny-mixtral}, {preset: tiny-mixtral}]");
+  EXPECT_NE(error_of(same_model).find("field 'models': entries 1 and 2 are both 'tiny-mixtral'"), std::string::npos)
+      << error_of(same_model);
   std::string bad_batch = base;
   bad_batch.replace(bad_batch.find("batch_sizes: [1]"), 16, "batch_sizes: [0]");
   EXPECT_NE(error_of(bad_batch + "systems: [gpu-only]\n").find("batch_sizes"), std::string::npos);
