@@ -571,12 +571,14 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
                                 " holds predicted runs; compare predictions with a file of measured runs");
   const ExperimentConfig config =
       ExperimentConfig::from_config(ConfigNode::parse(reader.string_attribute("/", "config"), results_file + ":/config"));
-  MachineProfile profile =
+  const MachineProfile measured_with =
       MachineProfile::from_config(ConfigNode::parse(reader.string_attribute("/profile", "yaml"), results_file + ":/profile"));
-  if (cpu_from) profile = with_cpu_of(profile, *cpu_from);
+  const MachineProfile profile = cpu_from ? with_cpu_of(measured_with, *cpu_from) : measured_with;
   warn_on_block_size(config);
+  // The runs as measured: WriteScope's own expert policy was picked with the
+  // file's profile, whatever CPU prices them.
   std::map<std::string, RunSpec> by_id;
-  for (const RunSpec& run : expand_runs(config, profile)) by_id.emplace(run.id(), run);
+  for (const RunSpec& run : expand_runs(config, measured_with)) by_id.emplace(run.id(), run);
 
   PredictionComparison comparison;
   comparison.profile = profile.name;
@@ -585,9 +587,16 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
   auto error_of = [](double predicted, double measured) { return std::abs(predicted - measured) / measured; };
   for (const std::string& group : reader.list("/runs")) {
     const std::string g = "/runs/" + group;
-    if (reader.string_attribute(g, "status") != "complete" || !run_damage(reader, g).empty()) continue;
+    if (reader.string_attribute(g, "status") != "complete") continue;
+    if (const std::string damage = run_damage(reader, g); !damage.empty()) {
+      comparison.unpriced.push_back(group + ": " + damage);
+      continue;
+    }
     const auto found = by_id.find(group);
-    if (found == by_id.end() || reader.string_attribute(g, "config") != impl::run_yaml(config, found->second)) continue;
+    if (found == by_id.end() || reader.string_attribute(g, "config") != impl::run_yaml(config, found->second)) {
+      comparison.unpriced.push_back(group + ": its settings are not a run of the file's experiment");
+      continue;
+    }
     impl::RunFailure failure;
     const std::optional<impl::RunResult> priced =
         impl::attempt_run([&] { return predict_run(config, found->second, profile); }, failure);
@@ -637,7 +646,7 @@ std::string format_comparison(const PredictionComparison& c) {
   for (const PredictionError& e : c.errors)
     out << std::left << std::setw(26) << e.system << std::setw(16) << e.component << std::right << std::setw(6) << e.runs
         << std::setw(9) << 100 * e.median << "%" << std::setw(9) << 100 * e.worst << "%\n";
-  for (const std::string& run : c.unpriced) out << "not priced: " << run << "\n";
+  for (const std::string& run : c.unpriced) out << "not compared: " << run << "\n";
   out << "median error " << 100 * c.median_step_error << "% (worst " << 100 * c.worst_step_error << "%) over " << c.runs
       << " runs\n";
   return out.str();

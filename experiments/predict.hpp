@@ -90,7 +90,7 @@ struct PredictionComparison {
   double median_step_error = 0, worst_step_error = 0;
   int runs = 0;
   std::string profile;                 // the profile the runs were priced with
-  std::vector<std::string> unpriced;   // complete runs the projection could not price: "<run>: <why>"
+  std::vector<std::string> unpriced;   // complete runs not compared: "<run>: <why>"
 };
 PredictionComparison compare_predictions(const std::string& results_file, const MachineProfile* cpu_from = nullptr);
 /// The comparison as a table, ending in a line such as "median error 7.3% (worst 21.0%) over 40 runs".

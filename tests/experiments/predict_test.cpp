@@ -339,6 +339,60 @@ TEST_F(PredictFileTest, NeverOverwritesMeasuredRunsAndComparesOnlyMeasuredOnes) 
   EXPECT_FALSE(fs::exists(dir_ / "merged.h5"));
 }
 
+// "My CPU with that GPU" prices the runs the file holds: WriteScope's own
+// expert policy and its system-comparison flag stay those the runs were
+// measured with, even where the other CPU would have picked another.
+TEST_F(PredictFileTest, ComparesEveryMeasuredRunWithTheCpuOfAnotherProfile) {
+  ExperimentConfig automatic = ExperimentConfig::from_config(ConfigNode::parse(
+      "name: projected\noutput: " + (dir_ / "measured.h5").string() +
+          "\nprofile: test\nmodels:\n  - {preset: tiny-mixtral}\nsystems: [ktransformers, writescope]\n"
+          "batch_sizes: [2]\ncontexts: [24]\nbudgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
+          "steps: {warmup: 1, measured: 3}\nblock_tokens: 8\noptions: {writescope_experts: auto}\n",
+      "auto.yaml"));
+  MachineProfile fast_cpu = round_profile();
+  fast_cpu.name = "fast-cpu";
+  fast_cpu.cpu_expert_gbps = 4000;
+  fast_cpu.cpu_expert_gflops = 8000;
+  auto ids = [&](const MachineProfile& profile) {
+    std::vector<std::string> out;
+    for (const RunSpec& run : expand_runs(automatic, profile))
+      out.push_back(run.id() + (run.system_comparison ? " (system comparison)" : ""));
+    return out;
+  };
+  ASSERT_NE(ids(round_profile()), ids(with_cpu_of(round_profile(), fast_cpu)))
+      << "the fast CPU must change WriteScope's expert choice for this test to mean anything";
+  std::ostringstream progress;
+  const ExperimentSummary measured = run_experiment(automatic, round_profile(), progress, false);
+  ASSERT_GT(measured.complete, 0) << progress.str();
+  const PredictionComparison comparison = compare_predictions(automatic.output, &fast_cpu);
+  EXPECT_EQ(comparison.runs, measured.complete) << format_comparison(comparison);
+  EXPECT_TRUE(comparison.unpriced.empty()) << format_comparison(comparison);
+  EXPECT_EQ(comparison.profile, "test+cpu:fast-cpu");
+
+  // A damaged run, and one whose settings are not the experiment's, are named, not dropped.
+  const std::vector<std::string> runs = ResultsReader(automatic.output).list("/runs");
+  ASSERT_GE(runs.size(), 2u);
+  {
+    ResultsStore store(automatic.output);
+    auto txn = store.begin();
+    ResultsGroup group = txn.root().open_group("runs");
+    ResultsGroup damaged = group.open_group(runs[0]);
+    damaged.remove("step_seconds");
+    damaged.write("step_seconds", std::vector<double>(3, 1e-9));
+    ResultsGroup foreign = group.open_group(runs[1]);
+    foreign.set_attribute("config", std::string("{}"));
+    foreign.set_attribute("checksum", foreign.checksum());
+    txn.commit();
+  }
+  const PredictionComparison after = compare_predictions(automatic.output, &fast_cpu);
+  EXPECT_EQ(after.runs, measured.complete - 2);
+  const std::string text = format_comparison(after);
+  EXPECT_NE(text.find("not compared: " + runs[0] + ": checksum mismatch"), std::string::npos) << text;
+  EXPECT_NE(text.find("not compared: " + runs[1] + ": its settings are not a run of the file's experiment"),
+            std::string::npos)
+      << text;
+}
+
 TEST(PredictProfileTest, CpuFromAnotherProfileKeepsTheGpuAndSaysWhere) {
   MachineProfile gpu = round_profile();
   gpu.name = "a-gpu";
