@@ -130,13 +130,8 @@ const std::vector<typename InplaceKVCache<Scalar>::Block>& InplaceKVCache<Scalar
 template <class Scalar>
 void InplaceKVCache<Scalar>::free_sequence(int sequence) {
   check_sequence(sequence);
-  for (const auto& layer : blocks_[sequence]) {
-    for (const Block& block : layer) {
-      free_slots_[pool_of(block.region)].give(block.slot);
-      region_blocks_[static_cast<int>(block.region)] -= 1;
-      region_tokens_[static_cast<int>(block.region)] -= block.tokens;
-    }
-  }
+  for (const auto& layer : blocks_[sequence])
+    for (const Block& block : layer) release_block(block);
   blocks_[sequence].clear();
   live_[sequence] = false;
 }
@@ -188,6 +183,13 @@ typename InplaceKVCache<Scalar>::Block InplaceKVCache<Scalar>::allocate_block(Re
                      pool_description[pool] + " budget holds " + std::to_string(capacity_blocks(requested)) +
                      " blocks of " + std::to_string(block_bytes()) + " bytes and all are in use" +
                      (policy_ == BudgetPolicy::fall_back ? ", as are the fallback regions' pools" : ""));
+}
+
+template <class Scalar>
+void InplaceKVCache<Scalar>::release_block(const Block& block) {
+  free_slots_[pool_of(block.region)].give(block.slot);
+  region_blocks_[static_cast<int>(block.region)] -= 1;
+  region_tokens_[static_cast<int>(block.region)] -= block.tokens;
 }
 
 template <class Scalar>

@@ -147,6 +147,8 @@ class InplaceKVCache {
   const std::vector<Block>& blocks(int layer, int sequence) const;
   void check_sequence(int sequence) const;
   Block allocate_block(Region requested, int layer, int sequence);
+  /// Returns `block`'s slot to its pool and takes it out of the region counts.
+  void release_block(const Block& block);
   /// Appends `tokens` tokens' bookkeeping; write(block, token_in_block, first, count) copies the data.
   template <class Write>
   void place_tokens(int layer, int sequence, std::int64_t tokens, const std::vector<Region>& new_block_regions,

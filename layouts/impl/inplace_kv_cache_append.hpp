@@ -52,12 +52,20 @@ void InplaceKVCache<Scalar>::place_tokens(int layer, int sequence, std::int64_t 
                        " new blocks but " + std::to_string(new_block_regions.size()) + " regions were given");
 
   std::vector<Block>& list = blocks(layer, sequence);
+  // Every new block is taken before a token is written: an append the budgets
+  // cannot hold leaves the sequence and the pools as they were.
+  const std::size_t kept = list.size();
+  try {
+    for (Region region : new_block_regions) list.push_back(allocate_block(region, layer, sequence));
+  } catch (const KVBudgetError&) {
+    for (std::size_t b = kept; b < list.size(); ++b) release_block(list[b]);
+    list.resize(kept);
+    throw;
+  }
   std::int64_t written = 0;
-  std::size_t next_region = 0;
+  std::size_t next = kept > 0 && list[kept - 1].tokens < g.block_tokens ? kept - 1 : kept;
   while (written < tokens) {
-    if (list.empty() || list.back().tokens == g.block_tokens)
-      list.push_back(allocate_block(new_block_regions[next_region++], layer, sequence));
-    Block& block = list.back();
+    Block& block = list[next++];
     const std::int64_t count = std::min<std::int64_t>(tokens - written, g.block_tokens - block.tokens);
     write(block, block.tokens, written, count);
     block.tokens += static_cast<int>(count);

@@ -117,6 +117,33 @@ TYPED_TEST(InplaceKVCacheTest, StrictBudgetNamesRegionAndBudget) {
   this->expect_tokens(cache, 0, seq, 0);
 }
 
+// A prompt chunk whose last block finds no room leaves the sequence, its
+// blocks and the pools as they were: a caller may free memory and retry.
+TYPED_TEST(InplaceKVCacheTest, AnAppendThatRunsOutOfBudgetPartWayChangesNothing) {
+  using Storage = typename TestFixture::Scalar;
+  InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(2, 1, 2), BudgetPolicy::strict);
+  const int seq = cache.add_sequence();
+  this->append(cache, 0, seq, 0, 5, {Region::gpu_resident});
+  const std::array<std::uint64_t, region_count> bytes_before{
+      cache.region_bytes(Region::gpu_resident), cache.region_bytes(Region::gpu_streamed),
+      cache.region_bytes(Region::cpu_resident), cache.region_bytes(Region::cpu_streamed)};
+  // 11 tokens fill the open block, then a VRAM block, a host block, and a second pinned block the budget lacks.
+  const std::vector<Region> regions{Region::gpu_resident, Region::cpu_resident, Region::gpu_streamed,
+                                    Region::cpu_streamed};
+  EXPECT_THROW(this->append(cache, 0, seq, 5, 11 + 4 * block_tokens - 2, regions), KVBudgetError);
+  EXPECT_EQ(cache.length(0, seq), 5);
+  EXPECT_EQ(cache.block_regions(0, seq), std::vector<Region>{Region::gpu_resident});
+  for (Region region : all_regions)
+    EXPECT_EQ(cache.region_bytes(region), bytes_before[int(region)]) << region_name(region);
+  this->expect_tokens(cache, 0, seq, 0);
+  // Every block the failed append took is free again: the same chunk fits without its last block.
+  this->append(cache, 0, seq, 5, 11 + 3 * block_tokens,
+               {Region::gpu_resident, Region::cpu_resident, Region::cpu_streamed});
+  EXPECT_EQ(cache.length(0, seq), 5 + 11 + 3 * block_tokens);
+  this->expect_tokens(cache, 0, seq, 0);
+  this->append(cache, 0, seq, 5 + 11 + 3 * block_tokens, block_tokens, {Region::cpu_resident});
+}
+
 TYPED_TEST(InplaceKVCacheTest, FallBackFollowsTheDocumentedChain) {
   using Storage = typename TestFixture::Scalar;
   InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(1, 1, 1), BudgetPolicy::fall_back);
