@@ -14,6 +14,7 @@ import re
 import struct
 import sys
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 
 import h5py
@@ -74,6 +75,33 @@ class Measurements:
 
 
 @dataclass(frozen=True)
+class Machine:
+    """What a report says of a recorded machine setup (MachineDescription::to_yaml)."""
+
+    cpu_model: str
+    host_threads: str
+    gpu_name: str | None  # "": a host-only build; None: not recorded
+
+    def describe(self):
+        gpu = ("GPU not recorded" if self.gpu_name is None else
+               f"GPU {self.gpu_name}" if self.gpu_name else "no GPU (a host-only build)")
+        return f"{self.cpu_model or 'CPU not recorded'}, {self.host_threads or '?'} host threads, {gpu}"
+
+
+def read_machine(text):
+    """The Machine of a recorded setup's top-level `key: value` lines (literal blocks are skipped)."""
+    fields = {}
+    for line in text.splitlines():
+        match = re.match(r"([A-Za-z_]\w*):(?: (.*))?$", line)
+        if match:
+            value = (match.group(2) or "").strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            fields[match.group(1)] = value
+    return Machine(fields.get("cpu_model", ""), fields.get("host_threads", ""), fields.get("gpu_name"))
+
+
+@dataclass(frozen=True)
 class Run:
     model: str
     model_label: str
@@ -89,6 +117,8 @@ class Run:
     measured: Measurements | None = None  # a predicted run's figures are projections, not measurements
     predicted: bool = False  # priced by `writescope predict` on `profile`, not measured
     profile: str = ""
+    git_revision: str = ""  # the build that wrote the run (the file's where the run does not say)
+    machine: Machine | None = None  # the setup that ran it; None where the file does not record one
 
     @property
     def setting(self):
@@ -231,7 +261,7 @@ def achieved_cpu_rate(group, steps, components):
     return float(cpu_bytes / seconds / 1e9) if cpu_bytes > 0 and seconds > 0 else float("nan")
 
 
-def read_run(group):
+def read_run(group, file_revision, file_machine):
     status = attribute(group, "status", str)
     if status not in STATUSES:
         raise InputError(group.name, f"attribute 'status' is '{status}', expected one of {', '.join(STATUSES)}")
@@ -261,6 +291,8 @@ def read_run(group):
         measured=read_measurements(group) if status == "complete" else None,
         predicted=predicted,
         profile=profile,
+        git_revision=optional_attribute(group, "git_revision", str, file_revision),
+        machine=read_machine(attribute(group, "machine", str)) if "machine" in group.attrs else file_machine,
     )
 
 
@@ -344,14 +376,16 @@ def load(path):
                 else:
                     intact.append(group)
             predicted = optional_attribute(root, "predicted", int, 0) == 1
-            read = sorted((read_run(group) for group in intact), key=Run.sort_key)
+            file_revision = attribute(root, "git_revision", str)
+            file_machine = read_machine(attribute(root, "machine", str)) if "machine" in root.attrs else None
+            read = sorted((read_run(group, file_revision, file_machine) for group in intact), key=Run.sort_key)
             kinds = {run.predicted for run in read} | {predicted}
             if len(kinds) > 1:
                 raise InputError(root.name, "mixes predicted runs (`writescope predict`) and measured runs; a "
                                             "projection is never compared with a measurement in one report")
             return Results(
                 experiment=attribute(root, "experiment", str),
-                git_revision=attribute(root, "git_revision", str),
+                git_revision=file_revision,
                 profile=read_profile(root),
                 runs=read,
                 damaged=damaged,
@@ -901,14 +935,38 @@ def projected_section(runs, min_context):
     return table(("profile", "model", "geomean speedup (×)", "range (×)", "points", "paper's headline"), rows)
 
 
+def counted(counts):
+    """`a` (3 runs), `b` (1 runs), most runs first."""
+    return ", ".join(f"`{name}` ({n} runs)" for name, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def provenance_lines(results):
+    """The builds and machine setups that wrote the runs, and a warning where they differ."""
+    revisions = Counter(run.git_revision for run in results.runs) or Counter({results.git_revision: 0})
+    machines = Counter(run.machine.describe() for run in results.runs if run.machine is not None)
+    if len(revisions) == 1:
+        lines = [f"- Git revision: `{next(iter(revisions))}`"]
+    else:
+        lines = [f"- **Runs of {len(revisions)} git revisions**: {counted(revisions)}; their figures compare "
+                 "builds as well as systems."]
+    if any(revision.endswith("-dirty") for revision in revisions):
+        lines.append("- **Built from a modified tree** (`-dirty`): the revision alone does not rebuild these "
+                     "binaries.")
+    if len(machines) == 1:
+        lines.append(f"- Machine: {next(iter(machines))}")
+    elif machines:
+        lines.append(f"- **Runs of {len(machines)} machine setups** (`--allow-different-machine`): "
+                     f"{counted(machines)}")
+    return lines
+
+
 def report_markdown(results, figures, min_context):
     if results.predicted:
         return projected_markdown(results, figures, min_context)
     lines = [f"# WriteScope report: {results.experiment}", "",
-             f"- Experiment: `{results.experiment}`",
-             f"- Git revision: `{results.git_revision}`",
-             f"- Machine profile: `{results.profile.name}`", "",
-             "## Summary", ""]
+             f"- Experiment: `{results.experiment}`"]
+    lines += provenance_lines(results)
+    lines += [f"- Machine profile: `{results.profile.name}`", "", "## Summary", ""]
     if not results.profile.has_gpu:
         lines += ["- **The machine profile has no GPU**: the runs came from a host-only build, where the "
                   "systems' GPU work ran on the host too. The figures check the pipeline; speedups between "
@@ -916,6 +974,11 @@ def report_markdown(results, figures, min_context):
                   "- **WriteScope does not split here**: with no GPU in the profile its plan gives every KV "
                   "block to the CPU (alpha = 1), so these runs exercise its write policy, the split step and "
                   "feedback, not a CPU-GPU split (the host tests run that split with a GPU profile)."]
+    elif host_only := sum(run.machine is not None and run.machine.gpu_name == "" for run in results.runs):
+        lines += [f"- **{host_only} runs came from a host-only build**: their machine setup records no GPU, "
+                  f"although profile `{results.profile.name}` describes a GPU machine. The systems planned "
+                  "for that machine and ran their GPU work on the host: the figures check the pipeline, "
+                  "they are not that machine's speedups."]
     lines += summary_lines(results, min_context)
     contexts = f"geometric-mean speedup, contexts ≥ {context_label(min_context)}"
     lines += ["", f"## KV format and split alone (same expert policy; {contexts})", ""]

@@ -773,6 +773,11 @@ bool check_resume(ResultsStore& store, const ExperimentConfig& config, const Mac
     throw std::invalid_argument(config.output + " holds runs of " +
                                 (same_config ? "another machine profile" : "another experiment config") +
                                 "; write to another --output, or remove the file to start over");
+  // As merge requires: one build per file, so that its runs compare systems, not builds.
+  if (const std::string recorded = reader.string_attribute("/", "git_revision"); recorded != git_revision())
+    throw std::invalid_argument(config.output + " holds runs of git revision '" + recorded + "' but this build is '" +
+                                git_revision() + "'; resume with a build of that revision, or write to another "
+                                "--output");
   const std::string shard = reader.has_attribute("/", "shard") ? reader.string_attribute("/", "shard") : "0/1";
   if (shard != options.shard.text())
     throw std::invalid_argument(config.output + " holds the runs of shard " + shard + ", not of shard " +

@@ -470,6 +470,50 @@ class DamagedRuns(unittest.TestCase):
             self.assertNotIn("12345", markdown)
 
 
+class Provenance(unittest.TestCase):
+    """The header names the builds and machine setups of the runs, each run's own where it records one."""
+
+    def report_of(self, edit):
+        with tempfile.TemporaryDirectory() as tmp:
+            path, output = os.path.join(tmp, "results.h5"), os.path.join(tmp, "report")
+            write_results(path, run_specs())
+            with h5py.File(path, "r+") as root:
+                edit(root)
+            result = run_report(path, output)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
+                return md.read()
+
+    def test_one_revision_and_machine(self):
+        def edit(root):
+            root.attrs["machine"] = 'cpu_model: Test CPU\nopenmp_environment: |\n  OMP_NUM_THREADS=2\n' \
+                                    'host_threads: 16\ngpu_name: NVIDIA H200\n'
+        markdown = self.report_of(edit)
+        self.assertIn("- Git revision: `0123abcd`", markdown)
+        self.assertIn("- Machine: Test CPU, 16 host threads, GPU NVIDIA H200", markdown)
+        self.assertNotIn("host-only build", markdown)
+
+    def test_runs_of_two_revisions_are_flagged(self):
+        def edit(root):
+            for name in ("r0", "r1", "r2"):
+                root["runs"][name].attrs["git_revision"] = "feedbeef0001-dirty"
+        markdown = self.report_of(edit)
+        self.assertIn("**Runs of 2 git revisions**", markdown)
+        self.assertIn("`feedbeef0001-dirty` (3 runs)", markdown)
+        self.assertIn(f"`0123abcd` ({len(run_specs()) - 3} runs)", markdown)
+        self.assertIn("**Built from a modified tree**", markdown)
+
+    def test_a_host_only_build_is_flagged_although_the_profile_has_a_gpu(self):
+        def edit(root):
+            root.attrs["machine"] = 'cpu_model: Test CPU\nhost_threads: 2\ngpu_name: ""\n'
+            root["runs"]["r0"].attrs["machine"] = 'cpu_model: Test CPU\nhost_threads: 2\ngpu_name: NVIDIA H200\n'
+        markdown = self.report_of(edit)
+        self.assertIn(f"**{len(run_specs()) - 1} runs came from a host-only build**", markdown)
+        self.assertIn("**Runs of 2 machine setups**", markdown)
+        self.assertIn(f"`Test CPU, 2 host threads, no GPU (a host-only build)` ({len(run_specs()) - 1} runs)",
+                      markdown)
+
+
 class InvalidInput(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()

@@ -278,8 +278,9 @@ TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
 }
 
 // Resume keeps a file honest: a comment-only edit is the same experiment and
-// the file does not grow; a damaged run is measured again; another machine
-// setup is refused unless allowed, and then recorded beside the first.
+// the file does not grow; another build is refused; a damaged run is measured
+// again; another machine setup is refused unless allowed, and then recorded
+// beside the first.
 TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
   const std::string yaml = "name: resume\noutput: " + output_ +
                            "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers, gpu-only]\n"
@@ -299,6 +300,25 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
   EXPECT_THROW(run_experiment(experiment(yaml + "seed: 2\n"), test::tiny_profile(), quiet, false),
                std::invalid_argument);
   EXPECT_EQ(fs::file_size(output_), size) << "resuming grew the file";
+
+  // Runs of another build are not resumed into.
+  auto set_revision = [&](const std::string& revision) {
+    ResultsStore store(output_);
+    auto txn = store.begin();
+    txn.root().set_attribute("git_revision", revision);
+    txn.commit();
+  };
+  set_revision("0123456789ab-dirty");
+  try {
+    run_experiment(experiment(yaml), test::tiny_profile(), quiet, false);
+    ADD_FAILURE() << "resumed runs of another build";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("holds runs of git revision '0123456789ab-dirty' but this build is '" +
+                                         std::string(git_revision()) + "'"),
+              std::string::npos)
+        << e.what();
+  }
+  set_revision(git_revision());
 
   // Damage one run's data behind its checksum: verify-style check and re-measurement.
   const std::string damaged = ResultsReader(output_).list("/runs").front();
