@@ -403,17 +403,47 @@ struct HostMemoryPlan {
   std::uint64_t kv_pinned = 0, kv_host = 0;
 };
 
+/// Bytes of KV that `system`'s write policy fixes in the host pool when
+/// `batch` prompts of `context` tokens are filled as MoeModel fills them
+/// (sequence by sequence, chunks of 4096), planned for `planned_tokens`, with
+/// room in every pool: what a system that spills to both pools wants of its
+/// host pool. Layers decide alike, so one layer is placed on a bookkeeping cache.
+std::uint64_t host_pool_wish(const System& system, const ModelConfig& c, std::uint64_t vram_kv,
+                             const BlockGeometry& geometry, int batch, std::int64_t context,
+                             std::int64_t planned_tokens) {
+  const std::uint64_t block_bytes = static_cast<std::uint64_t>(geometry.block_elements()) * sizeof(bf16);
+  const std::uint64_t prompt_blocks = static_cast<std::uint64_t>(batch) *
+                                      static_cast<std::uint64_t>((context + geometry.block_tokens - 1) /
+                                                                 geometry.block_tokens);
+  const std::uint64_t room = prompt_blocks * block_bytes;
+  InplaceKVCache<bf16> cache(KVCacheShape{c.layers, geometry}, KVCacheBudgets{vram_kv, room, room},
+                             BudgetPolicy::strict, KVStorage::bookkeeping);
+  const std::unique_ptr<KVPolicy> policy = system.kv_policy(c.attention(), cache);
+  for (int s = 0; s < batch; ++s) {
+    const int sequence = cache.add_sequence();
+    for (std::int64_t begin = 0; begin < context; begin += 4096) {
+      const std::int64_t count = std::min<std::int64_t>(4096, context - begin);
+      cache.record_append(0, sequence, count,
+                          policy->place(0, sequence, count, std::max(planned_tokens, begin + count), false));
+    }
+  }
+  return cache.region_bytes(Region::cpu_resident) * static_cast<std::uint64_t>(c.layers);
+}
+
 /// Sizes `system`'s KV pools for `planned_tokens` per sequence (what a server
 /// is configured for; a profiling prompt of `profile_tokens` before them)
 /// within the contract: all host memory of its data within `host_budget`, all
 /// it pins within `pinned_limit`. The KV band and the host pool come first
 /// (without them the system cannot run); the expert store is page-locked only
 /// if the system copies experts to the GPU and the pinned limit still holds it.
-/// ModelBudgetError names the bytes when the run's own KV (`run_tokens` per
-/// sequence) or the experts cannot fit.
+/// Where host memory cannot give both of WriteScope's pools the whole spill,
+/// its host pool keeps what its write policy fixes there for the run's prompts
+/// (`context` tokens each) and the band takes the rest. ModelBudgetError names
+/// the bytes when the run's own KV (`run_tokens` per sequence) or the experts
+/// cannot fit.
 HostMemoryPlan plan_host_memory(const System& system, const ModelConfig& c, const ModelOptions& options, int batch,
-                                std::int64_t planned_tokens, std::int64_t profile_tokens, std::int64_t run_tokens,
-                                std::uint64_t host_budget, std::uint64_t pinned_limit) {
+                                std::int64_t context, std::int64_t planned_tokens, std::int64_t profile_tokens,
+                                std::int64_t run_tokens, std::uint64_t host_budget, std::uint64_t pinned_limit) {
   HostMemoryPlan plan;
   const std::uint64_t experts = MoeModel::expert_store_bytes(c);
   const std::uint64_t staging = MoeModel::pinned_staging_bytes(c, options);
@@ -424,8 +454,8 @@ HostMemoryPlan plan_host_memory(const System& system, const ModelConfig& c, cons
     throw ModelBudgetError("pinned limit " + format_byte_size(pinned_limit) + " cannot hold the staging buffers (" +
                            format_byte_size(staging) + ")");
   const VramUse vram = MoeModel::vram_plan(c, options);
-  const std::uint64_t block_bytes =
-      static_cast<std::uint64_t>(c.attention().block_geometry(options.block_tokens).block_elements()) * sizeof(bf16);
+  const BlockGeometry geometry = c.attention().block_geometry(options.block_tokens);
+  const std::uint64_t block_bytes = static_cast<std::uint64_t>(geometry.block_elements()) * sizeof(bf16);
   const std::uint64_t layer_block_bytes = block_bytes * static_cast<std::uint64_t>(c.layers);
   const std::uint64_t vram_blocks = vram.kv / layer_block_bytes;  // per layer
   auto spilled = [&](int sequences, std::int64_t tokens) {
@@ -437,21 +467,34 @@ HostMemoryPlan plan_host_memory(const System& system, const ModelConfig& c, cons
   const std::uint64_t needed = std::max(spilled(batch, run_tokens), spilled(1, profile_tokens));
   const std::uint64_t host_left = host_budget - experts - staging;
   const std::uint64_t pinned_left = pinned_limit - staging;
+  // What the KV beyond VRAM may use: WriteScope's write policy keeps `wish`
+  // in its host pool and sends every other block to the band.
+  std::uint64_t usable = 0;
   if (system.spills_to_both) {
-    plan.kv_pinned = std::min({planned, pinned_left, host_left});
-    plan.kv_host = std::min(planned, host_left - plan.kv_pinned);
+    const std::uint64_t wish =
+        std::min({host_pool_wish(system, c, vram.kv, geometry, batch, context, planned_tokens), planned, host_left});
+    plan.kv_pinned = std::min({planned, pinned_left, host_left - wish});
+    plan.kv_host = std::min(planned, host_left - plan.kv_pinned);  // at least `wish`
+    usable = plan.kv_pinned + wish;
   } else if (system.spill_region == Region::gpu_streamed) {
     plan.kv_pinned = std::min({planned, pinned_left, host_left});
+    usable = plan.kv_pinned;
   } else if (system.spill_region == Region::cpu_resident) {
     plan.kv_host = std::min(planned, host_left);
+    usable = plan.kv_host;
   }
-  if ((system.spill_region || system.spills_to_both) && needed > plan.kv_pinned + plan.kv_host)
+  if ((system.spill_region || system.spills_to_both) && needed > usable)
     throw ModelBudgetError(
         "the KV cache beyond VRAM needs " + format_byte_size(needed) + " of " +
-        (system.spill_region == Region::gpu_streamed ? "pinned" : "host") + " memory but the contract leaves " +
-        format_byte_size(plan.kv_pinned + plan.kv_host) + " (host budget " + format_byte_size(host_budget) +
-        " less routed experts " + format_byte_size(experts) + " and staging " + format_byte_size(staging) +
-        "; pinned limit " + format_byte_size(pinned_limit) + ")");
+        (system.spills_to_both                            ? "pinned and host"
+         : system.spill_region == Region::gpu_streamed ? "pinned"
+                                                          : "host") +
+        " memory but the contract leaves " + format_byte_size(usable) +
+        (system.spills_to_both ? " (a band of " + format_byte_size(plan.kv_pinned) + " and the host pool's " +
+                                     format_byte_size(usable - plan.kv_pinned) + " its write policy fills)"
+                               : std::string()) +
+        " (host budget " + format_byte_size(host_budget) + " less routed experts " + format_byte_size(experts) +
+        " and staging " + format_byte_size(staging) + "; pinned limit " + format_byte_size(pinned_limit) + ")");
   plan.experts_pinned = system.experts->loads_experts() && experts <= pinned_left - plan.kv_pinned;
   return plan;
 }
@@ -519,7 +562,7 @@ RunSetup prepare_run(const ExperimentConfig& config, const RunSpec& run, const M
   setup.profiles = system.experts->profiles_routing();
   const bool profiles = setup.profiles;
   const HostMemoryPlan memory =
-      plan_host_memory(system, model_config, options, run.batch, config.max_sequence_tokens,
+      plan_host_memory(system, model_config, options, run.batch, run.context, config.max_sequence_tokens,
                        profiles ? config.profile_tokens : 0, final_tokens, config.host_budget, config.pinned_limit);
   if (system.experts->loads_experts() && !memory.experts_pinned) {
     // Its expert copies run at the pageable rate: the policy must know.

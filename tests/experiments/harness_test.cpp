@@ -12,6 +12,7 @@
 
 #include "attention/host_prefetch.hpp"
 #include "experiments/calibration.hpp"
+#include "experiments/impl/run_record.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/machine.hpp"
 #include "framework/results_store.hpp"
@@ -621,6 +622,62 @@ TEST_F(HarnessTest, KVBeyondThePinnedLimitDoesNotFit) {
   const std::string reason = reader.string_attribute("/runs/" + reader.list("/runs").front(), "reason");
   EXPECT_NE(reason.find("of pinned memory but the contract leaves"), std::string::npos) << reason;
   EXPECT_NE(reason.find("pinned limit 256KiB"), std::string::npos) << reason;
+}
+
+// Where host memory cannot give both of WriteScope's pools the whole spill,
+// its host pool keeps what its write policy fixes there for the run's prompts
+// and the band the rest (the band once took it all, leaving no pool).
+TEST_F(HarnessTest, WriteScopesHostPoolKeepsWhatItsWritePolicyFixesThereWhenHostMemoryIsShort) {
+  MachineProfile gpu = test::tiny_profile();
+  gpu.has_gpu = true;  // the CPU then keeps only a share of the spill
+  gpu.gpu_launch_latency_s = gpu.link_latency_s = gpu.cpu_launch_latency_s = 0;
+  auto experiment = [&](std::uint64_t host) {
+    const std::string yaml = "name: pools\noutput: " + output_ +
+                             "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [writescope]\n"
+                             "batch_sizes: [2]\ncontexts: [4000]\nbudgets: {vram: 3MiB, pinned: " +
+                             std::to_string(host) + "B, host: " + std::to_string(host) +
+                             "B}\nsteps: {warmup: 1, measured: 2}\nblock_tokens: 8\n";
+    return ExperimentConfig::from_config(ConfigNode::parse(yaml, "pools.yaml"));
+  };
+  auto options_with = [&](std::uint64_t host) {
+    const ExperimentConfig config = experiment(host);
+    return impl::prepare_run(config, expand_runs(config, gpu).front(), gpu).options;
+  };
+  const ModelOptions roomy = options_with(64 << 20);
+  const std::uint64_t planned = roomy.pinned_kv_budget;
+  ASSERT_GT(planned, 0u) << "the KV must spill beyond VRAM";
+  EXPECT_EQ(roomy.host_kv_budget, planned);  // room for the whole spill in each pool
+
+  const ModelConfig model = model_preset("tiny-mixtral");
+  const std::uint64_t short_host =
+      MoeModel::expert_store_bytes(model) + MoeModel::pinned_staging_bytes(model, roomy) + planned;
+  const ModelOptions short_of_host = options_with(short_host);
+  EXPECT_GT(short_of_host.host_kv_budget, 0u);
+  EXPECT_LT(short_of_host.host_kv_budget, planned);
+  EXPECT_EQ(short_of_host.pinned_kv_budget + short_of_host.host_kv_budget, planned);
+
+  // The run fills its host pool exactly: each step's CPU reads all of it.
+  std::ostringstream progress;
+  ASSERT_EQ(run_experiment(experiment(short_host), gpu, progress, false).complete, 1) << progress.str();
+  const ResultsReader reader(output_);
+  const auto served = reader.read<double>("/runs/" + reader.list("/runs").front() + "/region_bytes/cpu_resident");
+  ASSERT_FALSE(served.empty());
+  for (double bytes : served) EXPECT_EQ(bytes, static_cast<double>(short_of_host.host_kv_budget));
+
+  // A band that cannot take the rest does not fit, before anything is allocated, whatever the host pool could hold.
+  const std::uint64_t wish = short_of_host.host_kv_budget;
+  const ExperimentConfig short_band = experiment(64 << 20);
+  ExperimentConfig band_config = short_band;
+  band_config.pinned_limit = MoeModel::pinned_staging_bytes(model, roomy) + (planned - wish) / 2;
+  try {
+    impl::prepare_run(band_config, expand_runs(band_config, gpu).front(), gpu);
+    ADD_FAILURE() << "a band short of the spill was accepted";
+  } catch (const ModelBudgetError& e) {
+    EXPECT_NE(std::string(e.what()).find("of pinned and host memory but the contract leaves " +
+                                         format_byte_size((planned - wish) / 2 + wish) + " (a band of"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // No oracle: the policies plan each sequence for the configured longest
