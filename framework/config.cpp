@@ -102,6 +102,10 @@ ConfigError::ConfigError(std::string source, std::string field, std::string reas
 
 std::string format_byte_size(std::uint64_t bytes) {
   std::ostringstream out;
+  if (bytes < 1024) {
+    out << bytes << "B";
+    return out.str();
+  }
   const auto [size, name] = bytes >= (1ull << 30)   ? std::pair{1ull << 30, "GiB"}
                             : bytes >= (1ull << 20) ? std::pair{1ull << 20, "MiB"}
                                                     : std::pair{1ull << 10, "KiB"};
@@ -131,7 +135,9 @@ std::optional<std::uint64_t> parse_byte_size(std::string_view text) {
       {"gb", 1e9},    {"t", 0x1p40},  {"tib", 0x1p40}, {"tb", 1e12}};
   for (const auto& [name, scale] : units) {
     if (suffix != name) continue;
-    const double bytes = value * scale;
+    // A fraction of a unit is rounded to a byte ("1.3MiB", as messages print
+    // sizes); a fraction of a byte is an error.
+    const double bytes = scale > 1 ? std::round(value * scale) : value;
     if (!std::isfinite(bytes) || bytes < 0 || bytes >= 0x1p64 || bytes != std::floor(bytes)) return std::nullopt;
     return static_cast<std::uint64_t>(bytes);
   }

@@ -31,11 +31,13 @@ class ConfigError : public std::runtime_error {
 };
 
 /// Parses "4096", "32GiB", "1.5 GB", "512 MiB", "64k" into bytes (binary
-/// suffixes are powers of 1024, decimal ones powers of 1000). Returns nothing
-/// for malformed, negative or overflowing text.
+/// suffixes are powers of 1024, decimal ones powers of 1000; a fraction of a
+/// unit is rounded to the nearest byte). Returns nothing for malformed,
+/// negative, overflowing or fractional-byte text.
 std::optional<std::uint64_t> parse_byte_size(std::string_view text);
-/// Bytes for messages: "32GiB", "256MiB", or one decimal ("322.8MiB") when
-/// not a whole number of the unit; parse_byte_size reads it back.
+/// Bytes for messages: "512B", "32GiB", "256MiB", or one decimal ("322.8MiB")
+/// when not a whole number of the unit; parse_byte_size reads it back (to
+/// the printed digit).
 std::string format_byte_size(std::uint64_t bytes);
 
 /// Describes the first key given twice in one mapping of `root` (YAML keeps

@@ -176,8 +176,15 @@ TEST(ByteSize, FormatsWhatItParses) {
   EXPECT_EQ(format_byte_size(256ull << 20), "256MiB");
   EXPECT_EQ(format_byte_size(64ull << 10), "64KiB");
   EXPECT_EQ(format_byte_size(338475776), "322.8MiB");
-  for (std::uint64_t bytes : {32ull << 30, 256ull << 20, 3ull << 19})
+  EXPECT_EQ(format_byte_size(300), "300B");
+  for (std::uint64_t bytes : {32ull << 30, 256ull << 20, 3ull << 19, 300ull, 0ull})
     EXPECT_EQ(parse_byte_size(format_byte_size(bytes)), bytes) << bytes;
+  // What a message prints, a user may copy into a config: it reads back to the printed digit.
+  for (std::uint64_t bytes : {338475776ull, 1363149ull, 1500ull, (5ull << 30) + 12345})
+    EXPECT_NEAR(static_cast<double>(parse_byte_size(format_byte_size(bytes)).value()), static_cast<double>(bytes),
+                0.05 * (bytes >= (1ull << 30) ? 1 << 30 : bytes >= (1ull << 20) ? 1 << 20 : 1 << 10))
+        << format_byte_size(bytes);
+  EXPECT_EQ(parse_byte_size("1.3MiB"), 1363149u);  // 1363148.8 bytes, rounded
 }
 
 TEST(ByteSize, RejectsMalformedValues) {
