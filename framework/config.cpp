@@ -259,10 +259,19 @@ std::uint64_t ConfigNode::get_bytes(const std::string& key) const {
   return *bytes;
 }
 
-void ConfigNode::allow_only(std::initializer_list<std::string_view> known) const {
+std::vector<std::string> ConfigNode::keys() const {
   require_mapping();
+  std::vector<std::string> names;
   for (const auto& entry : node_) {
-    const auto key = entry.first.as<std::string>();
+    if (!entry.first.IsScalar())
+      fail("expected a mapping with scalar keys, got a key that is " + describe(entry.first));
+    names.push_back(entry.first.Scalar());
+  }
+  return names;
+}
+
+void ConfigNode::allow_only(std::initializer_list<std::string_view> known) const {
+  for (const std::string& key : keys()) {
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
     std::string_view closest;
     std::size_t best = std::numeric_limits<std::size_t>::max();

@@ -80,6 +80,9 @@ class ConfigNode {
   /// Required byte size ("32GiB", "4096", ...), see parse_byte_size.
   std::uint64_t get_bytes(const std::string& key) const;
 
+  /// The keys of this mapping, in order; ConfigError where this is not a
+  /// mapping or a key is not a scalar.
+  std::vector<std::string> keys() const;
   /// Throws for any key of this mapping not in `known` (catches typos).
   void allow_only(std::initializer_list<std::string_view> known) const;
 

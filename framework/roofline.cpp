@@ -41,10 +41,8 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     gpu.allow_only({"hbm_gbps", "launch_latency_us", "attention_gbps"});
     p.hbm_gbps = positive(gpu, "hbm_gbps");
     if (const auto attention = gpu.optional_child("attention_gbps"))
-      for (const auto& shape : attention->yaml()) {
-        const auto shape_name = shape.first.as<std::string>();
+      for (const std::string& shape_name : attention->keys())
         p.gpu_attention_gbps[shape_name] = positive(*attention, shape_name);
-      }
     p.gpu_launch_latency_s = non_negative_micros(gpu, "launch_latency_us");
     const ConfigNode link = root.child("link");
     link.allow_only({"pinned_h2d_gbps", "pinned_d2h_gbps", "pageable_h2d_gbps", "pageable_d2h_gbps", "latency_us",
@@ -79,10 +77,7 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     const ConfigNode by_shape = cpu.child(key);
     if (!by_shape.yaml().IsMap())
       cpu.fail(key, std::string("expected a mapping from attention shape to ") + what + " (measured per shape)");
-    for (const auto& shape : by_shape.yaml()) {
-      const auto shape_name = shape.first.as<std::string>();
-      into[shape_name] = value(by_shape, shape_name);
-    }
+    for (const std::string& shape_name : by_shape.keys()) into[shape_name] = value(by_shape, shape_name);
   };
   const auto pass_tokens = [](const ConfigNode& node, const std::string& key) {
     return node.get_choice(key, {"32", "64", "128"});
@@ -106,11 +101,9 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     *value = positive(cpu, cpu.has(fallback) ? fallback : field);
   }
   const ConfigNode attention = cpu.child("attention_gbps");
-  for (const auto& shape : attention.yaml()) {
-    const auto shape_name = shape.first.as<std::string>();
+  for (const std::string& shape_name : attention.keys()) {
     const ConfigNode per_threads = attention.child(shape_name);
-    for (const auto& entry : per_threads.yaml()) {
-      const auto key = entry.first.as<std::string>();
+    for (const std::string& key : per_threads.keys()) {
       int threads = 0;
       const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), threads);
       if (error != std::errc() || end != key.data() + key.size() || key.front() == '0')

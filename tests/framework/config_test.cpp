@@ -99,6 +99,11 @@ TEST(Config, UnknownKeysAreRejectedWithASuggestion) {
   e = expect_config_error([&] { far.allow_only({"seed", "output"}); });
   EXPECT_EQ(e.reason(), "unknown field (known fields: seed, output)");
   EXPECT_NO_THROW(config.allow_only({"seed", "repetitons"}));
+  // A key that is not a name: the error says so, not yaml-cpp's conversion message.
+  const auto list_key = ConfigNode::parse("budgets: {[vram, host]: 1GiB}\n", "c.yaml").child("budgets");
+  e = expect_config_error([&] { list_key.allow_only({"vram", "host"}); });
+  EXPECT_EQ(e.field(), "budgets");
+  EXPECT_EQ(e.reason(), "expected a mapping with scalar keys, got a key that is a list");
 }
 
 TEST(Config, MalformedYamlGivesLineAndColumn) {

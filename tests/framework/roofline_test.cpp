@@ -211,6 +211,25 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
       EXPECT_EQ(e.field(), "cpu.attention_gbps.qwen3-30b-a3b." + key);
     }
   }
+  // Rates per shape of the wrong shape: a list, a bare number, a key that is not a name.
+  for (const auto& [gpu_rates, cpu_rates, named] :
+       {std::tuple{"", "[5, 6]", "cpu.attention_gbps"},
+        std::tuple{"", "{qwen3-30b-a3b: 5}", "cpu.attention_gbps.qwen3-30b-a3b"},
+        std::tuple{"", "{[qwen3-30b-a3b]: {4: 5}}", "cpu.attention_gbps"},
+        std::tuple{", attention_gbps: [900]", "{qwen3-30b-a3b: {4: 5}}", "gpu.attention_gbps"},
+        std::tuple{", attention_gbps: 900", "{qwen3-30b-a3b: {4: 5}}", "gpu.attention_gbps"}}) {
+    std::string bad = base;
+    bad.replace(bad.find("pageable_d2h_gbps: -8"), 21, "pageable_d2h_gbps: 8");
+    bad.replace(bad.find("hbm_gbps: 1000"), 14, std::string("hbm_gbps: 1000") + gpu_rates);
+    bad.replace(bad.find("{qwen3-30b-a3b: {4: 5}}"), 23, cpu_rates);
+    try {
+      MachineProfile::load(write(bad));
+      FAIL() << gpu_rates << " " << cpu_rates << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.field(), named) << e.what();
+      EXPECT_NE(e.reason().find("expected a mapping"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
