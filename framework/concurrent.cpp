@@ -185,8 +185,14 @@ int gpu_driver_cpu() {
   if (const char* value = std::getenv("WRITESCOPE_GPU_DRIVER_CPU")) {
     const std::string text(value);
     if (text == "none") return -1;
-    for (int cpu : startup_mask)
-      if (text == std::to_string(cpu)) return cpu;
+    for (int cpu : startup_mask) {
+      if (text != std::to_string(cpu)) continue;
+      if (startup_mask.size() < 2)
+        throw std::invalid_argument("WRITESCOPE_GPU_DRIVER_CPU: CPU " + text +
+                                    " is the only CPU this process may run on; the host threads need another "
+                                    "(or 'none': the driver shares it)");
+      return cpu;
+    }
     throw std::invalid_argument("WRITESCOPE_GPU_DRIVER_CPU: '" + text +
                                 "' is neither 'none' nor a CPU this process may run on");
   }

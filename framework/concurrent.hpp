@@ -68,7 +68,8 @@ long worker_threads_started();
 /// The CPU the workers run on: $WRITESCOPE_GPU_DRIVER_CPU if set (a CPU of
 /// the process' start-up affinity mask, or "none"), else the highest CPU of
 /// that mask when it has at least two; -1: the workers are not pinned.
-/// Throws std::invalid_argument naming the variable for any other value.
+/// Throws std::invalid_argument naming the variable for any other value, and
+/// for the mask's only CPU (the host threads would have none).
 int gpu_driver_cpu();
 /// The CPUs of the process' affinity mask at start-up (before OpenMP binds
 /// the main thread), in increasing order.
