@@ -1,5 +1,6 @@
 #include "moe/model_config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <sstream>
@@ -218,6 +219,20 @@ void ModelConfig::validate() const {
   require(rope_theta > 0, "rope_theta", "must be positive");
   require(rope_scaling.type == "none" || rope_scaling.type == "yarn", "rope_scaling.type",
           "must be none or yarn, got '" + rope_scaling.type + "'");
+  const int rope_dim = mla() ? qk_rope_head_dim : head_dim;
+  require(rope_dim % 2 == 0 && rope_dim <= 256, mla() ? "qk_rope_head_dim" : "head_dim",
+          "must be even and at most 256 (the rotary kernels rotate pairs of up to 256 dimensions), got " +
+              std::to_string(rope_dim));
+  require(q_lora_rank >= 0, "q_lora_rank", "must not be negative");
+  require(shared_experts >= 0, "shared_experts", "must not be negative");
+  if (rope_scaling.type == "yarn") {
+    // YaRN divides by the factor and takes logarithms of the others.
+    require(std::isfinite(rope_scaling.factor) && rope_scaling.factor > 0, "rope_scaling.factor", "must be positive");
+    require(rope_scaling.original_max_position >= 1, "rope_scaling.original_max_position_embeddings",
+            "must be positive");
+    require(rope_scaling.beta_fast > 0 && rope_scaling.beta_slow > 0, "rope_scaling.beta_fast",
+            "beta_fast and beta_slow must be positive");
+  }
 }
 
 std::vector<std::string> model_preset_names() {
@@ -368,6 +383,7 @@ ModelConfig load_hf_config(const std::string& config_json) {
                     : root.yaml()["q_lora_rank"].IsNull() ? 0
                                                             : root.get<int>("q_lora_rank");
     c.kv_lora_rank = root.get<int>("kv_lora_rank");
+    if (c.kv_lora_rank < 1) root.fail("kv_lora_rank", "must be positive (DeepSeek-V2's attention is MLA)");
     c.qk_nope_head_dim = root.get<int>("qk_nope_head_dim");
     c.qk_rope_head_dim = root.get<int>("qk_rope_head_dim");
     c.v_head_dim = root.get<int>("v_head_dim");
@@ -402,7 +418,10 @@ ModelConfig load_hf_config(const std::string& config_json) {
   } else if (kind == "MixtralForCausalLM") {
     c.architecture = Architecture::mixtral;
     read_rope(root, 1e6, c);  // MixtralConfig: rope_theta=1e6
-    c.head_dim = root.get_or<int>("head_dim", c.hidden / c.q_heads);
+    // validate() refuses fewer than one query head; no division by zero before it.
+    c.head_dim = root.has("head_dim") ? root.get<int>("head_dim") : c.hidden / std::max(c.q_heads, 1);
+    // MixtralConfig: max_position_embeddings=4096*32, the length a window is compared with.
+    if (!root.has("max_position_embeddings")) c.max_position = 4096 * 32;
     c.experts = root.get<int>("num_local_experts");
     c.expert_intermediate = root.get<int>("intermediate_size");
     c.normalize_topk = true;  // Mixtral's router always renormalises its top-k

@@ -198,6 +198,27 @@ TEST_F(HfConfigTest, RotarySpellingsAndDefaultsAreExplicit) {
     "rope_parameters": {"rope_theta": 1e4, "rope_type": "default"}})").first, "rope_theta");
   EXPECT_EQ(error_of("{" + qwen + R"(, "num_experts": 8, "norm_topk_prob": true,
     "rope_scaling": {"factor": 4}})").first, "rope_scaling.rope_type");
+  // YaRN's numbers where its formulas need them (a factor of 0 gave NaN frequencies), and rotary widths the
+  // kernels rotate.
+  for (const auto& [scaling, field] :
+       {std::pair{R"("factor": 0, "original_max_position_embeddings": 256)", "rope_scaling.factor"},
+        std::pair{R"("factor": -4, "original_max_position_embeddings": 256)", "rope_scaling.factor"},
+        std::pair{R"("factor": 4, "original_max_position_embeddings": 0)",
+                  "rope_scaling.original_max_position_embeddings"},
+        std::pair{R"("factor": 4, "original_max_position_embeddings": 256, "beta_slow": 0)",
+                  "rope_scaling.beta_fast"}})
+    EXPECT_EQ(error_of("{" + qwen + R"(, "num_experts": 8, "norm_topk_prob": true,
+      "rope_scaling": {"type": "yarn", )" + scaling + "}}").first, field) << scaling;
+  std::string odd_head = qwen;
+  odd_head.replace(odd_head.find(R"("head_dim": 16)"), 14, R"("head_dim": 15)");
+  EXPECT_EQ(error_of("{" + odd_head + R"(, "num_experts": 8, "norm_topk_prob": true})"),
+            std::make_pair(std::string("head_dim"),
+                           std::string("must be even and at most 256 (the rotary kernels rotate pairs of up to 256 "
+                                       "dimensions), got 15")));
+  // No query heads: a named error, not a division by zero while Mixtral's head_dim default is computed.
+  EXPECT_EQ(error_of(R"({"architectures": ["MixtralForCausalLM"], "hidden_size": 64, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 0, "num_key_value_heads": 2, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "vocab_size": 100})").first, "q_heads");
 }
 
 // Settings of architecture variants the runtime does not implement are errors
@@ -228,6 +249,17 @@ TEST_F(HfConfigTest, UnimplementedVariantsAreRefused) {
   EXPECT_EQ(error_of(with(mixtral, R"("hidden_act": "gelu")")),
             "hidden_act: is not supported (only SwiGLU with silu is implemented)");
   EXPECT_EQ(error_of(with(mixtral, R"("sliding_window": 4)")).substr(0, 16), "sliding_window: ");
+  // Without max_position_embeddings a window is compared with MixtralConfig's default, not with 0.
+  const std::string no_max_position =
+      std::regex_replace(mixtral, std::regex(R"("max_position_embeddings": [0-9]+,)"), "");
+  ASSERT_NE(no_max_position, mixtral);
+  EXPECT_EQ(error_of(with(no_max_position, R"("sliding_window": 4096)")).substr(0, 16), "sliding_window: ");
+  EXPECT_EQ(error_of(with(no_max_position, R"("sliding_window": 131072)")), "accepted");
+  // DeepSeek-V2's attention is MLA: no latent is an error, not GQA.
+  const std::string no_latent =
+      std::regex_replace(deepseek, std::regex(R"("kv_lora_rank": [0-9]+)"), R"("kv_lora_rank": 0)");
+  ASSERT_NE(no_latent, deepseek);
+  EXPECT_EQ(error_of(no_latent).substr(0, 14), "kv_lora_rank: ");
   // The values that leave the math as implemented are fine.
   for (const std::string& json :
        {with(deepseek, R"("topk_method": "greedy", "moe_layer_freq": 1, "scoring_func": "softmax")"),
