@@ -388,15 +388,18 @@ MoeModel::MoeModel(const ModelConfig& config, const TensorSource& source, ModelO
   const bool shared_store = options_.host_experts != nullptr;
   if (shared_store) {
     if (options_.host_experts->layers.size() != static_cast<std::size_t>(moe_layers) ||
-        (moe_layers > 0 && (options_.host_experts->layers.front().size() != static_cast<std::size_t>(config_.experts) ||
-                            (config_.experts > 0 && options_.host_experts->layers.front().front().gate.extent(1) !=
-                                                        static_cast<std::size_t>(config_.hidden)))))
+        (moe_layers > 0 &&
+         (options_.host_experts->layers.front().size() != static_cast<std::size_t>(config_.experts) ||
+          (config_.experts > 0 &&
+           (options_.host_experts->layers.front().front().gate.extent(0) !=
+                static_cast<std::size_t>(config_.expert_intermediate) ||
+            options_.host_experts->layers.front().front().gate.extent(1) != static_cast<std::size_t>(config_.hidden))))))
       throw std::invalid_argument("model " + config_.name + ": the shared expert store holds another model's experts");
     host_experts_ = options_.host_experts;
   } else {
     host_experts_ = std::make_shared<HostExpertStore>(config_);
   }
-  host_experts_->pin(options_.pin_experts);
+  host_experts_->pin(options_.pin_experts && options_.experts->loads_experts());
   std::map<std::string, WeightView<HostMemSpace>> expert_parts;
   for (int layer = config_.dense_layers; layer < config_.layers; ++layer) {
     for (int e = 0; e < config_.experts; ++e) {

@@ -94,8 +94,10 @@ struct ModelOptions {
   int micro_batches = 1;            // a decode step's sequences run in this many pipelined groups;
                                     // above 1 the expert policy must keep every expert on the GPU
   bool vram_kv = true;              // false: no KV in VRAM (what slots leave stays unused)
-  /// Page-lock the routed experts' host store (for policies that copy experts
-  /// to the GPU; copies from pageable memory run at the pageable rate).
+  /// Page-lock the routed experts' host store where the expert policy copies
+  /// experts to the GPU (ExpertPolicy::loads_experts; copies from pageable
+  /// memory run at the pageable rate); a policy that never copies them
+  /// leaves the store pageable whatever this says.
   bool pin_experts = true;
   /// Check each layer's output for NaN and Inf (NonFiniteError naming the
   /// first such layer): one small kernel and a synchronisation per layer, so

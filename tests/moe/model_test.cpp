@@ -339,6 +339,10 @@ TEST(MoeModel, SharesItsRoutedExpertsWithAModelOfTheSameWeights) {
   ModelOptions wrong = options_with(every_region, mixed_experts());
   wrong.host_experts = first.host_experts();
   EXPECT_THROW(MoeModel::synthetic(model_preset("tiny-qwen3-moe"), 8, wrong), std::invalid_argument);
+  // Nor those of a model that differs only in its experts' width.
+  ModelConfig wider = first.config();
+  wider.expert_intermediate *= 2;
+  EXPECT_THROW(MoeModel::synthetic(wider, 8, wrong), std::invalid_argument);
 }
 
 // Host memory is counted as it is held: the expert store (page-locked or
@@ -370,6 +374,14 @@ TEST(MoeModel, HostUseCountsItsPinnedAndPageableMemory) {
   EXPECT_EQ(second.host_use().pinned(), second.host_use().kv_pinned + second.host_use().staging_pinned);
   const int b = second.add_sequence();
   expect_logits_near(second.prefill(b, {3, 1, 4, 1, 5}), expected, 0, "pageable experts");
+
+  // A policy that never copies experts to the GPU leaves them pageable, pin_experts or not (a full-size
+  // Mixtral would otherwise page-lock 84 GiB for nothing).
+  ModelOptions cpu_experts = options_with(every_region, std::make_shared<CpuExpertPolicy>());
+  ASSERT_TRUE(cpu_experts.pin_experts);
+  const MoeModel third = MoeModel::synthetic(config, 8, cpu_experts);
+  EXPECT_FALSE(third.host_use().experts_pinned);
+  EXPECT_EQ(third.host_use().pinned(), third.host_use().kv_pinned + third.host_use().staging_pinned);
 }
 
 // A freed sequence returns its blocks to their pools and its VRAM share to
