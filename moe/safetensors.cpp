@@ -2,12 +2,15 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "framework/config.hpp"
 
@@ -168,6 +171,7 @@ void SafetensorsCheckpoint::add_file(const std::string& file_name) {
   if (!root.IsMap()) throw CheckpointError(path + ": the header is not a JSON object");
   if (const auto duplicate = duplicate_key(root)) throw CheckpointError(path + ": header: " + *duplicate);
   const std::uint64_t data_start = 8 + header_length;
+  std::vector<std::pair<std::uint64_t, std::string>> in_file;  // (begin, name) of this file's tensors
   for (const auto& entry : root) {
     const std::string name = entry.first.IsScalar() ? entry.first.Scalar() : "?";
     if (name == "__metadata__") continue;
@@ -192,12 +196,31 @@ void SafetensorsCheckpoint::add_file(const std::string& file_name) {
                             std::to_string(size) + " bytes): truncated");
     info.begin = data_start + offsets[0];
     info.end = data_start + offsets[1];
-    if (info.end - info.begin != static_cast<std::uint64_t>(info.elements()) * dtype_bytes(info.dtype))
+    // The shape's bytes, checked: a product beyond 63 bits would wrap to a size that matches.
+    std::uint64_t needed = dtype_bytes(info.dtype);
+    for (std::int64_t d : info.shape)
+      if (__builtin_mul_overflow(needed, static_cast<std::uint64_t>(d), &needed) || needed > (1ull << 62))
+        throw CheckpointError(where + ": shape " + shape_text(info.shape) + " holds more bytes than any file");
+    if (info.end - info.begin != needed)
       throw CheckpointError(where + ": data_offsets hold " + std::to_string(info.end - info.begin) +
                             " bytes, shape " + shape_text(info.shape) + " of " + dtype_name(info.dtype) + " needs " +
-                            std::to_string(info.elements() * static_cast<std::int64_t>(dtype_bytes(info.dtype))));
+                            std::to_string(needed));
     if (!tensors_.emplace(name, info).second)
       throw CheckpointError(where + ": also present in " + tensors_.at(name).file);
+    in_file.emplace_back(info.begin, name);
+  }
+  // Tensors share no bytes (as the format's reference reader requires): two
+  // names over one range would load the same values twice.
+  std::sort(in_file.begin(), in_file.end());
+  for (std::size_t i = 1; i < in_file.size(); ++i) {
+    const TensorInfo& before = tensors_.at(in_file[i - 1].second);
+    const TensorInfo& after = tensors_.at(in_file[i].second);
+    if (after.begin < before.end)
+      throw CheckpointError(path + ": tensors '" + in_file[i - 1].second + "' and '" + in_file[i].second +
+                            "' overlap: data_offsets [" + std::to_string(before.begin - data_start) + ", " +
+                            std::to_string(before.end - data_start) + ") and [" +
+                            std::to_string(after.begin - data_start) + ", " + std::to_string(after.end - data_start) +
+                            ")");
   }
 }
 

@@ -111,6 +111,14 @@ TEST_F(SafetensorsTest, DamagedValuesAndHeadersAreNamed) {
   expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "tensor 'w'", "shape holds 'two'"});
   write_header(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, -8]}})");
   expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "tensor 'w'", "data_offsets holds '-8'"});
+  // Two names over shared bytes, and a shape whose byte count wraps to the range given.
+  write_header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})");
+  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; },
+               {file, "tensors 'a' and 'b' overlap: data_offsets [0, 8) and [4, 12)"});
+  write_header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [0], "data_offsets": [8, 8]}})");
+  EXPECT_NO_THROW(SafetensorsCheckpoint{dir_.string()});
+  write_header(R"({"w": {"dtype": "BF16", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})");
+  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "tensor 'w'", "holds more bytes than any file"});
 }
 
 TEST_F(SafetensorsTest, IndexMustMatchTheShards) {
