@@ -140,19 +140,20 @@ SplitPlan WriteScopeScheduler<Scalar>::plan(int layer, const std::vector<int>& s
 template <class Scalar>
 void WriteScopeScheduler<Scalar>::observe(const SplitPlan& plan, const SplitTimings& timings) {
   if (!options_.feedback) return;
+  // A rate from a time that is mostly the fixed latency is noise: a
+  // microsecond either way in either makes it any number. Only times of at
+  // least twice the latency are samples.
+  const auto sample = [](RateEstimator& rate, double bytes, double seconds, double latency) {
+    if (!(bytes > 0 && seconds > latency && seconds >= 2 * latency)) return false;
+    rate.observe(bytes / (seconds - latency));
+    return true;
+  };
   const StepBytes bytes = bytes_of(plan);
   const double cpu_bytes = bytes.cpu_resident + segment_bytes(plan.cpu_pinned);
-  const double cpu_time = timings.cpu_seconds - model_.rates().cpu_latency_s;
-  if (cpu_bytes > 0 && cpu_time > 0) {
-    cpu_rate_.observe(cpu_bytes / cpu_time);
-    cpu_timed_ = true;
-  }
+  if (sample(cpu_rate_, cpu_bytes, timings.cpu_seconds, model_.rates().cpu_latency_s)) cpu_timed_ = true;
   if (model_.rates().has_gpu) {
-    const double streamed = segment_bytes(plan.gpu_streamed);
-    const double link_time = timings.streamed_seconds - model_.rates().link_latency_s;
-    if (streamed > 0 && link_time > 0) link_rate_.observe(streamed / link_time);
-    const double resident_time = timings.resident_seconds - model_.rates().gpu_latency_s;
-    if (bytes.gpu_resident > 0 && resident_time > 0) resident_rate_.observe(bytes.gpu_resident / resident_time);
+    sample(link_rate_, segment_bytes(plan.gpu_streamed), timings.streamed_seconds, model_.rates().link_latency_s);
+    sample(resident_rate_, bytes.gpu_resident, timings.resident_seconds, model_.rates().gpu_latency_s);
     model_.rates().link_gbps = link_rate_.value() / 1e9;
     model_.rates().hbm_gbps = resident_rate_.value() / 1e9;
   }

@@ -146,7 +146,8 @@ class RooflineModel {
 /// than `outlier_ratio` from the estimate (either way) is held back; once
 /// `confirmations` consecutive samples agree on the same side, the estimate
 /// jumps to their mean (a real drift, such as the CPU slowing down under
-/// expert work), so the plan follows within that many steps.
+/// expert work), so the plan follows within that many samples: the
+/// scheduler takes one per layer (and micro-batch) of a step, not one per step.
 class RateEstimator {
  public:
   explicit RateEstimator(double initial, double weight = 0.3, double outlier_ratio = 1.5, int confirmations = 3);

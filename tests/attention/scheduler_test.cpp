@@ -192,6 +192,28 @@ TEST_F(SchedulerTest, FeedbackKeepsTheCpuComputeLimitUntilTheCpuIsTimed) {
   EXPECT_EQ(scheduler.model().rates().cpu_fma_glanes, 0);  // the measured rate includes the limit
 }
 
+// A share so small that its time is mostly the fixed latency teaches nothing:
+// 0.1 us above a 20 us latency would read as 655 GB/s for one block.
+TEST_F(SchedulerTest, FeedbackIgnoresTimesThatAreMostlyLatency) {
+  auto cache = make_cache(/*vram_blocks=*/0);
+  ModelRates rates = test::synthetic_rates(50, 50);
+  rates.cpu_latency_s = 20e-6;
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(rates), shape_, *cache);
+  SplitPlan one_block;
+  one_block.cpu_resident.push_back(BlockSegment{0, 0, 0, block_tokens, 0});
+  SplitTimings barely;
+  barely.cpu_seconds = 20.1e-6;
+  for (int step = 0; step < 5; ++step) scheduler.observe(one_block, barely);
+  EXPECT_EQ(scheduler.model().rates().cpu_attention_gbps, 50);
+  // A share whose work outweighs the latency is a sample: 40 GB/s moves the estimate by its weight (0.3).
+  SplitPlan many_blocks;
+  many_blocks.cpu_resident.push_back(BlockSegment{0, 0, 0, 64 * block_tokens, 0});
+  SplitTimings timed;
+  timed.cpu_seconds = 20e-6 + 64.0 * static_cast<double>(block_bytes_) / 40e9;
+  scheduler.observe(many_blocks, timed);
+  EXPECT_NEAR(scheduler.model().rates().cpu_attention_gbps, 47, 1e-6);
+}
+
 TEST_F(SchedulerTest, FeedbackFitsTheResidentRateApartFromTheLink) {
   auto cache = make_cache(/*vram_blocks=*/64);
   WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(50, 50)), shape_, *cache);
