@@ -322,12 +322,14 @@ std::uint64_t MoeModel::host_bytes_needed(const ModelConfig& config, const Model
   const VramUse vram = vram_plan(config, options);
   // In a host-only build the "GPU" is the host: its weights, slots and KV live in host memory too.
   const std::uint64_t gpu_side = has_gpu ? 0 : vram.weights + vram.workspace + vram.expert_slots + vram.kv;
-  // Tensors arrive one at a time: the largest (the embeddings or an expert matrix) is held once more.
+  // Tensors arrive one at a time: the largest (the embeddings or an expert
+  // matrix) is held once more, as read from the file (F32 at most: 4 bytes
+  // an element) beside its bf16 copy.
   const std::uint64_t loading =
       std::max<std::uint64_t>(static_cast<std::uint64_t>(config.vocab) * config.hidden,
                               static_cast<std::uint64_t>(config.hidden) *
                                   std::max(config.dense_intermediate, config.expert_intermediate)) *
-      sizeof(bf16);
+      (sizeof(float) + sizeof(bf16));
   return (options.host_experts ? 0 : expert_store_bytes(config)) + options.pinned_kv_budget +
          options.host_kv_budget + pinned_staging_bytes(config, options) + gpu_side + loading;
 }

@@ -481,6 +481,15 @@ TEST(MoeModel, HostMemoryBeyondTheMachineIsAClearErrorBeforeAllocating) {
   const HostUse use = model.host_use();
   EXPECT_GE(MoeModel::host_bytes_needed(tiny, options_with(every_region, mixed_experts())),
             use.total() + (has_gpu ? 0 : model.vram_use().weights + model.vram_use().kv));
+  // Beyond what the model keeps, loading holds its largest tensor (the embeddings here) as an F32 file
+  // gives it and as its bf16 copy.
+  const ModelOptions tiny_options = options_with(every_region, mixed_experts());
+  const VramUse vram = MoeModel::vram_plan(tiny, tiny_options);
+  const std::uint64_t kept = MoeModel::expert_store_bytes(tiny) + tiny_options.pinned_kv_budget +
+                             tiny_options.host_kv_budget + MoeModel::pinned_staging_bytes(tiny, tiny_options) +
+                             (has_gpu ? 0 : vram.weights + vram.workspace + vram.expert_slots + vram.kv);
+  EXPECT_GE(MoeModel::host_bytes_needed(tiny, tiny_options) - kept,
+            static_cast<std::uint64_t>(tiny.vocab) * tiny.hidden * (sizeof(float) + sizeof(bf16)));
 }
 
 // NaN or Inf in a forward pass stops it with an error naming where: the first
