@@ -18,6 +18,7 @@ template <class Scalar>
 WriteScopeScheduler<Scalar>::WriteScopeScheduler(const RooflineModel& model, const AttentionShape& shape,
                                                  const InplaceKVCache<Scalar>& cache, SchedulerOptions options)
     : model_(model),
+      profile_(model.rates()),
       shape_(shape),
       cache_(cache),
       options_(options),
@@ -29,6 +30,8 @@ WriteScopeScheduler<Scalar>::WriteScopeScheduler(const RooflineModel& model, con
       resident_blocks_(static_cast<std::size_t>(cache.shape().layers), 0) {
   if (!(options.resident_headroom > 0 && options.resident_headroom <= 1))
     throw std::invalid_argument("scheduler: resident_headroom must be in (0, 1]");
+  if (!(options.untimed_relaxation >= 0 && options.untimed_relaxation <= 1))
+    throw std::invalid_argument("scheduler: untimed_relaxation must be in [0, 1]");
 }
 
 template <class Scalar>
@@ -150,9 +153,16 @@ void WriteScopeScheduler<Scalar>::observe(const SplitPlan& plan, const SplitTimi
   };
   const StepBytes bytes = bytes_of(plan);
   const double cpu_bytes = bytes.cpu_resident + segment_bytes(plan.cpu_pinned);
-  if (sample(cpu_rate_, cpu_bytes, timings.cpu_seconds, model_.rates().cpu_latency_s)) cpu_timed_ = true;
+  const bool band = !plan.cpu_pinned.empty() || !plan.gpu_streamed.empty();
+  if (sample(cpu_rate_, cpu_bytes, timings.cpu_seconds, model_.rates().cpu_latency_s))
+    cpu_timed_ = true;
+  else if (band && plan.cpu_pinned.empty())
+    cpu_rate_.relax(profile_.cpu_attention_gbps * 1e9, options_.untimed_relaxation);
   if (model_.rates().has_gpu) {
-    sample(link_rate_, segment_bytes(plan.gpu_streamed), timings.streamed_seconds, model_.rates().link_latency_s);
+    if (!sample(link_rate_, segment_bytes(plan.gpu_streamed), timings.streamed_seconds,
+                model_.rates().link_latency_s) &&
+        band && plan.gpu_streamed.empty())
+      link_rate_.relax(profile_.link_gbps * 1e9, options_.untimed_relaxation);
     sample(resident_rate_, bytes.gpu_resident, timings.resident_seconds, model_.rates().gpu_latency_s);
     model_.rates().link_gbps = link_rate_.value() / 1e9;
     model_.rates().hbm_gbps = resident_rate_.value() / 1e9;

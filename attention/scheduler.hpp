@@ -30,6 +30,10 @@ namespace writescope {
 struct SchedulerOptions {
   double resident_headroom = 0.5;  // CpuResident share computed at this fraction of the CPU's rate
   bool feedback = true;            // observe() replaces the profile's rates by measured ones
+  /// Per observe() in which the plan gave a device none of the band (so it
+  /// was not timed): how far its rate moves back towards the profile's. A
+  /// spell of contention then cannot keep it out of the split for good.
+  double untimed_relaxation = 0.05;
 };
 
 template <class Scalar>
@@ -62,6 +66,7 @@ class WriteScopeScheduler {
   double segment_bytes(const std::vector<BlockSegment>& segments) const;
 
   RooflineModel model_;
+  ModelRates profile_;  // the rates as given, before any feedback
   AttentionShape shape_;
   const InplaceKVCache<Scalar>& cache_;
   SchedulerOptions options_;

@@ -152,6 +152,9 @@ class RateEstimator {
  public:
   explicit RateEstimator(double initial, double weight = 0.3, double outlier_ratio = 1.5, int confirmations = 3);
   void observe(double rate);
+  /// Moves the estimate `weight` of the way to `target` (a device left
+  /// untimed drifts back towards its profile).
+  void relax(double target, double weight) { value_ += weight * (target - value_); }
   double value() const noexcept { return value_; }
 
  private:

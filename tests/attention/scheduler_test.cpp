@@ -214,6 +214,47 @@ TEST_F(SchedulerTest, FeedbackIgnoresTimesThatAreMostlyLatency) {
   EXPECT_NEAR(scheduler.model().rates().cpu_attention_gbps, 47, 1e-6);
 }
 
+// Contention that drives the link's estimate so low that the GPU gets none of
+// the band must not keep it out for good: untimed, the link's rate drifts back
+// towards the profile's until the GPU gets a share and is timed again.
+TEST_F(SchedulerTest, AStarvedDeviceIsTimedAgain) {
+  auto cache = make_cache(/*vram_blocks=*/0);
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(50, 50)), shape_, *cache);
+  const int seq = cache->add_sequence();
+  for (int t = 0; t < 256 * block_tokens; t += block_tokens)
+    write(*cache, scheduler, 0, seq, block_tokens, 256 * block_tokens, true);
+  const std::vector<TokenRange> range{{0, 256 * block_tokens}};
+  auto tokens_of = [](const std::vector<BlockSegment>& segments) {
+    double tokens = 0;
+    for (const BlockSegment& s : segments) tokens += s.token_count;
+    return tokens;
+  };
+  const double bytes_per_token = static_cast<double>(block_bytes_) / block_tokens;
+  // One layer's step on a CPU of `cpu_gbps` and a link of `link_gbps`.
+  auto step = [&](double cpu_gbps, double link_gbps) {
+    const SplitPlan plan = scheduler.plan(0, {seq}, range);
+    SplitTimings measured;
+    measured.cpu_seconds = tokens_of(plan.cpu_pinned) * bytes_per_token / (cpu_gbps * 1e9);
+    measured.streamed_seconds = measured.gpu_seconds =
+        tokens_of(plan.gpu_streamed) * bytes_per_token / (link_gbps * 1e9);
+    scheduler.observe(plan, measured);
+    return plan;
+  };
+  for (int i = 0; i < 3; ++i) step(50, 0.01);  // three confirmations of a link at 0.01 GB/s
+  ASSERT_LT(scheduler.model().rates().link_gbps, 0.1);
+  EXPECT_TRUE(step(50, 50).gpu_streamed.empty()) << "the GPU gets none of the band";
+  for (int i = 0; i < 200; ++i) step(50, 50);
+  EXPECT_NEAR(scheduler.model().rates().link_gbps, 50, 2.5);
+  EXPECT_FALSE(step(50, 50).gpu_streamed.empty());
+  // The same for the CPU, whose band share is all it has here (no CpuResident blocks).
+  for (int i = 0; i < 3; ++i) step(0.01, 50);
+  ASSERT_LT(scheduler.model().rates().cpu_attention_gbps, 0.1);
+  EXPECT_TRUE(step(50, 50).cpu_pinned.empty()) << "the CPU gets none of the band";
+  for (int i = 0; i < 200; ++i) step(50, 50);
+  EXPECT_NEAR(scheduler.model().rates().cpu_attention_gbps, 50, 2.5);
+  EXPECT_FALSE(step(50, 50).cpu_pinned.empty());
+}
+
 TEST_F(SchedulerTest, FeedbackFitsTheResidentRateApartFromTheLink) {
   auto cache = make_cache(/*vram_blocks=*/64);
   WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(50, 50)), shape_, *cache);
