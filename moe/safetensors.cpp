@@ -207,7 +207,7 @@ void SafetensorsCheckpoint::add_file(const std::string& file_name) {
                             std::to_string(needed));
     if (!tensors_.emplace(name, info).second)
       throw CheckpointError(where + ": also present in " + tensors_.at(name).file);
-    in_file.emplace_back(info.begin, name);
+    if (info.end > info.begin) in_file.emplace_back(info.begin, name);  // an empty tensor holds no bytes
   }
   // Tensors share no bytes (as the format's reference reader requires): two
   // names over one range would load the same values twice.
