@@ -405,9 +405,9 @@ struct HostMemoryPlan {
 
 /// Bytes of KV that `system`'s write policy fixes in the host pool when
 /// `batch` prompts of `context` tokens are filled as MoeModel fills them
-/// (sequence by sequence, chunks of 4096), planned for `planned_tokens`, with
-/// room in every pool: what a system that spills to both pools wants of its
-/// host pool. Layers decide alike, so one layer is placed on a bookkeeping cache.
+/// (sequence by sequence, chunks of fill_chunk_tokens), planned for
+/// `planned_tokens`, with room in every pool: what a system that spills to
+/// both pools wants of its host pool. Layers decide alike, so one layer is placed on a bookkeeping cache.
 std::uint64_t host_pool_wish(const System& system, const ModelConfig& c, std::uint64_t vram_kv,
                              const BlockGeometry& geometry, int batch, std::int64_t context,
                              std::int64_t planned_tokens) {
@@ -421,8 +421,8 @@ std::uint64_t host_pool_wish(const System& system, const ModelConfig& c, std::ui
   const std::unique_ptr<KVPolicy> policy = system.kv_policy(c.attention(), cache);
   for (int s = 0; s < batch; ++s) {
     const int sequence = cache.add_sequence();
-    for (std::int64_t begin = 0; begin < context; begin += 4096) {
-      const std::int64_t count = std::min<std::int64_t>(4096, context - begin);
+    for (std::int64_t begin = 0; begin < context; begin += MoeModel::fill_chunk_tokens) {
+      const std::int64_t count = std::min(MoeModel::fill_chunk_tokens, context - begin);
       cache.record_append(0, sequence, count,
                           policy->place(0, sequence, count, std::max(planned_tokens, begin + count), false));
     }

@@ -228,11 +228,11 @@ class PlanningModel {
         layer, sequence, tokens, std::max(expected_[sequence], cache_.length(layer, sequence) + tokens), decode);
     cache_.record_append(layer, sequence, tokens, regions);
   }
-  /// MoeModel::fill_context's placement: every layer in chunks of 4096 tokens.
+  /// MoeModel::fill_context's placement: every layer in chunks of MoeModel::fill_chunk_tokens.
   void fill_context(int sequence, std::int64_t tokens) {
     for (int layer = 0; layer < c_.layers; ++layer)
-      for (std::int64_t begin = 0; begin < tokens; begin += 4096)
-        append(layer, sequence, std::min<std::int64_t>(4096, tokens - begin), false);
+      for (std::int64_t begin = 0; begin < tokens; begin += MoeModel::fill_chunk_tokens)
+        append(layer, sequence, std::min(MoeModel::fill_chunk_tokens, tokens - begin), false);
   }
   /// MoeModel::prefill's decisions for a prompt of `tokens`: chunks of
   /// max_rows placed layer by layer, the expert policy seeing their routing.

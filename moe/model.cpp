@@ -1116,7 +1116,7 @@ struct ModelForward {
   void fill(int sequence, std::int64_t tokens, std::uint64_t seed) {
     const Gpu gpu;
     const BlockGeometry& g = cache.geometry();
-    const std::int64_t chunk = std::min<std::int64_t>(tokens, 4096);
+    const std::int64_t chunk = std::min(tokens, MoeModel::fill_chunk_tokens);
     const TokenRows keys("writescope::moe::synthetic_keys", chunk, g.kv_heads, g.key_dim);
     const TokenRows values("writescope::moe::synthetic_values", chunk, g.kv_heads, g.value_dim);
     for (int layer = 0; layer < c.layers; ++layer) {

@@ -213,6 +213,8 @@ class MoeModel {
   /// prefill would place them: a long context for decode measurements, whose
   /// step times do not depend on the values.
   void fill_context(int sequence, std::int64_t tokens, std::uint64_t seed);
+  /// Tokens fill_context places per call of the KV policy (what plans of its placement replay).
+  static constexpr std::int64_t fill_chunk_tokens = 4096;
   /// One decode token for each of `sequences`; returns their logits (batch, vocab).
   std::vector<std::vector<float>> step(const std::vector<int>& sequences, const std::vector<int>& tokens);
 
