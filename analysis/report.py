@@ -15,7 +15,7 @@ import struct
 import sys
 import zlib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import h5py
 import matplotlib
@@ -74,6 +74,14 @@ class Measurements:
     host_bytes: int | None = None
 
 
+# The fields that make a machine setup, as machine_setup_differences (framework/machine.cpp) compares them.
+SETUP_FIELDS = ("cpu_model", "cpu_paths", "cpu_path", "logical_cpus", "host_threads", "openmp_environment",
+                "thread_placement", "memory_bytes", "huge_pages", "dram_read_load_bytes", "gpu_name",
+                "gpu_memory_bytes", "gpu_compute_capability", "kokkos_version", "enabled_exec_spaces", "compiler",
+                "build_type")
+NOT_RECORDED = "(not recorded)"
+
+
 @dataclass(frozen=True)
 class Machine:
     """What a report says of a recorded machine setup (MachineDescription::to_yaml)."""
@@ -81,6 +89,7 @@ class Machine:
     cpu_model: str
     host_threads: str
     gpu_name: str | None  # "": a host-only build; None: not recorded
+    setup: tuple = ()  # ((field, value), ...) over SETUP_FIELDS: runs of one setup compare systems only
 
     def describe(self):
         gpu = ("GPU not recorded" if self.gpu_name is None else
@@ -89,16 +98,23 @@ class Machine:
 
 
 def read_machine(text):
-    """The Machine of a recorded setup's top-level `key: value` lines (literal blocks are skipped)."""
-    fields = {}
+    """The Machine of a recorded setup's top-level `key: value` lines and literal blocks (`key: |`)."""
+    fields, block = {}, None
     for line in text.splitlines():
+        if block is not None and line[:1] in (" ", "\t"):
+            fields[block] = (fields[block] + "\n" if fields[block] else "") + line.strip()
+            continue
+        block = None
         match = re.match(r"([A-Za-z_]\w*):(?: (.*))?$", line)
         if match:
             value = (match.group(2) or "").strip()
             if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
                 value = value[1:-1]
+            elif value in ("|", "|-", "|+"):
+                block, value = match.group(1), ""
             fields[match.group(1)] = value
-    return Machine(fields.get("cpu_model", ""), fields.get("host_threads", ""), fields.get("gpu_name"))
+    return Machine(fields.get("cpu_model", ""), fields.get("host_threads", ""), fields.get("gpu_name"),
+                   tuple((name, fields.get(name, NOT_RECORDED)) for name in SETUP_FIELDS))
 
 
 @dataclass(frozen=True)
@@ -119,11 +135,13 @@ class Run:
     profile: str = ""
     git_revision: str = ""  # the build that wrote the run (the file's where the run does not say)
     machine: Machine | None = None  # the setup that ran it; None where the file does not record one
+    setup_label: str = ""  # "setup N" where the file's runs come from several setups (label_setups)
 
     @property
     def setting(self):
-        """Runs of one setting differ only in system, expert policy, context and repetition."""
-        return (self.model_label, self.batch, self.vram_budget_bytes)
+        """Runs of one setting differ only in system, expert policy, context and repetition: runs of two
+        machine setups are never compared."""
+        return (self.model_label, self.batch, self.vram_budget_bytes, self.setup_label)
 
     @property
     def label(self):
@@ -296,6 +314,19 @@ def read_run(group, file_revision, file_machine):
     )
 
 
+def setup_of(run):
+    return run.machine.setup if run.machine else None
+
+
+def label_setups(runs):
+    """`runs`, each labelled "setup N" (in order of first appearance) where they come from several machine
+    setups (`--allow-different-machine`), so that no setting pairs runs of two setups."""
+    order = list(dict.fromkeys(setup_of(run) for run in runs))
+    if len(order) < 2:
+        return runs
+    return [replace(run, setup_label=f"setup {order.index(setup_of(run)) + 1}") for run in runs]
+
+
 # ---------------------------------------------------------------- checksums
 
 
@@ -378,7 +409,8 @@ def load(path):
             predicted = optional_attribute(root, "predicted", int, 0) == 1
             file_revision = attribute(root, "git_revision", str)
             file_machine = read_machine(attribute(root, "machine", str)) if "machine" in root.attrs else None
-            read = sorted((read_run(group, file_revision, file_machine) for group in intact), key=Run.sort_key)
+            read = sorted(label_setups([read_run(group, file_revision, file_machine) for group in intact]),
+                          key=Run.sort_key)
             kinds = {run.predicted for run in read} | {predicted}
             if len(kinds) > 1:
                 raise InputError(root.name, "mixes predicted runs (`writescope predict`) and measured runs; a "
@@ -550,8 +582,8 @@ def context_label(tokens):
 
 
 def setting_title(setting):
-    label, batch, vram = setting
-    return f"{label}, batch {batch}, VRAM {vram / 2**30:.3g} GiB"
+    label, batch, vram, setup = setting
+    return f"{label}, batch {batch}, VRAM {vram / 2**30:.3g} GiB" + (f", machine {setup}" if setup else "")
 
 
 def file_names(models, prefix):
@@ -943,7 +975,9 @@ def counted(counts):
 def provenance_lines(results):
     """The builds and machine setups that wrote the runs, and a warning where they differ."""
     revisions = Counter(run.git_revision for run in results.runs) or Counter({results.git_revision: 0})
-    machines = Counter(run.machine.describe() for run in results.runs if run.machine is not None)
+    setups = {}  # {label: [machine or None, runs]}, in order of first appearance
+    for run in results.runs:
+        setups.setdefault(run.setup_label, [run.machine, 0])[1] += 1
     if len(revisions) == 1:
         lines = [f"- Git revision: `{next(iter(revisions))}`"]
     else:
@@ -952,11 +986,18 @@ def provenance_lines(results):
     if any(revision.endswith("-dirty") for revision in revisions):
         lines.append("- **Built from a modified tree** (`-dirty`): the revision alone does not rebuild these "
                      "binaries.")
-    if len(machines) == 1:
-        lines.append(f"- Machine: {next(iter(machines))}")
-    elif machines:
-        lines.append(f"- **Runs of {len(machines)} machine setups** (`--allow-different-machine`): "
-                     f"{counted(machines)}")
+    if len(setups) == 1:
+        machine = next(iter(setups.values()))[0]
+        if machine is not None:
+            lines.append(f"- Machine: {machine.describe()}")
+    elif setups:
+        described = "; ".join(f"{label}: `{machine.describe() if machine else 'not recorded'}` ({n} runs)"
+                              for label, (machine, n) in setups.items())
+        recorded = [dict(machine.setup) for machine, _ in setups.values() if machine is not None]
+        differing = [name for name in SETUP_FIELDS if len({m.get(name) for m in recorded}) > 1]
+        lines.append(f"- **Runs of {len(setups)} machine setups** (`--allow-different-machine`): {described}"
+                     + (f"; they differ in {', '.join(f'`{name}`' for name in differing)}" if differing else "")
+                     + ". Every figure and table compares runs of one setup only.")
     return lines
 
 

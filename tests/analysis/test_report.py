@@ -514,6 +514,39 @@ class Provenance(unittest.TestCase):
                       markdown)
 
 
+    def test_runs_of_two_setups_are_never_compared(self):
+        """A merge with --allow-different-machine can hold WriteScope's runs from one setup and the baselines'
+        from another (here a Debug against a Release build): no speedup pairs them."""
+        release = 'cpu_model: Test CPU\nhost_threads: 16\ngpu_name: NVIDIA H200\nbuild_type: Release\n'
+
+        def edit(root):
+            root.attrs["machine"] = release
+            for name, group in root["runs"].items():
+                if group.attrs["system"] == "writescope":
+                    group.attrs["machine"] = release.replace("Release", "Debug")
+        markdown = self.report_of(edit)
+        writescope_runs = sum(spec["system"] == "writescope" for spec in run_specs())
+        self.assertIn("**Runs of 2 machine setups**", markdown)
+        self.assertIn(f"setup 1: `Test CPU, 16 host threads, GPU NVIDIA H200` ({writescope_runs} runs); setup 2: "
+                      f"`Test CPU, 16 host threads, GPU NVIDIA H200` ({len(run_specs()) - writescope_runs} runs)",
+                      markdown)
+        self.assertIn("they differ in `build_type`. Every figure and table compares runs of one setup only.",
+                      markdown)
+        spec = importlib.util.spec_from_file_location("report", REPORT)
+        report = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(report)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "results.h5")
+            write_results(path, run_specs())
+            with h5py.File(path, "r+") as root:
+                edit(root)
+            runs = report.load(path).runs
+        rows = report.geomean_rows(runs, 0)
+        self.assertTrue(rows)
+        for model, subject, baseline, mean, points, _ in rows:
+            self.assertEqual((subject, mean, points), ("writescope", None, 0), (model, baseline))
+
+
 class InvalidInput(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
