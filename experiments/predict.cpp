@@ -512,33 +512,29 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
   // Every profile's runs first: a profile that cannot price the experiment fails before any file is written.
   std::vector<std::vector<RunSpec>> runs_of;
   for (const MachineProfile& profile : profiles) runs_of.push_back(expand_runs(config, profile));
-  std::filesystem::remove(output);  // an earlier projection, if any
   if (const auto parent = std::filesystem::path(output).parent_path(); !parent.empty())
     std::filesystem::create_directories(parent);
   const std::string machine_yaml = MachineDescription::detect().to_yaml();
   ResultsStore store(output);
-  {
-    auto txn = store.begin();
-    ResultsGroup root = txn.root();
-    impl::write_experiment_attributes(root, config, profiles.front(), machine_yaml, Shard{});
-    root.set_attribute("predicted", std::int64_t{1});
-    ResultsGroup all = root.create_group("profiles");
-    for (const MachineProfile& p : profiles) {
-      ResultsGroup g = all.create_group(group_name(p.name));
-      g.set_attribute("name", p.name);
-      g.set_attribute("yaml", p.to_yaml());
-    }
-    txn.commit();
+  // One transaction replaces an earlier projection whole: until the commit the
+  // file keeps it (a failure or a kill loses nothing), and a commit rewrites
+  // the whole file anyway.
+  auto txn = store.begin_replacement();
+  ResultsGroup root = txn.root();
+  impl::write_experiment_attributes(root, config, profiles.front(), machine_yaml, Shard{});
+  root.set_attribute("predicted", std::int64_t{1});
+  ResultsGroup all = root.create_group("profiles");
+  for (const MachineProfile& p : profiles) {
+    ResultsGroup g = all.create_group(group_name(p.name));
+    g.set_attribute("name", p.name);
+    g.set_attribute("yaml", p.to_yaml());
   }
+  ResultsGroup runs_group = root.open_group("runs");
   ExperimentSummary summary;
   for (std::size_t p = 0; p < profiles.size(); ++p) {
     const MachineProfile& profile = profiles[p];
     const std::vector<RunSpec>& runs = runs_of[p];
     progress << "predict: " << profile.name << ": " << runs.size() << " runs" << std::endl;
-    // One transaction per profile: a commit rewrites the whole file, and a
-    // projection's runs cost milliseconds each.
-    auto txn = store.begin();
-    ResultsGroup runs_group = txn.root().open_group("runs");
     auto last_report = std::chrono::steady_clock::now();
     for (std::size_t i = 0; i < runs.size(); ++i) {
       const RunSpec& run = runs[i];
@@ -557,8 +553,8 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
         last_report = now;
       }
     }
-    txn.commit();
   }
+  txn.commit();
   progress << "predict: " << summary.complete << " runs predicted, " << summary.did_not_fit << " do not fit, "
            << summary.failed << " failed; wrote " << output << " (projected, not measured)" << std::endl;
   return summary;

@@ -578,6 +578,13 @@ ResultsTransaction ResultsStore::begin() {
   return ResultsTransaction(path_, image, static_cast<unsigned>(status.st_mode & 07777));
 }
 
+ResultsTransaction ResultsStore::begin_replacement() {
+  struct stat status {};
+  if (::stat(path_.c_str(), &status) != 0)
+    throw ResultsError(path_ + ": cannot read the results file: " + std::strerror(errno));
+  return ResultsTransaction(path_, std::string(), static_cast<unsigned>(status.st_mode & 07777));
+}
+
 // --------------------------------------------------------------- ResultsReader
 
 ResultsReader::ResultsReader(const std::string& path) : path_(path) {

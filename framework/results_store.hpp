@@ -114,6 +114,9 @@ class ResultsStore {
   bool contains(const std::string& group) const;
   /// Starts a transaction on a copy of the committed file. One at a time.
   ResultsTransaction begin();
+  /// Starts a transaction on an empty file: its commit replaces the whole
+  /// file, which keeps what it held until then.
+  ResultsTransaction begin_replacement();
 
  private:
   std::string path_;

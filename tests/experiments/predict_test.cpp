@@ -266,7 +266,7 @@ class PredictFileTest : public ::testing::Test {
     const std::string yaml = "name: projected\noutput: " + (dir_ / "measured.h5").string() +
                              "\nprofile: test\nmodels:\n  - {preset: tiny-mixtral}\n"
                              "systems: [ktransformers, writescope, gpu-only]\n"
-                             "batch_sizes: [2]\ncontexts: [24, 400]\n"
+                             "batch_sizes: [2]\ncontexts: [24, 400]\nmax_sequence_tokens: 404\n"
                              "budgets: {vram: [4MiB, 12MiB], pinned: 8MiB, host: 24MiB}\n"
                              "steps: {warmup: 1, measured: 3}\nblock_tokens: 8\n";
     return ExperimentConfig::from_config(ConfigNode::parse(yaml, "projected.yaml"));
@@ -299,6 +299,21 @@ TEST_F(PredictFileTest, WritesEveryRunOfEveryProfileMarkedPredicted) {
   }
   EXPECT_EQ(per_profile["test"], per_profile["slow-link"]);
   EXPECT_NE(progress.str().find("projected, not measured"), std::string::npos);
+
+  // A projection that cannot be written keeps the earlier one; one that can
+  // replaces it whole, as a fresh file holds it.
+  const std::string both = ResultsReader(output).checksum("/runs");
+  {
+    const ResultsStore writer(output);
+    EXPECT_THROW(predict_experiment(config(), {round_profile()}, output, progress), ResultsError);
+  }
+  EXPECT_EQ(ResultsReader(output).checksum("/runs"), both);
+  predict_experiment(config(), {round_profile()}, output, progress);
+  const std::string fresh = (dir_ / "fresh.h5").string();
+  predict_experiment(config(), {round_profile()}, fresh, progress);
+  EXPECT_EQ(ResultsReader(output).list("/profiles"), std::vector<std::string>{"test"});
+  EXPECT_EQ(ResultsReader(output).list("/runs").size(), runs.size() / 2);
+  EXPECT_EQ(fs::file_size(output), fs::file_size(fresh));
 }
 
 TEST_F(PredictFileTest, NeverOverwritesMeasuredRunsAndComparesOnlyMeasuredOnes) {
@@ -346,7 +361,7 @@ TEST_F(PredictFileTest, ComparesEveryMeasuredRunWithTheCpuOfAnotherProfile) {
   ExperimentConfig automatic = ExperimentConfig::from_config(ConfigNode::parse(
       "name: projected\noutput: " + (dir_ / "measured.h5").string() +
           "\nprofile: test\nmodels:\n  - {preset: tiny-mixtral}\nsystems: [ktransformers, writescope]\n"
-          "batch_sizes: [2]\ncontexts: [24]\nbudgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
+          "batch_sizes: [2]\ncontexts: [24]\nmax_sequence_tokens: 28\nbudgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
           "steps: {warmup: 1, measured: 3}\nblock_tokens: 8\noptions: {writescope_experts: auto}\n",
       "auto.yaml"));
   MachineProfile fast_cpu = round_profile();

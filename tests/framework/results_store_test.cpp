@@ -90,6 +90,27 @@ TEST_F(ResultsStoreTest, UncommittedTransactionChangesNothing) {
   EXPECT_FALSE(fs::exists(path_ + ".partial"));
 }
 
+// A replacement starts from an empty file: until its commit the file keeps
+// what it held, after it holds only what the replacement wrote.
+TEST_F(ResultsStoreTest, AReplacementKeepsTheFileUntilItCommits) {
+  ResultsStore store(path_);
+  {
+    auto txn = store.begin();
+    txn.root().create_group("earlier").write("x", std::vector<double>{1.0});
+    txn.commit();
+  }
+  {
+    auto txn = store.begin_replacement();
+    txn.root().create_group("dropped");
+  }
+  EXPECT_EQ(store.groups(), std::vector<std::string>{"earlier"});
+  auto txn = store.begin_replacement();
+  txn.root().create_group("later").write("x", std::vector<double>{2.0});
+  txn.commit();
+  EXPECT_EQ(store.groups(), std::vector<std::string>{"later"});
+  EXPECT_EQ(ResultsReader(path_).read<double>("/later/x"), std::vector<double>{2.0});
+}
+
 TEST_F(ResultsStoreTest, ReopeningAppendsToEarlierResults) {
   {
     ResultsStore store(path_);
