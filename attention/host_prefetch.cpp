@@ -48,6 +48,7 @@ class ProbingPins {
 
 constexpr char environment_variable[] = "WRITESCOPE_NEXT_PASS_PREFETCH";
 constexpr char pass_environment_variable[] = "WRITESCOPE_TOKEN_MAJOR_PASS";
+constexpr char head_pass_environment_variable[] = "WRITESCOPE_HEAD_MAJOR_PASS";
 
 /// `variable`'s value parsed by `parse` (as an int), or unpinned.
 template <class Parse>
@@ -62,6 +63,10 @@ int from_environment(const char* variable, Parse parse) {
 }
 int level_from_environment() { return from_environment(environment_variable, parse_prefetch_level); }
 int pass_from_environment() { return from_environment(pass_environment_variable, parse_token_major_pass); }
+int head_pass_from_environment() {
+  return from_environment(head_pass_environment_variable,
+                          [](const std::string& tokens) { return parse_pass_length(tokens, "head-major pass"); });
+}
 
 /// The probes' KV: bf16 values of a few bits in [-0.5, 0.5) (softmax weights
 /// of every size), filled once and shared by the probes that run while one is
@@ -423,14 +428,20 @@ void set_next_pass_prefetch(PrefetchLevel level) { pinned = static_cast<int>(lev
 int active_head_major_pass(const AttentionShape& shape) {
   if (!takes_level(decode_product_path(shape, BlockOrder::head_major), shape)) return 0;
   if (probing.pass != unpinned) return probing.pass;
+  if (const int tokens = head_pass_from_environment(); tokens != unpinned) return tokens;
   const PrefetchLevel level = active_next_pass_prefetch(shape);
   return next_pass_prefetch_measurement(shape).pass_for[static_cast<int>(level)];
 }
 
 std::string describe_next_pass_prefetch(const AttentionShape& shape) {
   const std::string level = prefetch_level_name(active_next_pass_prefetch(shape));
-  if (pinned.load() != unpinned) return level + " (pinned)";
-  if (level_from_environment() != unpinned) return level + " (" + environment_variable + ")";
+  std::string passes;  // where the variable pins the head-major passes
+  if (head_pass_from_environment() != unpinned && active_head_major_pass(shape) > 0)
+    passes = ", passes of " + std::to_string(active_head_major_pass(shape)) + " tokens (" +
+             head_pass_environment_variable + ")";
+  if (pinned.load() != unpinned) return level + " (pinned)" + passes;
+  if (level_from_environment() != unpinned) return level + " (" + environment_variable + ")" + passes;
+  if (!passes.empty()) return level + " (measured)" + passes;
   const NextPassPrefetchMeasurement& m = next_pass_prefetch_measurement(shape);
   if (!m.measured) return level + " (" + m.probe + " on " + m.path + " does not request the next pass by level)";
   std::ostringstream out = measured_on(m);
@@ -450,14 +461,16 @@ ScopedNextPassPrefetch::ScopedNextPassPrefetch(PrefetchLevel level) : previous_(
 
 ScopedNextPassPrefetch::~ScopedNextPassPrefetch() { pinned = previous_; }
 
-int parse_token_major_pass(const std::string& tokens) {
+int parse_pass_length(const std::string& tokens, const std::string& what) {
   std::string known;
   for (const int length : pass_lengths) {
     if (tokens == std::to_string(length)) return length;
     known += (known.empty() ? "" : ", ") + std::to_string(length);
   }
-  throw std::invalid_argument("unknown token-major pass '" + tokens + "' (known: " + known + ")");
+  throw std::invalid_argument("unknown " + what + " '" + tokens + "' (known: " + known + ")");
 }
+
+int parse_token_major_pass(const std::string& tokens) { return parse_pass_length(tokens, "token-major pass"); }
 
 int fastest_pass(const std::array<double, pass_lengths.size()>& ms, int rule) {
   std::size_t fastest = 0, at_rule = 0;

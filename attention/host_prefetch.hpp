@@ -9,7 +9,8 @@
 //    32, 64 and 128 tokens, and the head-major passes take the length
 //    measured with the level taken (Zen 5: L1 with 32 tokens, where a pass and
 //    the next fit L1, led Mixtral by 10-25%). Pinned with
-//    set_next_pass_prefetch or WRITESCOPE_NEXT_PASS_PREFETCH ("l1" or "l2").
+//    set_next_pass_prefetch or WRITESCOPE_NEXT_PASS_PREFETCH ("l1" or "l2"),
+//    the passes with WRITESCOPE_HEAD_MAJOR_PASS (32, 64 or 128).
 //  - the tokens per pass over token-major blocks whose rows several KV heads
 //    share (GQA CpuStreamed): Zen 4 read Qwen3 fastest in passes of 64 tokens
 //    (128 KiB), Zen 5 in passes of 32 (64 KiB), 5-17% ahead of 64. Pinned
@@ -107,8 +108,10 @@ PrefetchLevel active_next_pass_prefetch(const AttentionShape& shape);
 /// Pins the level for the process (every shape).
 void set_next_pass_prefetch(PrefetchLevel level);
 /// The tokens per pass host decode attention of `shape` takes over head-major
-/// blocks now: the length measured with the active level (pass_for); 0 where
-/// the products do not request the next pass by level (impl::honours_next_pass_level).
+/// blocks now: WRITESCOPE_HEAD_MAJOR_PASS (32, 64 or 128; calibrate's
+/// processes for other thread counts take the parent's), else the length
+/// measured with the active level (pass_for); 0 where the products do not
+/// request the next pass by level (impl::honours_next_pass_level).
 int active_head_major_pass(const AttentionShape& shape);
 /// One line for results and `writescope info`: the shape's level (and, where
 /// measured, its head-major pass) and where they came from, e.g. "l1, passes
@@ -131,7 +134,9 @@ class ScopedNextPassPrefetch {
 };
 
 /// "32", "64", "128" to a length of pass_lengths; throws
-/// std::invalid_argument naming the valid ones.
+/// std::invalid_argument naming `what` ("unknown <what> '7'") and the valid ones.
+int parse_pass_length(const std::string& tokens, const std::string& what);
+/// parse_pass_length of a token-major pass.
 int parse_token_major_pass(const std::string& tokens);
 
 /// The measurement behind the token-major pass of one attention shape

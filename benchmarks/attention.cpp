@@ -100,7 +100,7 @@ void decode(benchmark::State& state, const AttentionShape& shape, Region region,
     state.counters["GB/s"] = gbps;
     state.counters["bound_GB/s"] = bound_gbps;
     state.counters["fraction_of_bound"] = gbps / bound_gbps;
-    state.counters["threads"] = space.concurrency();
+    if constexpr (std::is_same_v<ExecSpace, HostExecSpace>) state.counters["threads"] = space.concurrency();
     state.counters["kv_copies"] = copies;
     return gbps;
   };
@@ -219,14 +219,42 @@ WRITESCOPE_DECODE_BENCHMARK(cpu_decode, deepseek_mla_cpu_resident, deepseek_v2_l
 WRITESCOPE_DECODE_BENCHMARK(cpu_decode, deepseek_mla_cpu_streamed, deepseek_v2_lite_mla_attention(),
                             Region::cpu_streamed);
 
-/// Mean step time of `plan` over `runs` runs.
-double mean_step_seconds(SplitDecode<bf16>& split, const InplaceKVCache<bf16>& cache, const SplitPlan& plan,
-                         const Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace>& queries,
-                         const PartialState<GpuMemSpace>& out, int runs) {
-  double total = 0;
-  for (int r = 0; r < runs; ++r) total += split.run(cache, queries, plan, out).step_seconds;
-  return total / runs;
-}
+/// Split steps over copies of one band taken in turn (rotated_caches), so that
+/// every step reads its KV from DRAM: `plan_of(blocks)` splits a copy's blocks.
+class RotatedSplitSteps {
+ public:
+  RotatedSplitSteps(const AttentionShape& shape, std::int64_t tokens, SplitDecode<bf16>& split)
+      : rotated_(rotated_caches(shape, Region::gpu_streamed, tokens)),
+        split_(split),
+        queries_("writescope::benchmarks::queries", 1, shape.q_heads, shape.key_dim),
+        out_("writescope::benchmarks::split_out", 1, shape.q_heads, shape.value_dim) {
+    Kokkos::deep_copy(queries_, 0.05f);
+  }
+  /// Every copy's blocks, in order (the copies are alike).
+  const std::vector<BlockSegment>& blocks() const { return rotated_.segments.front(); }
+  int copies() const { return rotated_.copies(); }
+  double block_bytes() const { return static_cast<double>(rotated_.caches.front()->block_bytes()); }
+
+  template <class PlanOf>
+  SplitTimings run(PlanOf plan_of) {
+    const int copy = next_++ % rotated_.copies();
+    return split_.run(*rotated_.caches[copy], queries_, plan_of(rotated_.segments[copy]), out_);
+  }
+  /// Mean step time over `runs` runs.
+  template <class PlanOf>
+  double mean_step_seconds(PlanOf plan_of, int runs) {
+    double total = 0;
+    for (int r = 0; r < runs; ++r) total += run(plan_of).step_seconds;
+    return total / runs;
+  }
+
+ private:
+  RotatedCaches rotated_;
+  SplitDecode<bf16>& split_;
+  Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> queries_;
+  PartialState<GpuMemSpace> out_;
+  int next_ = 0;
+};
 
 /// One step split at a CPU share of range(1) percent over a sequence whose
 /// blocks all sit in the movable band (pinned): the GPU streams the first
@@ -234,51 +262,56 @@ double mean_step_seconds(SplitDecode<bf16>& split, const InplaceKVCache<bf16>& c
 /// (one after the other on host-only builds, where both shares use the host).
 /// The bound is the sum of the two paths' rates, each measured alone over the
 /// whole band in this process: the split's ideal is both paths at full speed.
+/// Every step reads the next of copies of the band adding up to 512 MiB.
 void split_decode(benchmark::State& state, AttentionShape shape) {
   const std::int64_t tokens = state.range(0);
   const double cpu_share = static_cast<double>(state.range(1)) / 100.0;
-  const auto cache = filled_cache(shape, Region::gpu_streamed, tokens);
-  const auto blocks = cache->segments(0, Region::gpu_streamed, {0}, {TokenRange{0, tokens}});
-  const auto cut = static_cast<std::ptrdiff_t>(std::llround((1.0 - cpu_share) * static_cast<double>(blocks.size())));
-  SplitPlan plan;
-  plan.gpu_streamed.assign(blocks.begin(), blocks.begin() + cut);
-  plan.cpu_pinned.assign(blocks.begin() + cut, blocks.end());
-  Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> queries("writescope::benchmarks::queries", 1,
-                                                                    shape.q_heads, shape.key_dim);
-  Kokkos::deep_copy(queries, 0.05f);
-  PartialState<GpuMemSpace> out("writescope::benchmarks::split_out", 1, shape.q_heads, shape.value_dim);
-  SplitDecode<bf16> split(shape, cache->geometry(), 1, 16);
+  SplitDecode<bf16> split(shape, shape.block_geometry(calibration_block_tokens), 1, 16);
+  RotatedSplitSteps steps(shape, tokens, split);
+  const auto cut =
+      static_cast<std::ptrdiff_t>(std::llround((1.0 - cpu_share) * static_cast<double>(steps.blocks().size())));
+  const auto split_at_cut = [cut](const std::vector<BlockSegment>& blocks) {
+    SplitPlan plan;
+    plan.gpu_streamed.assign(blocks.begin(), blocks.begin() + cut);
+    plan.cpu_pinned.assign(blocks.begin() + cut, blocks.end());
+    return plan;
+  };
   const double kv_bytes = bench::kv_bytes(shape, tokens);
   // Each path alone over the whole band (warm-up run first).
-  SplitPlan gpu_alone, cpu_alone;
-  gpu_alone.gpu_streamed = blocks;
-  cpu_alone.cpu_pinned = blocks;
+  const auto gpu_alone = [](const std::vector<BlockSegment>& blocks) {
+    SplitPlan plan;
+    plan.gpu_streamed = blocks;
+    return plan;
+  };
+  const auto cpu_alone = [](const std::vector<BlockSegment>& blocks) {
+    SplitPlan plan;
+    plan.cpu_pinned = blocks;
+    return plan;
+  };
   constexpr int alone_runs = 5;
-  mean_step_seconds(split, *cache, gpu_alone, queries, out, 1);
-  const double gpu_path_alone_gbps =
-      kv_bytes / mean_step_seconds(split, *cache, gpu_alone, queries, out, alone_runs) / 1e9;
-  mean_step_seconds(split, *cache, cpu_alone, queries, out, 1);
-  const double cpu_path_alone_gbps =
-      kv_bytes / mean_step_seconds(split, *cache, cpu_alone, queries, out, alone_runs) / 1e9;
+  steps.mean_step_seconds(gpu_alone, 1);
+  const double gpu_path_alone_gbps = kv_bytes / steps.mean_step_seconds(gpu_alone, alone_runs) / 1e9;
+  steps.mean_step_seconds(cpu_alone, 1);
+  const double cpu_path_alone_gbps = kv_bytes / steps.mean_step_seconds(cpu_alone, alone_runs) / 1e9;
 
-  split.run(*cache, queries, plan, out);  // warm-up: workspaces
+  steps.run(split_at_cut);  // warm-up: workspaces
   double total = 0, gpu = 0, cpu = 0;
   for (auto _ : state) {
-    const SplitTimings t = split.run(*cache, queries, plan, out);
+    const SplitTimings t = steps.run(split_at_cut);
     state.SetIterationTime(t.step_seconds);
     total += t.step_seconds;
     gpu += t.gpu_seconds;
     cpu += t.cpu_seconds;
   }
-  const double block_bytes = static_cast<double>(cache->block_bytes());
   const double n = static_cast<double>(state.iterations());
   const double gbps = kv_bytes * n / total / 1e9;
+  const auto gpu_blocks = static_cast<double>(cut);
+  const auto cpu_blocks = static_cast<double>(steps.blocks().size()) - gpu_blocks;
   state.counters["cpu_share"] = cpu_share;
   state.counters["GB/s"] = gbps;
-  if (!plan.gpu_streamed.empty())
-    state.counters["gpu_path_GB/s"] = block_bytes * static_cast<double>(plan.gpu_streamed.size()) * n / gpu / 1e9;
-  if (!plan.cpu_pinned.empty())
-    state.counters["cpu_path_GB/s"] = block_bytes * static_cast<double>(plan.cpu_pinned.size()) * n / cpu / 1e9;
+  if (gpu_blocks > 0) state.counters["gpu_path_GB/s"] = steps.block_bytes() * gpu_blocks * n / gpu / 1e9;
+  if (cpu_blocks > 0) state.counters["cpu_path_GB/s"] = steps.block_bytes() * cpu_blocks * n / cpu / 1e9;
+  state.counters["kv_copies"] = steps.copies();
   state.counters["gpu_path_alone_GB/s"] = gpu_path_alone_gbps;
   state.counters["cpu_path_alone_GB/s"] = cpu_path_alone_gbps;
   state.counters["sum_bound_GB/s"] = gpu_path_alone_gbps + cpu_path_alone_gbps;

@@ -61,13 +61,13 @@ double report(benchmark::State& state, double total_seconds, double streamed_byt
 }
 
 /// report()'s counters and the roofline of a layer on `path`: the compute
-/// bound (the measured peak of the path's fp32 FMA over the layer's
-/// `multiply_adds_per_byte` of weights), GB/s over min(DRAM, that), and the
-/// same against the rates `sampler` sampled.
+/// bound (the measured peak of the product it runs there, linear_product_path,
+/// over the layer's `multiply_adds_per_byte` of weights), GB/s over min(DRAM,
+/// that), and the same against the rates `sampler` sampled.
 void report_roofline(benchmark::State& state, double total_seconds, double bytes, CpuPath path,
                      double multiply_adds_per_byte, const HostRateSampler& sampler) {
   const double dram = report(state, total_seconds, bytes, bytes);
-  const double compute_bound = measure_host_fp32_fma_gmacs(path) / multiply_adds_per_byte;
+  const double compute_bound = measure_host_product_gmacs(linear_product_path(path)) / multiply_adds_per_byte;
   const double gbps = state.counters["GB/s"];
   state.counters["compute_bound_GB/s"] = compute_bound;
   state.counters["fraction_of_roofline"] = gbps / std::min(compute_bound, dram);
@@ -78,27 +78,38 @@ void report_roofline(benchmark::State& state, double total_seconds, double bytes
 /// streams its weights from DRAM (see attention.cpp).
 constexpr double rotated_weight_bytes = 512.0 * (1 << 20);
 
+/// Copies of one (out, in) matrix of weights() adding up to at least
+/// rotated_weight_bytes, for the iterations to take in turn.
+template <class Scalar>
+std::vector<Kokkos::View<Scalar**, Kokkos::LayoutRight, HostMemSpace>> rotated_weights(int out, int in) {
+  const int copies =
+      static_cast<int>(std::ceil(rotated_weight_bytes / (static_cast<double>(out) * in * sizeof(Scalar))));
+  std::vector<Kokkos::View<Scalar**, Kokkos::LayoutRight, HostMemSpace>> w{weights<Scalar>(out, in)};
+  for (int c = 1; c < copies; ++c) {
+    w.push_back(advised_weights<Scalar>(out, in));
+    Kokkos::deep_copy(w.back(), w.front());
+  }
+  return w;
+}
+
 /// range(0) = rows (batch), range(1) = out features, range(2) = in features.
 void bf16_linear(benchmark::State& state) {
   const int rows = static_cast<int>(state.range(0)), out = static_cast<int>(state.range(1)),
             in = static_cast<int>(state.range(2));
   const double weight_bytes = 2.0 * out * in;
-  const int copies = static_cast<int>(std::ceil(rotated_weight_bytes / weight_bytes));
-  std::vector<Kokkos::View<bf16**, Kokkos::LayoutRight, HostMemSpace>> w{weights<bf16>(out, in)};
-  for (int c = 1; c < copies; ++c) {
-    w.push_back(advised_weights<bf16>(out, in));
-    Kokkos::deep_copy(w.back(), w.front());
-  }
+  const auto w = rotated_weights<bf16>(out, in);
+  const int copies = static_cast<int>(w.size());
   Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> x("writescope::benchmarks::x", rows, in),
       y("writescope::benchmarks::y", rows, out);
   Kokkos::deep_copy(x, 0.5f);
-  // The multiply-add peak of the fp32 FMA the layer runs on its path (16-lane
-  // AVX-512F on both AVX-512 paths), measured, over its multiply-adds per weight byte
-  // (rows / 2). Not derived from vdpbf16ps: on Zen 4/5 that runs twice the
-  // multiply-adds of the 16-lane FMA, on the Intel hosts measured half.
+  // The multiply-add peak of the product the layer runs on its path (16-lane
+  // AVX-512F on both AVX-512 paths, tiles on amx_bf16), measured, over its
+  // multiply-adds per weight byte (rows / 2). Not derived from vdpbf16ps: on
+  // Zen 4/5 that runs twice the multiply-adds of the 16-lane FMA, on the
+  // Intel hosts measured half.
   const CpuPath path = impl::linear_path(active_cpu_path(), rows, in, true);
   state.SetLabel(cpu_path_name(path));
-  HostRateSampler sampler(fp32_fma_path(path));
+  HostRateSampler sampler(linear_product_path(path));
   int next = 0;
   const double total = bench::run_sampled_iterations(
       state, HostExecSpace(),
@@ -111,14 +122,16 @@ void bf16_linear(benchmark::State& state) {
 void openblas_float_linear(benchmark::State& state) {
   const int rows = static_cast<int>(state.range(0)), out = static_cast<int>(state.range(1)),
             in = static_cast<int>(state.range(2));
-  const auto w = weights<float>(out, in);
+  const auto w = rotated_weights<float>(out, in);
   Kokkos::View<float**, Kokkos::LayoutRight, HostMemSpace> x("writescope::benchmarks::x", rows, in),
       y("writescope::benchmarks::y", rows, out);
   Kokkos::deep_copy(x, 0.5f);
+  std::size_t next = 0;
   const double total = bench::run_fenced_iterations(state, HostExecSpace(), [&](const HostExecSpace&) {
-    KokkosBlas::gemm("N", "T", 1.0f, x, w, 0.0f, y);
+    KokkosBlas::gemm("N", "T", 1.0f, x, w[next++ % w.size()], 0.0f, y);
   });
   report(state, total, 4.0 * out * in, 2.0 * out * in);
+  state.counters["weight_copies"] = static_cast<double>(w.size());
 }
 
 /// The experts of cpu_experts and gpu_experts: range(0) tokens of Qwen3's
@@ -223,7 +236,7 @@ void cpu_experts(benchmark::State& state, bool qwen3) {
   ExpertRunner<HostExecSpace, bf16> runner;
   const CpuPath path = impl::linear_path(active_cpu_path(), tokens, hidden, true);
   state.SetLabel(cpu_path_name(path));
-  HostRateSampler sampler(fp32_fma_path(path));
+  HostRateSampler sampler(linear_product_path(path));
   int next = 0;
   const double total = bench::run_sampled_iterations(
       state, HostExecSpace(),

@@ -1,5 +1,6 @@
 #include "experiments/calibration.hpp"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -121,12 +122,12 @@ namespace {
 constexpr int fma_chains = impl::peak_chains;
 constexpr std::int64_t fma_iterations = 20'000'000;
 
+#if defined(__AVX2__) && defined(__FMA__)
 /// Per thread: iterations x fma_chains vector FMAs kept in registers.
 struct FmaChains {
   float seed;
   std::int64_t iterations;
   void operator()(int, float& sink) const {
-#if defined(__AVX2__) && defined(__FMA__)
     __m256 acc[fma_chains];
     for (int c = 0; c < fma_chains; ++c) acc[c] = _mm256_set1_ps(seed + c);
     const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
@@ -139,15 +140,9 @@ struct FmaChains {
       for (float lane : lanes) total += lane;
     }
     sink += total;
-#else
-    float acc[fma_chains];
-    for (int c = 0; c < fma_chains; ++c) acc[c] = seed + c;
-    for (std::int64_t i = 0; i < iterations; ++i)
-      for (int c = 0; c < fma_chains; ++c) acc[c] = acc[c] * 0.999999f + 1e-7f;
-    for (float a : acc) sink += a;
-#endif
   }
 };
+#endif
 
 /// Per thread, scalar: iterations / 8 x fma_chains dependent scalar FMAs.
 struct ScalarFmaChains {
@@ -256,6 +251,8 @@ double best_product_gmacs(CpuPath path) {
 }  // namespace
 
 CpuPath fp32_fma_path(CpuPath path) { return path >= CpuPath::avx512_fma ? CpuPath::avx512_fma : path; }
+
+CpuPath linear_product_path(CpuPath path) { return path == CpuPath::amx_bf16 ? path : fp32_fma_path(path); }
 
 double measure_host_fp32_fma_gmacs(CpuPath path) { return best_product_gmacs(fp32_fma_path(path)); }
 
@@ -465,6 +462,8 @@ double decode_kv_bytes(const AttentionShape& shape, std::int64_t tokens) {
 }  // namespace
 
 RotatedCaches rotated_caches(const AttentionShape& shape, Region region, std::int64_t tokens) {
+  if (tokens < 1)
+    throw std::invalid_argument("rotated_caches: tokens must be positive, got " + std::to_string(tokens));
   constexpr double rotated_bytes = 512.0 * (1 << 20);
   // At most 64 copies: short sequences (a quick calibration) stay quick and still exceed the LLC.
   const int copies = std::min(64, static_cast<int>(std::ceil(rotated_bytes / decode_kv_bytes(shape, tokens))));
@@ -510,6 +509,17 @@ double measure_cpu_attention_gbps(const AttentionShape& shape, std::int64_t toke
                                                           &InplaceKVCache<bf16>::host_pool);
 }
 
+std::string cpu_attention_child_command(const std::string& executable, const AttentionShape& shape, int threads,
+                                        std::int64_t tokens) {
+  std::ostringstream command;
+  command << "OMP_NUM_THREADS=" << threads << " OMP_PROC_BIND=spread OMP_PLACES=threads WRITESCOPE_CPU_PATH="
+          << cpu_path_name(active_decode_cpu_path(shape, BlockOrder::head_major))
+          << " WRITESCOPE_NEXT_PASS_PREFETCH=" << prefetch_level_name(active_next_pass_prefetch(shape));
+  if (const int pass = active_head_major_pass(shape); pass > 0) command << " WRITESCOPE_HEAD_MAJOR_PASS=" << pass;
+  command << " '" << executable << "' calibrate-attention --shape " << shape.name << " --tokens " << tokens;
+  return command.str();
+}
+
 double measure_gpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens) {
   return measure_decode_gbps<GpuExecSpace, GpuMemSpace>(shape, tokens, Region::gpu_resident, BlockOrder::token_major,
                                                         &InplaceKVCache<bf16>::vram_pool);
@@ -517,15 +527,21 @@ double measure_gpu_attention_gbps(const AttentionShape& shape, std::int64_t toke
 
 namespace {
 
-/// Runs this program again with `threads` OpenMP threads to measure CPU attention there.
+/// How a child ended, from pclose's wait status.
+std::string exit_description(int status) {
+  if (status == -1) return "its status is unknown";
+  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  return "wait status " + std::to_string(status);
+}
+
+/// Runs cpu_attention_child_command and reads the rate it prints last.
 double attention_in_child(const std::string& executable, const AttentionShape& shape, int threads,
                           std::int64_t tokens) {
-  std::ostringstream command;
-  command << "OMP_NUM_THREADS=" << threads << " OMP_PROC_BIND=spread OMP_PLACES=threads '" << executable
-          << "' calibrate-attention --shape " << shape.name << " --tokens " << tokens << " 2>&1";
+  const std::string command = cpu_attention_child_command(executable, shape, threads, tokens) + " 2>&1";
   std::FILE* pipe = nullptr;
-  with_startup_affinity([&] { pipe = popen(command.str().c_str(), "r"); });
-  if (pipe == nullptr) throw std::runtime_error("calibrate: cannot start '" + command.str() + "'");
+  with_startup_affinity([&] { pipe = popen(command.c_str(), "r"); });
+  if (pipe == nullptr) throw std::runtime_error("calibrate: cannot start '" + command + "'");
   std::string output;
   char buffer[4096];
   while (std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
@@ -537,7 +553,8 @@ double attention_in_child(const std::string& executable, const AttentionShape& s
     if (status == 0) return std::stod(last);
   } catch (const std::exception&) {
   }
-  throw std::runtime_error("calibrate: '" + command.str() + "' failed (status " + std::to_string(status) +
+  throw std::runtime_error("calibrate: '" + command + "' failed (" +
+                           (status == 0 ? std::string("no rate printed last") : exit_description(status)) +
                            "): " + output);
 }
 

@@ -44,6 +44,10 @@ double measure_host_fp32_fma_gmacs(CpuPath path);
 /// The path whose product (measure_host_product_gmacs) is `path`'s fp32 FMA:
 /// avx512_fma for both AVX-512 paths, else `path` itself.
 CpuPath fp32_fma_path(CpuPath path);
+/// The path whose product the expert linear layer runs on its path `path`
+/// (impl::linear_path): amx_bf16's tiles there, else fp32_fma_path. Its
+/// measure_host_product_gmacs is the layer's compute roof.
+CpuPath linear_product_path(CpuPath path);
 /// Work and seconds added up over samples: their rate together (all the work
 /// over all the time), as a kernel's rate over its iterations is, not the mean
 /// of the samples' rates.
@@ -165,6 +169,14 @@ RotatedCaches rotated_caches(const AttentionShape& shape, Region region, std::in
 /// CPU decode attention over `tokens` CpuResident tokens read from DRAM
 /// (rotated_caches): KV bytes per second, best of five.
 double measure_cpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens);
+
+/// The command that measures measure_cpu_attention_gbps with `threads`
+/// OpenMP threads in a process of its own (`executable calibrate-attention`),
+/// with this process' product path, next-pass level and head-major passes
+/// for `shape` pinned: every thread count's rate is then of the choices the
+/// profile records, not of the child's own probes.
+std::string cpu_attention_child_command(const std::string& executable, const AttentionShape& shape, int threads,
+                                        std::int64_t tokens);
 
 /// GPU decode attention over `tokens` VRAM-resident tokens (the kernel the
 /// split runs, not a copy): KV bytes per second, best of five.

@@ -73,6 +73,41 @@ TEST(NextPassPrefetch, AnUnknownLevelInTheEnvironmentNamesTheVariable) {
   }
 }
 
+// calibrate's processes for other thread counts take the parent's passes
+// through the variable (CalibrationCommand.ChildProcessesTakeTheParentsChoices).
+TEST(NextPassPrefetch, TheHeadMajorPassesFollowTheEnvironment) {
+  constexpr char head_pass_variable[] = "WRITESCOPE_HEAD_MAJOR_PASS";
+  const AttentionShape shape = qwen3_30b_a3b_attention();
+  const int measured = active_head_major_pass(shape);
+  if (measured == 0) {
+    const ScopedEnvironment environment("32", head_pass_variable);
+    EXPECT_EQ(active_head_major_pass(shape), 0) << "a pin where the products pass by their rule";
+    std::cout << "[ SKIPPED  ] the head-major passes: " << cpu_path_name(active_cpu_path())
+              << " does not request the next pass by level\n";
+    return;
+  }
+  const int other = measured == 128 ? 32 : 128;
+  {
+    const ScopedEnvironment environment(std::to_string(other).c_str(), head_pass_variable);
+    EXPECT_EQ(active_head_major_pass(shape), other);
+    const std::string described = describe_next_pass_prefetch(shape);
+    EXPECT_NE(described.find(", passes of " + std::to_string(other) + " tokens (" + head_pass_variable + ")"),
+              std::string::npos)
+        << described;
+  }
+  {
+    const ScopedEnvironment environment("100", head_pass_variable);
+    try {
+      active_head_major_pass(shape);
+      FAIL() << "100 accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string(head_pass_variable) + ": unknown head-major pass '100' (known: 32, 64, 128)");
+    }
+  }
+  EXPECT_EQ(active_head_major_pass(shape), measured);
+}
+
 TEST(NextPassPrefetch, ProbeIsTwiceTheLastLevelCacheWithin64To256MiB) {
   constexpr std::int64_t mib = std::int64_t{1} << 20;
   EXPECT_EQ(next_pass_probe_bytes(0), 64 * mib);
