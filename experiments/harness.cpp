@@ -40,6 +40,9 @@ using impl::write_run;
 
 namespace {
 
+/// The schema a results file's root attribute `format` names (analysis/README.md).
+constexpr char results_format[] = "writescope-results-1";
+
 /// "32GiB", "256MiB", or the exact byte count: run ids must not round.
 std::string exact_size(std::uint64_t bytes) {
   for (const auto& [size, name] : {std::pair{1ull << 30, "GiB"}, std::pair{1ull << 20, "MiB"}, std::pair{1ull << 10, "KiB"}})
@@ -194,7 +197,13 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
   }
   const std::int64_t longest =
       *std::max_element(c.contexts.begin(), c.contexts.end()) + c.warmup_steps + c.measured_steps;
-  c.max_sequence_tokens = root.get_or<std::int64_t>("max_sequence_tokens", longest);
+  // Stated, never derived from the runs: a default of the longest run's final
+  // length would let the write policies plan for exactly where the runs end.
+  if (!root.has("max_sequence_tokens"))
+    root.fail("max_sequence_tokens",
+              "is required: the longest sequence the systems plan for (a server's configured maximum, at least " +
+                  std::to_string(longest) + " tokens here)");
+  c.max_sequence_tokens = root.get<std::int64_t>("max_sequence_tokens");
   if (c.max_sequence_tokens < longest)
     root.fail("max_sequence_tokens", "must hold the longest context plus the warm-up and measured steps (" +
                                          std::to_string(longest) + " tokens), got " +
@@ -241,6 +250,28 @@ std::string RunSpec::id() const {
   return group_name(out.str());
 }
 
+namespace {
+
+/// The context WriteScope's own expert policy is picked in for `setting`: its
+/// expert copies priced at the link rate the contract leaves them (pageable
+/// where the pinned limit cannot hold the store beside its KV band), as its
+/// run will copy them.
+SystemContext expert_choice_context(const ExperimentConfig& config, const RunSpec& setting,
+                                    const MachineProfile& profile) {
+  SystemContext context = system_context(config, setting, profile);
+  RunSpec copying = setting;
+  copying.system = "writescope";
+  copying.expert_policy = "hybrimoe";  // a policy that copies experts, so the plan decides their pinning
+  try {
+    context.experts_pinned = impl::prepare_run(config, copying, profile).options.pin_experts;
+  } catch (const ModelBudgetError&) {
+    // The run does not fit whichever policy it takes.
+  }
+  return context;
+}
+
+}  // namespace
+
 std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachineProfile& profile) {
   std::vector<std::string> baselines, shared_policies;
   for (const std::string& s : config.systems)
@@ -264,7 +295,7 @@ std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachinePr
             }
           if (!writescope) continue;
           const std::string choice = config.auto_writescope_experts
-                                         ? writescope_expert_choice(system_context(config, setting, profile))
+                                         ? writescope_expert_choice(expert_choice_context(config, setting, profile))
                                          : config.system_options.writescope_experts;
           std::vector<std::string> policies = shared_policies;
           if (!std::count(policies.begin(), policies.end(), choice)) policies.push_back(choice);
@@ -568,6 +599,8 @@ RunSetup prepare_run(const ExperimentConfig& config, const RunSpec& run, const M
     // Its expert copies run at the pageable rate: the policy must know.
     context.experts_pinned = false;
     system = make_system(run.system, context);
+    options.micro_batches = system.micro_batches;
+    options.vram_kv = system.vram_kv;
   }
   options.experts = system.experts;
   options.kv_policy = system.kv_policy;
@@ -758,7 +791,7 @@ void write_run(ResultsGroup& runs, const std::string& name, const ExperimentConf
 /// runs: a resumed file keeps the record of its first runs (each run records its own).
 void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& config, const MachineProfile& p,
                                  const std::string& machine_yaml, Shard shard) {
-  root.set_attribute("format", "writescope-results-1");
+  root.set_attribute("format", results_format);
   root.set_attribute("experiment", config.name);
   root.set_attribute("config", config.text.empty() ? config.canonical : config.text);
   root.set_attribute("config_canonical", config.canonical);
@@ -804,6 +837,13 @@ std::vector<std::string> recorded_machines(const ResultsReader& reader) {
 bool check_resume(ResultsStore& store, const ExperimentConfig& config, const MachineProfile& profile,
                   const RunOptions& options, const std::string& machine_yaml, const MachineDescription& machine) {
   const ResultsReader reader(config.output);
+  // Another program's HDF5 file is left as it is: writing the experiment's
+  // attributes would replace its own (and its /profile).
+  if (const std::string format = reader.has_attribute("/", "format") ? reader.string_attribute("/", "format") : "";
+      format != results_format && (!format.empty() || !reader.list("/").empty()))
+    throw std::invalid_argument(config.output + " is not a writescope results file (format '" +
+                                (format.empty() ? std::string("none") : format) + "', not '" + results_format +
+                                "'); write to another --output");
   if (reader.has_attribute("/", "predicted"))
     throw std::invalid_argument(config.output + " holds predicted runs (writescope predict); measured runs go to "
                                 "another --output, never beside projections");
@@ -984,12 +1024,12 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
 
 namespace {
 
-/// Writes the merged file: `first`'s experiment attributes and profile, every
-/// machine setup, and each run from the input `source` names, in `runs` order.
-void write_merged(const std::string& output, const ResultsReader& first, const std::vector<ResultsReader>& readers,
-                  const std::vector<RunSpec>& runs, const std::map<std::string, std::size_t>& source,
-                  const std::vector<std::string>& machines) {
-  ResultsStore store(output);
+/// Writes the merged runs into `store`: `first`'s experiment attributes and
+/// profile, every machine setup, and each run from the input `source` names,
+/// in `runs` order.
+void write_merged_into(ResultsStore& store, const ResultsReader& first, const std::vector<ResultsReader>& readers,
+                       const std::vector<RunSpec>& runs, const std::map<std::string, std::size_t>& source,
+                       const std::vector<std::string>& machines) {
   auto txn = store.begin();
   ResultsGroup root = txn.root();
   for (const char* name : {"format", "experiment", "config", "config_canonical", "git_revision", "kokkos_configuration"})
@@ -1006,6 +1046,25 @@ void write_merged(const std::string& output, const ResultsReader& first, const s
     if (const auto found = source.find(run.id()); found != source.end())
       merged.copy_group(readers[found->second], "/runs/" + run.id(), run.id());
   txn.commit();
+}
+
+/// Writes the merged file `output` (write_merged_into); a failure removes the
+/// empty file this call created, never another process' file or lock.
+void write_merged(const std::string& output, const ResultsReader& first, const std::vector<ResultsReader>& readers,
+                  const std::vector<RunSpec>& runs, const std::map<std::string, std::size_t>& source,
+                  const std::vector<std::string>& machines) {
+  ResultsStore store(output);  // creates the file, empty; held locked
+  // Only an empty file is this merge's to remove again: one with runs is
+  // another merge's, finished since merge_results found no file.
+  if (!store.groups().empty())
+    throw std::invalid_argument("merge: " + output + " exists; merge writes a new file");
+  try {
+    write_merged_into(store, first, readers, runs, source, machines);
+  } catch (...) {
+    std::error_code ignored;  // no empty output to refuse the next try
+    std::filesystem::remove(output, ignored);
+    throw;
+  }
 }
 
 }  // namespace
@@ -1085,14 +1144,7 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
                                 std::to_string(runs.size()) + " runs are in no input (a shard did not finish?):" +
                                 listed + "\npass --allow-missing to merge what there is");
   }
-  try {
-    write_merged(output, first, readers, runs, source, machines);
-  } catch (...) {
-    std::error_code ignored;  // no half-written output to refuse the next try
-    std::filesystem::remove(output, ignored);
-    std::filesystem::remove(output + ".lock", ignored);
-    throw;
-  }
+  write_merged(output, first, readers, runs, source, machines);
   std::vector<std::string> lines{"merged " + std::to_string(source.size()) + " runs of " + std::to_string(runs.size()) +
                                  " from " + std::to_string(inputs.size()) + " files into " + output};
   for (const std::string& id : missing) lines.push_back("missing: " + id);

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -32,7 +34,7 @@ class HarnessTest : public ::testing::Test {
                              "\nprofile: test\n"
                              "models:\n  - {preset: tiny-mixtral}\n  - {preset: tiny-deepseek-v2, layers: 2}\n"
                              "systems: [ktransformers, writescope, gpu-only]\n"
-                             "batch_sizes: [2]\ncontexts: [24, 40]\n"
+                             "batch_sizes: [2]\ncontexts: [24, 40]\nmax_sequence_tokens: 44\n"
                              "budgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
                              "steps: {warmup: 1, measured: 3}\nblock_tokens: 8\n" +
                              extra;
@@ -56,7 +58,7 @@ class HarnessTest : public ::testing::Test {
 TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
   const std::string base =
       "name: x\noutput: x.h5\nprofile: p\nmodels: [{preset: tiny-mixtral}]\nbatch_sizes: [1]\ncontexts: [8]\n"
-      "budgets: {vram: 1GiB, pinned: 1GiB, host: 1GiB}\n";
+      "budgets: {vram: 1GiB, pinned: 1GiB, host: 1GiB}\nmax_sequence_tokens: 64\n";
   EXPECT_NE(error_of(base + "systems: [vllm]\n").find("field 'systems': unknown system 'vllm'"), std::string::npos)
       << error_of(base + "systems: [vllm]\n");
   EXPECT_NE(error_of(base + "systems: [gpu-only]\nrepetition: 2\n").find("did you mean 'repetitions'"),
@@ -96,9 +98,18 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
   EXPECT_EQ(error_of(base + "systems: [gpu-only]\nmax_total_tokens: 8\n"), "no error");
   EXPECT_NE(error_of(base + "systems: [fiddler]\nsteps: {profile_tokens: 0}\n").find("profile_tokens"),
             std::string::npos);
-  EXPECT_NE(error_of(base + "systems: [fiddler]\nsteps: {warmup: 2, measured: 3}\nmax_sequence_tokens: 12\n")
+  const std::string short_maximum =
+      replaced(base, "max_sequence_tokens: 64", "max_sequence_tokens: 12") + "steps: {warmup: 2, measured: 3}\n";
+  EXPECT_NE(error_of(short_maximum)
                 .find("must hold the longest context plus the warm-up and measured steps (13 tokens), got 12"),
-            std::string::npos);
+            std::string::npos)
+      << error_of(short_maximum);
+  // Never the runs' final length by default: a server states its maximum.
+  const std::string no_maximum = replaced(base, "max_sequence_tokens: 64\n", "");
+  EXPECT_NE(error_of(no_maximum).find("field 'max_sequence_tokens': is required: the longest sequence the systems "
+                                      "plan for (a server's configured maximum, at least 18 tokens here)"),
+            std::string::npos)
+      << error_of(no_maximum);
   std::string pinned_above_host = base;
   pinned_above_host.replace(pinned_above_host.find("pinned: 1GiB"), 12, "pinned: 2GiB");
   EXPECT_NE(error_of(pinned_above_host + "systems: [fiddler]\n").find("cannot exceed the host budget"),
@@ -285,7 +296,7 @@ TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
 TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
   const std::string yaml = "name: resume\noutput: " + output_ +
                            "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers, gpu-only]\n"
-                           "batch_sizes: [1]\ncontexts: [16]\nbudgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
+                           "batch_sizes: [1]\ncontexts: [16]\nmax_sequence_tokens: 19\nbudgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
                            "steps: {warmup: 1, measured: 2}\nblock_tokens: 8\n";
   const auto experiment = [&](const std::string& text) {
     return ExperimentConfig::from_config(ConfigNode::parse(text, "resume.yaml"));
@@ -370,6 +381,39 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
   EXPECT_EQ(run_experiment(experiment(yaml), test::tiny_profile(), quiet, false).skipped, 2);
 }
 
+// An HDF5 file of another program named as the output is refused before
+// anything is written: its attributes and its /profile stay as they were.
+TEST_F(HarnessTest, AnotherProgramsFileIsNotTakenOver) {
+  const ExperimentConfig experiment = config();
+  const auto contents = [&] {
+    std::ifstream in(output_, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const bool with_format : {true, false}) {
+    fs::remove(output_);
+    {
+      ResultsStore store(output_);
+      auto txn = store.begin();
+      if (with_format) txn.root().set_attribute("format", "another-tool-2");
+      txn.root().create_group("profile").set_attribute("owner", "another tool");
+      txn.commit();
+    }
+    const std::string before = contents();
+    std::ostringstream progress;
+    try {
+      run_experiment(experiment, test::tiny_profile(), progress, false);
+      ADD_FAILURE() << "wrote into another program's file";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(output_ + " is not a writescope results file (format '" +
+                                           (with_format ? "another-tool-2" : "none") +
+                                           "', not 'writescope-results-1')"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(contents(), before);
+  }
+}
+
 // Contexts built from real prompts: accepted up to the paper's longest, and
 // a prompt longer than one chunk (256 rows) goes through the prefill path
 // (its progress shows on a terminal) and fills the context the decode steps
@@ -379,10 +423,10 @@ TEST_F(HarnessTest, PromptsFillContextsThroughPrefill) {
                            "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [writescope]\n"
                            "batch_sizes: [1]\nbudgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
                            "steps: {warmup: 1, measured: 2}\nblock_tokens: 8\ncontext_fill: prefill\n";
-  EXPECT_EQ(error_of(yaml + "contexts: [131072]\n"), "no error");
+  EXPECT_EQ(error_of(yaml + "contexts: [131072]\nmax_sequence_tokens: 131075\n"), "no error");
   constexpr std::int64_t context = 300;
   const ExperimentConfig experiment =
-      ExperimentConfig::from_config(ConfigNode::parse(yaml + "contexts: [300]\n", "prefill.yaml"));
+      ExperimentConfig::from_config(ConfigNode::parse(yaml + "contexts: [300]\nmax_sequence_tokens: 303\n", "prefill.yaml"));
   std::ostringstream progress;
   const ExperimentSummary summary = run_experiment(experiment, test::tiny_profile(), progress, true);
   ASSERT_EQ(summary.failed, 0) << progress.str();
@@ -411,7 +455,7 @@ TEST_F(HarnessTest, PromptsFillContextsThroughPrefill) {
 TEST_F(HarnessTest, AContextBeyondTheMachinesMemoryDoesNotFit) {
   const std::string yaml = "name: huge\noutput: " + output_ +
                            "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers]\n"
-                           "batch_sizes: [1]\ncontexts: [1099511627776]\n"
+                           "batch_sizes: [1]\ncontexts: [1099511627776]\nmax_sequence_tokens: 1099511627786\n"
                            "budgets: {vram: 12MiB, pinned: 1024TiB, host: 4096TiB}\n";
   std::ostringstream progress;
   const ExperimentSummary summary = run_experiment(ExperimentConfig::from_config(ConfigNode::parse(yaml, "huge.yaml")),
@@ -430,7 +474,7 @@ TEST(Shard, SharesAreDisjointCoverTheRunsAndBalanceTheirPredictedCost) {
   const ExperimentConfig config = ExperimentConfig::from_config(ConfigNode::parse(
       "name: s\noutput: s.h5\nprofile: p\nmodels: [{preset: tiny-mixtral}, {preset: tiny-deepseek-v2}]\n"
       "systems: [ktransformers, fiddler, writescope]\nbatch_sizes: [1, 4]\n"
-      "contexts: [1024, 4096, 16384, 65536]\nbudgets: {vram: 12MiB, pinned: 1GiB, host: 2GiB}\n",
+      "contexts: [1024, 4096, 16384, 65536]\nmax_sequence_tokens: 131072\nbudgets: {vram: 12MiB, pinned: 1GiB, host: 2GiB}\n",
       "s.yaml"));
   const MachineProfile profile = test::tiny_profile();
   const std::vector<RunSpec> runs = expand_runs(config, profile);
@@ -468,7 +512,7 @@ TEST(Shard, SharesAreDisjointCoverTheRunsAndBalanceTheirPredictedCost) {
 TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
   const std::string yaml = "name: shards\noutput: " + output_ +
                            "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers, writescope]\n"
-                           "batch_sizes: [1]\ncontexts: [16, 24, 32]\nbudgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
+                           "batch_sizes: [1]\ncontexts: [16, 24, 32]\nmax_sequence_tokens: 35\nbudgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
                            "steps: {warmup: 1, measured: 2}\nblock_tokens: 8\n";
   ExperimentConfig whole = ExperimentConfig::from_config(ConfigNode::parse(yaml, "shards.yaml"));
   std::ostringstream progress;
@@ -551,7 +595,7 @@ TEST_F(HarnessTest, FailedRunsAreRecordedAndTheExperimentGoesOn) {
   // The VRAM budget cannot hold the weights of either model: every run is "does not fit".
   std::string yaml = "name: tight\noutput: " + output_ +
                      "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [fiddler, hybrimoe]\n"
-                     "batch_sizes: [1]\ncontexts: [16]\nbudgets: {vram: 64KiB, pinned: 1MiB, host: 1MiB}\n";
+                     "batch_sizes: [1]\ncontexts: [16]\nmax_sequence_tokens: 26\nbudgets: {vram: 64KiB, pinned: 1MiB, host: 1MiB}\n";
   const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(yaml, "tight.yaml"));
   std::ostringstream progress;
   const ExperimentSummary summary = run_experiment(experiment, test::tiny_profile(), progress, false);
@@ -571,7 +615,7 @@ TEST_F(HarnessTest, EverySystemPinsWithinTheOneLimitAndRecordsIt) {
       "name: contract\noutput: " + output_ +
       "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\n"
       "systems: [gpu-only, ktransformers, fiddler, hybrimoe, moe-lightning, writescope]\n"
-      "batch_sizes: [2]\ncontexts: [40, 400]\nbudgets: {vram: 3MiB, pinned: " +
+      "batch_sizes: [2]\ncontexts: [40, 400]\nmax_sequence_tokens: 403\nbudgets: {vram: 3MiB, pinned: " +
       std::to_string(pinned) + "B, host: " + std::to_string(host) +
       "B}\nsteps: {warmup: 1, measured: 2, profile_tokens: 16}\nblock_tokens: 8\n";
   const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(yaml, "contract.yaml"));
@@ -613,7 +657,7 @@ TEST_F(HarnessTest, KVBeyondThePinnedLimitDoesNotFit) {
   const std::uint64_t experts = MoeModel::expert_store_bytes(model_preset("tiny-mixtral"));
   const std::string yaml = "name: small\noutput: " + output_ +
                            "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers]\n"
-                           "batch_sizes: [4]\ncontexts: [4000]\nbudgets: {vram: 6MiB, pinned: 256KiB, host: " +
+                           "batch_sizes: [4]\ncontexts: [4000]\nmax_sequence_tokens: 4010\nbudgets: {vram: 6MiB, pinned: 256KiB, host: " +
                            std::to_string(experts + (8 << 20)) + "B}\nblock_tokens: 8\n";
   const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(yaml, "small.yaml"));
   std::ostringstream progress;
@@ -634,7 +678,7 @@ TEST_F(HarnessTest, WriteScopesHostPoolKeepsWhatItsWritePolicyFixesThereWhenHost
   auto experiment = [&](std::uint64_t host) {
     const std::string yaml = "name: pools\noutput: " + output_ +
                              "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [writescope]\n"
-                             "batch_sizes: [2]\ncontexts: [4000]\nbudgets: {vram: 3MiB, pinned: " +
+                             "batch_sizes: [2]\ncontexts: [4000]\nmax_sequence_tokens: 4003\nbudgets: {vram: 3MiB, pinned: " +
                              std::to_string(host) + "B, host: " + std::to_string(host) +
                              "B}\nsteps: {warmup: 1, measured: 2}\nblock_tokens: 8\n";
     return ExperimentConfig::from_config(ConfigNode::parse(yaml, "pools.yaml"));
@@ -733,7 +777,7 @@ TEST_F(HarnessTest, WriteScopesExpertPolicyIsFixedBeforeTheRun) {
     const std::string output = (dir_ / (name + ".h5")).string();
     const std::string yaml = "name: choice\noutput: " + output +
                              "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: " + systems +
-                             "\nbatch_sizes: [2]\ncontexts: [40]\nbudgets: {vram: 4MiB, pinned: 16MiB, host: 64MiB}\n"
+                             "\nbatch_sizes: [2]\ncontexts: [40]\nmax_sequence_tokens: 42\nbudgets: {vram: 4MiB, pinned: 16MiB, host: 64MiB}\n"
                              "steps: {warmup: 1, measured: 1}\nblock_tokens: 8\n";
     std::ostringstream progress;
     run_experiment(ExperimentConfig::from_config(ConfigNode::parse(yaml, "choice.yaml")), profile, progress, false);
@@ -750,6 +794,96 @@ TEST_F(HarnessTest, WriteScopesExpertPolicyIsFixedBeforeTheRun) {
   EXPECT_EQ(chosen("[hybrimoe, fiddler, ktransformers, writescope]", "beside"), alone);
 }
 
+// Where the pinned limit cannot hold the expert store beside the KV band, the
+// systems copy experts at the pageable rate, and every choice made before the
+// run says so: WriteScope's own expert policy is picked at that rate, and
+// MoE-Lightning records the micro-batches it runs with.
+TEST_F(HarnessTest, ExpertCopiesArePricedAtTheRateTheContractLeavesThem) {
+  // An H200-like machine, where these settings flip both choices.
+  MachineProfile gpu = test::tiny_profile();
+  gpu.has_gpu = true;
+  gpu.hbm_gbps = 4200;
+  gpu.pinned_h2d_gbps = 55;
+  gpu.pageable_h2d_gbps = 7.9;
+  gpu.gpu_launch_latency_s = gpu.link_latency_s = 1e-4;
+  gpu.cpu_launch_latency_s = 2e-4;
+  gpu.cpu_threads = 16;
+  gpu.cpu_dram_read_gbps = 87;
+  gpu.cpu_expert_gbps = 60;
+  gpu.cpu_expert_gflops = 1700;
+  for (auto& [shape, rates] : gpu.cpu_attention_gbps) rates = {{16, 40}};
+  auto experiment = [&](std::uint64_t pinned) {
+    const std::string yaml = "name: rates\noutput: " + output_ +
+                             "\nprofile: test\nmodels: [{preset: mixtral-8x7b, layers: 8}]\n"
+                             "systems: [writescope, moe-lightning]\nbatch_sizes: [4]\ncontexts: [32768]\n"
+                             "max_sequence_tokens: 65536\nbudgets: {vram: 4GiB, pinned: " +
+                             std::to_string(pinned) + "B, host: 64GiB}\nblock_tokens: 256\n";
+    return ExperimentConfig::from_config(ConfigNode::parse(yaml, "rates.yaml"));
+  };
+  auto run_of = [&](const ExperimentConfig& config, const std::string& system) {
+    for (const RunSpec& run : expand_runs(config, gpu))
+      if (run.system == system && run.system_comparison) return run;
+    throw std::logic_error("no run of " + system);
+  };
+  auto context_of = [&](const ExperimentConfig& config, const RunSpec& run) {
+    SystemContext context{run.model->config, gpu, run.batch, run.context, config.system_options};
+    context.vram_budget = run.vram_budget;
+    context.block_tokens = config.block_tokens;
+    return context;
+  };
+  // What `system` pins beside the experts (its KV band, staging), and a
+  // limit one byte short of the experts beside that.
+  const ExperimentConfig roomy = experiment(std::uint64_t{60} << 30);
+  const auto short_limit_for = [&](const std::string& system) {
+    const RunSpec run = run_of(roomy, system);
+    const ModelOptions options = impl::prepare_run(roomy, run, gpu).options;
+    EXPECT_TRUE(options.pin_experts) << system;
+    return experiment(options.pinned_kv_budget + MoeModel::pinned_staging_bytes(run.model->config, options) +
+                      MoeModel::expert_store_bytes(run.model->config) - 1);
+  };
+  const RunSpec roomy_run = run_of(roomy, "writescope");
+  const ExperimentConfig short_limit = short_limit_for("writescope");
+
+  SystemContext context = context_of(short_limit, run_of(short_limit, "writescope"));
+  const std::string pinned_choice = writescope_expert_choice(context);
+  context.experts_pinned = false;
+  const std::string pageable_choice = writescope_expert_choice(context);
+  ASSERT_NE(pinned_choice, pageable_choice) << "the rates must change the choice for this test";
+  EXPECT_EQ(roomy_run.expert_policy, pinned_choice);
+  EXPECT_EQ(run_of(short_limit, "writescope").expert_policy, pageable_choice);
+
+  const ExperimentConfig lightning_limit = short_limit_for("moe-lightning");
+  const RunSpec lightning = run_of(lightning_limit, "moe-lightning");
+  SystemContext lightning_context = context_of(lightning_limit, lightning);
+  const int pinned_micro_batches = make_system("moe-lightning", lightning_context).micro_batches;
+  lightning_context.experts_pinned = false;
+  const int pageable_micro_batches = make_system("moe-lightning", lightning_context).micro_batches;
+  ASSERT_NE(pinned_micro_batches, pageable_micro_batches) << "the rates must change the count for this test";
+  const impl::RunSetup setup = impl::prepare_run(lightning_limit, lightning, gpu);
+  EXPECT_FALSE(setup.options.pin_experts);
+  EXPECT_EQ(setup.options.micro_batches, pageable_micro_batches);
+}
+
+// The processes that time CPU attention at other thread counts take this
+// process' choices for the shape, which the profile records, not their own.
+TEST(CalibrationCommand, ChildProcessesTakeTheParentsChoices) {
+  for (const char* preset : {"qwen3-30b-a3b", "deepseek-v2-lite"}) {
+    const AttentionShape shape = model_preset(preset).attention();
+    const std::string command = cpu_attention_child_command("/opt/ws/writescope", shape, 1, 4096);
+    const auto has = [&](const std::string& part) { return command.find(part) != std::string::npos; };
+    EXPECT_TRUE(has("OMP_NUM_THREADS=1 ")) << command;
+    EXPECT_TRUE(has(std::string(" WRITESCOPE_CPU_PATH=") +
+                    cpu_path_name(active_decode_cpu_path(shape, BlockOrder::head_major)) + " "))
+        << command;
+    EXPECT_TRUE(has(std::string(" WRITESCOPE_NEXT_PASS_PREFETCH=") +
+                    prefetch_level_name(active_next_pass_prefetch(shape)) + " "))
+        << command;
+    const int pass = active_head_major_pass(shape);
+    EXPECT_EQ(has(" WRITESCOPE_HEAD_MAJOR_PASS=" + std::to_string(pass) + " "), pass > 0) << command;
+    EXPECT_TRUE(has(" '/opt/ws/writescope' calibrate-attention --shape " + shape.name + " --tokens 4096")) << command;
+  }
+}
+
 // Calibrate measures the kernels the systems run: the GPU decode kernel over
 // VRAM-resident KV (the host stands in for it here) and the bf16 expert kernel.
 TEST(Calibration, MeasuresTheKernelsTheSystemsRun) {
@@ -757,6 +891,23 @@ TEST(Calibration, MeasuresTheKernelsTheSystemsRun) {
   const ExpertKernelRates expert = measure_cpu_expert_rates();
   EXPECT_GT(expert.gbps, 0);
   EXPECT_GT(expert.gflops, 0);
+}
+
+// The expert linear layer's roof is the product it runs: AMX tiles on
+// amx_bf16, the 16-lane fp32 FMA on both other AVX-512 paths.
+TEST(Calibration, TheLinearLayersRoofIsTheProductItRuns) {
+  EXPECT_EQ(linear_product_path(CpuPath::amx_bf16), CpuPath::amx_bf16);
+  EXPECT_EQ(linear_product_path(CpuPath::avx512_bf16), CpuPath::avx512_fma);
+  EXPECT_EQ(linear_product_path(CpuPath::avx512_fma), CpuPath::avx512_fma);
+  EXPECT_EQ(linear_product_path(CpuPath::avx2), CpuPath::avx2);
+  EXPECT_EQ(linear_product_path(CpuPath::scalar), CpuPath::scalar);
+}
+
+// No tokens would leave no copy to rotate (and a division by zero in the step).
+TEST(Calibration, RotatedCachesNeedTokens) {
+  const AttentionShape shape = model_preset("tiny-qwen3-moe").attention();
+  EXPECT_THROW(rotated_caches(shape, Region::cpu_resident, 0), std::invalid_argument);
+  EXPECT_GE(rotated_caches(shape, Region::cpu_resident, 64).copies(), 1);
 }
 
 // Sampled rates add up the samples' work and time: one second of 10 units and
