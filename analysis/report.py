@@ -166,6 +166,8 @@ class Results:
     damaged: list = field(default_factory=list)  # [(run group, why)]: left out of every figure and table
     unverified: int = 0  # runs written before runs carried checksums
     predicted: bool = False  # every run is a projection (`writescope predict`)
+    planned_runs: int | None = None  # the runs the file is to hold; None in files that do not say
+    shard: str = ""  # "K/N": the file of one shard (`writescope run --shard`)
 
 
 def _as_string(value):
@@ -423,6 +425,8 @@ def load(path):
                 damaged=damaged,
                 unverified=sum("checksum" not in group.attrs for group in intact),
                 predicted=predicted,
+                planned_runs=optional_attribute(root, "planned_runs", int, None),
+                shard=optional_attribute(root, "shard", str, ""),
             )
     except OSError as error:
         raise InputError("", f"cannot read: {error}") from None
@@ -679,7 +683,9 @@ def plot_speedup(model, runs, colours, path):
             points = [(c, s) for st, c, s in speedups(throughput, subject, baseline) if st == setting]
             if points:
                 contexts, values = zip(*points)
-                ax.plot(contexts, values, marker="o", color=colours[baseline], label=f"{subject} over {baseline}")
+                # One line per baseline over WriteScope, else one per system over the one baseline.
+                colour = colours[baseline] if subject == SUBJECT else colours[subject]
+                ax.plot(contexts, values, marker="o", color=colour, label=f"{subject} over {baseline}")
         mark_not_run(ax, setting_runs, colours)
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         ax.set_ylim(0, max(ax.get_ylim()[1], 1.1))
@@ -795,7 +801,8 @@ def plot_roofline(profile, runs, path):
                 label=f"{label}: {y:.4g} GB/s in the profile (calibrated)")
         if label in achieved:
             ax.plot([achieved[label][0]], [achieved[label][1]], marker="x", markersize=9, linestyle="none",
-                    color=f"C{index}", label=f"{label}: {achieved[label][1]:.4g} GB/s reached in the runs")
+                    color=f"C{index}", label=f"{label}: {achieved[label][1]:.4g} GB/s "
+                                              f"{'priced in the projection' if _projected else 'reached in the runs'}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity I (multiply-adds per KV byte)")
@@ -890,6 +897,14 @@ def summary_lines(results, min_context):
     counts = {status: sum(run.status == status for run in runs) for status in STATUSES}
     lines = [f"- {len(runs)} runs: {counts['complete']} complete, {counts['does_not_fit']} did not fit, "
              f"{counts['failed']} failed."]
+    missing = (results.planned_runs or 0) - len(runs) - len(results.damaged)
+    if missing > 0:
+        lines.append(f"- **{missing} of the {results.planned_runs} planned runs are not in the file** (a run "
+                     "stopped before them, or `writescope merge --allow-missing` left them out): the tables and "
+                     "figures compare fewer points than the experiment has.")
+    if results.shard:
+        lines.append(f"- **Shard {results.shard}** of the experiment: the other shards' runs are in their own files "
+                     "(`writescope merge` joins them).")
     if results.damaged:
         lines.append(f"- **{len(results.damaged)} damaged runs left out** (their contents do not match their "
                      "checksums): see [Damaged runs](#damaged-runs); `writescope run` measures them again.")

@@ -1,5 +1,6 @@
 #include "experiments/cli.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -145,45 +146,43 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
   out << "\nKokkos configuration\n" << machine.kokkos_configuration;
 }
 
+/// Options of the form --name VALUE or --name=VALUE, for commands with no
+/// positional arguments: each at most once, each with a value that is not
+/// empty (an unset shell variable) and not the next option.
+std::map<std::string, std::string> parse_options(const std::string& command, const std::vector<std::string>& args,
+                                                 std::initializer_list<std::string> known) {
+  std::map<std::string, std::string> options;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string name = args[i], value;
+    if (name.rfind("--", 0) != 0)
+      throw UsageError(command + ": unexpected argument '" + name + "' (options are --name VALUE or --name=VALUE)");
+    const auto equals = name.find('=');
+    if (equals != std::string::npos) {
+      value = name.substr(equals + 1);
+      name = name.substr(0, equals);
+    } else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+      value = args[++i];
+    }
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      throw UsageError(command + ": unknown option '" + name + "'");
+    if (value.empty()) throw UsageError(command + ": " + name + " needs a value");
+    if (options.count(name))
+      throw UsageError(command + ": " + name + " given twice ('" + options[name] + "' and '" + value +
+                       "'); give it once" + (name == "--profile" ? " (several: a comma-separated list)" : ""));
+    options[name] = value;
+  }
+  return options;
+}
+
 int info_command(const std::vector<std::string>& args, std::ostream& out) {
   std::string format = "text";
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--format" && i + 1 < args.size()) {
-      format = args[++i];
-    } else if (args[i].rfind("--format=", 0) == 0) {
-      format = args[i].substr(9);
-    } else {
-      throw UsageError("info: unknown option '" + args[i] + "'");
-    }
-  }
+  if (auto options = parse_options("info", args, {"--format"}); options.count("--format")) format = options["--format"];
   if (format != "text" && format != "yaml")
     throw UsageError("info: --format must be text or yaml, got '" + format + "'");
   const MachineDescription machine = MachineDescription::detect();
   if (format == "yaml") out << machine.to_yaml() << "\n";
   else print_text(out, machine);
   return 0;
-}
-
-/// Options of the form --name VALUE or --name=VALUE, for commands with no positional arguments.
-std::map<std::string, std::string> parse_options(const std::string& command, const std::vector<std::string>& args,
-                                                 std::initializer_list<std::string> known) {
-  std::map<std::string, std::string> options;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string name = args[i], value;
-    const auto equals = name.find('=');
-    if (equals != std::string::npos) {
-      value = name.substr(equals + 1);
-      name = name.substr(0, equals);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      throw UsageError(command + ": option '" + name + "' needs a value");
-    }
-    if (std::find(known.begin(), known.end(), name) == known.end())
-      throw UsageError(command + ": unknown option '" + name + "'");
-    options[name] = value;
-  }
-  return options;
 }
 
 /// `text` as a T of at least 1 (at most T's largest value): "4294967297" for an int is an error, not 1.
@@ -201,6 +200,18 @@ T positive_integer(const std::string& command, const std::string& option, const 
 
 void progress_line(const std::string& line) { log_info("calibrate: ", line); }
 
+/// Refuses an --output `path` that a file cannot be written to (a folder, a
+/// missing or read-only folder) before minutes of measuring go into it.
+void check_writable_output(const std::string& command, const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw UsageError(command + ": --output " + path + " is a folder");
+  const std::string probe = path + ".partial";  // the name the write goes through
+  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw UsageError(command + ": --output " + path + " cannot be written (" + std::strerror(errno) + ")");
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
   auto options = parse_options("calibrate", args, {"--output", "--name", "--thread-counts", "--tokens"});
   CalibrationOptions calibration;
@@ -215,9 +226,15 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
   const ssize_t length = readlink("/proc/self/exe", executable, sizeof executable - 1);
   if (length <= 0) throw std::runtime_error("calibrate: cannot find this program's path in /proc/self/exe");
   calibration.executable.assign(executable, static_cast<std::size_t>(length));
+  if (options.count("--output")) check_writable_output("calibrate", options["--output"]);
   const MachineProfile profile = calibrate_machine(calibration, progress_line);
   if (options.count("--output")) {
-    profile.save(options["--output"]);
+    try {
+      profile.save(options["--output"]);
+    } catch (const std::exception&) {
+      out << profile.to_yaml();  // the measurements, where the file could not take them
+      throw;
+    }
     progress_line("wrote " + options["--output"]);
   } else {
     out << profile.to_yaml();
@@ -482,6 +499,15 @@ int make_checkpoint_command(const std::vector<std::string>& args) {
   return 0;
 }
 
+/// find_profile, its error prefixed with `source` (the option or field that named the profile).
+MachineProfile profile_named_by(const std::string& source, const std::string& name_or_path) {
+  try {
+    return find_profile(name_or_path);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(source + ": " + e.what());
+  }
+}
+
 int run_command(const std::vector<std::string>& args, std::ostream& out) {
   if (args.empty() || args.front().rfind("--", 0) == 0) throw UsageError("run: the experiment config is required");
   std::vector<std::string> rest(args.begin() + 1, args.end());
@@ -505,8 +531,17 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
                         .string();
   }
   if (options.count("--output")) config.output = options["--output"];
-  if (options.count("--profile")) config.profile = options["--profile"];
-  const MachineProfile profile = find_profile(config.profile);
+  std::string profile_source = "--profile";
+  if (options.count("--profile")) {
+    config.profile = options["--profile"];
+  } else {
+    profile_source = args.front() + ": field 'profile'";
+    // A profile file named relative to the config is found beside it, wherever run starts.
+    const std::filesystem::path beside = std::filesystem::path(args.front()).parent_path() / config.profile;
+    if (std::filesystem::path(config.profile).is_relative() && std::filesystem::is_regular_file(beside))
+      config.profile = beside.string();
+  }
+  const MachineProfile profile = profile_named_by("run: " + profile_source, config.profile);
   log_info("run: ", config.name, ": ", expand_runs(config, profile).size(), " runs", 
            run_options.shard.count > 1 ? " (shard " + run_options.shard.text() + " of them)" : std::string(), " into ",
            config.output, " (profile ", profile.name, ")");
@@ -526,21 +561,22 @@ int predict_command(const std::vector<std::string>& args, std::ostream& out) {
     if (rest.empty() || rest.front().rfind("--", 0) == 0) throw UsageError("predict: --compare needs a results file");
     const std::string file = rest.front();
     auto options = parse_options("predict", std::vector<std::string>(rest.begin() + 1, rest.end()), {"--cpu-from"});
-    if (options.count("--cpu-from")) cpu = find_profile(options["--cpu-from"]);
+    if (options.count("--cpu-from")) cpu = profile_named_by("predict: --cpu-from", options["--cpu-from"]);
     out << format_comparison(compare_predictions(file, cpu ? &*cpu : nullptr));
     return 0;
   }
   auto options = parse_options("predict", rest, {"--profile", "--cpu-from", "--output"});
   const ExperimentConfig config = ExperimentConfig::load(args.front());
   if (!options.count("--profile")) throw UsageError("predict: --profile is required (a shipped name or a profile file)");
-  if (options.count("--cpu-from")) cpu = find_profile(options["--cpu-from"]);
+  if (options.count("--cpu-from")) cpu = profile_named_by("predict: --cpu-from", options["--cpu-from"]);
   std::vector<MachineProfile> profiles;
   const std::string& listed = options["--profile"];
   for (std::size_t begin = 0, end = 0; end != std::string::npos; begin = end + 1) {
     end = listed.find(',', begin);
     const std::string name = listed.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
     if (name.empty()) throw UsageError("predict: --profile: empty name in '" + listed + "'");
-    profiles.push_back(cpu ? with_cpu_of(find_profile(name), *cpu) : find_profile(name));
+    const MachineProfile profile = profile_named_by("predict: --profile", name);
+    profiles.push_back(cpu ? with_cpu_of(profile, *cpu) : profile);
   }
   std::string output = options.count("--output") ? options["--output"] : "";
   if (output.empty()) {
@@ -598,6 +634,13 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
 }  // namespace
 
 int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
+  // Help before Kokkos starts: it would print its own for --help.
+  const std::vector<std::string> given(argv + 1, argv + argc);
+  if (!given.empty() && (given.front() == "help" || std::count(given.begin(), given.end(), "--help") ||
+                         std::count(given.begin(), given.end(), "-h"))) {
+    out << usage_text;
+    return 0;
+  }
   try {
     Runtime runtime(argc, argv);
     const std::vector<std::string> args(argv + 1, argv + argc);
@@ -614,10 +657,6 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     if (command == "merge") return merge_command(rest, out);
     // Internal: one CPU attention measurement at this process' thread count.
     if (command == "calibrate-attention") return calibrate_attention_command(rest, out);
-    if (command == "help" || command == "--help" || command == "-h") {
-      out << usage_text;
-      return 0;
-    }
     throw UsageError("unknown command '" + command + "'");
   } catch (const UsageError& e) {
     err << "writescope: " << e.what() << "\n\n" << usage_text;

@@ -273,6 +273,15 @@ SystemContext expert_choice_context(const ExperimentConfig& config, const RunSpe
 }  // namespace
 
 std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachineProfile& profile) {
+  // Every system plans with the CPU's attention rate: a profile without the
+  // model's shape would fail every run one by one.
+  for (const ModelSpec& model : config.models) {
+    const std::string shape = model.config.attention().name;
+    if (!profile.cpu_attention_gbps.count(shape) || profile.cpu_attention_gbps.at(shape).empty())
+      throw std::invalid_argument("machine profile '" + profile.name + "' has no CPU attention rate for shape '" +
+                                  shape + "' (model '" + model.label + "'): calibrate that machine with writescope " +
+                                  "calibrate, or take the CPU figures of a profile that has it (predict --cpu-from)");
+  }
   std::vector<std::string> baselines, shared_policies;
   for (const std::string& s : config.systems)
     if (s != "writescope") baselines.push_back(s);
@@ -790,8 +799,9 @@ void write_run(ResultsGroup& runs, const std::string& name, const ExperimentConf
 /// What a results file says about its experiment, written while it holds no
 /// runs: a resumed file keeps the record of its first runs (each run records its own).
 void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& config, const MachineProfile& p,
-                                 const std::string& machine_yaml, Shard shard) {
+                                 const std::string& machine_yaml, Shard shard, std::size_t planned_runs) {
   root.set_attribute("format", results_format);
+  root.set_attribute("planned_runs", static_cast<std::int64_t>(planned_runs));
   root.set_attribute("experiment", config.name);
   root.set_attribute("config", config.text.empty() ? config.canonical : config.text);
   root.set_attribute("config_canonical", config.canonical);
@@ -948,14 +958,14 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
   const MachineDescription machine = MachineDescription::detect();
   const std::string machine_yaml = machine.to_yaml();
   ResultsStore store(config.output);
-  if (check_resume(store, config, profile, options, machine_yaml, machine)) {
-    auto txn = store.begin();
-    write_experiment_attributes(txn.root(), config, profile, machine_yaml, options.shard);
-    txn.commit();
-  }
   const std::vector<RunSpec> all_runs = expand_runs(config, profile);
   const std::vector<RunSpec> runs =
       options.shard.count > 1 ? shard_runs(all_runs, config, profile, options.shard) : all_runs;
+  if (check_resume(store, config, profile, options, machine_yaml, machine)) {
+    auto txn = store.begin();
+    write_experiment_attributes(txn.root(), config, profile, machine_yaml, options.shard, runs.size());
+    txn.commit();
+  }
   if (options.shard.count > 1)
     log_info("run: shard ", options.shard.text(), ": ", runs.size(), " of the experiment's ", all_runs.size(), " runs");
   Progress progress(progress_out, tty, runs.size());
@@ -1035,6 +1045,7 @@ void write_merged_into(ResultsStore& store, const ResultsReader& first, const st
   for (const char* name : {"format", "experiment", "config", "config_canonical", "git_revision", "kokkos_configuration"})
     root.set_attribute(name, first.string_attribute("/", name));
   root.set_attribute("machine", machines.front());
+  root.set_attribute("planned_runs", static_cast<std::int64_t>(runs.size()));
   root.copy_group(first, "/profile", "profile");
   if (machines.size() > 1) {
     ResultsGroup others = root.create_group("other_machines");

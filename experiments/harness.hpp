@@ -79,7 +79,8 @@ struct RunSpec {
 /// baselines, then WriteScope once with each listed baseline's expert policy
 /// (fiddler, ktransformers, hybrimoe: the same-expert-policy comparison) and
 /// once more with its own choice (config, or its roofline's pick on
-/// `profile`) if that is not among them.
+/// `profile`) if that is not among them. std::invalid_argument where the
+/// profile has no CPU attention rate for a model's attention shape.
 std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachineProfile& profile);
 
 /// Where shipped profiles are looked up, in order: $WRITESCOPE_PROFILES, then

@@ -521,7 +521,9 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
   // the whole file anyway.
   auto txn = store.begin_replacement();
   ResultsGroup root = txn.root();
-  impl::write_experiment_attributes(root, config, profiles.front(), machine_yaml, Shard{});
+  std::size_t planned_runs = 0;
+  for (const std::vector<RunSpec>& runs : runs_of) planned_runs += runs.size();
+  impl::write_experiment_attributes(root, config, profiles.front(), machine_yaml, Shard{}, planned_runs);
   root.set_attribute("predicted", std::int64_t{1});
   ResultsGroup all = root.create_group("profiles");
   for (const MachineProfile& p : profiles) {
@@ -548,6 +550,8 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
       written.set_attribute("checksum", written.checksum());
       if (result) ++summary.complete;
       else ++(failure.status == "does_not_fit" ? summary.did_not_fit : summary.failed);
+      if (failure.status == "failed")
+        progress << "predict: " << profile.name << ": " << id << ": failed: " << failure.reason << std::endl;
       if (const auto now = std::chrono::steady_clock::now(); now - last_report > std::chrono::seconds(5)) {
         progress << "predict: " << profile.name << ": " << i + 1 << "/" << runs.size() << " runs" << std::endl;
         last_report = now;

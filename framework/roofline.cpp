@@ -3,9 +3,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <tuple>
@@ -178,8 +180,11 @@ void MachineProfile::save(const std::string& path) const {
     file << to_yaml();
     if (!file.flush()) throw std::runtime_error(partial + ": cannot write the machine profile");
   }
-  if (std::rename(partial.c_str(), path.c_str()) != 0)
-    throw std::runtime_error(path + ": cannot replace with the new machine profile");
+  if (std::rename(partial.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(partial.c_str());
+    throw std::runtime_error(path + ": cannot replace with the new machine profile: " + std::strerror(error));
+  }
 }
 
 double MachineProfile::cpu_attention(const std::string& shape, int threads) const {

@@ -64,8 +64,10 @@ std::string run_yaml(const ExperimentConfig& config, const RunSpec& run);
 void write_run(ResultsGroup& runs, const std::string& name, const ExperimentConfig& config, const RunSpec& run, const std::string& profile_name,
                const std::string& machine_yaml, const std::optional<RunResult>& result, const RunFailure& failure);
 
-/// The file's experiment attributes and /profile.
+/// The file's experiment attributes and /profile; `planned_runs`: the runs
+/// the file is to hold (its shard's, every profile's), so that a report can
+/// tell a file some of whose runs never ran.
 void write_experiment_attributes(ResultsGroup root, const ExperimentConfig& config, const MachineProfile& p,
-                                 const std::string& machine_yaml, Shard shard);
+                                 const std::string& machine_yaml, Shard shard, std::size_t planned_runs);
 
 }  // namespace writescope::impl

@@ -514,6 +514,20 @@ class Provenance(unittest.TestCase):
                       markdown)
 
 
+    def test_runs_the_file_planned_but_lacks_are_counted(self):
+        def edit(root):
+            root.attrs["planned_runs"] = np.int64(len(run_specs()) + 3)
+            root.attrs["shard"] = "1/3"
+        markdown = self.report_of(edit)
+        self.assertIn(f"**3 of the {len(run_specs()) + 3} planned runs are not in the file**", markdown)
+        self.assertIn("**Shard 1/3** of the experiment", markdown)
+
+        def complete(root):
+            root.attrs["planned_runs"] = np.int64(len(run_specs()))
+        markdown = self.report_of(complete)
+        self.assertNotIn("planned runs are not in the file", markdown)
+        self.assertNotIn("Shard", markdown)
+
     def test_runs_of_two_setups_are_never_compared(self):
         """A merge with --allow-different-machine can hold WriteScope's runs from one setup and the baselines'
         from another (here a Debug against a Release build): no speedup pairs them."""
@@ -545,6 +559,25 @@ class Provenance(unittest.TestCase):
         self.assertTrue(rows)
         for model, subject, baseline, mean, points, _ in rows:
             self.assertEqual((subject, mean, points), ("writescope", None, 0), (model, baseline))
+
+
+class SpeedupFigureWithoutWriteScope(unittest.TestCase):
+    def test_each_system_over_the_baseline_has_a_colour_of_its_own(self):
+        """Without WriteScope every line is "X over gpu-only": coloured by X, not all by gpu-only."""
+        spec = importlib.util.spec_from_file_location("report", REPORT)
+        report = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(report)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "results.h5")
+            write_results(path, [s for s in variant_specs() if s["system"] != "writescope"])
+            runs = [run for run in report.load(path).runs if run.model == MODELS[0]]
+            figures = []
+            report.save = lambda figure, _: figures.append(figure)
+            report.plot_speedup(MODELS[0], runs, report.system_colours(runs), os.path.join(tmp, "speedup.png"))
+        lines = {line.get_label(): line.get_color() for line in figures[0].axes[0].get_lines()
+                 if " over " in line.get_label()}
+        self.assertEqual(set(lines), {"fiddler over gpu-only", "ktransformers over gpu-only"})
+        self.assertEqual(len(set(lines.values())), 2, lines)
 
 
 class InvalidInput(unittest.TestCase):

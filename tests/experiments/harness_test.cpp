@@ -525,6 +525,10 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
     options.shard = Shard{k, 3};
     run_experiment(share, test::tiny_profile(), progress, false, options);
     shards.push_back(share.output);
+    // Each file says how many runs it is to hold: its shard's.
+    const ResultsReader shard_file(share.output);
+    EXPECT_EQ(shard_file.int_attribute("/", "planned_runs"),
+              static_cast<std::int64_t>(shard_file.list("/runs").size()));
     // A shard resumes as itself only.
     RunOptions other = options;
     other.shard = Shard{(k + 1) % 3, 3};
@@ -540,6 +544,9 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
   for (const char* attribute : {"format", "experiment", "config_canonical", "git_revision", "machine"})
     EXPECT_EQ(many.string_attribute("/", attribute), one.string_attribute("/", attribute)) << attribute;
   EXPECT_FALSE(many.has_attribute("/", "shard"));
+  const auto all_runs = static_cast<std::int64_t>(expand_runs(whole, test::tiny_profile()).size());
+  EXPECT_EQ(one.int_attribute("/", "planned_runs"), all_runs);
+  EXPECT_EQ(many.int_attribute("/", "planned_runs"), all_runs);
   for (const std::string& run : one.list("/runs")) {
     const std::string g = "/runs/" + run;
     EXPECT_EQ(many.list(g), one.list(g)) << g;
@@ -562,6 +569,14 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
   // A shard missing: refused (nothing written) unless asked to merge what there is.
   EXPECT_NE(merge_error({shards[0], shards[1]}).find("are in no input (a shard did not finish?)"), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(dir_ / "refused.h5"));
+  {  // Merged anyway, the file still plans every run: a report counts those missing.
+    MergeOptions partial;
+    partial.allow_missing = true;
+    merge_results((dir_ / "partial.h5").string(), {shards[0], shards[1]}, partial);
+    const ResultsReader reader((dir_ / "partial.h5").string());
+    EXPECT_EQ(reader.int_attribute("/", "planned_runs"), all_runs);
+    EXPECT_LT(static_cast<std::int64_t>(reader.list("/runs").size()), all_runs);
+  }
   ExperimentConfig another = ExperimentConfig::from_config(ConfigNode::parse(yaml + "seed: 5\n", "other.yaml"));
   another.output = (dir_ / "another.h5").string();
   RunOptions first_share;
