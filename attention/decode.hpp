@@ -81,6 +81,10 @@ struct DecodeWorkspace {
   int host_pass = 0;
   // The GPU team kernel's warps at most (gpu_decode_team; benchmarks sweep it).
   int gpu_most_warps = max_gpu_decode_warps;
+  // Threads per team of the team kernel on host spaces, at most their
+  // concurrency: 1, or more in tests, so that its barriers and team ranges
+  // run as the GPU's warps do.
+  int host_team_threads = 1;
 };
 
 /// Attends queries(b, :, :) over the segments with batch_index b, for every b.

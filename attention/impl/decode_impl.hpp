@@ -590,9 +590,10 @@ void decode_attention(const ExecSpace& space, const AttentionShape& shape, const
       geometry, order, shape.group(),      shape.scale()};
   auto launch_team_kernel = [&] {
     constexpr bool host = is_host_exec_space<ExecSpace>;
-    // Host spaces run teams of one lane; their 2 slices keep the sliced P·V path under test.
+    // Host spaces run teams of one lane (more threads where a test asks);
+    // their 2 slices keep the sliced P·V path under test.
     const GpuDecodeTeam gpu = gpu_decode_team(shape, geometry.block_tokens, workspace.gpu_most_warps);
-    const int team_size = host ? 1 : gpu.team_size;
+    const int team_size = host ? std::clamp(workspace.host_team_threads, 1, space.concurrency()) : gpu.team_size;
     const int vector_length = host ? 1 : gpu.vector_length;
     const int token_splits = host ? 2 : gpu.token_splits;
     const bool eight_wide = !geometry.tiled_keys(order) && geometry.key_dim % 8 == 0 &&

@@ -91,6 +91,7 @@ class DecodeAttentionTest : public ::testing::Test {
       using PoolSpace = typename std::decay_t<decltype(pool)>::memory_space;
       if constexpr (Kokkos::SpaceAccessibility<ExecSpace, PoolSpace>::accessible) {
         DecodeWorkspace<MemSpace> fresh;
+        fresh.host_team_threads = reused_workspace_.host_team_threads = host_team_threads_;
         decode_attention<ExecSpace, Scalar, PoolSpace>(ExecSpace(), shape_, cache_->geometry(), block_order(region),
                                                        queries_, pool, segments,
                                                        reuse_workspace_ ? reused_workspace_ : fresh, out, product);
@@ -161,6 +162,7 @@ class DecodeAttentionTest : public ::testing::Test {
   AttentionShape shape_;
   bool reuse_workspace_ = false;  // attend() on ExecSpace keeps one workspace across calls and shapes
   DecodeWorkspace<MemSpace> reused_workspace_;
+  int host_team_threads_ = 1;  // the team kernel's threads per team on host spaces
   std::unique_ptr<InplaceKVCache<Scalar>> cache_;
   std::vector<std::vector<float>> keys_, values_;
   std::vector<int> sequences_;
@@ -170,6 +172,26 @@ class DecodeAttentionTest : public ::testing::Test {
 
 using Cases = test::SpacesTimesScalars<EnabledExecSpaces, float, bf16>::type;
 TYPED_TEST_SUITE(DecodeAttentionTest, Cases, test::SpaceAndScalarName);
+
+// The team kernel with teams of several threads on the host: its barriers and
+// team ranges then matter there as they do between a GPU's warps (teams of
+// one thread would pass with any of them dropped).
+TYPED_TEST(DecodeAttentionTest, TheTeamKernelMatchesReferenceWithTeamsOfSeveralThreads) {
+  using Space = typename TestFixture::ExecSpace;
+  if constexpr (!is_host_exec_space<Space>) {
+    GTEST_SKIP() << "GPU teams are tested by MatchesReferenceForEveryModelShape";
+  } else {
+    if (Space().concurrency() < 2) GTEST_SKIP() << "a host space of one thread has teams of one";
+    this->host_team_threads_ = Space().concurrency();
+    for (const AttentionShape& shape :
+         {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()}) {
+      SCOPED_TRACE(shape.name);
+      this->build(shape, {1, 150, 333});
+      this->expect_reference(this->attend_all_regions(this->full_ranges(), BlockProduct::portable),
+                             this->full_ranges());
+    }
+  }
+}
 
 TYPED_TEST(DecodeAttentionTest, MatchesReferenceForEveryModelShape) {
   // Head dims that are not multiples of 8 take the team kernel's one-element loads.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "kv_test_data.hpp"
 #include "synthetic_rates.hpp"
@@ -90,6 +91,20 @@ TEST_F(SchedulerTest, PlanSplitsTheBandAndCoversEveryBlockOnce) {
     for (const auto& s : *list) tokens += s.token_count;
   }
   EXPECT_EQ(tokens, 57 * block_tokens + 5);
+  // Every block of each pool exactly once: the band's two regions share the pinned pool.
+  using Key = std::tuple<int, int, int, int, std::int64_t>;
+  const auto keys = [](std::initializer_list<const std::vector<BlockSegment>*> lists) {
+    std::multiset<Key> out;
+    for (const auto* list : lists)
+      for (const BlockSegment& s : *list) out.insert({s.batch_index, s.slot, s.token_begin, s.token_count, s.position});
+    return out;
+  };
+  const auto in_cache = [&](Region region) { return cache->segments(0, region, {a, b}, ranges); };
+  const auto vram = in_cache(Region::gpu_resident), host = in_cache(Region::cpu_resident),
+             cpu_band = in_cache(Region::cpu_streamed), gpu_band = in_cache(Region::gpu_streamed);
+  EXPECT_EQ(keys({&plan.gpu_resident}), keys({&vram}));
+  EXPECT_EQ(keys({&plan.cpu_resident}), keys({&host}));
+  EXPECT_EQ(keys({&plan.gpu_streamed, &plan.cpu_pinned}), keys({&cpu_band, &gpu_band}));
   // The band goes mostly to the CPU (80 % of all KV on the CPU at the optimum).
   EXPECT_NEAR(prediction.alpha, 0.8 * (1 - 4.0 / 58), 0.05);
   EXPECT_LT(std::abs(prediction.gpu_seconds - prediction.cpu_seconds), 0.1 * prediction.step_seconds);

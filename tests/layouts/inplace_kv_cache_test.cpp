@@ -154,6 +154,15 @@ TYPED_TEST(InplaceKVCacheTest, FallBackFollowsTheDocumentedChain) {
             (std::vector<Region>{Region::gpu_resident, Region::gpu_streamed, Region::cpu_resident}));
   this->expect_tokens(cache, 0, seq, 0);
   EXPECT_THROW(this->append(cache, 0, seq, 3 * block_tokens, 1, {Region::cpu_streamed}), KVCacheError);
+  // The CPU's two pools fall back to each other.
+  for (const Region first : {Region::cpu_resident, Region::cpu_streamed}) {
+    InplaceKVCache<Storage> host_only(small_shape(), blocks_of<Storage>(0, 1, 1), BudgetPolicy::fall_back);
+    const int sequence = host_only.add_sequence();
+    this->append(host_only, 0, sequence, 0, 2 * block_tokens, {first, first});
+    const Region other = first == Region::cpu_resident ? Region::cpu_streamed : Region::cpu_resident;
+    EXPECT_EQ(host_only.block_regions(0, sequence), (std::vector<Region>{first, other}));
+    this->expect_tokens(host_only, 0, sequence, 0);
+  }
 }
 
 TYPED_TEST(InplaceKVCacheTest, AccountsBytesAndFreesSequences) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -37,6 +38,8 @@ struct Product {
     x = Kokkos::create_mirror_view_and_copy(Mem(), x_host);
     w = Kokkos::create_mirror_view_and_copy(Mem(), w_host);
     y = Kokkos::View<float**, Kokkos::LayoutRight, Mem>("writescope::test::y", rows, out);
+    // The products store y, never add to it.
+    Kokkos::deep_copy(y, std::numeric_limits<float>::quiet_NaN());
   }
 
   /// y against x W^T in double.

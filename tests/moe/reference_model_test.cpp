@@ -30,6 +30,15 @@ TEST(RotaryEmbedding, DotProductsDependOnlyOnTheDistance) {
   auto norm = q;
   rope.apply(norm.data(), 128, 12345);
   EXPECT_NEAR(dot(norm, norm), dot(q, q), 1e-3);
+  // It rotates: another distance, another product; and pair (1, 65) turns by
+  // position x theta^(-2/128) with Qwen3's theta of 10^6 (rotate-half pairs).
+  EXPECT_GT(std::abs(rotated_dot(7, 3) - rotated_dot(7, 7)), 0.1);
+  std::vector<float> unit(128, 0.0f);
+  unit[1] = 1.0f;
+  rope.apply(unit.data(), 128, 5);
+  const double angle = 5 * std::pow(1e6, -2.0 / 128);
+  EXPECT_NEAR(unit[1], std::cos(angle), 1e-6);
+  EXPECT_NEAR(unit[65], std::sin(angle), 1e-6);
 }
 
 TEST(RotaryEmbedding, DeepSeekYarnFrequencies) {
