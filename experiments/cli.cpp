@@ -185,16 +185,18 @@ int info_command(const std::vector<std::string>& args, std::ostream& out) {
   return 0;
 }
 
-/// `text` as a T of at least 1 (at most T's largest value): "4294967297" for an int is an error, not 1.
+/// `text` as a T of at least `least` (at most T's largest value): "4294967297" for an int is an error, not 1.
 template <class T = int>
-T positive_integer(const std::string& command, const std::string& option, const std::string& text) {
+T positive_integer(const std::string& command, const std::string& option, const std::string& text, T least = 1) {
   T value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error == std::errc::result_out_of_range || (error == std::errc() && end == text.data() + text.size() && value < 1))
-    throw UsageError(command + ": " + option + " must be an integer in [1, " +
+  if (error == std::errc::result_out_of_range ||
+      (error == std::errc() && end == text.data() + text.size() && value < least))
+    throw UsageError(command + ": " + option + " must be an integer in [" + std::to_string(least) + ", " +
                      std::to_string(std::numeric_limits<T>::max()) + "], got '" + text + "'");
   if (error != std::errc() || end != text.data() + text.size())
-    throw UsageError(command + ": " + option + " must be a positive integer, got '" + text + "'");
+    throw UsageError(command + ": " + option + " must be " + (least == 1 ? "a positive" : "an") + " integer, got '" +
+                     text + "'");
   return value;
 }
 
@@ -348,7 +350,7 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   };
   const std::uint64_t host_budget = byte_option("--host-budget", std::uint64_t{1} << 30);
   const std::uint64_t vram_budget = byte_option("--vram-budget", std::uint64_t{4} << 30);
-  const std::uint64_t seed = options.count("--seed") ? positive_integer<std::uint64_t>("generate", "--seed", options["--seed"]) : 1;
+  const std::uint64_t seed = options.count("--seed") ? positive_integer<std::uint64_t>("generate", "--seed", options["--seed"], 0) : 1;
   // KV blocks fill the VRAM budget first, then host memory; routed experts run on the CPU.
   ModelOptions model_options;
   model_options.vram_budget = vram_budget;
@@ -372,6 +374,7 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   std::optional<ResultsTransaction> txn;
   std::optional<ResultsGroup> group;
   std::string group_name;
+  const bool new_logits_file = options.count("--logits") && !std::filesystem::exists(options["--logits"]);
   if (options.count("--logits")) {
     store.emplace(options["--logits"]);
     for (int n = 0; group_name.empty() || store->contains(group_name); ++n) group_name = "generate_" + std::to_string(n);
@@ -393,9 +396,21 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
              config.rope_theta, ", rope type ", config.rope_scaling.type, ", ", config.experts, " experts, top ",
              config.experts_per_token, " (every setting that changes the math: the logits file's math_settings)");
   model_options.check_finite = true;
-  MoeModel model = from_checkpoint
-                       ? MoeModel::from_checkpoint(SafetensorsCheckpoint(model_name), config, model_options)
-                       : MoeModel::synthetic(config, seed, model_options);
+  MoeModel model = [&] {
+    try {
+      return from_checkpoint ? MoeModel::from_checkpoint(SafetensorsCheckpoint(model_name), config, model_options)
+                             : MoeModel::synthetic(config, seed, model_options);
+    } catch (...) {
+      // No step ran: a logits file this call created would hold nothing.
+      if (new_logits_file) {
+        group.reset();
+        txn.reset();
+        store.reset();
+        std::filesystem::remove(options["--logits"]);
+      }
+      throw;
+    }
+  }();
   const int sequence = model.add_sequence(static_cast<std::int64_t>(prompt.size()) + new_tokens);
   int steps = 0;  // tokens generated
   auto commit = [&](const std::string& error) {
@@ -488,7 +503,7 @@ int make_checkpoint_command(const std::vector<std::string>& args) {
   if (dtype != "bf16" && dtype != "f16" && dtype != "f32")
     throw UsageError("make-checkpoint: --dtype must be bf16, f16 or f32, got '" + dtype + "'");
   const std::uint64_t seed =
-      options.count("--seed") ? positive_integer<std::uint64_t>("make-checkpoint", "--seed", options["--seed"]) : 1;
+      options.count("--seed") ? positive_integer<std::uint64_t>("make-checkpoint", "--seed", options["--seed"], 0) : 1;
   const std::string format = options.count("--config-format") ? options["--config-format"] : "hub";
   if (format != "hub" && format != "transformers5")
     throw UsageError("make-checkpoint: --config-format must be hub or transformers5, got '" + format + "'");
@@ -570,11 +585,15 @@ int predict_command(const std::vector<std::string>& args, std::ostream& out) {
   if (!options.count("--profile")) throw UsageError("predict: --profile is required (a shipped name or a profile file)");
   if (options.count("--cpu-from")) cpu = profile_named_by("predict: --cpu-from", options["--cpu-from"]);
   std::vector<MachineProfile> profiles;
+  std::vector<std::string> names;
   const std::string& listed = options["--profile"];
   for (std::size_t begin = 0, end = 0; end != std::string::npos; begin = end + 1) {
     end = listed.find(',', begin);
     const std::string name = listed.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
     if (name.empty()) throw UsageError("predict: --profile: empty name in '" + listed + "'");
+    if (std::count(names.begin(), names.end(), name))
+      throw UsageError("predict: --profile names '" + name + "' twice in '" + listed + "'");
+    names.push_back(name);
     const MachineProfile profile = profile_named_by("predict: --profile", name);
     profiles.push_back(cpu ? with_cpu_of(profile, *cpu) : profile);
   }

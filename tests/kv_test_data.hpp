@@ -54,9 +54,11 @@ bool host_bf16_products(CpuPath product_path) {
 
 /// The CPU path for host products in a result that GPU products share: in a
 /// CUDA build a merged state holds both, and the reference can round the
-/// queries for all of them or none, so the host products there run on fp32
-/// (the bf16 products are tested where the host spaces do everything).
-inline CpuPath fp32_cpu_path() { return std::min(active_cpu_path(), CpuPath::avx2); }
+/// queries for all of them or none, so the host products there run on the
+/// best fp32 path at or below the active one (avx512_fma where a bf16 path is
+/// pinned; the bf16 products are tested where the host spaces do everything,
+/// and by HostDecode).
+inline CpuPath fp32_cpu_path() { return std::min(active_cpu_path(), CpuPath::avx512_fma); }
 
 /// Decode-attention tolerances against the double reference for unit-normal
 /// values (|v| up to about 4). With bf16 products a weight's rounding moves an

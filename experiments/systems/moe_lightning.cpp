@@ -17,7 +17,8 @@
 // such layer's after each layer, on a copy stream that overlaps the next
 // layer's attention (the GPU waits for it only before that layer's experts);
 // micro-batches whose CPU attention overlaps the GPU's feed-forward of the
-// previous micro-batch (CUDA builds), their number from the same roofline.
+// previous micro-batch (CUDA builds), their number from the same roofline
+// over the layers it pages (the HRM's wish within what the VRAM budget holds).
 // Simplified: attention is always on the CPU and dense weights stay on the
 // GPU (the DESIGN's setting); residency is chosen per layer, not per tensor.
 // Without room for two layers of experts, each activated expert is paged into
@@ -69,6 +70,28 @@ int moe_lightning_resident_layers(const SystemContext& context) {
 
 namespace {
 
+/// The HRM's `wanted` resident layers within `fit` expert slots: all of them
+/// when they fit and the HRM wants all but two or more (two paging halves
+/// would take as much); else as many as fit beside the two halves.
+int resident_within(int wanted, int fit, int layers, int experts) {
+  wanted = std::min(wanted, layers);
+  if (fit >= layers * experts && wanted + 2 >= layers) return layers;
+  return std::clamp(std::min(wanted, fit / experts - 2), 0, layers);
+}
+
+/// The expert slots the VRAM budget leaves after the weights and workspace
+/// (MoeModel::vram_plan's `fit`, with this context's rows and block size).
+int expert_slots_fit(const SystemContext& context) {
+  ModelOptions options;
+  options.vram_budget = context.vram_budget;
+  options.block_tokens = context.block_tokens;
+  options.max_rows = context.batch;
+  const VramUse fixed = MoeModel::fixed_vram(context.model, options);
+  const std::uint64_t used = fixed.weights + fixed.workspace, per_expert = MoeModel::expert_bytes(context.model);
+  if (per_expert == 0 || context.vram_budget <= used) return 0;
+  return static_cast<int>(std::min<std::uint64_t>((context.vram_budget - used) / per_expert, 1u << 30));
+}
+
 class PagedExperts final : public ExpertPolicy {
  public:
   PagedExperts(int experts, int resident_layers) : experts_(experts), wanted_(resident_layers) {}
@@ -117,14 +140,7 @@ class PagedExperts final : public ExpertPolicy {
   }
 
  private:
-  /// The HRM's resident layers within `fit` slots: all of them when they fit
-  /// and the HRM wants all but two or more (two paging halves would take as
-  /// much); else as many as fit beside the two halves.
-  int resident_for(int fit, int layers, int experts) const {
-    const int wanted = std::min(wanted_, layers);
-    if (fit >= layers * experts && wanted + 2 >= layers) return layers;
-    return std::clamp(std::min(wanted, fit / experts - 2), 0, layers);
-  }
+  int resident_for(int fit, int layers, int experts) const { return resident_within(wanted_, fit, layers, experts); }
   /// Resident layers of the allocated slots (slots() above is their inverse).
   int resident(const ExpertResidency& residency) const {
     if (residency.slots() == residency.layers() * experts_) return residency.layers();
@@ -160,11 +176,16 @@ int micro_batches(const SystemContext& context, int paged_layers) {
 }  // namespace
 
 System make_moe_lightning(const SystemContext& context) {
-  const int resident = moe_lightning_resident_layers(context);
+  const int wanted = moe_lightning_resident_layers(context);
   System system = first_fit_system("moe-lightning", context, Region::cpu_resident, false,
-                                   std::make_shared<PagedExperts>(context.model.experts, resident));
+                                   std::make_shared<PagedExperts>(context.model.experts, wanted));
   system.vram_kv = false;
-  system.micro_batches = micro_batches(context, context.model.layers - context.model.dense_layers - resident);
+  // The pipeline pages what the VRAM budget leaves of the HRM's wish.
+  const int moe_layers = context.model.layers - context.model.dense_layers;
+  const int resident = context.model.experts > 0
+                           ? resident_within(wanted, expert_slots_fit(context), moe_layers, context.model.experts)
+                           : moe_layers;
+  system.micro_batches = micro_batches(context, moe_layers - resident);
   return system;
 }
 

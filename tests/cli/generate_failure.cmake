@@ -25,3 +25,14 @@ if(NOT status EQUAL 0)
   message(FATAL_ERROR "the logits file does not hold the steps before the failure:\n${err}")
 endif()
 file(REMOVE_RECURSE "${FOLDER}")
+
+# A model that cannot be built ran no step: the --logits file it would have
+# created is not left behind, empty.
+file(MAKE_DIRECTORY "${FOLDER}")
+execute_process(COMMAND ${COMMAND} generate --model tiny-mixtral --prompt 1 --new-tokens 2 --host-budget 4096TiB
+                        --logits ${FOLDER}/unbuilt.h5
+  RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT status EQUAL 1 OR NOT err MATCHES "host memory: tiny-mixtral" OR EXISTS ${FOLDER}/unbuilt.h5)
+  message(FATAL_ERROR "status ${status}, the empty logits file left: ${FOLDER}/unbuilt.h5; stderr:\n${err}")
+endif()
+file(REMOVE_RECURSE "${FOLDER}")

@@ -830,9 +830,9 @@ TEST_F(HarnessTest, ExpertCopiesArePricedAtTheRateTheContractLeavesThem) {
   auto experiment = [&](std::uint64_t pinned) {
     const std::string yaml = "name: rates\noutput: " + output_ +
                              "\nprofile: test\nmodels: [{preset: mixtral-8x7b, layers: 8}]\n"
-                             "systems: [writescope, moe-lightning]\nbatch_sizes: [4]\ncontexts: [32768]\n"
-                             "max_sequence_tokens: 65536\nbudgets: {vram: 4GiB, pinned: " +
-                             std::to_string(pinned) + "B, host: 64GiB}\nblock_tokens: 256\n";
+                             "systems: [writescope, moe-lightning]\nbatch_sizes: [4]\ncontexts: [131072]\n"
+                             "max_sequence_tokens: 163840\nbudgets: {vram: 24GiB, pinned: " +
+                             std::to_string(pinned) + "B, host: 96GiB}\nblock_tokens: 256\n";
     return ExperimentConfig::from_config(ConfigNode::parse(yaml, "rates.yaml"));
   };
   auto run_of = [&](const ExperimentConfig& config, const std::string& system) {
@@ -848,7 +848,7 @@ TEST_F(HarnessTest, ExpertCopiesArePricedAtTheRateTheContractLeavesThem) {
   };
   // What `system` pins beside the experts (its KV band, staging), and a
   // limit one byte short of the experts beside that.
-  const ExperimentConfig roomy = experiment(std::uint64_t{60} << 30);
+  const ExperimentConfig roomy = experiment(std::uint64_t{90} << 30);
   const auto short_limit_for = [&](const std::string& system) {
     const RunSpec run = run_of(roomy, system);
     const ModelOptions options = impl::prepare_run(roomy, run, gpu).options;

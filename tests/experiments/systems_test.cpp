@@ -496,6 +496,38 @@ TEST(Systems, MoeLightningKeepsWhatItsRooflineWantsResident) {
   EXPECT_EQ(moe_lightning_resident_layers(SystemContext{config, profile, 2, 64, SystemOptions{}}), 0);
 }
 
+// MoE-Lightning's micro-batches are priced on the layers it will page: the
+// HRM's wish within what the VRAM budget holds. A budget that caps residency
+// leaves more paging to overlap with the CPU's attention, and more
+// micro-batches pay for themselves.
+TEST(Systems, MoeLightningsMicroBatchesFollowTheLayersTheBudgetLeavesPaged) {
+  ModelOverrides eight_layers;
+  eight_layers.layers = 8;
+  SystemContext context{apply_overrides(model_preset("tiny-mixtral"), eight_layers), test::tiny_profile(), 4, 4096,
+                        SystemOptions{}};
+  context.profile.has_gpu = true;
+  context.profile.pinned_h2d_gbps = 1e-3;  // paging dominates: the HRM wants every layer resident
+  context.profile.gpu_launch_latency_s = context.profile.cpu_launch_latency_s = 1e-4;
+  context.block_tokens = 8;
+  const ModelConfig& config = context.model;
+  ASSERT_EQ(moe_lightning_resident_layers(context), 8);
+  ModelOptions options;
+  options.block_tokens = context.block_tokens;
+  options.max_rows = context.batch;
+  const VramUse fixed = MoeModel::fixed_vram(config, options);
+  auto micro_batches_with_room_for = [&](int experts) {
+    context.vram_budget =
+        fixed.weights + fixed.workspace + static_cast<std::uint64_t>(experts) * MoeModel::expert_bytes(config);
+    return make_system("moe-lightning", context).micro_batches;
+  };
+  // Every layer resident: only the GPU's (small) expert work beside the CPU's
+  // attention, not worth a second micro-batch's launches.
+  EXPECT_EQ(micro_batches_with_room_for(8 * config.experts), 1);
+  // Two layers resident and six paged over the slow link: the CPU's attention
+  // hides under the paging in micro-batches.
+  EXPECT_GT(micro_batches_with_room_for(4 * config.experts), 1);
+}
+
 // WriteScope's expert choice follows the machine: free GPU experts behind a
 // fast link favour the GPU-expert policies, a GPU that cannot load experts
 // leaves the CPU policy.
