@@ -20,8 +20,12 @@ struct ReferenceKV {
 
 /// Decode attention of one query (q_heads, key_dim) over tokens [begin, end).
 /// o: (q_heads, value_dim); lse: (q_heads), natural log, -inf for an empty range.
+/// spread (when given): (q_heads, value_dim), sqrt(sum p_t^2 v_t^2) / sum p_t,
+/// the size of an output's terms: rounding each term by a relative e moves
+/// the output by about e x spread (tests scale their tolerances by it).
 void reference_decode(const AttentionShape& shape, const float* query, const ReferenceKV& kv, std::int64_t begin,
-                      std::int64_t end, std::vector<double>& o, std::vector<double>& lse);
+                      std::int64_t end, std::vector<double>& o, std::vector<double>& lse,
+                      std::vector<double>* spread = nullptr);
 
 /// Causal prefill: queries (query_tokens, q_heads, key_dim) at positions
 /// [first_position, first_position + query_tokens) attend to tokens

@@ -67,20 +67,31 @@ TYPED_TEST(StreamedDecodeTest, ChunkedDoubleBufferedStreamingMatchesReference) {
       // above (not as the cache reports them): attend each streamed span
       // separately and merge in double.
       const std::vector<std::vector<TokenRange>> streamed{{{0, 250}}, {{5, 32}, {64, 96}, {128, 160}}};
-      std::vector<double> merged_o(shape.q_heads * shape.value_dim, 0.0), merged_lse(shape.q_heads, -INFINITY);
-      for (const TokenRange& span : streamed[b]) {
-        std::vector<double> part_o, part_lse;
+      std::vector<std::vector<double>> part_o(streamed[b].size()), part_lse(streamed[b].size()),
+          part_spread(streamed[b].size());
+      for (std::size_t p = 0; p < streamed[b].size(); ++p)
         reference_decode(shape, host_queries.data() + b * shape.q_heads * shape.key_dim,
-                         ReferenceKV{keys[b].data(), values[b].data(), lengths[b]}, span.begin, span.end, part_o,
-                         part_lse);
-        for (int h = 0; h < shape.q_heads; ++h) {
-          const double m = std::max(merged_lse[h], part_lse[h]);
-          const double total = std::exp(merged_lse[h] - m) + std::exp(part_lse[h] - m);
-          for (int d = 0; d < shape.value_dim; ++d)
-            merged_o[h * shape.value_dim + d] = (std::exp(merged_lse[h] - m) * merged_o[h * shape.value_dim + d] +
-                                                 std::exp(part_lse[h] - m) * part_o[h * shape.value_dim + d]) /
-                                                total;
-          merged_lse[h] = m + std::log(total);
+                         ReferenceKV{keys[b].data(), values[b].data(), lengths[b]}, streamed[b][p].begin,
+                         streamed[b][p].end, part_o[p], part_lse[p], &part_spread[p]);
+      // Each part weighs exp(lse) (relative to the largest); so do its squared terms.
+      std::vector<double> merged_o(shape.q_heads * shape.value_dim, 0.0), merged_lse(shape.q_heads),
+          merged_spread(shape.q_heads * shape.value_dim, 0.0);
+      for (int h = 0; h < shape.q_heads; ++h) {
+        double m = -INFINITY, total = 0;
+        for (const auto& lse_of : part_lse) m = std::max(m, lse_of[h]);
+        for (std::size_t p = 0; p < part_o.size(); ++p) {
+          const double weight = std::exp(part_lse[p][h] - m);
+          total += weight;
+          for (int d = 0; d < shape.value_dim; ++d) {
+            const int e = h * shape.value_dim + d;
+            merged_o[e] += weight * part_o[p][e];
+            merged_spread[e] += weight * weight * part_spread[p][e] * part_spread[p][e];
+          }
+        }
+        merged_lse[h] = m + std::log(total);
+        for (int d = 0; d < shape.value_dim; ++d) {
+          merged_o[h * shape.value_dim + d] /= total;
+          merged_spread[h * shape.value_dim + d] = std::sqrt(merged_spread[h * shape.value_dim + d]) / total;
         }
       }
       const bool rounded = test::host_bf16_products<Scalar>(impl::host_product_path(
@@ -89,7 +100,7 @@ TYPED_TEST(StreamedDecodeTest, ChunkedDoubleBufferedStreamingMatchesReference) {
       for (int h = 0; h < shape.q_heads; ++h) {
         ASSERT_NEAR(lse(b, h), merged_lse[h], test::attention_lse_tolerance(rounded, merged_lse[h]));
         for (int d = 0; d < shape.value_dim; ++d)
-          ASSERT_NEAR(o(b, h, d), merged_o[h * shape.value_dim + d], test::attention_o_tolerance(rounded));
+          ASSERT_NEAR(o(b, h, d), merged_o[h * shape.value_dim + d], test::attention_o_tolerance(rounded, merged_spread[h * shape.value_dim + d]));
       }
     }
   }
