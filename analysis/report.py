@@ -101,7 +101,7 @@ def read_machine(text):
     """The Machine of a recorded setup's top-level `key: value` lines and literal blocks (`key: |`)."""
     fields, block = {}, None
     for line in text.splitlines():
-        if block is not None and line[:1] in (" ", "\t"):
+        if block is not None and (line[:1] in (" ", "\t") or not line):  # yaml-cpp leaves a block's blank lines bare
             fields[block] = (fields[block] + "\n" if fields[block] else "") + line.strip()
             continue
         block = None
@@ -916,7 +916,8 @@ def summary_lines(results, min_context):
     if counts["does_not_fit"] or counts["failed"]:
         lines.append("- Runs that did not fit or failed are listed under [Not run / did not fit](#not-run--did-not-fit) "
                      "and marked x (did not fit) or v (failed) in the speedup figures.")
-    lines.append(f"- Speedups compare mean tokens/s over repetitions at equal model, batch, VRAM budget and context; "
+    lines.append(f"- Speedups compare mean tokens/s over repetitions at equal model, batch, VRAM budget, context and "
+                 f"machine setup; "
                  f"the geometric means use contexts ≥ {context_label(min_context)}. The speedup, α and breakdown "
                  f"figures show {SUBJECT} with its own expert policy, as the system-against-system table does.")
     return lines

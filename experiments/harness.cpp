@@ -101,6 +101,17 @@ SystemContext system_context(const ExperimentConfig& config, const RunSpec& run,
   SystemContext context{run.model->config, profile, run.batch, run.context, config.system_options};
   context.vram_budget = run.vram_budget;
   context.block_tokens = config.block_tokens;
+  context.max_rows = std::max(run.batch, config.context_fill == "prefill" ? 256 : 1);
+  // Streaming chunks of the profile's size (the smallest copy near full link
+  // rate), but never more blocks than one layer of the whole batch holds: the
+  // two landing buffers are VRAM workspace.
+  const std::uint64_t kv_block_bytes =
+      static_cast<std::uint64_t>(run.model->config.attention().block_geometry(config.block_tokens).block_elements()) *
+      sizeof(bf16);
+  const std::uint64_t layer_blocks = static_cast<std::uint64_t>(run.batch) *
+                                     ((config.max_sequence_tokens + config.block_tokens - 1) / config.block_tokens);
+  context.stream_chunk_blocks = static_cast<int>(
+      std::clamp<std::uint64_t>((profile.link_chunk_bytes + kv_block_bytes - 1) / kv_block_bytes, 1, layer_blocks));
   if (!run.expert_policy.empty()) context.options.writescope_experts = run.expert_policy;
   return context;
 }
@@ -134,7 +145,7 @@ ExperimentConfig ExperimentConfig::load(const std::string& path) {
   return config;
 }
 
-ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
+ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool recorded) {
   root.allow_only({"name", "output", "profile", "models", "systems", "batch_sizes", "contexts", "max_total_tokens",
                    "max_sequence_tokens", "budgets", "steps", "repetitions", "seed", "block_tokens", "context_fill",
                    "options"});
@@ -199,11 +210,11 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root) {
       *std::max_element(c.contexts.begin(), c.contexts.end()) + c.warmup_steps + c.measured_steps;
   // Stated, never derived from the runs: a default of the longest run's final
   // length would let the write policies plan for exactly where the runs end.
-  if (!root.has("max_sequence_tokens"))
+  if (!root.has("max_sequence_tokens") && !recorded)
     root.fail("max_sequence_tokens",
               "is required: the longest sequence the systems plan for (a server's configured maximum, at least " +
                   std::to_string(longest) + " tokens here)");
-  c.max_sequence_tokens = root.get<std::int64_t>("max_sequence_tokens");
+  c.max_sequence_tokens = root.get_or<std::int64_t>("max_sequence_tokens", longest);
   if (c.max_sequence_tokens < longest)
     root.fail("max_sequence_tokens", "must hold the longest context plus the warm-up and measured steps (" +
                                          std::to_string(longest) + " tokens), got " +
@@ -585,20 +596,11 @@ RunSetup prepare_run(const ExperimentConfig& config, const RunSpec& run, const M
 
   options.vram_budget = run.vram_budget;
   options.block_tokens = config.block_tokens;
-  options.max_rows = std::max(run.batch, config.context_fill == "prefill" ? 256 : 1);
+  options.max_rows = context.max_rows;
   options.micro_batches = system.micro_batches;
   options.vram_kv = system.vram_kv;
   options.experts = system.experts;
-  // Streaming chunks of the profile's size (the smallest copy near full link
-  // rate), but never more blocks than one layer of the whole batch holds: the
-  // two landing buffers are VRAM workspace.
-  const std::uint64_t kv_block_bytes =
-      static_cast<std::uint64_t>(model_config.attention().block_geometry(config.block_tokens).block_elements()) *
-      sizeof(bf16);
-  const std::uint64_t layer_blocks = static_cast<std::uint64_t>(run.batch) *
-                                     ((config.max_sequence_tokens + config.block_tokens - 1) / config.block_tokens);
-  options.stream_chunk_blocks = static_cast<int>(
-      std::clamp<std::uint64_t>((profile.link_chunk_bytes + kv_block_bytes - 1) / kv_block_bytes, 1, layer_blocks));
+  options.stream_chunk_blocks = context.stream_chunk_blocks;
   setup.profiles = system.experts->profiles_routing();
   const bool profiles = setup.profiles;
   const HostMemoryPlan memory =
@@ -927,7 +929,7 @@ std::vector<std::string> attention_choice_mismatches(const MachineProfile& profi
           describe_next_pass_prefetch(shape), "the next pass requested into", "WRITESCOPE_NEXT_PASS_PREFETCH");
   if (const int tokens = active_head_major_pass(shape); tokens > 0)
     compare(profile.cpu_head_major_pass, std::to_string(tokens), describe_next_pass_prefetch(shape),
-            "head-major passes of", nullptr);
+            "head-major passes of", "WRITESCOPE_HEAD_MAJOR_PASS");
   if (const int tokens = active_token_major_pass(shape); tokens > 0)
     compare(profile.cpu_token_major_pass, std::to_string(tokens), describe_token_major_pass(shape),
             "token-major passes of", "WRITESCOPE_TOKEN_MAJOR_PASS");
@@ -1126,7 +1128,7 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
   }
   // The experiment's runs, in its order: every input run must be one of them.
   const ExperimentConfig config = ExperimentConfig::from_config(
-      ConfigNode::parse(first.string_attribute("/", "config_canonical"), inputs[0] + ":/@config_canonical"));
+      ConfigNode::parse(first.string_attribute("/", "config_canonical"), inputs[0] + ":/@config_canonical"), true);
   const MachineProfile profile = MachineProfile::from_config(
       ConfigNode::parse(first.string_attribute("/profile", "yaml"), inputs[0] + ":/profile@yaml"));
   const std::vector<RunSpec> runs = expand_runs(config, profile);

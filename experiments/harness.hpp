@@ -59,7 +59,10 @@ struct ExperimentConfig {
 
   /// Reads and validates; ConfigError names the file, the field and the reason.
   static ExperimentConfig load(const std::string& path);
-  static ExperimentConfig from_config(const ConfigNode& root);
+  /// `recorded`: the config a results file holds (merge, predict --compare);
+  /// files written before max_sequence_tokens was required planned for the
+  /// longest context plus the steps, which a recorded config without it takes.
+  static ExperimentConfig from_config(const ConfigNode& root, bool recorded = false);
 };
 
 struct RunSpec {

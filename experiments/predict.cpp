@@ -493,29 +493,12 @@ void warn_on_block_size(const ExperimentConfig& config) {
              "blocks slower than the projection says");
 }
 
-}  // namespace
-
-ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::vector<MachineProfile>& profiles,
-                                     const std::string& output, std::ostream& progress) {
-  if (profiles.empty()) throw std::invalid_argument("predict: --profile must name at least one machine profile");
-  warn_on_block_size(config);
-  if (std::filesystem::exists(output)) {
-    const ResultsReader existing(output);
-    if (!existing.has_attribute("/", "predicted") || existing.int_attribute("/", "predicted") != 1)
-      throw std::invalid_argument("predict: " + output +
-                                  " holds measured runs; a projection never overwrites them (give another --output)");
-  }
-  for (std::size_t p = 0; p < profiles.size(); ++p)
-    for (std::size_t q = 0; q < p; ++q)
-      if (profiles[p].name == profiles[q].name)
-        throw std::invalid_argument("predict: --profile names profile '" + profiles[p].name + "' twice");
-  // Every profile's runs first: a profile that cannot price the experiment fails before any file is written.
-  std::vector<std::vector<RunSpec>> runs_of;
-  for (const MachineProfile& profile : profiles) runs_of.push_back(expand_runs(config, profile));
-  if (const auto parent = std::filesystem::path(output).parent_path(); !parent.empty())
-    std::filesystem::create_directories(parent);
-  const std::string machine_yaml = MachineDescription::detect().to_yaml();
-  ResultsStore store(output);
+/// predict_experiment's file, written into `store`.
+ExperimentSummary write_projection(ResultsStore& store, const ExperimentConfig& config,
+                                   const std::vector<MachineProfile>& profiles,
+                                   const std::vector<std::vector<RunSpec>>& runs_of, const std::string& machine_yaml,
+                                   std::ostream& progress) {
+  const std::string& output = store.path();
   // One transaction replaces an earlier projection whole: until the commit the
   // file keeps it (a failure or a kill loses nothing), and a commit rewrites
   // the whole file anyway.
@@ -564,13 +547,50 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
   return summary;
 }
 
+}  // namespace
+
+ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::vector<MachineProfile>& profiles,
+                                     const std::string& output, std::ostream& progress) {
+  if (profiles.empty()) throw std::invalid_argument("predict: --profile must name at least one machine profile");
+  warn_on_block_size(config);
+  const bool created = !std::filesystem::exists(output);
+  if (!created) {
+    const ResultsReader existing(output);
+    const bool projection = existing.has_attribute("/", "predicted") && existing.int_attribute("/", "predicted") == 1;
+    // An empty file is a projection stopped before its commit.
+    const bool empty = !existing.has_attribute("/", "format") && existing.list("/").empty();
+    if (!projection && !empty)
+      throw std::invalid_argument("predict: " + output +
+                                  " holds measured runs; a projection never overwrites them (give another --output)");
+  }
+  for (std::size_t p = 0; p < profiles.size(); ++p)
+    for (std::size_t q = 0; q < p; ++q)
+      if (profiles[p].name == profiles[q].name)
+        throw std::invalid_argument("predict: --profile names profile '" + profiles[p].name + "' twice");
+  // Every profile's runs first: a profile that cannot price the experiment fails before any file is written.
+  std::vector<std::vector<RunSpec>> runs_of;
+  for (const MachineProfile& profile : profiles) runs_of.push_back(expand_runs(config, profile));
+  if (const auto parent = std::filesystem::path(output).parent_path(); !parent.empty())
+    std::filesystem::create_directories(parent);
+  const std::string machine_yaml = MachineDescription::detect().to_yaml();
+  ResultsStore store(output);
+  try {
+    return write_projection(store, config, profiles, runs_of, machine_yaml, progress);
+  } catch (...) {
+    std::error_code ignored;  // the empty file this call created
+    if (created) std::filesystem::remove(output, ignored);
+    throw;
+  }
+}
+
 PredictionComparison compare_predictions(const std::string& results_file, const MachineProfile* cpu_from) {
   const ResultsReader reader(results_file);
   if (reader.has_attribute("/", "predicted") && reader.int_attribute("/", "predicted") == 1)
     throw std::invalid_argument("predict --compare: " + results_file +
                                 " holds predicted runs; compare predictions with a file of measured runs");
   const ExperimentConfig config =
-      ExperimentConfig::from_config(ConfigNode::parse(reader.string_attribute("/", "config"), results_file + ":/config"));
+      ExperimentConfig::from_config(ConfigNode::parse(reader.string_attribute("/", "config"), results_file + ":/config"),
+                                    true);
   const MachineProfile measured_with =
       MachineProfile::from_config(ConfigNode::parse(reader.string_attribute("/profile", "yaml"), results_file + ":/profile"));
   const MachineProfile profile = cpu_from ? with_cpu_of(measured_with, *cpu_from) : measured_with;

@@ -34,6 +34,8 @@ struct SystemContext {
   SystemOptions options;
   std::uint64_t vram_budget = 0;
   int block_tokens = 64;
+  int max_rows = 1;                      // most tokens a forward pass carries (ModelOptions::max_rows)
+  int stream_chunk_blocks = 8;           // KV blocks per streaming chunk (ModelOptions::stream_chunk_blocks)
   bool experts_pinned = true;            // expert copies run at the pinned (else pageable) link rate
 };
 

@@ -46,7 +46,8 @@ std::string writescope_expert_choice(const SystemContext& context) {
   ModelOptions options;
   options.vram_budget = context.vram_budget;
   options.block_tokens = context.block_tokens;
-  options.max_rows = context.batch;
+  options.max_rows = std::max(context.batch, context.max_rows);
+  options.stream_chunk_blocks = context.stream_chunk_blocks;
   const VramUse fixed = MoeModel::fixed_vram(c, options);
   const double free_vram = std::max(0.0, static_cast<double>(context.vram_budget) - fixed.weights - fixed.workspace);
   const int moe_layers = c.layers - c.dense_layers;

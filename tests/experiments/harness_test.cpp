@@ -110,6 +110,10 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
                                       "plan for (a server's configured maximum, at least 18 tokens here)"),
             std::string::npos)
       << error_of(no_maximum);
+  // A results file's recorded config from before the field was required
+  // planned for the longest context plus the steps.
+  EXPECT_EQ(ExperimentConfig::from_config(ConfigNode::parse(no_maximum, "recorded.yaml"), true).max_sequence_tokens,
+            18);
   std::string pinned_above_host = base;
   pinned_above_host.replace(pinned_above_host.find("pinned: 1GiB"), 12, "pinned: 2GiB");
   EXPECT_NE(error_of(pinned_above_host + "systems: [fiddler]\n").find("cannot exceed the host budget"),
@@ -276,7 +280,9 @@ TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
               "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with head-major "
               "passes of " +
                   other_head_major_pass + " but this process takes " + describe_next_pass_prefetch(shape) +
-                  "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate)");
+                  "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
+                  "WRITESCOPE_HEAD_MAJOR_PASS=" +
+                  other_head_major_pass + ")");
   }
   if (pass > 0)
     EXPECT_EQ(warnings.back(), "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with token-major "
@@ -877,6 +883,28 @@ TEST_F(HarnessTest, ExpertCopiesArePricedAtTheRateTheContractLeavesThem) {
   const impl::RunSetup setup = impl::prepare_run(lightning_limit, lightning, gpu);
   EXPECT_FALSE(setup.options.pin_experts);
   EXPECT_EQ(setup.options.micro_batches, pageable_micro_batches);
+}
+
+// A run's forward passes carry a prompt chunk's rows where prompts go
+// through prefill, and its KV streams in chunks of the profile's size, at
+// most one layer of the batch: the systems are built with the same (their
+// VRAM plans price that workspace).
+TEST_F(HarnessTest, RunsCarryPrefillRowsAndStreamChunksOfTheProfilesSize) {
+  MachineProfile profile = test::tiny_profile();
+  const ExperimentConfig prefill = config("context_fill: prefill\n");
+  const RunSpec run = expand_runs(prefill, profile).front();
+  const std::uint64_t block_bytes =
+      static_cast<std::uint64_t>(run.model->config.attention().block_geometry(8).block_elements()) * sizeof(bf16);
+  profile.link_chunk_bytes = 3 * block_bytes - 1;
+  impl::RunSetup setup = impl::prepare_run(prefill, run, profile);
+  EXPECT_EQ(setup.options.max_rows, 256);
+  EXPECT_EQ(setup.context.max_rows, 256);
+  EXPECT_EQ(setup.options.stream_chunk_blocks, 3);
+  EXPECT_EQ(setup.context.stream_chunk_blocks, 3);
+  profile.link_chunk_bytes = std::uint64_t{1} << 40;
+  setup = impl::prepare_run(config(), expand_runs(config(), profile).front(), profile);
+  EXPECT_EQ(setup.options.max_rows, 2);  // the batch
+  EXPECT_EQ(setup.options.stream_chunk_blocks, 2 * ((44 + 7) / 8));  // one layer of the batch at max_sequence_tokens
 }
 
 // The processes that time CPU attention at other thread counts take this

@@ -314,6 +314,11 @@ TEST_F(PredictFileTest, WritesEveryRunOfEveryProfileMarkedPredicted) {
   EXPECT_EQ(ResultsReader(output).list("/profiles"), std::vector<std::string>{"test"});
   EXPECT_EQ(ResultsReader(output).list("/runs").size(), runs.size() / 2);
   EXPECT_EQ(fs::file_size(output), fs::file_size(fresh));
+  // A projection stopped before its commit leaves an empty file, which the next one takes.
+  const std::string stopped = (dir_ / "stopped.h5").string();
+  { const ResultsStore empty(stopped); }
+  predict_experiment(config(), {round_profile()}, stopped, progress);
+  EXPECT_EQ(ResultsReader(stopped).list("/runs").size(), runs.size() / 2);
 }
 
 TEST_F(PredictFileTest, NeverOverwritesMeasuredRunsAndComparesOnlyMeasuredOnes) {
