@@ -74,6 +74,9 @@ std::string writescope_expert_choice(const SystemContext& context);
 
 /// The roofline model of `context`'s machine and model shape.
 RooflineModel roofline_of(const SystemContext& context);
+/// The fixed VRAM (MoeModel::fixed_vram: weights, workspace) of the context's
+/// run: its budget, block size, rows and streaming chunks.
+VramUse fixed_vram_of(const SystemContext& context);
 /// Expert costs from the machine profile.
 ExpertCosts expert_costs_of(const SystemContext& context);
 

@@ -83,12 +83,7 @@ int resident_within(int wanted, int fit, int layers, int experts) {
 /// (MoeModel::vram_plan's `fit`, with this context's rows, block size and
 /// streaming chunks).
 int expert_slots_fit(const SystemContext& context) {
-  ModelOptions options;
-  options.vram_budget = context.vram_budget;
-  options.block_tokens = context.block_tokens;
-  options.max_rows = std::max(context.batch, context.max_rows);
-  options.stream_chunk_blocks = context.stream_chunk_blocks;
-  const VramUse fixed = MoeModel::fixed_vram(context.model, options);
+  const VramUse fixed = fixed_vram_of(context);
   const std::uint64_t used = fixed.weights + fixed.workspace, per_expert = MoeModel::expert_bytes(context.model);
   if (per_expert == 0 || context.vram_budget <= used) return 0;
   return static_cast<int>(std::min<std::uint64_t>((context.vram_budget - used) / per_expert, 1u << 30));

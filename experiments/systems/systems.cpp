@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <stdexcept>
 
 #include "experiments/systems.hpp"
@@ -43,6 +44,15 @@ System first_fit_system(const std::string& name, const SystemContext& context, R
 RooflineModel roofline_of(const SystemContext& context) {
   return RooflineModel(
       ModelRates::from_profile(context.profile, context.model.attention().name, context.profile.cpu_threads));
+}
+
+VramUse fixed_vram_of(const SystemContext& context) {
+  ModelOptions options;
+  options.vram_budget = context.vram_budget;
+  options.block_tokens = context.block_tokens;
+  options.max_rows = std::max(context.batch, context.max_rows);
+  options.stream_chunk_blocks = context.stream_chunk_blocks;
+  return MoeModel::fixed_vram(context.model, options);
 }
 
 ExpertCosts expert_costs_of(const SystemContext& context) {

@@ -43,12 +43,7 @@ std::string writescope_expert_choice(const SystemContext& context) {
   const ExpertCosts costs = expert_costs_of(context);
   const RooflineModel roofline = roofline_of(context);
   const AttentionShape shape = c.attention();
-  ModelOptions options;
-  options.vram_budget = context.vram_budget;
-  options.block_tokens = context.block_tokens;
-  options.max_rows = std::max(context.batch, context.max_rows);
-  options.stream_chunk_blocks = context.stream_chunk_blocks;
-  const VramUse fixed = MoeModel::fixed_vram(c, options);
+  const VramUse fixed = fixed_vram_of(context);
   const double free_vram = std::max(0.0, static_cast<double>(context.vram_budget) - fixed.weights - fixed.workspace);
   const int moe_layers = c.layers - c.dense_layers;
   const double experts = c.experts, batch = context.batch;
