@@ -24,10 +24,12 @@ WriteScopeScheduler<Scalar>::WriteScopeScheduler(const RooflineModel& model, con
       options_(options),
       fmas_per_byte_(shape.fmas_per_byte(sizeof(Scalar))),
       bytes_per_token_(static_cast<double>(cache.block_bytes()) / cache.geometry().block_tokens),
-      cpu_rate_(model.rates().cpu_attention_gbps * 1e9),
+      cpu_speed_(1.0),
       link_rate_(model.rates().has_gpu ? model.rates().link_gbps * 1e9 : 1.0),
       resident_rate_(model.rates().has_gpu ? model.rates().hbm_gbps * 1e9 : 1.0),
       resident_blocks_(static_cast<std::size_t>(cache.shape().layers), 0) {
+  if (!(model.rates().cpu_attention_gbps > 0 && model.rates().cpu_streamed_attention_gbps > 0))
+    throw std::invalid_argument("scheduler: the CPU attention rates (CpuResident's and the band's) must be positive");
   if (!(options.resident_headroom > 0 && options.resident_headroom <= 1))
     throw std::invalid_argument("scheduler: resident_headroom must be in (0, 1]");
   if (!(options.untimed_relaxation >= 0 && options.untimed_relaxation <= 1))
@@ -56,8 +58,10 @@ std::vector<Region> WriteScopeScheduler<Scalar>::place(int layer, int sequence, 
                      static_cast<double>(expected_blocks - expected_resident) * block_bytes};
   const double cpu_fraction =
       expected.movable > 0 ? model_.best_split(expected, fmas_per_byte_, 0).cpu_movable_bytes / expected.movable : 0;
+  // The share fixed in CpuResident is read head-major: priced at that kernel's rate, with headroom.
   RooflineModel cautious = model_;
   cautious.rates().cpu_attention_gbps *= options_.resident_headroom;
+  cautious.rates().cpu_streamed_attention_gbps = cautious.rates().cpu_attention_gbps;
   cautious.rates().cpu_fma_glanes *= options_.resident_headroom;
   const double resident_fraction =
       expected.movable > 0 ? cautious.best_split(expected, fmas_per_byte_, 0).cpu_movable_bytes / expected.movable : 0;
@@ -145,19 +149,23 @@ void WriteScopeScheduler<Scalar>::observe(const SplitPlan& plan, const SplitTimi
   if (!options_.feedback) return;
   // A rate from a time that is mostly the fixed latency is noise: a
   // microsecond either way in either makes it any number. Only times of at
-  // least twice the latency are samples.
-  const auto sample = [](RateEstimator& rate, double bytes, double seconds, double latency) {
-    if (!(bytes > 0 && seconds > latency && seconds >= 2 * latency)) return false;
-    rate.observe(bytes / (seconds - latency));
+  // least twice the latency are samples. `work` is bytes, or for the CPU the
+  // seconds its bytes take at the profile's rates.
+  const auto sample = [](RateEstimator& rate, double work, double seconds, double latency) {
+    if (!(work > 0 && seconds > latency && seconds >= 2 * latency)) return false;
+    rate.observe(work / (seconds - latency));
     return true;
   };
   const StepBytes bytes = bytes_of(plan);
-  const double cpu_bytes = bytes.cpu_resident + segment_bytes(plan.cpu_pinned);
+  const double cpu_band_bytes = segment_bytes(plan.cpu_pinned);
+  const double cpu_profile_seconds =
+      bytes.cpu_resident / (profile_.cpu_attention_gbps * 1e9) +
+      cpu_band_bytes / (profile_.cpu_streamed_attention_gbps * 1e9);
   const bool band = !plan.cpu_pinned.empty() || !plan.gpu_streamed.empty();
-  if (sample(cpu_rate_, cpu_bytes, timings.cpu_seconds, model_.rates().cpu_latency_s))
+  if (sample(cpu_speed_, cpu_profile_seconds, timings.cpu_seconds, model_.rates().cpu_latency_s))
     cpu_timed_ = true;
   else if (band && plan.cpu_pinned.empty())
-    cpu_rate_.relax(profile_.cpu_attention_gbps * 1e9, options_.untimed_relaxation);
+    cpu_speed_.relax(1.0, options_.untimed_relaxation);
   if (model_.rates().has_gpu) {
     if (!sample(link_rate_, segment_bytes(plan.gpu_streamed), timings.streamed_seconds,
                 model_.rates().link_latency_s) &&
@@ -168,9 +176,10 @@ void WriteScopeScheduler<Scalar>::observe(const SplitPlan& plan, const SplitTimi
     model_.rates().hbm_gbps = resident_rate_.value() / 1e9;
   }
   // A measured rate already includes the CPU's compute limit; until the CPU
-  // has been timed, the profile's rate and limit stand.
+  // has been timed, the profile's rates and limit stand.
   if (cpu_timed_) {
-    model_.rates().cpu_attention_gbps = cpu_rate_.value() / 1e9;
+    model_.rates().cpu_attention_gbps = cpu_speed_.value() * profile_.cpu_attention_gbps;
+    model_.rates().cpu_streamed_attention_gbps = cpu_speed_.value() * profile_.cpu_streamed_attention_gbps;
     model_.rates().cpu_fma_glanes = 0;
   }
 }

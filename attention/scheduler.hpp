@@ -72,7 +72,10 @@ class WriteScopeScheduler {
   SchedulerOptions options_;
   double fmas_per_byte_;
   double bytes_per_token_;
-  RateEstimator cpu_rate_, link_rate_, resident_rate_;
+  /// The CPU's measured speed as a multiple of the profile's attention rates
+  /// (both block orders: a step times them together); the link's and VRAM's
+  /// rates in bytes per second.
+  RateEstimator cpu_speed_, link_rate_, resident_rate_;
   bool cpu_timed_ = false;  // whether observe() has had a CPU share to time
   std::vector<std::int64_t> resident_blocks_;  // per layer, placed by this scheduler
 };

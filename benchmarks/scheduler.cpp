@@ -32,7 +32,8 @@ ModelRates measured_rates(const AttentionShape& shape) {
 #else
   r.hbm_gbps = r.link_gbps = bench::host_dram_read_gbps();
 #endif
-  r.cpu_attention_gbps = measure_cpu_attention_gbps(shape, 8192);
+  r.cpu_attention_gbps = measure_cpu_attention_gbps(shape, BlockOrder::head_major, 8192);
+  r.cpu_streamed_attention_gbps = measure_cpu_attention_gbps(shape, BlockOrder::token_major, 8192);
   return r;
 }
 

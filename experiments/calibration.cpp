@@ -9,6 +9,7 @@
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 #include "attention/decode.hpp"
 #include "attention/host_prefetch.hpp"
@@ -478,11 +479,12 @@ RotatedCaches rotated_caches(const AttentionShape& shape, Region region, std::in
 namespace {
 
 /// Decode attention of one query over `tokens` tokens, all in `region` of a
-/// one-layer cache, read by ExecSpace from `pool` in `order`: KV bytes per
-/// second, best of five.
-template <class ExecSpace, class MemSpace, class PoolOf>
+/// one-layer cache, read by ExecSpace from `pool` (in PoolSpace) in `order`:
+/// KV bytes per second, best of five.
+template <class ExecSpace, class PoolSpace, class PoolOf>
 double measure_decode_gbps(const AttentionShape& shape, std::int64_t tokens, Region region, BlockOrder order,
                            PoolOf pool_of) {
+  using MemSpace = typename ExecSpace::memory_space;
   // Copies rotated past the last-level cache: the rate of KV read from
   // DRAM, as a long context's decode step reads it.
   const RotatedCaches rotated = rotated_caches(shape, region, tokens);
@@ -494,8 +496,8 @@ double measure_decode_gbps(const AttentionShape& shape, std::int64_t tokens, Reg
   int next = 0;
   auto run = [&](const ExecSpace& space) {
     const InplaceKVCache<bf16>& cache = *rotated.caches[next];
-    decode_attention<ExecSpace, bf16, MemSpace>(space, shape, cache.geometry(), order, queries, (cache.*pool_of)(),
-                                                rotated.segments[next], workspace, out);
+    decode_attention<ExecSpace, bf16, PoolSpace>(space, shape, cache.geometry(), order, queries, (cache.*pool_of)(),
+                                                 rotated.segments[next], workspace, out);
     next = (next + 1) % rotated.copies();
   };
   run(ExecSpace());
@@ -504,19 +506,25 @@ double measure_decode_gbps(const AttentionShape& shape, std::int64_t tokens, Reg
 
 }  // namespace
 
-double measure_cpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens) {
-  return measure_decode_gbps<HostExecSpace, HostMemSpace>(shape, tokens, Region::cpu_resident, BlockOrder::head_major,
-                                                          &InplaceKVCache<bf16>::host_pool);
+double measure_cpu_attention_gbps(const AttentionShape& shape, BlockOrder order, std::int64_t tokens) {
+  if (order == BlockOrder::head_major)
+    return measure_decode_gbps<HostExecSpace, HostMemSpace>(shape, tokens, Region::cpu_resident, order,
+                                                            &InplaceKVCache<bf16>::host_pool);
+  return measure_decode_gbps<HostExecSpace, PinnedMemSpace>(shape, tokens, Region::cpu_streamed, order,
+                                                            &InplaceKVCache<bf16>::pinned_pool);
 }
 
-std::string cpu_attention_child_command(const std::string& executable, const AttentionShape& shape, int threads,
-                                        std::int64_t tokens) {
+std::string cpu_attention_child_command(const std::string& executable, const AttentionShape& shape,
+                                        BlockOrder order, int threads, std::int64_t tokens) {
+  const bool head_major = order == BlockOrder::head_major;
   std::ostringstream command;
   command << "OMP_NUM_THREADS=" << threads << " OMP_PROC_BIND=spread OMP_PLACES=threads WRITESCOPE_CPU_PATH="
-          << cpu_path_name(active_decode_cpu_path(shape, BlockOrder::head_major))
+          << cpu_path_name(active_decode_cpu_path(shape, order))
           << " WRITESCOPE_NEXT_PASS_PREFETCH=" << prefetch_level_name(active_next_pass_prefetch(shape));
-  if (const int pass = active_head_major_pass(shape); pass > 0) command << " WRITESCOPE_HEAD_MAJOR_PASS=" << pass;
-  command << " '" << executable << "' calibrate-attention --shape " << shape.name << " --tokens " << tokens;
+  const int pass = head_major ? active_head_major_pass(shape) : active_token_major_pass(shape);
+  if (pass > 0) command << (head_major ? " WRITESCOPE_HEAD_MAJOR_PASS=" : " WRITESCOPE_TOKEN_MAJOR_PASS=") << pass;
+  command << " '" << executable << "' calibrate-attention --shape " << shape.name << " --order "
+          << (head_major ? "head-major" : "token-major") << " --tokens " << tokens;
   return command.str();
 }
 
@@ -536,9 +544,9 @@ std::string exit_description(int status) {
 }
 
 /// Runs cpu_attention_child_command and reads the rate it prints last.
-double attention_in_child(const std::string& executable, const AttentionShape& shape, int threads,
+double attention_in_child(const std::string& executable, const AttentionShape& shape, BlockOrder order, int threads,
                           std::int64_t tokens) {
-  const std::string command = cpu_attention_child_command(executable, shape, threads, tokens) + " 2>&1";
+  const std::string command = cpu_attention_child_command(executable, shape, order, threads, tokens) + " 2>&1";
   std::FILE* pipe = nullptr;
   with_startup_affinity([&] { pipe = popen(command.c_str(), "r"); });
   if (pipe == nullptr) throw std::runtime_error("calibrate: cannot start '" + command + "'");
@@ -591,6 +599,8 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
     // This process's path and level for the shape (measured per shape), which its rates at all threads use.
     progress("product path of the decode over head-major blocks, " + shape.name + " ...");
     p.cpu_decode_path[shape.name] = cpu_path_name(decode_product_path(shape, BlockOrder::head_major));
+    progress("product path of the decode over token-major blocks, " + shape.name + " ...");
+    p.cpu_streamed_decode_path[shape.name] = cpu_path_name(decode_product_path(shape, BlockOrder::token_major));
     progress("next-pass prefetch level of the decode products, " + shape.name + " ...");
     p.cpu_next_pass_prefetch[shape.name] = prefetch_level_name(active_next_pass_prefetch(shape));
     if (const int tokens = active_head_major_pass(shape); tokens > 0)
@@ -598,12 +608,17 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
     progress("token-major pass of the decode products, " + shape.name + " ...");
     if (const int tokens = active_token_major_pass(shape); tokens > 0)
       p.cpu_token_major_pass[shape.name] = std::to_string(tokens);
-    for (int t : threads) {
-      progress("CPU attention, " + shape.name + ", " + std::to_string(t) + " threads ...");
-      p.cpu_attention_gbps[shape.name][t] =
-          t == p.cpu_threads ? measure_cpu_attention_gbps(shape, options.attention_tokens)
-                             : attention_in_child(options.executable, shape, t, options.attention_tokens);
-    }
+    // CpuResident's head-major blocks and the band's token-major ones: a step reads both.
+    for (const auto& [order, rates, where] :
+         {std::tuple{BlockOrder::head_major, &p.cpu_attention_gbps, "CpuResident"},
+          std::tuple{BlockOrder::token_major, &p.cpu_streamed_attention_gbps, "the pinned band"}})
+      for (int t : threads) {
+        progress("CPU attention over " + std::string(where) + ", " + shape.name + ", " + std::to_string(t) +
+                 " threads ...");
+        (*rates)[shape.name][t] =
+            t == p.cpu_threads ? measure_cpu_attention_gbps(shape, order, options.attention_tokens)
+                               : attention_in_child(options.executable, shape, order, t, options.attention_tokens);
+      }
   }
 #ifdef KOKKOS_ENABLE_CUDA
   constexpr std::int64_t copy_bytes = std::int64_t{256} << 20;

@@ -166,17 +166,20 @@ struct RotatedCaches {
 };
 RotatedCaches rotated_caches(const AttentionShape& shape, Region region, std::int64_t tokens);
 
-/// CPU decode attention over `tokens` CpuResident tokens read from DRAM
-/// (rotated_caches): KV bytes per second, best of five.
-double measure_cpu_attention_gbps(const AttentionShape& shape, std::int64_t tokens);
+/// CPU decode attention over `tokens` tokens read from DRAM (rotated_caches):
+/// over CpuResident's head-major blocks in host memory for
+/// BlockOrder::head_major, over the pinned band's token-major blocks
+/// (CpuStreamed) for token_major. KV bytes per second, best of five.
+double measure_cpu_attention_gbps(const AttentionShape& shape, BlockOrder order, std::int64_t tokens);
 
-/// The command that measures measure_cpu_attention_gbps with `threads`
-/// OpenMP threads in a process of its own (`executable calibrate-attention`),
-/// with this process' product path, next-pass level and head-major passes
-/// for `shape` pinned: every thread count's rate is then of the choices the
-/// profile records, not of the child's own probes.
-std::string cpu_attention_child_command(const std::string& executable, const AttentionShape& shape, int threads,
-                                        std::int64_t tokens);
+/// The command that measures measure_cpu_attention_gbps in `order` with
+/// `threads` OpenMP threads in a process of its own (`executable
+/// calibrate-attention`), with this process' product path for the order,
+/// next-pass level and passes of the order for `shape` pinned: every thread
+/// count's rate is then of the choices the profile records, not of the
+/// child's own probes.
+std::string cpu_attention_child_command(const std::string& executable, const AttentionShape& shape,
+                                        BlockOrder order, int threads, std::int64_t tokens);
 
 /// GPU decode attention over `tokens` VRAM-resident tokens (the kernel the
 /// split runs, not a copy): KV bytes per second, best of five.
@@ -207,8 +210,8 @@ struct CalibrationOptions {
 
 /// Measures everything a MachineProfile holds. CPU attention at other thread
 /// counts runs in child processes of `options.executable` (Kokkos fixes the
-/// thread count at start-up): `<executable> calibrate-attention --shape S --tokens N`
-/// with OMP_NUM_THREADS set. `progress` receives one line per measurement.
+/// thread count at start-up): cpu_attention_child_command, once per block
+/// order. `progress` receives one line per measurement.
 MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progress)(const std::string&));
 
 }  // namespace writescope

@@ -245,11 +245,17 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
 }
 
 int calibrate_attention_command(const std::vector<std::string>& args, std::ostream& out) {
-  auto options = parse_options("calibrate-attention", args, {"--shape", "--tokens"});
+  auto options = parse_options("calibrate-attention", args, {"--shape", "--order", "--tokens"});
   if (!options.count("--shape")) throw UsageError("calibrate-attention: --shape is required");
   const std::int64_t tokens =
       options.count("--tokens") ? positive_integer<std::int64_t>("calibrate-attention", "--tokens", options["--tokens"]) : 32768;
-  out << std::setprecision(17) << measure_cpu_attention_gbps(attention_shape(options["--shape"]), tokens) << "\n";
+  const std::string order = options.count("--order") ? options["--order"] : "head-major";
+  if (order != "head-major" && order != "token-major")
+    throw UsageError("calibrate-attention: --order must be head-major or token-major, got '" + order + "'");
+  out << std::setprecision(17)
+      << measure_cpu_attention_gbps(attention_shape(options["--shape"]),
+                                    order == "head-major" ? BlockOrder::head_major : BlockOrder::token_major, tokens)
+      << "\n";
   return 0;
 }
 

@@ -692,6 +692,7 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
   result.vram = model.vram_use();
   result.attention_fmas_per_byte = model.attention_shape().fmas_per_byte(sizeof(bf16));
   result.cpu_attention_gbps = roofline_of(context).rates().cpu_attention_gbps;
+  result.cpu_streamed_attention_gbps = roofline_of(context).rates().cpu_streamed_attention_gbps;
   const int steps = config.warmup_steps + config.measured_steps;
   for (int step = 0; step < steps; ++step) {
     const bool measured = step >= config.warmup_steps;
@@ -777,6 +778,7 @@ void write_run(ResultsGroup& runs, const std::string& name, const ExperimentConf
   g.set_attribute("layers", static_cast<std::int64_t>(m.layers));
   g.set_attribute("attention_fmas_per_byte", r.attention_fmas_per_byte);
   g.set_attribute("cpu_attention_gbps", r.cpu_attention_gbps);
+  g.set_attribute("cpu_streamed_attention_gbps", r.cpu_streamed_attention_gbps);
   g.set_attribute("micro_batches", static_cast<std::int64_t>(r.micro_batches));
   g.set_attribute("planned_sequence_tokens", r.planned_sequence_tokens);
   g.set_attribute("pinned_bytes", static_cast<std::int64_t>(r.host.pinned()));
@@ -852,7 +854,7 @@ bool check_resume(ResultsStore& store, const ExperimentConfig& config, const Mac
   // Another program's HDF5 file is left as it is: writing the experiment's
   // attributes would replace its own (and its /profile).
   if (const std::string format = reader.has_attribute("/", "format") ? reader.string_attribute("/", "format") : "";
-      format != results_format && (!format.empty() || !reader.list("/").empty()))
+      format != results_format && !reader.holds_nothing())
     throw std::invalid_argument(config.output + " is not a writescope results file (format '" +
                                 (format.empty() ? std::string("none") : format) + "', not '" + results_format +
                                 "'); write to another --output");
@@ -923,8 +925,20 @@ std::vector<std::string> attention_choice_mismatches(const MachineProfile& profi
                          (variable ? std::string(", or set ") + variable + "=" + stated->second : std::string()) +
                          ")");
   };
+  // WRITESCOPE_CPU_PATH pins both block orders: it restores the profile's paths only where they are one.
+  const auto stated_path = [&](const std::map<std::string, std::string>& by_shape) {
+    const auto found = by_shape.find(shape.name);
+    return found == by_shape.end() ? std::string() : found->second;
+  };
+  const std::string head_major_path = stated_path(profile.cpu_decode_path),
+                    token_major_path = stated_path(profile.cpu_streamed_decode_path);
+  const char* path_variable = head_major_path.empty() || token_major_path.empty() || head_major_path == token_major_path
+                                  ? "WRITESCOPE_CPU_PATH"
+                                  : nullptr;
   compare(profile.cpu_decode_path, cpu_path_name(decode_product_path(shape, BlockOrder::head_major)),
-          describe_decode_cpu_path(shape, BlockOrder::head_major), "the products on", "WRITESCOPE_CPU_PATH");
+          describe_decode_cpu_path(shape, BlockOrder::head_major), "the head-major products on", path_variable);
+  compare(profile.cpu_streamed_decode_path, cpu_path_name(decode_product_path(shape, BlockOrder::token_major)),
+          describe_decode_cpu_path(shape, BlockOrder::token_major), "the token-major products on", path_variable);
   compare(profile.cpu_next_pass_prefetch, prefetch_level_name(active_next_pass_prefetch(shape)),
           describe_next_pass_prefetch(shape), "the next pass requested into", "WRITESCOPE_NEXT_PASS_PREFETCH");
   if (const int tokens = active_head_major_pass(shape); tokens > 0)

@@ -154,9 +154,10 @@ SplitTimings price_attention(const StepRates& r, const StepBytes& bytes, double 
     if (bytes.gpu_resident > 0 && resident >= t.streamed_seconds) t.resident_seconds = resident;
   } else {
     t.gpu_seconds = bytes.gpu_resident + streamed > 0
-                        ? r.roofline.cpu_seconds(bytes.gpu_resident + streamed, r.fmas_per_byte, 0) + t.streamed_seconds
+                        ? r.roofline.cpu_seconds(0, bytes.gpu_resident + streamed, r.fmas_per_byte, 0) +
+                              t.streamed_seconds
                         : 0.0;
-    t.cpu_seconds = r.roofline.cpu_seconds(bytes.cpu_resident + cpu_movable, r.fmas_per_byte, 0);
+    t.cpu_seconds = r.roofline.cpu_seconds(bytes.cpu_resident, cpu_movable, r.fmas_per_byte, 0);
     t.step_seconds = t.gpu_seconds + t.cpu_seconds;
   }
   t.streamed_bytes = static_cast<std::uint64_t>(streamed);
@@ -469,6 +470,7 @@ impl::RunResult predict_run(const ExperimentConfig& config, const RunSpec& run, 
   result.host = priced.host;
   result.attention_fmas_per_byte = run.model->config.attention().fmas_per_byte(sizeof(bf16));
   result.cpu_attention_gbps = roofline_of(setup.context).rates().cpu_attention_gbps;
+  result.cpu_streamed_attention_gbps = roofline_of(setup.context).rates().cpu_streamed_attention_gbps;
   return result;
 }
 
@@ -557,9 +559,8 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
   if (!created) {
     const ResultsReader existing(output);
     const bool projection = existing.has_attribute("/", "predicted") && existing.int_attribute("/", "predicted") == 1;
-    // An empty file is a projection stopped before its commit.
-    const bool empty = !existing.has_attribute("/", "format") && existing.list("/").empty();
-    if (!projection && !empty)
+    // A file that holds nothing is a projection stopped before its commit.
+    if (!projection && !existing.holds_nothing())
       throw std::invalid_argument("predict: " + output +
                                   " holds measured runs; a projection never overwrites them (give another --output)");
   }
@@ -679,6 +680,7 @@ MachineProfile with_cpu_of(const MachineProfile& base, const MachineProfile& cpu
   p.cpu_dram_read_gbps = cpu.cpu_dram_read_gbps;
   p.cpu_path = cpu.cpu_path;
   p.cpu_decode_path = cpu.cpu_decode_path;
+  p.cpu_streamed_decode_path = cpu.cpu_streamed_decode_path;
   p.cpu_next_pass_prefetch = cpu.cpu_next_pass_prefetch;
   p.cpu_token_major_pass = cpu.cpu_token_major_pass;
   p.cpu_head_major_pass = cpu.cpu_head_major_pass;
@@ -687,6 +689,7 @@ MachineProfile with_cpu_of(const MachineProfile& base, const MachineProfile& cpu
   p.cpu_expert_gbps = cpu.cpu_expert_gbps;
   p.cpu_expert_gflops = cpu.cpu_expert_gflops;
   p.cpu_attention_gbps = cpu.cpu_attention_gbps;
+  p.cpu_streamed_attention_gbps = cpu.cpu_streamed_attention_gbps;
   p.sources["cpu"] = "from profile '" + cpu.name + "': " + cpu.source_of("cpu");
   return p;
 }

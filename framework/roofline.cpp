@@ -58,9 +58,9 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     if (p.link_chunk_bytes == 0) link.fail("chunk_bytes", "must be positive");
   }
   const ConfigNode cpu = root.child("cpu");
-  cpu.allow_only({"threads", "dram_read_gbps", "path", "decode_path", "next_pass_prefetch", "head_major_pass",
-                  "token_major_pass", "fma_glanes", "launch_latency_us", "expert_gbps", "expert_gflops", "gemv_gbps",
-                  "gemm_gflops", "attention_gbps"});
+  cpu.allow_only({"threads", "dram_read_gbps", "path", "decode_path", "streamed_decode_path", "next_pass_prefetch",
+                  "head_major_pass", "token_major_pass", "fma_glanes", "launch_latency_us", "expert_gbps",
+                  "expert_gflops", "gemv_gbps", "gemm_gflops", "attention_gbps", "streamed_attention_gbps"});
   // A CPU path's name: every path cpu_path.hpp knows, amx_bf16 included.
   const auto cpu_path_at = [](const ConfigNode& node, const std::string& key) {
     auto name = node.get<std::string>(key);
@@ -85,6 +85,7 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     return node.get_choice(key, {"32", "64", "128"});
   };
   per_shape("decode_path", "a CPU path", p.cpu_decode_path, cpu_path_at);
+  per_shape("streamed_decode_path", "a CPU path", p.cpu_streamed_decode_path, cpu_path_at);
   per_shape("next_pass_prefetch", "l1 or l2", p.cpu_next_pass_prefetch,
             [](const ConfigNode& node, const std::string& key) { return node.get_choice(key, {"l1", "l2"}); });
   per_shape("head_major_pass", "32, 64 or 128 tokens", p.cpu_head_major_pass, pass_tokens);
@@ -102,18 +103,23 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
       cpu.fail(fallback, std::string("is the older name of ") + field + "; give one of them");
     *value = positive(cpu, cpu.has(fallback) ? fallback : field);
   }
-  const ConfigNode attention = cpu.child("attention_gbps");
-  for (const std::string& shape_name : attention.keys()) {
-    const ConfigNode per_threads = attention.child(shape_name);
-    for (const std::string& key : per_threads.keys()) {
-      int threads = 0;
-      const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), threads);
-      if (error != std::errc() || end != key.data() + key.size() || key.front() == '0')
-        per_threads.fail(key, "expected a thread count as the key (digits, no leading zero)");
-      if (threads < 1) per_threads.fail(key, "thread counts must be at least 1");
-      p.cpu_attention_gbps[shape_name][threads] = positive(per_threads, key);
+  // Per attention shape, per thread count: GB/s.
+  const auto rates_by_threads = [&](const ConfigNode& attention, std::map<std::string, std::map<int, double>>& into) {
+    for (const std::string& shape_name : attention.keys()) {
+      const ConfigNode per_threads = attention.child(shape_name);
+      for (const std::string& key : per_threads.keys()) {
+        int threads = 0;
+        const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), threads);
+        if (error != std::errc() || end != key.data() + key.size() || key.front() == '0')
+          per_threads.fail(key, "expected a thread count as the key (digits, no leading zero)");
+        if (threads < 1) per_threads.fail(key, "thread counts must be at least 1");
+        into[shape_name][threads] = positive(per_threads, key);
+      }
     }
-  }
+  };
+  rates_by_threads(cpu.child("attention_gbps"), p.cpu_attention_gbps);
+  if (const auto streamed = cpu.optional_child("streamed_attention_gbps"))
+    rates_by_threads(*streamed, p.cpu_streamed_attention_gbps);
   if (p.cpu_attention_gbps.empty()) cpu.fail("attention_gbps", "must list at least one attention shape");
   if (const auto sources = root.optional_child("sources")) {
     sources->allow_only({"gpu", "link", "cpu"});
@@ -146,8 +152,9 @@ std::string MachineProfile::to_yaml() const {
       << YAML::Key << "dram_read_gbps" << YAML::Value << cpu_dram_read_gbps << YAML::Key << "path" << YAML::Value
       << cpu_path;
   for (const auto& [key, by_shape] :
-       {std::pair{"decode_path", &cpu_decode_path}, std::pair{"next_pass_prefetch", &cpu_next_pass_prefetch},
-        std::pair{"head_major_pass", &cpu_head_major_pass}, std::pair{"token_major_pass", &cpu_token_major_pass}}) {
+       {std::pair{"decode_path", &cpu_decode_path}, std::pair{"streamed_decode_path", &cpu_streamed_decode_path},
+        std::pair{"next_pass_prefetch", &cpu_next_pass_prefetch}, std::pair{"head_major_pass", &cpu_head_major_pass},
+        std::pair{"token_major_pass", &cpu_token_major_pass}}) {
     if (by_shape->empty()) continue;
     out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginMap;
     for (const auto& [shape, choice] : *by_shape) out << YAML::Key << shape << YAML::Value << choice;
@@ -156,14 +163,19 @@ std::string MachineProfile::to_yaml() const {
   out << YAML::Key << "fma_glanes"
       << YAML::Value << cpu_fma_glanes << YAML::Key << "launch_latency_us" << YAML::Value
       << cpu_launch_latency_s * 1e6 << YAML::Key << "expert_gbps" << YAML::Value << cpu_expert_gbps << YAML::Key
-      << "expert_gflops" << YAML::Value << cpu_expert_gflops << YAML::Key << "attention_gbps" << YAML::Value
-      << YAML::BeginMap;
-  for (const auto& [shape, per_threads] : cpu_attention_gbps) {
-    out << YAML::Key << shape << YAML::Value << YAML::Flow << YAML::BeginMap;
-    for (const auto& [threads, gbps] : per_threads) out << YAML::Key << threads << YAML::Value << gbps;
+      << "expert_gflops" << YAML::Value << cpu_expert_gflops;
+  for (const auto& [key, rates] : {std::pair{"attention_gbps", &cpu_attention_gbps},
+                                   std::pair{"streamed_attention_gbps", &cpu_streamed_attention_gbps}}) {
+    if (rates->empty() && rates != &cpu_attention_gbps) continue;
+    out << YAML::Key << key << YAML::Value << YAML::BeginMap;
+    for (const auto& [shape, per_threads] : *rates) {
+      out << YAML::Key << shape << YAML::Value << YAML::Flow << YAML::BeginMap;
+      for (const auto& [threads, gbps] : per_threads) out << YAML::Key << threads << YAML::Value << gbps;
+      out << YAML::EndMap;
+    }
     out << YAML::EndMap;
   }
-  out << YAML::EndMap << YAML::EndMap;
+  out << YAML::EndMap;
   if (!sources.empty()) {
     out << YAML::Key << "sources" << YAML::Value << YAML::BeginMap;
     for (const auto& [section, source] : sources) out << YAML::Key << section << YAML::Value << source;
@@ -187,13 +199,28 @@ void MachineProfile::save(const std::string& path) const {
   }
 }
 
-double MachineProfile::cpu_attention(const std::string& shape, int threads) const {
-  const auto found = cpu_attention_gbps.find(shape);
-  if (found == cpu_attention_gbps.end() || found->second.empty())
-    throw std::out_of_range("machine profile '" + name + "' has no CPU attention figure for shape '" + shape + "'");
+namespace {
+
+/// The rate of the largest thread count not above `threads` (else the smallest), or nullptr if `shape` has none.
+const double* rate_at_threads(const std::map<std::string, std::map<int, double>>& rates, const std::string& shape,
+                              int threads) {
+  const auto found = rates.find(shape);
+  if (found == rates.end() || found->second.empty()) return nullptr;
   auto at = found->second.upper_bound(threads);
   if (at != found->second.begin()) --at;
-  return at->second;
+  return &at->second;
+}
+
+}  // namespace
+
+double MachineProfile::cpu_attention(const std::string& shape, int threads) const {
+  if (const double* rate = rate_at_threads(cpu_attention_gbps, shape, threads)) return *rate;
+  throw std::out_of_range("machine profile '" + name + "' has no CPU attention figure for shape '" + shape + "'");
+}
+
+double MachineProfile::cpu_streamed_attention(const std::string& shape, int threads) const {
+  if (const double* rate = rate_at_threads(cpu_streamed_attention_gbps, shape, threads)) return *rate;
+  return cpu_attention(shape, threads);
 }
 
 std::string MachineProfile::source_of(const std::string& section) const {
@@ -212,6 +239,7 @@ ModelRates ModelRates::from_profile(const MachineProfile& profile, const std::st
   r.hbm_gbps = profile.gpu_attention(shape);
   r.link_gbps = profile.pinned_h2d_gbps;
   r.cpu_attention_gbps = profile.cpu_attention(shape, threads);
+  r.cpu_streamed_attention_gbps = profile.cpu_streamed_attention(shape, threads);
   r.cpu_fma_glanes = profile.cpu_fma_glanes;
   r.gpu_latency_s = profile.gpu_launch_latency_s;
   r.link_latency_s = profile.link_latency_s;
@@ -225,10 +253,15 @@ double RooflineModel::gpu_seconds(double resident_bytes, double streamed_bytes) 
          rates_.gpu_latency_s + (streamed_bytes > 0 ? rates_.link_latency_s : 0);
 }
 
-double RooflineModel::cpu_seconds(double bytes, double fmas_per_byte, double expert_seconds) const {
-  if (bytes <= 0) return expert_seconds;
-  const double memory = bytes / (rates_.cpu_attention_gbps * 1e9);
-  const double compute = rates_.cpu_fma_glanes > 0 ? bytes * fmas_per_byte / (rates_.cpu_fma_glanes * 1e9) : 0;
+double RooflineModel::cpu_seconds(double resident_bytes, double band_bytes, double fmas_per_byte,
+                                  double expert_seconds) const {
+  if (resident_bytes <= 0 && band_bytes <= 0) return expert_seconds;
+  const double memory =
+      (resident_bytes > 0 ? resident_bytes / (rates_.cpu_attention_gbps * 1e9) : 0) +
+      (band_bytes > 0 ? band_bytes / (rates_.cpu_streamed_attention_gbps * 1e9) : 0);
+  const double compute = rates_.cpu_fma_glanes > 0
+                             ? (resident_bytes + band_bytes) * fmas_per_byte / (rates_.cpu_fma_glanes * 1e9)
+                             : 0;
   return std::max(memory, compute) + rates_.cpu_latency_s + expert_seconds;
 }
 
@@ -237,11 +270,12 @@ SplitPrediction RooflineModel::predict(const StepBytes& bytes, double cpu_movabl
   SplitPrediction p;
   p.cpu_movable_bytes = std::clamp(cpu_movable_bytes, 0.0, bytes.movable);
   if (!rates_.has_gpu) p.cpu_movable_bytes = bytes.movable;
-  const double cpu_bytes = bytes.cpu_resident + p.cpu_movable_bytes + (rates_.has_gpu ? 0 : bytes.gpu_resident);
+  // Without a GPU the host also reads GpuResident's blocks, token-major like the band.
+  const double cpu_band_bytes = p.cpu_movable_bytes + (rates_.has_gpu ? 0 : bytes.gpu_resident);
   p.gpu_seconds = rates_.has_gpu ? gpu_seconds(bytes.gpu_resident, bytes.movable - p.cpu_movable_bytes) : 0;
-  p.cpu_seconds = cpu_seconds(cpu_bytes, fmas_per_byte, expert_seconds);
+  p.cpu_seconds = cpu_seconds(bytes.cpu_resident, cpu_band_bytes, fmas_per_byte, expert_seconds);
   p.step_seconds = std::max(p.gpu_seconds, p.cpu_seconds);
-  p.alpha = bytes.total() > 0 ? cpu_bytes / bytes.total() : 0;
+  p.alpha = bytes.total() > 0 ? (bytes.cpu_resident + cpu_band_bytes) / bytes.total() : 0;
   return p;
 }
 

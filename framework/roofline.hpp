@@ -53,6 +53,8 @@ struct MachineProfile {
   /// (cpu_path_name; measured per shape where both AVX-512 paths run, else the
   /// machine's); empty in profiles that do not say.
   std::map<std::string, std::string> cpu_decode_path;
+  /// Likewise over token-major blocks, while cpu_streamed_attention_gbps was measured.
+  std::map<std::string, std::string> cpu_streamed_decode_path;
   /// Multiply-adds per second (10^9) of that path's product instruction
   /// (8-lane fp32 FMA for avx2, 16-lane for avx512_fma, 32-pair vdpbf16ps for
   /// avx512_bf16).
@@ -64,8 +66,14 @@ struct MachineProfile {
   /// GEMM rates (gemv_gbps, gemm_gflops) instead.
   double cpu_expert_gbps = 0;
   double cpu_expert_gflops = 0;
-  /// CPU decode attention, per attention shape name, per thread count.
+  /// CPU decode attention over CpuResident (head-major blocks in host
+  /// memory), per attention shape name, per thread count.
   std::map<std::string, std::map<int, double>> cpu_attention_gbps;
+  /// CPU decode attention over the pinned band (token-major blocks: the
+  /// CpuStreamed share a step gives the CPU), likewise; shapes not listed
+  /// (profiles measured before the band had its own rate) read the band at
+  /// cpu_attention_gbps.
+  std::map<std::string, std::map<int, double>> cpu_streamed_attention_gbps;
   /// Where each section's figures come from ("gpu", "link", "cpu" -> e.g.
   /// "measured by writescope calibrate", "published: datasheet ...",
   /// "assumed: ..."), so that a projection says what it rests on.
@@ -84,6 +92,9 @@ struct MachineProfile {
   /// count not above it, else the smallest); throws std::out_of_range naming
   /// the shape when it was not measured.
   double cpu_attention(const std::string& shape, int threads) const;
+  /// CPU attention GB/s over the pinned band for `shape` at `threads`, chosen
+  /// the same way from cpu_streamed_attention_gbps, else cpu_attention.
+  double cpu_streamed_attention(const std::string& shape, int threads) const;
   /// GPU decode attention GB/s over VRAM-resident KV for `shape` (hbm_gbps when not measured).
   double gpu_attention(const std::string& shape) const;
 };
@@ -93,7 +104,8 @@ struct ModelRates {
   bool has_gpu = true;
   double hbm_gbps = 0;  // GPU attention over VRAM-resident KV
   double link_gbps = 0;
-  double cpu_attention_gbps = 0;
+  double cpu_attention_gbps = 0;           // over CpuResident (head-major)
+  double cpu_streamed_attention_gbps = 0;  // over the pinned band (token-major)
   double cpu_fma_glanes = 0;
   double gpu_latency_s = 0;
   double link_latency_s = 0;
@@ -127,9 +139,12 @@ class RooflineModel {
 
   /// GPU share: resident bytes at HBM speed plus streamed bytes at link speed, plus latencies.
   double gpu_seconds(double resident_bytes, double streamed_bytes) const;
-  /// CPU share: max(bytes / attention bandwidth, FMAs / FMA peak) + latency +
-  /// the CPU's expert work in the same phase.
-  double cpu_seconds(double bytes, double fmas_per_byte, double expert_seconds) const;
+  /// CPU share: max(resident bytes / resident attention bandwidth + band
+  /// bytes / band attention bandwidth, FMAs / FMA peak) + latency + the CPU's
+  /// expert work in the same phase. `resident_bytes` are CpuResident's
+  /// (head-major), `band_bytes` token-major (the band, or on a machine
+  /// without a GPU also GpuResident's).
+  double cpu_seconds(double resident_bytes, double band_bytes, double fmas_per_byte, double expert_seconds) const;
 
   /// The step with `cpu_movable_bytes` of the band on the CPU.
   SplitPrediction predict(const StepBytes& bytes, double cpu_movable_bytes, double fmas_per_byte,

@@ -31,7 +31,8 @@ struct RunResult {
   std::int64_t planned_sequence_tokens = 0;  // the length the policies planned each sequence for
   VramUse vram;
   HostUse host;
-  double attention_fmas_per_byte = 0, cpu_attention_gbps = 0;
+  double attention_fmas_per_byte = 0;
+  double cpu_attention_gbps = 0, cpu_streamed_attention_gbps = 0;  // the model's CpuResident and band rates
 
   /// Appends one step's layer records (step_seconds excluded).
   void add_step(const std::vector<LayerRecord>& layers);

@@ -65,6 +65,23 @@ TEST_F(SchedulerTest, PrefillFillsVramThenSplitsTheSpillByTheModel) {
   EXPECT_EQ(count(*cache, 1, seq, Region::gpu_resident), 10);
 }
 
+// The blocks fixed in CpuResident are read head-major, the rest of the CPU's
+// share token-major: a faster band kernel widens the CPU's share, not what
+// prefill fixes on the host.
+TEST_F(SchedulerTest, PrefillFixesOnTheHostWhatItsHeadMajorRateCanRead) {
+  auto cache = make_cache(/*vram_blocks=*/0);
+  ModelRates rates = test::synthetic_rates(25, 100);
+  rates.cpu_streamed_attention_gbps = 400;
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(rates), shape_, *cache);
+  const int seq = cache->add_sequence();
+  write(*cache, scheduler, 0, seq, 170 * block_tokens, 170 * block_tokens, false);
+  const double spilled = 170;
+  // Half of 100 GB/s against the link's 25: 2/3 fixed on the host; 400 against 25 for the CPU's share.
+  EXPECT_NEAR(count(*cache, 0, seq, Region::cpu_resident) / spilled, 2.0 / 3.0, 0.02);
+  EXPECT_NEAR((count(*cache, 0, seq, Region::cpu_resident) + count(*cache, 0, seq, Region::cpu_streamed)) / spilled,
+              400.0 / 425.0, 0.02);
+}
+
 TEST_F(SchedulerTest, DecodeAppendsKeepTheCumulativeSplitAndStayInTheBand) {
   auto cache = make_cache(0);
   WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(50, 50)), shape_, *cache);
@@ -184,6 +201,43 @@ TEST_F(SchedulerTest, FeedbackFollowsACpuSlowdownAndItsEnd) {
     }
     scheduler.observe(plan, measured);
   }
+}
+
+// A step times CpuResident's head-major kernel and the band's token-major one
+// together: feedback learns the CPU's speed against the profile and scales
+// both rates by it, so that each stays priced at its own kernel's rate.
+TEST_F(SchedulerTest, FeedbackScalesBothCpuRatesByTheMeasuredSpeed) {
+  auto cache = make_cache(/*vram_blocks=*/0);
+  ModelRates rates = test::synthetic_rates(25, 100);
+  rates.cpu_streamed_attention_gbps = 50;
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(rates), shape_, *cache);
+  const int seq = cache->add_sequence();
+  write(*cache, scheduler, 0, seq, 128 * block_tokens, 128 * block_tokens, false);
+  ASSERT_GT(count(*cache, 0, seq, Region::cpu_resident), 0);
+  const std::vector<TokenRange> range{{0, 128 * block_tokens}};
+  const double bytes_per_token = static_cast<double>(block_bytes_) / block_tokens;
+  // The machine's CPU runs both kernels at 0.6 of the profile's rates.
+  const auto cpu_seconds = [&](const SplitPlan& plan) {
+    double band = 0;
+    for (const BlockSegment& s : plan.cpu_pinned) band += s.token_count * bytes_per_token;
+    return scheduler.bytes_of(plan).cpu_resident / 60e9 + band / 30e9;
+  };
+  for (int step = 0; step < 6; ++step) {
+    const SplitPlan plan = scheduler.plan(0, {seq}, range);
+    ASSERT_FALSE(plan.cpu_pinned.empty());
+    SplitTimings measured;
+    measured.cpu_seconds = cpu_seconds(plan);
+    double streamed = 0;
+    for (const BlockSegment& s : plan.gpu_streamed) streamed += s.token_count * bytes_per_token;
+    measured.streamed_seconds = measured.gpu_seconds = streamed / 25e9;
+    scheduler.observe(plan, measured);
+  }
+  EXPECT_NEAR(scheduler.model().rates().link_gbps, 25, 1e-6);
+  EXPECT_NEAR(scheduler.model().rates().cpu_attention_gbps, 60, 1e-6);
+  EXPECT_NEAR(scheduler.model().rates().cpu_streamed_attention_gbps, 30, 1e-6);
+  SplitPrediction predicted;
+  const SplitPlan plan = scheduler.plan(0, {seq}, range, &predicted);
+  EXPECT_NEAR(predicted.cpu_seconds, cpu_seconds(plan), 1e-12);
 }
 
 // A resident kernel slower than the profile says is learnt as such and not

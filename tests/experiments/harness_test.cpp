@@ -181,6 +181,11 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
     double total = 0;
     for (double s : steps) total += s;
     EXPECT_NEAR(reader.double_attribute(g, "tokens_per_second"), batch * 3 / total, 1e-9);
+    // The model's CPU rates over both block orders, the profile's at its 2 threads.
+    const ModelRates rates =
+        ModelRates::from_profile(test::tiny_profile(), model_preset(reader.string_attribute(g, "model")).attention().name, 2);
+    EXPECT_EQ(reader.double_attribute(g, "cpu_attention_gbps"), rates.cpu_attention_gbps) << g;
+    EXPECT_EQ(reader.double_attribute(g, "cpu_streamed_attention_gbps"), rates.cpu_streamed_attention_gbps) << g;
     // Step s reads every token written so far: context + warm-up + s + 1 per sequence and layer.
     const ModelConfig model = model_preset(reader.string_attribute(g, "model"));
     const BlockGeometry geometry = model.attention().block_geometry(8);
@@ -237,38 +242,48 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
       << log;
 }
 
-// A profile measured with another product path, next-pass level or
-// token-major pass than this process takes for a shape is named, choice by
-// choice, with what this process takes and how to pin the profile's.
+// A profile measured with another product path (for either block order),
+// next-pass level or pass than this process takes for a shape is named,
+// choice by choice, with what this process takes and how to pin the profile's.
 TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
   const AttentionShape shape = qwen3_30b_a3b_attention();
   MachineProfile profile = test::tiny_profile();
   EXPECT_TRUE(attention_choice_mismatches(profile, shape).empty()) << "nothing stated";
   const std::string path = cpu_path_name(decode_product_path(shape, BlockOrder::head_major));
+  const std::string streamed_path = cpu_path_name(decode_product_path(shape, BlockOrder::token_major));
   const std::string level = prefetch_level_name(active_next_pass_prefetch(shape));
   const int pass = active_token_major_pass(shape), head_major_pass = active_head_major_pass(shape);
   profile.cpu_decode_path[shape.name] = path;
+  profile.cpu_streamed_decode_path[shape.name] = streamed_path;
   profile.cpu_next_pass_prefetch[shape.name] = level;
   if (pass > 0) profile.cpu_token_major_pass[shape.name] = std::to_string(pass);
   if (head_major_pass > 0) profile.cpu_head_major_pass[shape.name] = std::to_string(head_major_pass);
   EXPECT_TRUE(attention_choice_mismatches(profile, shape).empty()) << "the same choices";
   const std::string other_path = path == "avx2" ? "scalar" : "avx2";
+  const std::string other_streamed_path = streamed_path == "avx2" ? "scalar" : "avx2";
   const std::string other_level = level == "l1" ? "l2" : "l1", other_pass = pass == 32 ? "128" : "32";
   profile.cpu_decode_path[shape.name] = other_path;
+  profile.cpu_streamed_decode_path[shape.name] = other_streamed_path;
   profile.cpu_next_pass_prefetch[shape.name] = other_level;
   profile.cpu_token_major_pass[shape.name] = other_pass;
   const std::string other_head_major_pass = head_major_pass == 32 ? "128" : "32";
   profile.cpu_head_major_pass[shape.name] = other_head_major_pass;
   profile.cpu_next_pass_prefetch["mixtral-8x7b"] = "l3";  // another shape's: not this one's business
   const std::vector<std::string> warnings = attention_choice_mismatches(profile, shape);
-  ASSERT_EQ(warnings.size(), 2u + (head_major_pass > 0) + (pass > 0));
-  EXPECT_EQ(warnings[0], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the products on " +
-                             other_path + " but this process takes " +
+  ASSERT_EQ(warnings.size(), 3u + (head_major_pass > 0) + (pass > 0));
+  EXPECT_EQ(warnings[0], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the head-major "
+                         "products on " + other_path + " but this process takes " +
                              describe_decode_cpu_path(shape, BlockOrder::head_major) +
                              "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
                              "WRITESCOPE_CPU_PATH=" +
                              other_path + ")");
-  EXPECT_EQ(warnings[1],
+  EXPECT_EQ(warnings[1], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the token-major "
+                         "products on " + other_streamed_path + " but this process takes " +
+                             describe_decode_cpu_path(shape, BlockOrder::token_major) +
+                             "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
+                             "WRITESCOPE_CPU_PATH=" +
+                             other_streamed_path + ")");
+  EXPECT_EQ(warnings[2],
             "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the next pass "
             "requested into " +
                 other_level + " but this process takes " + describe_next_pass_prefetch(shape) +
@@ -276,7 +291,7 @@ TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
                 "WRITESCOPE_NEXT_PASS_PREFETCH=" +
                 other_level + ")");
   if (head_major_pass > 0) {
-    EXPECT_EQ(warnings[2],
+    EXPECT_EQ(warnings[3],
               "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with head-major "
               "passes of " +
                   other_head_major_pass + " but this process takes " + describe_next_pass_prefetch(shape) +
@@ -293,6 +308,18 @@ TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
   else
     std::cout << "[ SKIPPED  ] the token-major pass: " << cpu_path_name(active_cpu_path())
               << " passes by its own rule\n";
+  // Paths the profile measured differently per order: WRITESCOPE_CPU_PATH, which pins both, restores neither.
+  MachineProfile split_paths = test::tiny_profile();
+  const std::string head_major_other = path == "scalar" ? "avx2" : "scalar";
+  split_paths.cpu_decode_path[shape.name] = head_major_other;
+  for (const char* other : {"avx512_fma", "avx2", "scalar"})
+    if (other != streamed_path && other != head_major_other) split_paths.cpu_streamed_decode_path[shape.name] = other;
+  const std::vector<std::string> split_warnings = attention_choice_mismatches(split_paths, shape);
+  ASSERT_EQ(split_warnings.size(), 2u);
+  for (const std::string& warning : split_warnings) {
+    EXPECT_EQ(warning.find("WRITESCOPE_CPU_PATH"), std::string::npos) << warning;
+    EXPECT_NE(warning.find("(re-run writescope calibrate)"), std::string::npos) << warning;
+  }
 }
 
 // Resume keeps a file honest: a comment-only edit is the same experiment and
@@ -908,23 +935,32 @@ TEST_F(HarnessTest, RunsCarryPrefillRowsAndStreamChunksOfTheProfilesSize) {
 }
 
 // The processes that time CPU attention at other thread counts take this
-// process' choices for the shape, which the profile records, not their own.
+// process' choices for the shape and block order, which the profile records,
+// not their own.
 TEST(CalibrationCommand, ChildProcessesTakeTheParentsChoices) {
-  for (const char* preset : {"qwen3-30b-a3b", "deepseek-v2-lite"}) {
-    const AttentionShape shape = model_preset(preset).attention();
-    const std::string command = cpu_attention_child_command("/opt/ws/writescope", shape, 1, 4096);
-    const auto has = [&](const std::string& part) { return command.find(part) != std::string::npos; };
-    EXPECT_TRUE(has("OMP_NUM_THREADS=1 ")) << command;
-    EXPECT_TRUE(has(std::string(" WRITESCOPE_CPU_PATH=") +
-                    cpu_path_name(active_decode_cpu_path(shape, BlockOrder::head_major)) + " "))
-        << command;
-    EXPECT_TRUE(has(std::string(" WRITESCOPE_NEXT_PASS_PREFETCH=") +
-                    prefetch_level_name(active_next_pass_prefetch(shape)) + " "))
-        << command;
-    const int pass = active_head_major_pass(shape);
-    EXPECT_EQ(has(" WRITESCOPE_HEAD_MAJOR_PASS=" + std::to_string(pass) + " "), pass > 0) << command;
-    EXPECT_TRUE(has(" '/opt/ws/writescope' calibrate-attention --shape " + shape.name + " --tokens 4096")) << command;
-  }
+  for (const char* preset : {"qwen3-30b-a3b", "deepseek-v2-lite"})
+    for (const BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major}) {
+      const AttentionShape shape = model_preset(preset).attention();
+      const bool head_major = order == BlockOrder::head_major;
+      const std::string command = cpu_attention_child_command("/opt/ws/writescope", shape, order, 1, 4096);
+      const auto has = [&](const std::string& part) { return command.find(part) != std::string::npos; };
+      EXPECT_TRUE(has("OMP_NUM_THREADS=1 ")) << command;
+      EXPECT_TRUE(has(std::string(" WRITESCOPE_CPU_PATH=") + cpu_path_name(active_decode_cpu_path(shape, order)) + " "))
+          << command;
+      EXPECT_TRUE(has(std::string(" WRITESCOPE_NEXT_PASS_PREFETCH=") +
+                      prefetch_level_name(active_next_pass_prefetch(shape)) + " "))
+          << command;
+      const int head_major_pass = active_head_major_pass(shape), token_major_pass = active_token_major_pass(shape);
+      EXPECT_EQ(has(" WRITESCOPE_HEAD_MAJOR_PASS=" + std::to_string(head_major_pass) + " "),
+                head_major && head_major_pass > 0)
+          << command;
+      EXPECT_EQ(has(" WRITESCOPE_TOKEN_MAJOR_PASS=" + std::to_string(token_major_pass) + " "),
+                !head_major && token_major_pass > 0)
+          << command;
+      EXPECT_TRUE(has(" '/opt/ws/writescope' calibrate-attention --shape " + shape.name + " --order " +
+                      (head_major ? "head-major" : "token-major") + " --tokens 4096"))
+          << command;
+    }
 }
 
 // Calibrate measures the kernels the systems run: the GPU decode kernel over

@@ -422,6 +422,8 @@ TEST(PredictProfileTest, CpuFromAnotherProfileKeepsTheGpuAndSaysWhere) {
   cpu.cpu_threads = 7;
   cpu.cpu_expert_gbps = 33;
   cpu.cpu_decode_path = {{"mixtral-8x7b", "avx512_fma"}};
+  cpu.cpu_streamed_decode_path = {{"mixtral-8x7b", "avx512_bf16"}};
+  cpu.cpu_streamed_attention_gbps["mixtral-8x7b"] = {{7, 4.5}};
   cpu.sources["cpu"] = "measured by writescope calibrate on my-host";
   const MachineProfile mixed = with_cpu_of(gpu, cpu);
   EXPECT_EQ(mixed.name, "a-gpu+cpu:my-host");
@@ -429,6 +431,8 @@ TEST(PredictProfileTest, CpuFromAnotherProfileKeepsTheGpuAndSaysWhere) {
   EXPECT_EQ(mixed.cpu_threads, 7);
   EXPECT_EQ(mixed.cpu_expert_gbps, 33);
   EXPECT_EQ(mixed.cpu_decode_path, cpu.cpu_decode_path);
+  EXPECT_EQ(mixed.cpu_streamed_decode_path, cpu.cpu_streamed_decode_path);
+  EXPECT_EQ(mixed.cpu_streamed_attention("mixtral-8x7b", 7), 4.5);
   EXPECT_EQ(mixed.source_of("gpu"), "published: a datasheet");
   EXPECT_NE(mixed.source_of("cpu").find("my-host"), std::string::npos);
   // The sources survive the profile's YAML.

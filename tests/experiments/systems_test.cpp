@@ -303,18 +303,25 @@ double step_alpha(const std::vector<LayerRecord>& records) {
   return cpu / total;
 }
 
+/// `profile` with tiny-mixtral's CPU attention at `gbps` over both block
+/// orders (the runs below measure the CPU's share as one rate).
+void set_cpu_attention(MachineProfile& profile, double gbps) {
+  profile.cpu_attention_gbps["tiny-mixtral"] = profile.cpu_streamed_attention_gbps["tiny-mixtral"] = {{1, gbps},
+                                                                                                     {2, gbps}};
+}
+
 /// A profile of this machine's rates on this path, measured by a first run
 /// (no latencies, no FMA limit: measured rates include them).
 MachineProfile measured_profile(MeasuredRates& measured) {
   MachineProfile profile = gpu_profile();
   profile.cpu_fma_glanes = 1e6;
   profile.pinned_h2d_gbps = 5;
-  profile.cpu_attention_gbps["tiny-mixtral"] = {{1, 5}, {2, 5}};
+  set_cpu_attention(profile, 5);
   auto steps = writescope_steps(profile, 6);
   steps.erase(steps.begin());  // warm-up
   measured = measured_rates(steps);
   profile.pinned_h2d_gbps = measured.link_gbps;
-  profile.cpu_attention_gbps["tiny-mixtral"] = {{1, measured.cpu_gbps}, {2, measured.cpu_gbps}};
+  set_cpu_attention(profile, measured.cpu_gbps);
   return profile;
 }
 
@@ -334,7 +341,7 @@ TEST(WriteScopeWithAGpu, FeedbackMovesAlphaTowardsTheOptimumWhenTheProfilesCpuRa
   constexpr int steps = 12, settle_steps = 4;
   for (const double error : {3.0, 1.0 / 3.0}) {
     MachineProfile profile = measured;
-    profile.cpu_attention_gbps["tiny-mixtral"] = {{1, error * c}, {2, error * c}};
+    set_cpu_attention(profile, error * c);
     const auto records = writescope_steps(profile, steps);
     const std::vector<std::vector<LayerRecord>> settled_records(records.begin() + settle_steps, records.end());
     MeasuredRates rates = measured_rates(settled_records);

@@ -90,6 +90,32 @@ TEST_F(ResultsStoreTest, UncommittedTransactionChangesNothing) {
   EXPECT_FALSE(fs::exists(path_ + ".partial"));
 }
 
+// A file a writer opened and left before its first commit holds nothing (any
+// writer may take it over); a member or a format attribute is something.
+TEST_F(ResultsStoreTest, AFileHoldsNothingUntilItsFirstCommit) {
+  {
+    ResultsStore store(path_);
+    auto txn = store.begin();
+    txn.root().create_group("dropped");
+  }
+  EXPECT_TRUE(ResultsReader(path_).holds_nothing());
+  {
+    ResultsStore store(path_);
+    auto txn = store.begin();
+    txn.root().set_attribute("format", std::string("other-format"));
+    txn.commit();
+  }
+  EXPECT_FALSE(ResultsReader(path_).holds_nothing());
+  fs::remove(path_);
+  {
+    ResultsStore store(path_);
+    auto txn = store.begin();
+    txn.root().create_group("kept");
+    txn.commit();
+  }
+  EXPECT_FALSE(ResultsReader(path_).holds_nothing());
+}
+
 // A replacement starts from an empty file: until its commit the file keeps
 // what it held, after it holds only what the replacement wrote.
 TEST_F(ResultsStoreTest, AReplacementKeepsTheFileUntilItCommits) {

@@ -33,6 +33,29 @@ TEST(Roofline, ResidentBytesAndExpertWorkShiftTheSplit) {
   EXPECT_NEAR(p.gpu_seconds, p.cpu_seconds, 1e-9);
 }
 
+// CpuResident's head-major blocks and the band's token-major ones run
+// different kernels: each is priced at its own rate, and a slower band kernel
+// gives the CPU less of the band.
+TEST(Roofline, TheBandIsPricedAtTheCpusTokenMajorRate) {
+  ModelRates r = test::synthetic_rates(25, 100);
+  r.cpu_streamed_attention_gbps = 50;
+  const RooflineModel model(r);
+  EXPECT_NEAR(model.cpu_seconds(2e9, 1e9, 0, 0), 2e9 / 100e9 + 1e9 / 50e9, 1e-15);
+  // All band: the CPU takes 50 / (50 + 25) of it.
+  const SplitPrediction band = model.best_split(StepBytes{0, 0, 9e9}, 0, 0);
+  EXPECT_NEAR(band.cpu_movable_bytes, 6e9, 1e3);
+  EXPECT_NEAR(band.cpu_seconds, 6e9 / 50e9, 1e-9);
+  // 1 GB CpuResident (10 ms at 100 GB/s) besides: the CPU takes x of the band where
+  // 10 ms + x / 50 GB/s = (9 GB - x) / 25 GB/s.
+  const SplitPrediction mixed = model.best_split(StepBytes{0, 1e9, 9e9}, 0, 0);
+  EXPECT_NEAR(mixed.cpu_movable_bytes, (9e9 / 25e9 - 0.01) / (1 / 50e9 + 1 / 25e9), 1e3);
+  EXPECT_NEAR(mixed.cpu_seconds, mixed.gpu_seconds, 1e-9);
+  // Without a GPU the host reads GpuResident's blocks token-major too.
+  r.has_gpu = false;
+  const SplitPrediction host_only = RooflineModel(r).predict(StepBytes{1e9, 2e9, 1e9}, 0, 0, 0);
+  EXPECT_NEAR(host_only.cpu_seconds, 2e9 / 100e9 + 2e9 / 50e9, 1e-12);
+}
+
 TEST(Roofline, NoGpuPutsEverythingOnTheCpu) {
   ModelRates r = test::synthetic_rates(25, 100);
   r.has_gpu = false;
@@ -131,6 +154,20 @@ TEST_F(ProfileTest, SaveAndLoadRoundTrip) {
   EXPECT_EQ(amx.cpu_next_pass_prefetch, measured.cpu_next_pass_prefetch);
   EXPECT_EQ(amx.cpu_token_major_pass, measured.cpu_token_major_pass);
   EXPECT_EQ(amx.cpu_head_major_pass, measured.cpu_head_major_pass);
+  // The band's rates and path per shape; a shape without a band rate reads the band at CpuResident's.
+  measured.cpu_streamed_decode_path = {{"qwen3-30b-a3b", "avx512_fma"}};
+  measured.cpu_streamed_attention_gbps["qwen3-30b-a3b"] = {{1, 2.0}, {16, 21}};
+  measured.save(path);
+  const auto with_band = MachineProfile::load(path);
+  EXPECT_EQ(with_band.cpu_streamed_decode_path, measured.cpu_streamed_decode_path);
+  EXPECT_EQ(with_band.cpu_streamed_attention_gbps, measured.cpu_streamed_attention_gbps);
+  EXPECT_DOUBLE_EQ(with_band.cpu_streamed_attention("qwen3-30b-a3b", 8), 2.0);
+  EXPECT_DOUBLE_EQ(ModelRates::from_profile(with_band, "qwen3-30b-a3b", 16).cpu_streamed_attention_gbps, 21);
+  EXPECT_DOUBLE_EQ(ModelRates::from_profile(with_band, "qwen3-30b-a3b", 16).cpu_attention_gbps, 25);
+  EXPECT_DOUBLE_EQ(ModelRates::from_profile(with_band, "mixtral-8x7b", 16).cpu_streamed_attention_gbps, 25);
+  EXPECT_THROW(with_band.cpu_streamed_attention("llama", 16), std::out_of_range);
+  EXPECT_TRUE(again.cpu_streamed_attention_gbps.empty());
+  EXPECT_EQ(again.to_yaml().find("streamed_attention_gbps"), std::string::npos);
   EXPECT_TRUE(again.cpu_decode_path.empty());  // not stated: no warning, no comparison
   EXPECT_TRUE(again.cpu_next_pass_prefetch.empty());
   EXPECT_TRUE(again.cpu_token_major_pass.empty());
@@ -181,11 +218,16 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
        {std::tuple{"path", "avx1024", "cpu.path", "avx1024"},
         std::tuple{"decode_path", "{mixtral-8x7b: avx1024}", "cpu.decode_path.mixtral-8x7b", "avx1024"},
         std::tuple{"decode_path", "avx2", "cpu.decode_path", "mapping"},
+        std::tuple{"streamed_decode_path", "{qwen3-30b-a3b: avx3}", "cpu.streamed_decode_path.qwen3-30b-a3b", "avx3"},
         std::tuple{"next_pass_prefetch", "{qwen3-30b-a3b: l3}", "cpu.next_pass_prefetch.qwen3-30b-a3b", "l3"},
         std::tuple{"next_pass_prefetch", "l2", "cpu.next_pass_prefetch", "mapping"},
         std::tuple{"token_major_pass", "{qwen3-30b-a3b: 48}", "cpu.token_major_pass.qwen3-30b-a3b", "48"},
         std::tuple{"token_major_pass", "64", "cpu.token_major_pass", "mapping"},
-        std::tuple{"head_major_pass", "{mixtral-8x7b: 16}", "cpu.head_major_pass.mixtral-8x7b", "16"}}) {
+        std::tuple{"head_major_pass", "{mixtral-8x7b: 16}", "cpu.head_major_pass.mixtral-8x7b", "16"},
+        std::tuple{"streamed_attention_gbps", "{qwen3-30b-a3b: {4: 0}}", "cpu.streamed_attention_gbps.qwen3-30b-a3b.4",
+                   "positive"},
+        std::tuple{"streamed_attention_gbps", "{qwen3-30b-a3b: {04: 5}}",
+                   "cpu.streamed_attention_gbps.qwen3-30b-a3b.04", "thread count"}}) {
     std::string bad = base;
     bad.replace(bad.find("pageable_d2h_gbps: -8"), 21, "pageable_d2h_gbps: 8");
     bad.replace(bad.find("threads: 4"), 10, std::string("threads: 4, ") + field + ": " + value);

@@ -36,6 +36,7 @@ RooflineModel test_roofline() {
   rates.hbm_gbps = 1000;
   rates.link_gbps = 20;
   rates.cpu_attention_gbps = 10;
+  rates.cpu_streamed_attention_gbps = 10;
   rates.cpu_fma_glanes = 100;
   return RooflineModel(rates);
 }
