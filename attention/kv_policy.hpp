@@ -42,6 +42,21 @@ class KVPolicy {
   virtual void observe(const SplitPlan& plan, const SplitTimings& timings);
   /// `regions` of (layer, a sequence) are about to be freed (their quotas return).
   virtual void released(int layer, const std::vector<Region>& regions);
+  /// place(), then `write(regions)` (the cache's append or record_append of
+  /// them). Where the write throws (a budget the cache cannot hold: it
+  /// appends nothing), the placement's quotas return before the exception
+  /// goes on, so that a caller may free memory and retry.
+  template <class Write>
+  void place_and_write(int layer, int sequence, std::int64_t tokens, std::int64_t expected_tokens, bool decode,
+                       const Write& write) {
+    const std::vector<Region> regions = place(layer, sequence, tokens, expected_tokens, decode);
+    try {
+      write(regions);
+    } catch (...) {
+      released(layer, regions);
+      throw;
+    }
+  }
 
   /// KV bytes of the segments' tokens.
   double segment_bytes(const std::vector<BlockSegment>& segments) const;

@@ -126,6 +126,7 @@ void StreamedDecode<Scalar>::run(const GpuExecSpace& copy_space, const GpuExecSp
     cudaEventRecord(events_->read[buffer], compute_stream);
   }
 #else
+  compute_space.fence();  // the previous run's last kernel no longer reads buffer 0
   copy(copy_space, pool, chunks[0], 0);
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     copy_space.fence();     // chunk i has landed

@@ -32,7 +32,8 @@ class StreamedDecode {
   StreamedDecode(StreamedDecode&&) noexcept;
 
   /// Attends queries (batch, q_heads, key_dim) over `segments` of `pool`
-  /// (sorted by batch_index) into `out` (batch, q_heads, value_dim). Copies run
+  /// ((slots, block_elements) token-major blocks; segments sorted by
+  /// batch_index) into `out` (batch, q_heads, value_dim). Copies run
   /// on `copy_space`, kernels on `compute_space`; the call returns once both
   /// have been issued and the last chunk's kernel is enqueued (fence
   /// compute_space before reading `out`). With AttentionPass::prompt the
@@ -58,7 +59,7 @@ class StreamedDecode {
   AttentionShape shape_;
   BlockGeometry geometry_;
   int chunk_blocks_;
-  Kokkos::View<Scalar**, Kokkos::LayoutRight, GpuMemSpace> landing_[2];
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, GpuMemSpace> landing_[2];  // each (chunk_blocks, block_elements)
   DecodeWorkspace<GpuMemSpace> workspace_;
   PrefillWorkspace<GpuMemSpace> prefill_workspace_;
   PartialState<GpuMemSpace> chunk_out_;

@@ -474,8 +474,10 @@ std::uint64_t host_pool_wish(const System& system, const ModelConfig& c, std::ui
     const int sequence = cache.add_sequence();
     for (std::int64_t begin = 0; begin < context; begin += MoeModel::fill_chunk_tokens) {
       const std::int64_t count = std::min(MoeModel::fill_chunk_tokens, context - begin);
-      cache.record_append(0, sequence, count,
-                          policy->place(0, sequence, count, std::max(planned_tokens, begin + count), false));
+      policy->place_and_write(0, sequence, count, std::max(planned_tokens, begin + count), false,
+                              [&](const std::vector<Region>& regions) {
+                                cache.record_append(0, sequence, count, regions);
+                              });
     }
   }
   return cache.region_bytes(Region::cpu_resident) * static_cast<std::uint64_t>(c.layers);

@@ -225,9 +225,9 @@ class PlanningModel {
     cache_.free_sequence(sequence);
   }
   void append(int layer, int sequence, std::int64_t tokens, bool decode) {
-    const std::vector<Region> regions = kv_policy_->place(
-        layer, sequence, tokens, std::max(expected_[sequence], cache_.length(layer, sequence) + tokens), decode);
-    cache_.record_append(layer, sequence, tokens, regions);
+    kv_policy_->place_and_write(
+        layer, sequence, tokens, std::max(expected_[sequence], cache_.length(layer, sequence) + tokens), decode,
+        [&](const std::vector<Region>& regions) { cache_.record_append(layer, sequence, tokens, regions); });
   }
   /// MoeModel::fill_context's placement: every layer in chunks of MoeModel::fill_chunk_tokens.
   void fill_context(int sequence, std::int64_t tokens) {

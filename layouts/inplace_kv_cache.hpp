@@ -68,6 +68,10 @@ struct TokenRange {
   std::int64_t end = 0;
 };
 
+namespace test {
+struct InplaceKVCachePeer;  // tests: appends whose writes fail part-way
+}  // namespace test
+
 template <class Scalar>
 class InplaceKVCache {
  public:
@@ -134,6 +138,7 @@ class InplaceKVCache {
   void read_token(int layer, int sequence, std::int64_t position, int head, float* key, float* value) const;
 
  private:
+  friend struct test::InplaceKVCachePeer;
   struct Block {
     Region region;
     int slot;

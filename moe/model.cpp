@@ -623,12 +623,14 @@ struct ModelForward {
                    bool decode) {
     using Token = Kokkos::View<const bf16***, Kokkos::LayoutRight, GpuMem>;
     const BlockGeometry& g = cache.geometry();
-    const std::vector<Region> regions = kv_policy.place(
-        layer, sequence, count, std::max(expected_tokens[sequence], cache.length(layer, sequence) + count), decode);
     const bf16* k = keys.data() + std::int64_t{first_row} * g.kv_heads * g.key_dim;
     const bf16* v = g.values_in_keys ? k : values.data() + std::int64_t{first_row} * g.kv_heads * g.value_dim;
-    cache.append<Gpu, GpuMem>(attention_gpu, layer, sequence, Token(k, count, g.kv_heads, g.key_dim),
-                              Token(v, count, g.kv_heads, g.value_dim), regions);
+    kv_policy.place_and_write(
+        layer, sequence, count, std::max(expected_tokens[sequence], cache.length(layer, sequence) + count), decode,
+        [&](const std::vector<Region>& regions) {
+          cache.append<Gpu, GpuMem>(attention_gpu, layer, sequence, Token(k, count, g.kv_heads, g.key_dim),
+                                    Token(v, count, g.kv_heads, g.value_dim), regions);
+        });
   }
 
   /// Writes the pass' keys (rows, kv_heads, key_dim) and values into the cache
@@ -1134,12 +1136,14 @@ struct ModelForward {
                                                        values.data(), count, g.kv_heads * g.value_dim),
                                                    ~stream, begin});
         gpu.fence();
-        const std::vector<Region> regions = kv_policy.place(
-            layer, sequence, count, std::max(expected_tokens[sequence], cache.length(layer, sequence) + count), false);
         using Token = Kokkos::View<const bf16***, Kokkos::LayoutRight, GpuMem>;
-        cache.append<Gpu, GpuMem>(gpu, layer, sequence, Token(keys.data(), count, g.kv_heads, g.key_dim),
-                                  Token(g.values_in_keys ? keys.data() : values.data(), count, g.kv_heads, g.value_dim),
-                                  regions);
+        kv_policy.place_and_write(
+            layer, sequence, count, std::max(expected_tokens[sequence], cache.length(layer, sequence) + count), false,
+            [&](const std::vector<Region>& regions) {
+              cache.append<Gpu, GpuMem>(
+                  gpu, layer, sequence, Token(keys.data(), count, g.kv_heads, g.key_dim),
+                  Token(g.values_in_keys ? keys.data() : values.data(), count, g.kv_heads, g.value_dim), regions);
+            });
       }
     }
   }

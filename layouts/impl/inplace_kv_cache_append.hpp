@@ -31,6 +31,8 @@ struct TransposeIntoHeadMajor {
   }
 };
 
+/// Tokens [first, first + count) of `tokens` (tokens, kv_heads, dim), as one
+/// flat range of count * kv_heads * dim elements.
 template <class Scalar, class MemSpace>
 Kokkos::View<const Scalar*, MemSpace, Kokkos::MemoryUnmanaged> flat_tokens(
     const Kokkos::View<const Scalar***, Kokkos::LayoutRight, MemSpace>& tokens, std::int64_t first, std::int64_t count) {
@@ -62,15 +64,29 @@ void InplaceKVCache<Scalar>::place_tokens(int layer, int sequence, std::int64_t 
     list.resize(kept);
     throw;
   }
-  std::int64_t written = 0;
-  std::size_t next = kept > 0 && list[kept - 1].tokens < g.block_tokens ? kept - 1 : kept;
-  while (written < tokens) {
-    Block& block = list[next++];
-    const std::int64_t count = std::min<std::int64_t>(tokens - written, g.block_tokens - block.tokens);
-    write(block, block.tokens, written, count);
-    block.tokens += static_cast<int>(count);
-    region_tokens_[static_cast<int>(block.region)] += count;
-    written += count;
+  // A write that fails (a copy, the staging buffer's allocation) leaves the
+  // sequence as it was too: every block but the last stays full, which the
+  // segments' positions rest on.
+  const std::size_t first = kept > 0 && list[kept - 1].tokens < g.block_tokens ? kept - 1 : kept;
+  const int first_tokens = first < kept ? list[first].tokens : 0;
+  const auto region_tokens_before = region_tokens_;
+  try {
+    std::int64_t written = 0;
+    std::size_t next = first;
+    while (written < tokens) {
+      Block& block = list[next++];
+      const std::int64_t count = std::min<std::int64_t>(tokens - written, g.block_tokens - block.tokens);
+      write(block, block.tokens, written, count);
+      block.tokens += static_cast<int>(count);
+      region_tokens_[static_cast<int>(block.region)] += count;
+      written += count;
+    }
+  } catch (...) {
+    for (std::size_t b = kept; b < list.size(); ++b) release_block(list[b]);
+    list.resize(kept);
+    if (first < kept) list[first].tokens = first_tokens;
+    region_tokens_ = region_tokens_before;
+    throw;
   }
 }
 

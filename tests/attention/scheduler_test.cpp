@@ -7,6 +7,7 @@
 #include <set>
 #include <tuple>
 
+#include "attention/kv_policy.hpp"
 #include "kv_test_data.hpp"
 #include "synthetic_rates.hpp"
 
@@ -80,6 +81,34 @@ TEST_F(SchedulerTest, PrefillFixesOnTheHostWhatItsHeadMajorRateCanRead) {
   EXPECT_NEAR(count(*cache, 0, seq, Region::cpu_resident) / spilled, 2.0 / 3.0, 0.02);
   EXPECT_NEAR((count(*cache, 0, seq, Region::cpu_resident) + count(*cache, 0, seq, Region::cpu_streamed)) / spilled,
               400.0 / 425.0, 0.02);
+}
+
+// An append the cache cannot hold gives its placement back: the VRAM share it
+// was given returns to the policy, and the retry after freeing gets it again.
+TEST_F(SchedulerTest, AFailedAppendGivesItsPlacementBack) {
+  InplaceKVCache<bf16> cache(KVCacheShape{1, geometry_}, KVCacheBudgets{2 * block_bytes_, block_bytes_, 0},
+                             BudgetPolicy::strict);
+  const ModelRates rates = test::synthetic_rates(50, 50);
+  std::vector<std::unique_ptr<KVPolicy>> policies;
+  policies.push_back(std::make_unique<FirstFitKVPolicy>(RooflineModel(rates), shape_, cache, Region::gpu_streamed));
+  policies.push_back(std::make_unique<WriteScopeKVPolicy>(RooflineModel(rates), shape_, cache));
+  for (const auto& policy : policies) {
+    const int seq = cache.add_sequence();
+    const auto append = [&](std::int64_t tokens) {
+      const auto data = test::random_values<bf16>(tokens * geometry_.kv_heads * geometry_.key_dim, 3);
+      const auto view = test::token_view<bf16, HostMemSpace>(data, geometry_.kv_heads, geometry_.key_dim, 0, tokens);
+      policy->place_and_write(0, seq, tokens, tokens, false, [&](const std::vector<Region>& regions) {
+        cache.append(HostExecSpace(), 0, seq, view, view, regions);
+      });
+    };
+    // Four blocks: two in VRAM, two spilled where the one pinned block cannot hold them.
+    EXPECT_THROW(append(4 * block_tokens), KVBudgetError);
+    EXPECT_EQ(cache.length(0, seq), 0);
+    append(2 * block_tokens);
+    EXPECT_EQ(cache.block_regions(0, seq), (std::vector<Region>{Region::gpu_resident, Region::gpu_resident}));
+    policy->released(0, cache.block_regions(0, seq));
+    cache.free_sequence(seq);
+  }
 }
 
 TEST_F(SchedulerTest, DecodeAppendsKeepTheCumulativeSplitAndStayInTheBand) {

@@ -106,6 +106,58 @@ TYPED_TEST(StreamedDecodeTest, ChunkedDoubleBufferedStreamingMatchesReference) {
   }
 }
 
+// Two runs back to back, with no fence between them: the second run's first
+// copies wait until the first run's last kernels have read the landing
+// buffers (an odd number of one-block chunks ends the first run in buffer 0,
+// which the second fills first). Each run's states equal those of the same
+// run made alone.
+TEST(StreamedDecode, BackToBackRunsKeepEachOthersBuffers) {
+  const AttentionShape shape = qwen3_30b_a3b_attention();
+  constexpr int block_tokens = 32, blocks = 11;
+  const BlockGeometry g = shape.block_geometry(block_tokens);
+  const auto block_bytes = static_cast<std::uint64_t>(g.block_elements()) * sizeof(bf16);
+  InplaceKVCache<bf16> cache(KVCacheShape{1, g}, KVCacheBudgets{0, blocks * block_bytes, 0}, BudgetPolicy::strict);
+  const std::int64_t length = blocks * block_tokens;
+  const auto keys = test::random_values<bf16>(length * g.kv_heads * g.key_dim, 50);
+  const auto values = test::random_values<bf16>(length * g.kv_heads * g.value_dim, 51);
+  const int sequence = cache.add_sequence();
+  cache.append(HostExecSpace(), 0, sequence, test::token_view<bf16, HostMemSpace>(keys, g.kv_heads, g.key_dim, 0, length),
+               test::token_view<bf16, HostMemSpace>(values, g.kv_heads, g.value_dim, 0, length),
+               std::vector<Region>(blocks, Region::gpu_streamed));
+  const auto host_queries = test::random_values<float>(shape.q_heads * shape.key_dim, 52);
+  Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> staged("writescope::test::queries", 1, shape.q_heads,
+                                                                   shape.key_dim);
+  std::copy(host_queries.begin(), host_queries.end(), staged.data());
+  const auto queries = Kokkos::create_mirror_view_and_copy(GpuMemSpace(), staged);
+  // Two different ranges, so that a run that read the other's blocks shows.
+  const auto first = cache.segments(0, Region::gpu_streamed, {sequence}, {TokenRange{0, length}});
+  const auto second = cache.segments(0, Region::gpu_streamed, {sequence}, {TokenRange{3, length - 40}});
+  GpuStreams streams(2);
+  StreamedDecode<bf16> engine(shape, g, 1);
+  const auto state = [&] {
+    return PartialState<GpuMemSpace>("writescope::test::out", 1, shape.q_heads, shape.value_dim);
+  };
+  const auto host_copy = [](const PartialState<GpuMemSpace>& out) {
+    auto o = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.o);
+    auto lse = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.lse);
+    std::vector<float> all(o.data(), o.data() + o.span());
+    all.insert(all.end(), lse.data(), lse.data() + lse.span());
+    return all;
+  };
+  const PartialState<GpuMemSpace> first_out = state(), second_out = state();
+  engine.run(streams[0], streams[1], queries, cache.pinned_pool(), first, first_out);
+  EXPECT_EQ(engine.copies_issued(), blocks);  // an odd number of chunks: the last in buffer 0
+  engine.run(streams[0], streams[1], queries, cache.pinned_pool(), second, second_out);
+  streams[1].fence();
+  for (const auto& [segments, out] : {std::pair{first, first_out}, std::pair{second, second_out}}) {
+    const PartialState<GpuMemSpace> alone = state();
+    engine.run(streams[0], streams[1], queries, cache.pinned_pool(), segments, alone);
+    streams[1].fence();
+    EXPECT_EQ(host_copy(out), host_copy(alone));
+  }
+  EXPECT_NE(host_copy(first_out), host_copy(second_out));
+}
+
 TEST(StreamedDecode, EmptySegmentListGivesEmptyStates) {
   const AttentionShape shape = mixtral_8x7b_attention();
   const BlockGeometry g = shape.block_geometry(16);

@@ -2,11 +2,31 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <stdexcept>
+
 #include "exec_spaces.hpp"
 #include "framework/host_memory.hpp"
 #include "kv_test_data.hpp"
 
 namespace writescope {
+namespace test {
+
+struct InplaceKVCachePeer {
+  /// An append of `tokens` tokens whose write of any token at or past
+  /// `failing_at` (counted from the append's first) throws, as a failed copy does.
+  template <class Scalar>
+  static void append_failing_at(InplaceKVCache<Scalar>& cache, int layer, int sequence, std::int64_t tokens,
+                                const std::vector<Region>& regions, std::int64_t failing_at) {
+    cache.place_tokens(layer, sequence, tokens, regions,
+                       [&](const auto&, int, std::int64_t first, std::int64_t count) {
+                         if (first + count > failing_at) throw std::runtime_error("injected copy failure");
+                       });
+  }
+};
+
+}  // namespace test
+
 namespace {
 
 constexpr int heads = 2, key_dim = 8, value_dim = 4, block_tokens = 16;
@@ -144,6 +164,35 @@ TYPED_TEST(InplaceKVCacheTest, AnAppendThatRunsOutOfBudgetPartWayChangesNothing)
   this->append(cache, 0, seq, 5 + 11 + 3 * block_tokens, block_tokens, {Region::cpu_resident});
 }
 
+// A write that fails part-way (a copy, a staging allocation) leaves the
+// sequence as it was, as a budget that runs out does: every block but the
+// last stays full, so the next append's tokens land at the right positions.
+TYPED_TEST(InplaceKVCacheTest, AnAppendWhoseWriteFailsPartWayChangesNothing) {
+  using Storage = typename TestFixture::Scalar;
+  InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(4, 4, 4), BudgetPolicy::strict);
+  const int seq = cache.add_sequence();
+  this->append(cache, 0, seq, 0, 5, {Region::gpu_resident});
+  std::array<std::uint64_t, region_count> bytes_before{}, token_bytes_before{};
+  for (Region region : all_regions) {
+    bytes_before[int(region)] = cache.region_bytes(region);
+    token_bytes_before[int(region)] = cache.region_token_bytes(region);
+  }
+  // 11 tokens fill the open block, then three new blocks; the write fails in the second.
+  const std::vector<Region> regions{Region::cpu_resident, Region::gpu_streamed, Region::cpu_streamed};
+  EXPECT_THROW(test::InplaceKVCachePeer::append_failing_at(cache, 0, seq, 11 + 3 * block_tokens, regions,
+                                                            11 + block_tokens + 3),
+               std::runtime_error);
+  EXPECT_EQ(cache.length(0, seq), 5);
+  EXPECT_EQ(cache.block_regions(0, seq), std::vector<Region>{Region::gpu_resident});
+  for (Region region : all_regions) {
+    EXPECT_EQ(cache.region_bytes(region), bytes_before[int(region)]) << region_name(region);
+    EXPECT_EQ(cache.region_token_bytes(region), token_bytes_before[int(region)]) << region_name(region);
+  }
+  this->append(cache, 0, seq, 5, 11 + 3 * block_tokens, regions);
+  EXPECT_EQ(cache.length(0, seq), 5 + 11 + 3 * block_tokens);
+  this->expect_tokens(cache, 0, seq, 0);
+}
+
 TYPED_TEST(InplaceKVCacheTest, FallBackFollowsTheDocumentedChain) {
   using Storage = typename TestFixture::Scalar;
   InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(1, 1, 1), BudgetPolicy::fall_back);
@@ -185,11 +234,31 @@ TYPED_TEST(InplaceKVCacheTest, AccountsBytesAndFreesSequences) {
   EXPECT_THROW(cache.length(0, a), KVCacheError);
   this->append(cache, 1, b, 0, 32, {Region::gpu_streamed, Region::cpu_streamed});
   EXPECT_EQ(cache.region_bytes(Region::gpu_streamed) + cache.region_bytes(Region::cpu_streamed), 2 * block);
-  // The new blocks took the freed slots, and hold what was written.
-  for (const Region region : {Region::gpu_streamed, Region::cpu_streamed})
-    for (const BlockSegment& segment : cache.segments(1, region, {b}, {TokenRange{0, 32}}))
-      EXPECT_LT(segment.slot, cache.capacity_blocks(region));
   this->expect_tokens(cache, 1, b, 0);
+}
+
+// A sequence's next block takes the slot after its previous one where that is
+// free, before any lower freed slot: consecutive blocks stay one contiguous
+// run, which the GPU streams in one copy.
+TYPED_TEST(InplaceKVCacheTest, ASequenceKeepsContiguousSlotsWhereItCan) {
+  using Storage = typename TestFixture::Scalar;
+  InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(0, 8, 0), BudgetPolicy::strict);
+  const int other = cache.add_sequence(), seq = cache.add_sequence();
+  this->append(cache, 0, other, 0, block_tokens, {Region::gpu_streamed});
+  this->append(cache, 0, seq, 0, 2 * block_tokens, {Region::gpu_streamed, Region::cpu_streamed});
+  cache.free_sequence(other);  // slot 0 is free, below the sequence's run (1, 2)
+  this->append(cache, 0, seq, 2 * block_tokens, block_tokens, {Region::gpu_streamed});
+  std::vector<int> slots;
+  for (const Region region : {Region::gpu_streamed, Region::cpu_streamed})
+    for (const BlockSegment& segment : cache.segments(0, region, {seq}, {TokenRange{0, 3 * block_tokens}}))
+      slots.push_back(segment.slot);
+  std::sort(slots.begin(), slots.end());
+  EXPECT_EQ(slots, (std::vector<int>{1, 2, 3}));
+  // A new sequence takes the lowest free slot.
+  const int next = cache.add_sequence();
+  this->append(cache, 0, next, 0, 1, {Region::cpu_streamed});
+  EXPECT_EQ(cache.segments(0, Region::cpu_streamed, {next}, {TokenRange{0, 1}}).front().slot, 0);
+  this->expect_tokens(cache, 0, seq, 0);
 }
 
 // The host pools a CPU decode step streams ask for huge pages
@@ -214,8 +283,8 @@ TEST(InplaceKVCacheBookkeeping, PlacesBlocksAsTheAllocatedCacheDoes) {
   InplaceKVCache<float> bookkeeping(shape, budgets, BudgetPolicy::fall_back, KVStorage::bookkeeping);
   EXPECT_EQ(bookkeeping.vram_pool().span(), 0u);
   EXPECT_EQ(bookkeeping.capacity_blocks(Region::cpu_streamed), allocated.capacity_blocks(Region::cpu_streamed));
-  const Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> keys("keys", 40, heads, key_dim),
-      values("values", 40, heads, value_dim);
+  const Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> keys("writescope::test::keys", 40, heads, key_dim),
+      values("writescope::test::values", 40, heads, value_dim);
   const Region cycle[] = {Region::gpu_resident, Region::cpu_streamed, Region::cpu_resident, Region::gpu_streamed};
   int next_region = 0;
   std::vector<int> live;
