@@ -26,18 +26,41 @@ StepBytes plan_bytes(const SplitPlan& plan, double bytes_per_token) {
 }
 
 template <class Scalar>
-SplitDecode<Scalar>::SplitDecode(const AttentionShape& shape, const BlockGeometry& geometry, int batch,
-                                 int chunk_blocks)
-    : shape_(shape),
-      geometry_(geometry),
-      streamed_(shape, geometry, chunk_blocks),
-      gpu_queries_("writescope::attention::split_queries", batch, shape.q_heads, shape.key_dim),
-      resident_out_("writescope::attention::split_resident", batch, shape.q_heads, shape.value_dim),
-      cpu_on_gpu_("writescope::attention::split_cpu_on_gpu", batch, shape.q_heads, shape.value_dim),
-      cpu_out_{PartialState<HostMemSpace>("writescope::attention::split_cpu_resident", batch, shape.q_heads,
-                                          shape.value_dim),
-               PartialState<HostMemSpace>("writescope::attention::split_cpu_pinned", batch, shape.q_heads,
-                                          shape.value_dim)} {}
+SplitDecode<Scalar>::SplitDecode(const AttentionShape& shape, const BlockGeometry& geometry, int chunk_blocks)
+    : shape_(shape), geometry_(geometry), streamed_(shape, geometry, chunk_blocks) {}
+
+namespace {
+
+/// The first `rows` rows of `state`.
+template <class MemSpace>
+PartialState<MemSpace> leading_rows(const PartialState<MemSpace>& state, int rows) {
+  PartialState<MemSpace> part;
+  part.o = Kokkos::subview(state.o, std::make_pair(0, rows), Kokkos::ALL, Kokkos::ALL);
+  part.lse = Kokkos::subview(state.lse, std::make_pair(0, rows), Kokkos::ALL);
+  return part;
+}
+
+}  // namespace
+
+template <class Scalar>
+void SplitDecode<Scalar>::use_rows(int batch) {
+  if (gpu_queries_storage_.extent(0) < static_cast<std::size_t>(batch)) {
+    gpu_queries_storage_ = decltype(gpu_queries_storage_)("writescope::attention::split_queries", batch, shape_.q_heads,
+                                                          shape_.key_dim);
+    resident_out_storage_ =
+        PartialState<GpuMemSpace>("writescope::attention::split_resident", batch, shape_.q_heads, shape_.value_dim);
+    cpu_on_gpu_storage_ =
+        PartialState<GpuMemSpace>("writescope::attention::split_cpu_on_gpu", batch, shape_.q_heads, shape_.value_dim);
+    cpu_out_storage_[0] = PartialState<HostMemSpace>("writescope::attention::split_cpu_resident", batch,
+                                                     shape_.q_heads, shape_.value_dim);
+    cpu_out_storage_[1] = PartialState<HostMemSpace>("writescope::attention::split_cpu_pinned", batch, shape_.q_heads,
+                                                     shape_.value_dim);
+  }
+  gpu_queries_ = Kokkos::subview(gpu_queries_storage_, std::make_pair(0, batch), Kokkos::ALL, Kokkos::ALL);
+  resident_out_ = leading_rows(resident_out_storage_, batch);
+  cpu_on_gpu_ = leading_rows(cpu_on_gpu_storage_, batch);
+  for (int i = 0; i < 2; ++i) cpu_out_[i] = leading_rows(cpu_out_storage_[i], batch);
+}
 
 template <class Scalar>
 double SplitDecode<Scalar>::run_gpu_share(const InplaceKVCache<Scalar>& cache, const SplitPlan& plan,
@@ -93,6 +116,7 @@ SplitTimings SplitDecode<Scalar>::run(const InplaceKVCache<Scalar>& cache, const
                                       const SplitPlan& plan, const PartialState<GpuMemSpace>& out,
                                       AttentionPass pass) {
   pass_ = pass;
+  use_rows(static_cast<int>(queries.extent(0)));
   SplitTimings timings;
   const GpuExecSpace& compute = streams_[1];
   FencedTimer<GpuExecSpace> step(compute);

@@ -50,8 +50,11 @@ class SplitDecode {
  public:
   using HostQueries = Kokkos::View<const float***, Kokkos::LayoutRight, HostMemSpace>;
 
-  /// `chunk_blocks`: blocks per streaming chunk (see StreamedDecode).
-  SplitDecode(const AttentionShape& shape, const BlockGeometry& geometry, int batch, int chunk_blocks);
+  /// `chunk_blocks`: blocks per streaming chunk (see StreamedDecode). One
+  /// instance serves every batch size (decode steps, prompt chunks): its
+  /// per-row states grow to the largest batch run and its landing buffers are
+  /// the streaming chunks' alone.
+  SplitDecode(const AttentionShape& shape, const BlockGeometry& geometry, int chunk_blocks);
 
   /// Attends queries (batch, q_heads, key_dim) over the plan's segments of
   /// `cache` (layer fixed by the plan) into `out` (batch, q_heads, value_dim).
@@ -64,6 +67,8 @@ class SplitDecode {
  private:
   double run_gpu_share(const InplaceKVCache<Scalar>& cache, const SplitPlan& plan, const PartialState<GpuMemSpace>& out);
   double run_cpu_share(const InplaceKVCache<Scalar>& cache, const HostQueries& queries, const SplitPlan& plan);
+  /// Points the per-row views at the first `batch` rows of their storage, grown first where it is smaller.
+  void use_rows(int batch);
 
   AttentionShape shape_;
   BlockGeometry geometry_;
@@ -76,9 +81,14 @@ class SplitDecode {
   DecodeWorkspace<HostMemSpace> cpu_workspace_[2];
   PrefillWorkspace<GpuMemSpace> resident_prefill_workspace_;
   PrefillWorkspace<HostMemSpace> cpu_prefill_workspace_[2];
+  // The run's rows (use_rows) of the storage below: queries (batch, q_heads,
+  // key_dim), states (batch, q_heads, value_dim).
   Kokkos::View<float***, Kokkos::LayoutRight, GpuMemSpace> gpu_queries_;
   PartialState<GpuMemSpace> resident_out_, cpu_on_gpu_;
   PartialState<HostMemSpace> cpu_out_[2];
+  Kokkos::View<float***, Kokkos::LayoutRight, GpuMemSpace> gpu_queries_storage_;
+  PartialState<GpuMemSpace> resident_out_storage_, cpu_on_gpu_storage_;
+  PartialState<HostMemSpace> cpu_out_storage_[2];
 };
 
 extern template class SplitDecode<float>;

@@ -266,7 +266,7 @@ class RotatedSplitSteps {
 void split_decode(benchmark::State& state, AttentionShape shape) {
   const std::int64_t tokens = state.range(0);
   const double cpu_share = static_cast<double>(state.range(1)) / 100.0;
-  SplitDecode<bf16> split(shape, shape.block_geometry(calibration_block_tokens), 1, 16);
+  SplitDecode<bf16> split(shape, shape.block_geometry(calibration_block_tokens), 16);
   RotatedSplitSteps steps(shape, tokens, split);
   const auto cut =
       static_cast<std::ptrdiff_t>(std::llround((1.0 - cpu_share) * static_cast<double>(steps.blocks().size())));

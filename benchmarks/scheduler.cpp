@@ -74,7 +74,7 @@ void scheduled_decode(benchmark::State& state, AttentionShape shape) {
                                                                     shape.q_heads, shape.key_dim);
   Kokkos::deep_copy(queries, 0.05f);
   PartialState<GpuMemSpace> out("writescope::benchmarks::out", 1, shape.q_heads, shape.value_dim);
-  SplitDecode<bf16> split(shape, g, 1, 16);
+  SplitDecode<bf16> split(shape, g, 16);
   const std::vector<TokenRange> range{{0, tokens}};
   SplitPrediction first;
   split.run(cache, queries, scheduler.plan(0, {sequence}, range, &first), out);  // warm-up

@@ -160,7 +160,7 @@ struct MoeModel::Impl {
   SwigluScratch<GpuMem> dense_scratch;
   Kokkos::View<const double*, GpuMem> inverse_frequencies;
   float rope_scale = 1.0f;
-  std::map<int, std::unique_ptr<SplitDecode<bf16>>> split;  // by batch size
+  std::unique_ptr<SplitDecode<bf16>> split;  // every batch size's
 
   // Activations, grown on demand and reused by every layer and step.
   Matrix<GpuMem> x, h, branch, h_ffn, branch_ffn, q, k, v, q_a, compressed, latent, mla_values, cpu_result, logits;
@@ -192,10 +192,9 @@ struct MoeModel::Impl {
     const auto found = norms.find(name);
     return found == norms.end() ? Norm() : found->second;
   }
-  SplitDecode<bf16>& split_for(const AttentionShape& shape, const BlockGeometry& geometry, int batch, int chunk) {
-    auto& decode = split[batch];
-    if (!decode) decode = std::make_unique<SplitDecode<bf16>>(shape, geometry, batch, chunk);
-    return *decode;
+  SplitDecode<bf16>& split_for(const AttentionShape& shape, const BlockGeometry& geometry, int chunk) {
+    if (!split) split = std::make_unique<SplitDecode<bf16>>(shape, geometry, chunk);
+    return *split;
   }
   PartialState<GpuMem>& partial(PartialState<GpuMem>& state, const char* label, int rows, int heads, int dim) {
     if (state.o.extent(0) != static_cast<std::size_t>(rows) || state.o.extent(1) != static_cast<std::size_t>(heads) ||
@@ -603,7 +602,7 @@ struct ModelForward {
                                        shape.key_dim);
     Kokkos::deep_copy(attention_gpu, host_queries, queries);
     attention_gpu.fence();
-    const SplitTimings timings = m.split_for(shape, cache.geometry(), rows, options.stream_chunk_blocks)
+    const SplitTimings timings = m.split_for(shape, cache.geometry(), options.stream_chunk_blocks)
                                      .run(cache, host_queries, plan, out, kind);
     if (kind == AttentionPass::decode) {
       kv_policy.observe(plan, timings);
@@ -1196,8 +1195,8 @@ std::vector<float> MoeModel::prefill(int sequence, const std::vector<int>& promp
     for (std::size_t l = 0; l < records_.size(); ++l) records_[l].add(chunk_records[l]);
     if (progress) progress(static_cast<std::int64_t>(end), static_cast<std::int64_t>(prompt.size()));
   }
-  // The chunks' attention buffers are sized for chunk rows, not decode batches: free them.
-  impl_->split.clear();
+  // The split's per-row states grew to the chunks' rows, not a decode batch's: free them.
+  impl_->split.reset();
   return logits;
 }
 

@@ -49,51 +49,63 @@ TYPED_TEST(SplitDecodeTest, BothDevicesTogetherMatchTheReferenceWhereverTheBandI
                  test::token_view<Scalar, HostMemSpace>(values[s], g.kv_heads, g.value_dim, 0, lengths[s]), regions);
   }
   const auto queries_data = test::random_values<float>(2 * shape.q_heads * shape.key_dim, 70);
-  Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> queries("writescope::test::queries", 2, shape.q_heads,
-                                                                    shape.key_dim);
-  std::copy(queries_data.begin(), queries_data.end(), queries.data());
-
-  const auto segments = [&](Region region) { return cache.segments(0, region, sequences, ranges); };
-  SplitPlan as_written{segments(Region::gpu_resident), segments(Region::gpu_streamed),
-                       segments(Region::cpu_resident), segments(Region::cpu_streamed)};
-  SplitPlan gpu_takes_band{segments(Region::gpu_resident),
-                           sorted_concat(segments(Region::gpu_streamed), segments(Region::cpu_streamed)),
-                           segments(Region::cpu_resident),
-                           {}};
-  SplitPlan cpu_takes_band{segments(Region::gpu_resident),
-                           {},
-                           segments(Region::cpu_resident),
-                           sorted_concat(segments(Region::gpu_streamed), segments(Region::cpu_streamed))};
-
   // In a CUDA build the GPU's products share the result (kv_test_data.hpp).
   const ScopedCpuPath host_path(has_gpu ? test::fp32_cpu_path() : active_cpu_path());
   const bool bf16_products =
       !has_gpu && test::host_bf16_products<Scalar>(impl::host_product_path(
                       active_cpu_path(), g, BlockOrder::head_major, shape.group(), std::is_same_v<Scalar, bf16>));
-  SplitDecode<Scalar> split(shape, g, 2, 2);
-  PartialState<GpuMemSpace> out("writescope::test::split_out", 2, shape.q_heads, shape.value_dim);
-  // Each plan with the two shares one after the other, then on two threads.
-  const std::vector<std::pair<bool, const SplitPlan*>> runs{
-      {false, &as_written}, {false, &gpu_takes_band}, {false, &cpu_takes_band},
-      {true, &as_written},  {true, &gpu_takes_band},  {true, &cpu_takes_band}};
-  for (const auto& [worker_thread, plan] : runs) {
-    const ScopedGpuWorkerThread worker(worker_thread);
-    const long threads_before = worker_tasks_run();
-    const SplitTimings timings = split.run(cache, queries, *plan, out);
-    EXPECT_EQ(worker_tasks_run() > threads_before, gpu_worker_thread());
-    EXPECT_EQ(timings.streamed_bytes, plan->gpu_streamed.size() * block_bytes);
-    EXPECT_GE(timings.step_seconds, std::max(timings.gpu_seconds, timings.cpu_seconds) * 0.99);
-    auto o = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.o);
-    auto lse = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.lse);
-    for (int b = 0; b < 2; ++b) {
-      std::vector<double> ref_o, ref_lse, spread;
-      reference_decode(shape, queries_data.data() + b * shape.q_heads * shape.key_dim,
-                       ReferenceKV{keys[b].data(), values[b].data(), lengths[b]}, 0, lengths[b], ref_o, ref_lse,
-                       &spread);
-      for (int h = 0; h < shape.q_heads; ++h) {
-        ASSERT_NEAR(lse(b, h), ref_lse[h], test::attention_lse_tolerance(bf16_products, ref_lse[h]));
-        for (int d = 0; d < shape.value_dim; ++d)
-          ASSERT_NEAR(o(b, h, d), ref_o[h * shape.value_dim + d], test::attention_o_tolerance(bf16_products, spread[h * shape.value_dim + d]));
+  // One instance for every batch: the second sequence alone, then both (its states grow), then the second again.
+  SplitDecode<Scalar> split(shape, g, 2);
+  for (const std::vector<int>& batch : {std::vector<int>{1}, std::vector<int>{0, 1}, std::vector<int>{1}}) {
+    const int rows = static_cast<int>(batch.size());
+    SCOPED_TRACE("batch of " + std::to_string(rows));
+    std::vector<int> batch_sequences;
+    std::vector<TokenRange> batch_ranges;
+    Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> queries("writescope::test::queries", rows,
+                                                                      shape.q_heads, shape.key_dim);
+    for (int b = 0; b < rows; ++b) {
+      batch_sequences.push_back(sequences[batch[b]]);
+      batch_ranges.push_back(ranges[batch[b]]);
+      std::copy_n(queries_data.data() + batch[b] * shape.q_heads * shape.key_dim, shape.q_heads * shape.key_dim,
+                  queries.data() + b * shape.q_heads * shape.key_dim);
+    }
+    const auto segments = [&](Region region) { return cache.segments(0, region, batch_sequences, batch_ranges); };
+    SplitPlan as_written{segments(Region::gpu_resident), segments(Region::gpu_streamed),
+                         segments(Region::cpu_resident), segments(Region::cpu_streamed)};
+    SplitPlan gpu_takes_band{segments(Region::gpu_resident),
+                             sorted_concat(segments(Region::gpu_streamed), segments(Region::cpu_streamed)),
+                             segments(Region::cpu_resident),
+                             {}};
+    SplitPlan cpu_takes_band{segments(Region::gpu_resident),
+                             {},
+                             segments(Region::cpu_resident),
+                             sorted_concat(segments(Region::gpu_streamed), segments(Region::cpu_streamed))};
+    PartialState<GpuMemSpace> out("writescope::test::split_out", rows, shape.q_heads, shape.value_dim);
+    // Each plan with the two shares one after the other, then on two threads.
+    const std::vector<std::pair<bool, const SplitPlan*>> runs{
+        {false, &as_written}, {false, &gpu_takes_band}, {false, &cpu_takes_band},
+        {true, &as_written},  {true, &gpu_takes_band},  {true, &cpu_takes_band}};
+    for (const auto& [worker_thread, plan] : runs) {
+      const ScopedGpuWorkerThread worker(worker_thread);
+      const long threads_before = worker_tasks_run();
+      const SplitTimings timings = split.run(cache, queries, *plan, out);
+      EXPECT_EQ(worker_tasks_run() > threads_before, gpu_worker_thread());
+      EXPECT_EQ(timings.streamed_bytes, plan->gpu_streamed.size() * block_bytes);
+      EXPECT_GE(timings.step_seconds, std::max(timings.gpu_seconds, timings.cpu_seconds) * 0.99);
+      auto o = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.o);
+      auto lse = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.lse);
+      for (int b = 0; b < rows; ++b) {
+        const int s = batch[b];
+        std::vector<double> ref_o, ref_lse, spread;
+        reference_decode(shape, queries_data.data() + s * shape.q_heads * shape.key_dim,
+                         ReferenceKV{keys[s].data(), values[s].data(), lengths[s]}, 0, lengths[s], ref_o, ref_lse,
+                         &spread);
+        for (int h = 0; h < shape.q_heads; ++h) {
+          ASSERT_NEAR(lse(b, h), ref_lse[h], test::attention_lse_tolerance(bf16_products, ref_lse[h]));
+          for (int d = 0; d < shape.value_dim; ++d)
+            ASSERT_NEAR(o(b, h, d), ref_o[h * shape.value_dim + d],
+                        test::attention_o_tolerance(bf16_products, spread[h * shape.value_dim + d]));
+        }
       }
     }
   }
