@@ -188,6 +188,14 @@ def png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
+def report_module():
+    """A fresh instance of the module under test (tests may replace its functions)."""
+    spec = importlib.util.spec_from_file_location("report", REPORT)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    return report
+
+
 class ReportOnFile:
     """A report of the results file `specs()` describes, written once per class (mixed into a TestCase)."""
 
@@ -387,9 +395,7 @@ class ProjectedReport(ReportOnFile, unittest.TestCase):
             self.assertIn(f"on {profile}", table)
 
     def test_the_headline_follows_the_gpu_not_the_cpu_profile(self):
-        spec = importlib.util.spec_from_file_location("report", REPORT)
-        report = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(report)
+        report = report_module()
         self.assertEqual(report.paper_headline("v100-pcie3+cpu:a100-pcie4"), "1.4–1.7×")
         self.assertEqual(report.paper_headline("a100-pcie4+cpu:vm"), "1.5–2.5×")
         self.assertEqual(report.paper_headline("h200-pcie5"), "—")
@@ -548,9 +554,7 @@ class Provenance(unittest.TestCase):
                       markdown)
         self.assertIn("they differ in `build_type`. Every figure and table compares runs of one setup only.",
                       markdown)
-        spec = importlib.util.spec_from_file_location("report", REPORT)
-        report = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(report)
+        report = report_module()
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "results.h5")
             write_results(path, run_specs())
@@ -566,9 +570,7 @@ class Provenance(unittest.TestCase):
 class RooflineFigure(unittest.TestCase):
     def test_the_band_rate_is_drawn_where_the_profile_gives_one(self):
         """A square for the band's own rate (qwen3 here); none for runs of files written before it."""
-        spec = importlib.util.spec_from_file_location("report", REPORT)
-        report = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(report)
+        report = report_module()
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "results.h5")
             write_results(path, run_specs())
@@ -586,9 +588,7 @@ class RooflineFigure(unittest.TestCase):
 class SpeedupFigureWithoutWriteScope(unittest.TestCase):
     def test_each_system_over_the_baseline_has_a_colour_of_its_own(self):
         """Without WriteScope every line is "X over gpu-only": coloured by X, not all by gpu-only."""
-        spec = importlib.util.spec_from_file_location("report", REPORT)
-        report = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(report)
+        report = report_module()
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "results.h5")
             write_results(path, [s for s in variant_specs() if s["system"] != "writescope"])
