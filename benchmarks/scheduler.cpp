@@ -114,8 +114,11 @@ void scheduled_decode(benchmark::State& state, AttentionShape shape) {
   state.counters["alpha_end"] = alpha;
 }
 
+// One cache, read every step: contexts whose KV (Qwen3: 2 KiB a token) is
+// larger than the last-level cache, as the model's rates (calibrated from
+// DRAM) assume; at 8K tokens the step read the L3.
 BENCHMARK_CAPTURE(scheduled_decode, qwen3_gqa, qwen3_30b_a3b_attention())
-    ->Arg(8192)->Arg(32768)->Arg(131072)->Iterations(measured_steps)->UseManualTime()->Unit(benchmark::kMillisecond);
+    ->Arg(32768)->Arg(131072)->Iterations(measured_steps)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace writescope
