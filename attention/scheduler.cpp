@@ -157,10 +157,8 @@ void WriteScopeScheduler<Scalar>::observe(const SplitPlan& plan, const SplitTimi
     return true;
   };
   const StepBytes bytes = bytes_of(plan);
-  const double cpu_band_bytes = segment_bytes(plan.cpu_pinned);
   const double cpu_profile_seconds =
-      bytes.cpu_resident / (profile_.cpu_attention_gbps * 1e9) +
-      cpu_band_bytes / (profile_.cpu_streamed_attention_gbps * 1e9);
+      RooflineModel(profile_).cpu_attention_seconds(bytes.cpu_resident, segment_bytes(plan.cpu_pinned));
   const bool band = !plan.cpu_pinned.empty() || !plan.gpu_streamed.empty();
   if (sample(cpu_speed_, cpu_profile_seconds, timings.cpu_seconds, model_.rates().cpu_latency_s))
     cpu_timed_ = true;

@@ -693,8 +693,9 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
   result.planned_sequence_tokens = model.expected_tokens(sequences.front());
   result.vram = model.vram_use();
   result.attention_fmas_per_byte = model.attention_shape().fmas_per_byte(sizeof(bf16));
-  result.cpu_attention_gbps = roofline_of(context).rates().cpu_attention_gbps;
-  result.cpu_streamed_attention_gbps = roofline_of(context).rates().cpu_streamed_attention_gbps;
+  const ModelRates rates = roofline_of(context).rates();
+  result.cpu_attention_gbps = rates.cpu_attention_gbps;
+  result.cpu_streamed_attention_gbps = rates.cpu_streamed_attention_gbps;
   const int steps = config.warmup_steps + config.measured_steps;
   for (int step = 0; step < steps; ++step) {
     const bool measured = step >= config.warmup_steps;

@@ -469,8 +469,9 @@ impl::RunResult predict_run(const ExperimentConfig& config, const RunSpec& run, 
   result.vram = priced.vram;
   result.host = priced.host;
   result.attention_fmas_per_byte = run.model->config.attention().fmas_per_byte(sizeof(bf16));
-  result.cpu_attention_gbps = roofline_of(setup.context).rates().cpu_attention_gbps;
-  result.cpu_streamed_attention_gbps = roofline_of(setup.context).rates().cpu_streamed_attention_gbps;
+  const ModelRates rates = roofline_of(setup.context).rates();
+  result.cpu_attention_gbps = rates.cpu_attention_gbps;
+  result.cpu_streamed_attention_gbps = rates.cpu_streamed_attention_gbps;
   return result;
 }
 

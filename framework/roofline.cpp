@@ -253,12 +253,15 @@ double RooflineModel::gpu_seconds(double resident_bytes, double streamed_bytes) 
          rates_.gpu_latency_s + (streamed_bytes > 0 ? rates_.link_latency_s : 0);
 }
 
+double RooflineModel::cpu_attention_seconds(double resident_bytes, double band_bytes) const {
+  return (resident_bytes > 0 ? resident_bytes / (rates_.cpu_attention_gbps * 1e9) : 0) +
+         (band_bytes > 0 ? band_bytes / (rates_.cpu_streamed_attention_gbps * 1e9) : 0);
+}
+
 double RooflineModel::cpu_seconds(double resident_bytes, double band_bytes, double fmas_per_byte,
                                   double expert_seconds) const {
   if (resident_bytes <= 0 && band_bytes <= 0) return expert_seconds;
-  const double memory =
-      (resident_bytes > 0 ? resident_bytes / (rates_.cpu_attention_gbps * 1e9) : 0) +
-      (band_bytes > 0 ? band_bytes / (rates_.cpu_streamed_attention_gbps * 1e9) : 0);
+  const double memory = cpu_attention_seconds(resident_bytes, band_bytes);
   const double compute = rates_.cpu_fma_glanes > 0
                              ? (resident_bytes + band_bytes) * fmas_per_byte / (rates_.cpu_fma_glanes * 1e9)
                              : 0;

@@ -139,6 +139,10 @@ class RooflineModel {
 
   /// GPU share: resident bytes at HBM speed plus streamed bytes at link speed, plus latencies.
   double gpu_seconds(double resident_bytes, double streamed_bytes) const;
+  /// The CPU's attention read time: `resident_bytes` (CpuResident's,
+  /// head-major) at cpu_attention_gbps plus `band_bytes` (token-major) at
+  /// cpu_streamed_attention_gbps.
+  double cpu_attention_seconds(double resident_bytes, double band_bytes) const;
   /// CPU share: max(resident bytes / resident attention bandwidth + band
   /// bytes / band attention bandwidth, FMAs / FMA peak) + latency + the CPU's
   /// expert work in the same phase. `resident_bytes` are CpuResident's

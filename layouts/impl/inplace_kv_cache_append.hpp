@@ -54,23 +54,16 @@ void InplaceKVCache<Scalar>::place_tokens(int layer, int sequence, std::int64_t 
                        " new blocks but " + std::to_string(new_block_regions.size()) + " regions were given");
 
   std::vector<Block>& list = blocks(layer, sequence);
-  // Every new block is taken before a token is written: an append the budgets
-  // cannot hold leaves the sequence and the pools as they were.
+  // Every new block is taken before a token is written. An append the budgets
+  // cannot hold, or whose write fails (a copy, the staging buffer's
+  // allocation), leaves the sequence and the pools as they were: every block
+  // but the last stays full, which the segments' positions rest on.
   const std::size_t kept = list.size();
-  try {
-    for (Region region : new_block_regions) list.push_back(allocate_block(region, layer, sequence));
-  } catch (const KVBudgetError&) {
-    for (std::size_t b = kept; b < list.size(); ++b) release_block(list[b]);
-    list.resize(kept);
-    throw;
-  }
-  // A write that fails (a copy, the staging buffer's allocation) leaves the
-  // sequence as it was too: every block but the last stays full, which the
-  // segments' positions rest on.
   const std::size_t first = kept > 0 && list[kept - 1].tokens < g.block_tokens ? kept - 1 : kept;
   const int first_tokens = first < kept ? list[first].tokens : 0;
   const auto region_tokens_before = region_tokens_;
   try {
+    for (Region region : new_block_regions) list.push_back(allocate_block(region, layer, sequence));
     std::int64_t written = 0;
     std::size_t next = first;
     while (written < tokens) {

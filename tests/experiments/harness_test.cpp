@@ -271,43 +271,33 @@ TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
   profile.cpu_next_pass_prefetch["mixtral-8x7b"] = "l3";  // another shape's: not this one's business
   const std::vector<std::string> warnings = attention_choice_mismatches(profile, shape);
   ASSERT_EQ(warnings.size(), 3u + (head_major_pass > 0) + (pass > 0));
-  EXPECT_EQ(warnings[0], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the head-major "
-                         "products on " + other_path + " but this process takes " +
-                             describe_decode_cpu_path(shape, BlockOrder::head_major) +
-                             "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
-                             "WRITESCOPE_CPU_PATH=" +
-                             other_path + ")");
-  EXPECT_EQ(warnings[1], "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the token-major "
-                         "products on " + other_streamed_path + " but this process takes " +
-                             describe_decode_cpu_path(shape, BlockOrder::token_major) +
-                             "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
-                             "WRITESCOPE_CPU_PATH=" +
-                             other_streamed_path + ")");
-  EXPECT_EQ(warnings[2],
-            "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with the next pass "
-            "requested into " +
-                other_level + " but this process takes " + describe_next_pass_prefetch(shape) +
-                "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
-                "WRITESCOPE_NEXT_PASS_PREFETCH=" +
-                other_level + ")");
+  // The warning for a choice stated as `stated` where this process takes `described`, pinned by `variable`.
+  const auto expected_warning = [](const std::string& choice, const std::string& stated,
+                                   const std::string& described, const std::string& variable) {
+    return "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with " + choice + " " + stated +
+           " but this process takes " + described +
+           "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set " + variable + "=" +
+           stated + ")";
+  };
+  EXPECT_EQ(warnings[0], expected_warning("the head-major products on", other_path,
+                                          describe_decode_cpu_path(shape, BlockOrder::head_major),
+                                          "WRITESCOPE_CPU_PATH"));
+  EXPECT_EQ(warnings[1], expected_warning("the token-major products on", other_streamed_path,
+                                          describe_decode_cpu_path(shape, BlockOrder::token_major),
+                                          "WRITESCOPE_CPU_PATH"));
+  EXPECT_EQ(warnings[2], expected_warning("the next pass requested into", other_level,
+                                          describe_next_pass_prefetch(shape), "WRITESCOPE_NEXT_PASS_PREFETCH"));
   if (head_major_pass > 0) {
-    EXPECT_EQ(warnings[3],
-              "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with head-major "
-              "passes of " +
-                  other_head_major_pass + " but this process takes " + describe_next_pass_prefetch(shape) +
-                  "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
-                  "WRITESCOPE_HEAD_MAJOR_PASS=" +
-                  other_head_major_pass + ")");
+    EXPECT_EQ(warnings[3], expected_warning("head-major passes of", other_head_major_pass,
+                                            describe_next_pass_prefetch(shape), "WRITESCOPE_HEAD_MAJOR_PASS"));
   }
-  if (pass > 0)
-    EXPECT_EQ(warnings.back(), "run: warning: profile 'test' measured CPU attention of qwen3-30b-a3b with token-major "
-                           "passes of " + other_pass + " but this process takes " +
-                           describe_token_major_pass(shape) +
-                           "; its CPU attention rates may be off by 10-30% (re-run writescope calibrate, or set "
-                           "WRITESCOPE_TOKEN_MAJOR_PASS=" + other_pass + ")");
-  else
+  if (pass > 0) {
+    EXPECT_EQ(warnings.back(), expected_warning("token-major passes of", other_pass, describe_token_major_pass(shape),
+                                                "WRITESCOPE_TOKEN_MAJOR_PASS"));
+  } else {
     std::cout << "[ SKIPPED  ] the token-major pass: " << cpu_path_name(active_cpu_path())
               << " passes by its own rule\n";
+  }
   // Paths the profile measured differently per order: WRITESCOPE_CPU_PATH, which pins both, restores neither.
   MachineProfile split_paths = test::tiny_profile();
   const std::string head_major_other = path == "scalar" ? "avx2" : "scalar";
