@@ -103,6 +103,33 @@ TYPED_TEST(InplaceKVCacheTest, EveryRegionStoresTokensAcrossPartialBlocks) {
   }
 }
 
+TYPED_TEST(InplaceKVCacheTest, BlocksOfSeveralKeyTilesStoreTokensInEveryRegion) {
+  using Storage = typename TestFixture::Scalar;
+  // 64 tokens: four key tiles of 16 in a head-major block; 24: one tile of the whole block.
+  for (int tokens : {64, 24}) {
+    SCOPED_TRACE("blocks of " + std::to_string(tokens) + " tokens");
+    const BlockGeometry g{tokens, heads, key_dim, value_dim, false};
+    const auto block_bytes = static_cast<std::uint64_t>(g.block_elements()) * sizeof(Storage);
+    InplaceKVCache<Storage> cache(KVCacheShape{1, g}, KVCacheBudgets{3 * block_bytes, 3 * block_bytes, 3 * block_bytes},
+                                  BudgetPolicy::strict);
+    for (Region region : all_regions) {
+      SCOPED_TRACE(region_name(region));
+      const int seq = cache.add_sequence();
+      // Appends that start inside a tile, on a tile boundary, and single decode tokens.
+      std::int64_t length = 0;
+      for (std::int64_t count : {std::int64_t{5}, std::int64_t{11}, std::int64_t{2 * tokens - 19}, std::int64_t{1},
+                                 std::int64_t{1}, std::int64_t{tokens}}) {
+        this->append(cache, 0, seq, length, count,
+                     std::vector<Region>(cache.new_blocks_needed(0, seq, count), region));
+        length += count;
+      }
+      ASSERT_EQ(cache.length(0, seq), length);
+      this->expect_tokens(cache, 0, seq, 0);
+      cache.free_sequence(seq);
+    }
+  }
+}
+
 TYPED_TEST(InplaceKVCacheTest, DecodeAppendsFillTheLastBlockInItsRegion) {
   using Storage = typename TestFixture::Scalar;
   InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(2, 4, 4), BudgetPolicy::strict);
