@@ -53,12 +53,19 @@ struct GpuDecodeTeam {
   std::size_t scratch_bytes = 0;
 };
 GpuDecodeTeam gpu_decode_team(const AttentionShape& shape, int block_tokens, int most_warps = max_gpu_decode_warps);
-/// Kokkos 3.4's level-0 team scratch on CUDA: the 48 KiB of shared memory a
-/// block gets without opting in to more.
-inline constexpr std::size_t gpu_team_scratch_limit = 48 * 1024;
+/// The shared memory a CUDA block gets without opting in to more (sm_90's
+/// sharedMemPerBlock), which Kokkos checks each team launch against.
+inline constexpr std::size_t gpu_block_shared_memory = 48 * 1024;
+/// Shared memory the team takes on CUDA: its scratch, and ahead of it what
+/// Kokkos (3.4 and 4) reserves for team reductions, a double per thread row
+/// plus two.
+inline std::size_t gpu_team_shared_bytes(const GpuDecodeTeam& team) {
+  return team.scratch_bytes + sizeof(double) * (static_cast<std::size_t>(team.team_size) + 2);
+}
 /// Why blocks of `block_tokens` tokens cannot run on the GPU for `shape`
-/// (their team scratch is over the limit, with the largest that fits), or ""
-/// when they can. Configs check it when they are read, on every build.
+/// (their team's shared memory is over the block's, with the largest that
+/// fits), or "" when they can. Configs check it when they are read, on every
+/// build.
 std::string gpu_decode_block_tokens_error(const AttentionShape& shape, int block_tokens);
 
 /// Device-side buffers of decode_attention, reused across calls (their row

@@ -520,13 +520,14 @@ inline GpuDecodeTeam gpu_decode_team(const AttentionShape& shape, int block_toke
 
 inline std::string gpu_decode_block_tokens_error(const AttentionShape& shape, int block_tokens) {
   const GpuDecodeTeam team = gpu_decode_team(shape, block_tokens);
-  if (team.scratch_bytes <= gpu_team_scratch_limit) return "";
+  const std::size_t shared = gpu_team_shared_bytes(team);
+  if (shared <= gpu_block_shared_memory) return "";
   int largest = block_tokens;
-  while (largest > 1 && gpu_decode_team(shape, largest).scratch_bytes > gpu_team_scratch_limit) --largest;
-  return std::to_string(block_tokens) + " tokens per block need " + std::to_string(team.scratch_bytes) +
-         " bytes of GPU team scratch for " + shape.name + "'s attention (" + std::to_string(shape.group()) +
-         " query heads per KV head), over the " + std::to_string(gpu_team_scratch_limit) + "-byte limit; at most " +
-         std::to_string(largest) + " fit";
+  while (largest > 1 && gpu_team_shared_bytes(gpu_decode_team(shape, largest)) > gpu_block_shared_memory) --largest;
+  return std::to_string(block_tokens) + " tokens per block need " + std::to_string(shared) +
+         " bytes of GPU shared memory a team (" + std::to_string(team.scratch_bytes) + " of scratch) for " + shape.name +
+         "'s attention (" + std::to_string(shape.group()) + " query heads per KV head), over the " +
+         std::to_string(gpu_block_shared_memory) + " bytes a block gets; at most " + std::to_string(largest) + " fit";
 }
 
 template <class ExecSpace, class Scalar, class PoolSpace>

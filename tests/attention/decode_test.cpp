@@ -526,7 +526,7 @@ TEST(DecodeAttentionDispatch, EveryModelShapeTakesTheBestCpuPath) {
 TEST(GpuDecodeTeam, FewerWarpsNeverNeedMoreScratchThanTheRule) {
   for (const AttentionShape& shape :
        {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()})
-    for (int block_tokens : {16, 256, 766}) {
+    for (int block_tokens : {16, 256, 763}) {
       const GpuDecodeTeam rule = gpu_decode_team(shape, block_tokens);
       EXPECT_LE(rule.team_size, max_gpu_decode_warps);
       for (int most_warps : {1, 4, 8, max_gpu_decode_warps}) {
@@ -540,6 +540,25 @@ TEST(GpuDecodeTeam, FewerWarpsNeverNeedMoreScratchThanTheRule) {
         }
         EXPECT_LE(capped.scratch_bytes, rule.scratch_bytes) << what;
       }
+    }
+}
+
+// Kokkos launches a team only where its scratch and the 8 * (team_size + 2)
+// bytes it reserves ahead of it fit a block's 48 KiB of shared memory
+// (Kokkos_Cuda_Parallel.hpp, "insufficient shared memory"). MLA's team is 16
+// warps with 64 * (block_tokens + 2) bytes of scratch: 763 tokens take 49088
+// bytes, 764 take 49152 + 8.
+TEST(GpuDecodeTeam, BlocksAreAcceptedWhereTheTeamFitsABlocksSharedMemory) {
+  const AttentionShape mla = deepseek_v2_lite_mla_attention();
+  EXPECT_EQ(gpu_decode_block_tokens_error(mla, 763), "");
+  EXPECT_NE(gpu_decode_block_tokens_error(mla, 764), "");
+  for (const AttentionShape& shape :
+       {qwen3_30b_a3b_attention(), mixtral_8x7b_attention(), deepseek_v2_lite_mla_attention()})
+    for (int block_tokens = 16; block_tokens <= 4096; ++block_tokens) {
+      const GpuDecodeTeam team = gpu_decode_team(shape, block_tokens);
+      const std::size_t shared = team.scratch_bytes + sizeof(double) * (team.team_size + 2);
+      ASSERT_EQ(gpu_decode_block_tokens_error(shape, block_tokens).empty(), shared <= 48 * 1024)
+          << shape.name << ", " << block_tokens << " tokens";
     }
 }
 
