@@ -43,6 +43,12 @@ double ExpertCosts::transfer_seconds() const {
                                   : std::numeric_limits<double>::infinity();
 }
 
+bool ExpertPlan::touches_slots(int layer, const ExpertResidency& residency, const std::vector<int>& slots) const {
+  auto listed = [&](int slot) { return slot >= 0 && std::find(slots.begin(), slots.end(), slot) != slots.end(); };
+  return std::any_of(gpu.begin(), gpu.end(), [&](int e) { return listed(residency.slot_of(layer, e)); }) ||
+         std::any_of(loads.begin(), loads.end(), [&](const ExpertLoad& l) { return listed(l.slot); });
+}
+
 std::vector<ExpertLoad> ExpertPolicy::after_layer(int, const Routing&, const ExpertResidency&) { return {}; }
 
 ExpertPlan CpuExpertPolicy::plan(int, const Routing& routing, const ExpertResidency&) {

@@ -48,6 +48,11 @@ struct ExpertPlan {
   std::vector<int> gpu;            // computed on the GPU: resident, or loaded by `loads` first
   std::vector<int> cpu;            // computed on the CPU from host memory
   std::vector<ExpertLoad> loads;   // performed before the GPU computes
+
+  /// Whether the GPU's work for `layer` reads or writes one of `slots`: a
+  /// resident expert's slot in `residency`, or a slot `loads` fill (the
+  /// staging buffer is none). A copy in flight into such a slot must land first.
+  bool touches_slots(int layer, const ExpertResidency& residency, const std::vector<int>& slots) const;
 };
 
 /// Seconds one expert costs each way, from the machine profile (decode: a

@@ -146,7 +146,7 @@ struct LayerWeights {
 
 struct MoeModel::Impl {
   GpuStreams streams{3};  // attention, feed-forward, expert prefetch
-  bool prefetching = false;  // copies on streams[2] not yet waited for
+  std::vector<int> prefetching_slots;  // expert slots copies on streams[2] fill, not yet waited for
   std::map<std::string, Weight> weights;
   std::map<std::string, Norm> norms;
   std::vector<LayerWeights> layers;
@@ -523,7 +523,7 @@ int MoeModel::add_sequence(std::int64_t expected_tokens) {
 void MoeModel::end_warmup() {
   Impl& m = *impl_;
   m.streams[2].fence();
-  m.prefetching = false;
+  m.prefetching_slots.clear();
   for (const ExpertLoad& load : options_.experts->end_warmup(residency_)) {
     copy_expert(Gpu(), m.slots.at(load.slot), host_experts_->layers.at(load.layer).at(load.expert));
     residency_.assign(load.slot, load.layer, load.expert);
@@ -870,14 +870,17 @@ struct ModelForward {
       if (l.slot < 0) continue;
       start_expert_copy(copy, m.slots.at(l.slot), host_experts.layers.at(l.layer).at(l.expert));
       residency.assign(l.slot, l.layer, l.expert);
-      m.prefetching = true;
+      m.prefetching_slots.push_back(l.slot);
     }
   }
 
-  /// Seconds the feed-forward waited for the prefetch stream (its exposed transfers).
-  double wait_for_prefetch() {
-    if (!m.prefetching) return 0;
-    m.prefetching = false;
+  /// Seconds the feed-forward of `plan` waited for the prefetch stream (its
+  /// exposed transfers): only where the plan uses a slot a copy in flight
+  /// fills. Another micro-batch of the layer before the prefetched one goes
+  /// on beside the copy, as CGOPipe's paging overlaps it.
+  double wait_for_prefetch(int moe_layer, const ExpertPlan& plan) {
+    if (!plan.touches_slots(moe_layer, residency, m.prefetching_slots)) return 0;
+    m.prefetching_slots.clear();
     return FencedTimer<Gpu>(m.streams[2]).seconds();
   }
 
@@ -903,9 +906,9 @@ struct ModelForward {
       return;
     }
     const int moe_layer = layer - c.dense_layers;
-    const double waited = wait_for_prefetch();
     const Routing routing = m.routers[moe_layer](gpu, h);
     const ExpertPlan plan = expert_policy.plan(moe_layer, routing, residency);
+    const double waited = wait_for_prefetch(moe_layer, plan);
 
     double gpu_compute = 0, gpu_transfers = 0, cpu_compute = 0, cpu_transfers = 0;
     Matrix<HostMemSpace> x_host, out_host;  // views of pinned buffers: DMA-able, ordinary memory to the CPU
@@ -1058,9 +1061,11 @@ struct ModelForward {
       m.positions = Kokkos::View<std::int64_t*, GpuMem>("writescope::moe::positions", rows);
     }
     const auto token_view = Kokkos::subview(m.tokens, std::make_pair(0, rows));
-    Kokkos::deep_copy(token_view, Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(tokens.data(), rows));
+    // On the step's stream: a plain deep_copy would wait for the expert
+    // prefetch started after the last layer, which overlaps this step.
+    Kokkos::deep_copy(gpu, token_view, Kokkos::View<const int*, Kokkos::HostSpace, Unmanaged>(tokens.data(), rows));
     const auto position_view = Kokkos::subview(m.positions, std::make_pair(0, rows));
-    Kokkos::deep_copy(position_view,
+    Kokkos::deep_copy(gpu, position_view,
                       Kokkos::View<const std::int64_t*, Kokkos::HostSpace, Unmanaged>(pass.positions.data(), rows));
     pass.device_positions = position_view;
     std::vector<Pass> parts;

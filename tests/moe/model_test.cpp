@@ -189,6 +189,33 @@ TEST(MoeModel, RecordsTheBytesEachRegionServed) {
   }
 }
 
+// A feed-forward waits for the expert prefetch only where it uses a slot a
+// copy in flight fills (moe/model.cpp, wait_for_prefetch): MoE-Lightning's
+// second micro-batch of a layer runs beside the next layer's paging.
+TEST(ExpertPlan, TouchesTheSlotsOfItsResidentExpertsAndOfItsLoads) {
+  ExpertResidency residency(3, 4, 6);
+  residency.assign(0, 0, 1);  // layer 0's expert 1 in slot 0
+  residency.assign(1, 0, 2);
+  residency.assign(4, 1, 3);  // layer 1's expert 3, as a prefetch would put it
+  ExpertPlan layer0;
+  layer0.gpu = {1, 2, 0};
+  layer0.loads = {{0, 0, -1}};  // expert 0 through the staging buffer
+  layer0.cpu = {3};
+  EXPECT_FALSE(layer0.touches_slots(0, residency, {4, 5}));
+  EXPECT_TRUE(layer0.touches_slots(0, residency, {1}));
+  EXPECT_FALSE(layer0.touches_slots(0, residency, {}));
+  ExpertPlan layer1;
+  layer1.gpu = {0, 3};
+  layer1.loads = {{1, 0, 2}};
+  EXPECT_TRUE(layer1.touches_slots(1, residency, {4, 5}));  // its resident expert's slot
+  EXPECT_TRUE(layer1.touches_slots(1, residency, {2}));     // the slot its load fills
+  EXPECT_FALSE(layer1.touches_slots(1, residency, {0, 1, 3}));
+  // Layer 0's slots are not layer 1's: expert 1 of layer 1 is not resident.
+  layer1.gpu = {1};
+  layer1.loads.clear();
+  EXPECT_FALSE(layer1.touches_slots(1, residency, {0}));
+}
+
 /// A broken policy: the first activated expert on the GPU without loading it,
 /// the others on the CPU.
 class UnloadedGpuExpertPolicy final : public ExpertPolicy {
