@@ -6,7 +6,8 @@
 # except the C runtime, the CUDA driver and cuBLAS (CUDA's runtime travels, so
 # the bundle does not depend on which CUDA 13 is installed there; cuBLAS is
 # ~700 MB and comes from the GPU machine: scripts/gpu_check.sh looks in
-# /usr/local/cuda and in Python's nvidia-cublas package).
+# /usr/local/cuda and in Python's nvidia packages), and the hashes of the
+# tracked sources it was built from (sources.sha256).
 # Carry gpu-bundle.tar.xz to the GPU machine and run scripts/gpu_check.sh there.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,5 +29,7 @@ ldd "${programs[@]}" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u |
     cp -L "$library" "$bundle/lib/"
     strip --strip-unneeded "$bundle/lib/$(basename "$library")" 2>/dev/null || true
   done
+# The sources it was built from, which scripts/gpu_check.sh compares with the tree it runs in.
+(cd "$repo" && git ls-files -z | xargs -0 sha256sum 2>/dev/null) >"$bundle/sources.sha256" || true
 tar -C "$staging" -cJf "$repo/gpu-bundle.tar.xz" gpu-bundle
 du -h "$repo/gpu-bundle.tar.xz" >&2

@@ -11,13 +11,17 @@
 #                   tests on the accelerator's space alone (Cuda; OpenMP with
 #                   --host); the check stops here if they fail
 #         2 tests   the whole test suite
-#         3 calibrate   the machine profile (profile.yaml)
-#         4 benchmarks  bandwidth bounds, GPU resident decode (at 32K with teams
+#         3 calibrate   the machine profile (profile.yaml), at 1 thread and
+#                   at all the host's (writescope info's host_threads)
+#         4 slice   experiments/configs/h200-slice.yaml (host-slice.yaml with
+#                   --host) with the measured profile (the config's own where
+#                   calibrate left none, which the summary says), and its report
+#         5 benchmarks  bandwidth bounds, GPU resident decode (at 32K with teams
 #                   of 4, 8 and 16 warps), the GPU's linear
 #                   layer at 1, 8 and 16 rows and a step's experts (batched and
 #                   one add each), the split sweep (its 0% point is the GPU
 #                   streamed path), CPU decode
-#         5 host_kernels  the host kernels against their roofs on this host:
+#         6 host_kernels  the host kernels against their roofs on this host:
 #                   CPU decode from the last-level cache, the expert linear
 #                   layer at 1-8 rows, and how far the host overlaps DRAM with
 #                   FMAs at 1, 4 and 16 multiply-adds per byte (host_overlap)
@@ -25,8 +29,10 @@
 #                   here keeps stage 4's figures); where decode runs on AMX
 #                   tiles, those kernels again on the vector path, for the
 #                   tiles' gain
-#         6 slice   experiments/configs/h200-slice.yaml (host-slice.yaml with
-#                   --host) with the measured profile, and its report
+# The slice comes before the benchmarks: where the check runs out of seconds,
+# the last stages are cut, and the slice is the measurement the others explain.
+# The smoke stage also says whether the bundle was built from this tree's
+# sources (sources.sha256 in the bundle); a stale bundle measures other code.
 # WRITESCOPE_GPU_CHECK_STAGES (e.g. "smoke,tests,benchmarks") runs a subset, in
 # order; WRITESCOPE_BENCHMARK_FILTER and WRITESCOPE_HOST_KERNEL_FILTER replace
 # stages 4 and 5's benchmark regexes. WRITESCOPE_GPU_CHECK_SECONDS (default
@@ -63,8 +69,27 @@ mkdir -p "$work"
 if [ "$mode" = gpu ]; then
   tar -C "$scratch" -xJf "$repo/gpu-bundle.tar.xz" || { echo "gpu_check: cannot unpack gpu-bundle.tar.xz" >&2; exit 1; }
   bin=$scratch/gpu-bundle/bin
-  # cuBLAS does not travel in the bundle: /usr/local/cuda's, else Python's nvidia-cublas package.
-  cublas=$(python3 -c 'import nvidia.cublas; print(list(nvidia.cublas.__path__)[0] + "/lib")' 2>/dev/null)
+  # Whether the bundle was built from this tree's sources: a stale one measures other code.
+  sums=$scratch/gpu-bundle/sources.sha256
+  if [ ! -s "$sums" ]; then
+    echo "bundle: no sources.sha256 (packed before the check compared sources)"
+  elif stale=$(cd "$repo" && sha256sum --check --quiet "$sums" 2>/dev/null | sed 's/: .*//'); [ -z "$stale" ]; then
+    echo "bundle: built from this tree's sources ($(wc -l <"$sums") files)"
+  else
+    echo "bundle: STALE: $(wc -l <<<"$stale") of its $(wc -l <"$sums") source files differ in this tree:" \
+      "$(head -5 <<<"$stale" | tr '\n' ' ')"
+  fi >"$work/bundle.txt"
+  # cuBLAS does not travel in the bundle: /usr/local/cuda's, else a Python
+  # nvidia package's (nvidia/cublas/lib for CUDA 12, nvidia/cu13/lib for 13).
+  cublas=$(python3 - 2>/dev/null <<'PYTHON'
+import glob, os, nvidia
+for root in nvidia.__path__:
+    found = sorted(glob.glob(os.path.join(root, "*", "lib", "libcublas.so.*")))
+    if found:
+        print(os.path.dirname(found[-1]))
+        break
+PYTHON
+)
   export LD_LIBRARY_PATH=$scratch/gpu-bundle/lib:/usr/local/cuda/lib64:${cublas:+$cublas:}${LD_LIBRARY_PATH:-}
   export WRITESCOPE_PROFILES=$scratch/gpu-bundle/share/writescope/profiles
   writescope=$bin/writescope tests=$bin/writescope_tests benchmarks=$bin/writescope_benchmarks
@@ -74,7 +99,7 @@ if [ "$mode" = gpu ]; then
   bench_filter="^(pcie/.*/1024/|hbm/.*/1024/|host_dram/read/1024/|gpu_decode/.*/32768/|gpu_decode/.*/131072/warps:16/|gpu_linear/bf16_writescope/(1|8|16)/14336/4096/|gpu_experts/qwen3/tokens:1/|gpu_prompt_linear/.*/256/|split_decode/.*/131072/(0|25|50|75|100)/|cpu_decode/qwen3.*/32768/|cpu_decode/.*/131072/|prefill/.*/16384/)"
   host_kernel_filter="^(cpu_decode_from_cache/|expert_linear/bf16_writescope/(1|2|4|8)/14336/4096/|cpu_experts/qwen3/tokens:1/|host_overlap/fmas_per_line:(4|16|64)/)"
   vector_kernel_filter="^(cpu_decode_from_cache/|cpu_decode/(deepseek_mla|qwen3_gqa)_cpu_resident/131072/|expert_linear/bf16_writescope/(1|8)/14336/4096/)"
-  limits=(smoke:45 tests:120 calibrate:60 benchmarks:140 host_kernels:120 slice:125)
+  limits=(smoke:45 tests:120 calibrate:75 slice:125 benchmarks:140 host_kernels:120)
 else
   build=${WRITESCOPE_BUILD:-$repo/build/host}
   writescope=$build/experiments/writescope tests=$build/tests/writescope_tests
@@ -87,7 +112,7 @@ else
   bench_filter="^(host_dram/read/1024/|split_decode/.*/32768/(0|50|100)/|cpu_decode/qwen3_gqa_cpu_resident/8192/)"
   host_kernel_filter="^(cpu_decode_from_cache/qwen3_gqa_cpu_resident/|expert_linear/bf16_writescope/8/768/2048/|cpu_experts/qwen3/tokens:1/batched:1/|host_overlap/fmas_per_line:16/)"
   vector_kernel_filter="^cpu_decode_from_cache/deepseek_mla_cpu_resident/"
-  limits=(smoke:120 tests:240 calibrate:120 benchmarks:240 host_kernels:120 slice:180)
+  limits=(smoke:120 tests:240 calibrate:120 slice:180 benchmarks:240 host_kernels:120)
 fi
 slice_profile=${profile_option[*]:-}
 # On the GPU machine the Runtime places the threads itself (framework/runtime.hpp:
@@ -98,12 +123,19 @@ host_kernel_filter=${WRITESCOPE_HOST_KERNEL_FILTER:-$host_kernel_filter}
 export slice_profile writescope tests benchmarks space slice_config bench_filter host_kernel_filter vector_kernel_filter work
 export repo
 
+# Whether the programs load: the check stops if writescope or the tests do
+# not; the benchmarks alone (Kokkos Kernels' cuBLAS) only fail their stages.
+libraries_found() {
+  local missing
+  missing=$(ldd "$@" 2>&1 | grep 'not found') || return 0
+  echo "gpu_check: libraries not found for $* (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}):"
+  echo "$missing"
+  return 1
+}
 stage_smoke() {
   nvidia-smi >"$work/nvidia-smi.txt" 2>&1
-  if ldd "$writescope" "$tests" "$benchmarks" | grep 'not found'; then
-    echo "gpu_check: libraries not found (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})"
-    return 1
-  fi
+  libraries_found "$writescope" "$tests" || return 1
+  libraries_found "$benchmarks" || echo "gpu_check: the benchmarks and host_kernels stages will fail"
   "$writescope" info >"$work/info.txt" 2>&1 || return 1
   "$tests" --gtest_filter="*/$space*:StreamedDecodeTest*:SplitDecodeTest*" --gtest_output=xml:"$work/smoke.xml"
 }
@@ -111,13 +143,21 @@ stage_tests() {
   "$tests" --gtest_output=xml:"$work/tests.xml"
 }
 stage_calibrate() {
-  "$writescope" calibrate --output "$work/profile.yaml"
+  # 1 thread and all of them: the slice runs at all, and each thread count
+  # between would cost two child processes per shape (a CUDA context and a
+  # cache each).
+  local threads counts=
+  threads=$(sed -n 's/^ *host_threads: *\([0-9][0-9]*\)$/\1/p' "$work/info.txt" 2>/dev/null)
+  [ -n "$threads" ] && [ "$threads" -gt 1 ] && counts="--thread-counts 1,$threads"
+  "$writescope" calibrate --output "$work/profile.yaml" $counts
 }
 stage_benchmarks() {
+  libraries_found "$benchmarks" || return 1
   "$benchmarks" --benchmark_filter="$bench_filter" --benchmark_min_time=0.1 \
     --benchmark_out="$work/benchmarks.json" --benchmark_out_format=json
 }
 stage_host_kernels() {
+  libraries_found "$benchmarks" || return 1
   "$benchmarks" --benchmark_filter="$host_kernel_filter" --benchmark_min_time=0.1 \
     --benchmark_out="$work/host_kernels.json" --benchmark_out_format=json || return 1
   # Where the tiles run, their kernels again on the vector path: the tiles' gain in one run.
@@ -128,6 +168,8 @@ stage_host_kernels() {
     --benchmark_out="$work/host_kernels_vector.json" --benchmark_out_format=json
 }
 stage_slice() {
+  # The host build drives its "GPU" share from a thread of its own, as a CUDA build does.
+  [ "$space" = OpenMP ] && export WRITESCOPE_GPU_THREAD=${WRITESCOPE_GPU_THREAD:-1}
   "$writescope" run "$slice_config" $slice_profile --output "$work/slice.h5" || return 1
   local python
   for python in /usr/bin/python3 python3; do
@@ -138,7 +180,7 @@ stage_slice() {
   done
   echo "gpu_check: no Python 3 with h5py, matplotlib and numpy: report skipped (slice.h5 is in the archive)"
 }
-export -f stage_smoke stage_tests stage_calibrate stage_benchmarks stage_host_kernels stage_slice
+export -f libraries_found stage_smoke stage_tests stage_calibrate stage_benchmarks stage_host_kernels stage_slice
 
 : >"$work/stages.txt"
 failed=
@@ -149,8 +191,10 @@ for entry in "${limits[@]}"; do
     *) continue ;;
   esac
   if [ "$name" = slice ] && [ "$mode" = gpu ] && [ ! -s "$work/profile.yaml" ]; then
-    echo "$name skipped 0 $limit no profile (calibrate failed)" >>"$work/stages.txt"
-    continue
+    # Still measured, planned with the config's shipped profile: the results record which.
+    slice_profile=
+    echo "gpu_check: no measured profile (calibrate failed): the slice plans with its config's profile" |
+      tee "$work/slice_profile.txt"
   fi
   left=$((budget - ($(date +%s) - check_started)))
   if [ "$left" -lt 15 ]; then
@@ -181,6 +225,7 @@ summary=$out/summary.txt
   echo "gpu_check ($mode) $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
   echo "stages (name result seconds limit):"
   sed 's/^/  /' "$work/stages.txt"
+  cat "$work/bundle.txt" "$work/slice_profile.txt" 2>/dev/null
 } >"$summary"
 summarised=
 # A Python with h5py and numpy first (the slice's figures), else any.

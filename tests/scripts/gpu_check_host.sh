@@ -4,8 +4,9 @@
 # summary carries the slice's checks; with a smoke stage that fails it stops
 # there, says so, and still packs what it has; out of its seconds
 # (WRITESCOPE_GPU_CHECK_SECONDS) it skips the stages left and still packs;
-# where MLA runs on AMX it also runs MLA on the vector path; a budget that is
-# not a number is one error.
+# where MLA runs on AMX it also runs MLA on the vector path; over a carried
+# bundle (the GPU machine's flow) it says whether the bundle is stale; a
+# budget that is not a number is one error.
 #   gpu_check_host.sh REPO BUILD SCRATCH
 set -uo pipefail
 repo=$1 build=$2 scratch=$3
@@ -92,6 +93,42 @@ grep -q '"cpu_path": "avx512_fma", "filter": "--benchmark_filter=^cpu_decode_fro
   <<<"$vector_run" || fail "the vector path's run was not pinned to avx512_fma: $vector_run"
 grep -q '"cpu_path": "",' <<<"$(tar -xzOf "$out/gpu-check.tar.gz" gpu-check/host_kernels.json)" ||
   fail "the host_kernels run had a path pinned"
+# The GPU machine's flow over a carried bundle, with stand-ins for its
+# programs, in a tree of its own: the summary says whether the bundle was
+# built from the tree's sources; calibrate runs at 1 thread and all of
+# `writescope info`'s host_threads; where calibrate fails the slice still
+# runs, with its config's profile, and the summary says so.
+tree=$scratch/tree
+mkdir -p "$tree/scripts" "$tree/experiments/configs" "$scratch/pack/gpu-bundle/bin"
+cp "$repo/scripts/gpu_check.sh" "$repo/scripts/gpu_check_summary.py" "$tree/scripts/"
+touch "$tree/experiments/configs/h200-slice.yaml"
+echo "source" >"$tree/source.txt"
+(cd "$tree" && sha256sum source.txt experiments/configs/h200-slice.yaml) >"$scratch/pack/gpu-bundle/sources.sha256"
+for program in writescope writescope_tests writescope_benchmarks; do
+  printf '#!/bin/sh
+case "$1" in info) echo "  host_threads: 6" ;; calibrate) echo "calibrate $*"; exit 1 ;; run) echo "run $*" ;; esac
+' \
+    >"$scratch/pack/gpu-bundle/bin/$program"
+  chmod +x "$scratch/pack/gpu-bundle/bin/$program"
+done
+tar -C "$scratch/pack" -cJf "$tree/gpu-bundle.tar.xz" gpu-bundle
+out=$scratch/out-bundle
+OUT=$out WRITESCOPE_GPU_CHECK_STAGES=smoke,calibrate,slice "$tree/scripts/gpu_check.sh" >"$scratch/bundle.log" 2>&1
+grep -q "^bundle: built from this tree's sources (2 files)" "$out/summary.txt" ||
+  fail "the summary does not say the bundle matches the tree"
+grep -q "^  smoke passed " "$out/summary.txt" || fail "smoke with stand-ins did not pass (see $scratch/bundle.log)"
+tar -xzOf "$out/gpu-check.tar.gz" gpu-check/calibrate.log | grep -q -- "--thread-counts 1,6$" ||
+  fail "calibrate did not run at 1 and 6 threads"
+grep -q "^  slice " "$out/summary.txt" || fail "the slice did not run after calibrate failed"
+tar -xzOf "$out/gpu-check.tar.gz" gpu-check/slice.log | grep -q "^run .*h200-slice.yaml --output" ||
+  fail "the slice did not run with its config's profile after calibrate failed"
+grep -q "no measured profile (calibrate failed): the slice plans with its config's profile" "$out/summary.txt" ||
+  fail "the summary does not say the slice planned with its config's profile"
+echo "changed" >"$tree/source.txt"
+out=$scratch/out-stale
+OUT=$out WRITESCOPE_GPU_CHECK_STAGES=smoke "$tree/scripts/gpu_check.sh" >"$scratch/stale.log" 2>&1
+grep -q "^bundle: STALE: 1 of its 2 source files differ in this tree: source.txt" "$out/summary.txt" ||
+  fail "the summary does not name the source that changed since the bundle was built"
 # A budget that is not a number: one error naming the variable, nothing run.
 if message=$(OUT=$scratch/out-bad WRITESCOPE_BUILD=$slow WRITESCOPE_GPU_CHECK_SECONDS=5m \
                "$repo/scripts/gpu_check.sh" --host 2>&1); then
