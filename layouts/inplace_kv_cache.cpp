@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <stdexcept>
 
 #include "framework/host_memory.hpp"
 
@@ -32,11 +33,22 @@ Region fallback_of(Region region) {
   return region;
 }
 
+/// The pool of `budget` bytes, in whole blocks. Its memory is taken here (on
+/// a GPU machine VRAM and page-locked host memory at once), so a budget the
+/// machine cannot give is one KVCacheError naming the pool.
 template <class Pool>
-Pool allocate_pool(const char* label, std::uint64_t budget, std::uint64_t block_bytes, std::int64_t block_elements) {
+Pool allocate_pool(const char* label, const char* description, std::uint64_t budget, std::uint64_t block_bytes,
+                   std::int64_t block_elements) {
   const auto slots = static_cast<std::int64_t>(budget / block_bytes);
-  Pool pool(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), static_cast<std::size_t>(slots),
-            static_cast<std::size_t>(block_elements));
+  Pool pool;
+  try {
+    pool = Pool(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), static_cast<std::size_t>(slots),
+                static_cast<std::size_t>(block_elements));
+  } catch (const std::exception& e) {  // Kokkos reports a failed allocation as std::runtime_error
+    throw KVCacheError("KV cache: the " + std::string(description) + " budget of " + std::to_string(budget) +
+                       " bytes (" + std::to_string(slots) + " blocks) cannot be allocated on this machine: " +
+                       e.what());
+  }
   advise_huge_pages(pool);  // host pools: before the first write touches them
   return pool;
 }
@@ -65,12 +77,12 @@ InplaceKVCache<Scalar>::InplaceKVCache(const KVCacheShape& shape, const KVCacheB
     free_slots_[pool].capacity = static_cast<int>(slots);
   }
   if (storage_ == KVStorage::bookkeeping) return;
-  vram_pool_ = allocate_pool<Pool<GpuMemSpace>>("writescope::layouts::vram_pool", budgets.vram_bytes, bytes,
-                                                g.block_elements());
-  pinned_pool_ = allocate_pool<Pool<PinnedMemSpace>>("writescope::layouts::pinned_pool", budgets.pinned_bytes, bytes,
-                                                     g.block_elements());
-  host_pool_ = allocate_pool<Pool<HostMemSpace>>("writescope::layouts::host_pool", budgets.host_bytes, bytes,
-                                                 g.block_elements());
+  vram_pool_ = allocate_pool<Pool<GpuMemSpace>>("writescope::layouts::vram_pool", pool_description[0],
+                                                budgets.vram_bytes, bytes, g.block_elements());
+  pinned_pool_ = allocate_pool<Pool<PinnedMemSpace>>("writescope::layouts::pinned_pool", pool_description[1],
+                                                     budgets.pinned_bytes, bytes, g.block_elements());
+  host_pool_ = allocate_pool<Pool<HostMemSpace>>("writescope::layouts::host_pool", pool_description[2],
+                                                 budgets.host_bytes, bytes, g.block_elements());
 }
 
 template <class Scalar>

@@ -290,6 +290,28 @@ TYPED_TEST(InplaceKVCacheTest, ASequenceKeepsContiguousSlotsWhereItCan) {
 
 // The host pools a CPU decode step streams ask for huge pages
 // (framework/host_memory.hpp).
+// A budget the machine cannot give (1 PiB, past any address space) is one
+// error naming its pool, not Kokkos' allocation failure.
+TEST(InplaceKVCachePools, ABudgetTheMachineCannotGiveIsOneErrorNamingItsPool) {
+  const BlockGeometry g{256, 8, 128, 128, false};  // 2 MiB blocks of float: 2^29 slots index
+  const std::uint64_t block = static_cast<std::uint64_t>(g.block_elements()) * sizeof(float);
+  const std::uint64_t pebibyte = std::uint64_t{1} << 50;
+  const std::pair<const char*, KVCacheBudgets> cases[] = {{"VRAM", {pebibyte, block, block}},
+                                                          {"pinned", {block, pebibyte, block}},
+                                                          {"host", {block, block, pebibyte}}};
+  for (const auto& [pool, budgets] : cases) {
+    try {
+      InplaceKVCache<float> cache(KVCacheShape{1, g}, budgets, BudgetPolicy::strict);
+      ADD_FAILURE() << "a " << pool << " pool of 1 PiB was allocated";
+    } catch (const KVCacheError& e) {
+      EXPECT_NE(std::string(e.what()).find("KV cache: the " + std::string(pool) + " budget of " +
+                                           std::to_string(pebibyte) + " bytes (536870912 blocks) cannot be allocated"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(InplaceKVCacheHostPools, AskForHugePages) {
   if (!huge_pages_advisable()) GTEST_SKIP() << "transparent huge pages: " << transparent_huge_pages();
   const std::uint64_t bytes = std::uint64_t{16} << 20;
