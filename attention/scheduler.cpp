@@ -6,9 +6,12 @@
 namespace writescope {
 namespace {
 
-std::vector<BlockSegment> sorted_by_batch(std::vector<BlockSegment> segments) {
-  std::stable_sort(segments.begin(), segments.end(),
-                   [](const BlockSegment& a, const BlockSegment& b) { return a.batch_index < b.batch_index; });
+/// By batch index, then slot: a device reads its share of the band in address
+/// order, and the GPU copies each run of consecutive slots at once.
+std::vector<BlockSegment> sorted_by_batch_and_slot(std::vector<BlockSegment> segments) {
+  std::sort(segments.begin(), segments.end(), [](const BlockSegment& a, const BlockSegment& b) {
+    return a.batch_index != b.batch_index ? a.batch_index < b.batch_index : a.slot < b.slot;
+  });
   return segments;
 }
 
@@ -134,10 +137,10 @@ SplitPlan WriteScopeScheduler<Scalar>::plan(int layer, const std::vector<int>& s
     if (cpu_bytes + 0.5 * next > cpu_target) break;
     cpu_bytes += next;
   }
-  plan.cpu_pinned = sorted_by_batch(std::vector<BlockSegment>(band.begin(), band.begin() + cut));
-  plan.gpu_streamed = sorted_by_batch(std::vector<BlockSegment>(band.begin() + cut, band.end()));
+  plan.cpu_pinned = sorted_by_batch_and_slot(std::vector<BlockSegment>(band.begin(), band.begin() + cut));
+  plan.gpu_streamed = sorted_by_batch_and_slot(std::vector<BlockSegment>(band.begin() + cut, band.end()));
   if (!model_.rates().has_gpu) {
-    plan.cpu_pinned = sorted_by_batch(band);
+    plan.cpu_pinned = sorted_by_batch_and_slot(band);
     plan.gpu_streamed.clear();
   }
   if (prediction) *prediction = model_.predict(bytes, segment_bytes(plan.cpu_pinned), fmas_per_byte_, 0);

@@ -194,6 +194,31 @@ TEST_F(SchedulerTest, TheCpuTakesItsOwnBandBlocksFirstAndTheGpuStreamsItsOwnFirs
   }
 }
 
+// The band's blocks alternate between its two regions in consecutive slots:
+// each device's share goes in slot order, so that the GPU's share is one
+// copy per run of consecutive slots (StreamedDecode) and the CPU reads its
+// share in address order, not the CPU's blocks first.
+TEST_F(SchedulerTest, EachDeviceTakesItsShareOfTheBandInSlotOrder) {
+  auto cache = make_cache(0);
+  const int seq = cache->add_sequence();
+  std::vector<Region> regions;
+  for (int b = 0; b < 20; ++b) regions.push_back(b % 2 ? Region::gpu_streamed : Region::cpu_streamed);
+  const auto data = test::random_values<bf16>(20 * block_tokens * geometry_.kv_heads * geometry_.key_dim, 5);
+  const auto view = test::token_view<bf16, HostMemSpace>(data, geometry_.kv_heads, geometry_.key_dim, 0, 20 * block_tokens);
+  cache->append(HostExecSpace(), 0, seq, view, view, regions);
+  const std::vector<TokenRange> range{{0, 20 * block_tokens}};
+  const auto slot_order = [](const BlockSegment& x, const BlockSegment& y) { return x.slot < y.slot; };
+  for (double cpu_gbps : {5.0, 25.0, 75.0}) {
+    WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(75, cpu_gbps)), shape_, *cache);
+    const SplitPlan plan = scheduler.plan(0, {seq}, range);
+    SCOPED_TRACE("CPU at " + std::to_string(cpu_gbps) + " GB/s: " + std::to_string(plan.gpu_streamed.size()) +
+                 " blocks on the GPU, " + std::to_string(plan.cpu_pinned.size()) + " on the CPU");
+    ASSERT_GT(plan.gpu_streamed.size(), 1u);
+    EXPECT_TRUE(std::is_sorted(plan.gpu_streamed.begin(), plan.gpu_streamed.end(), slot_order));
+    EXPECT_TRUE(std::is_sorted(plan.cpu_pinned.begin(), plan.cpu_pinned.end(), slot_order));
+  }
+}
+
 TEST_F(SchedulerTest, FeedbackFollowsACpuSlowdownAndItsEnd) {
   auto cache = make_cache(0);
   const ModelRates believed = test::synthetic_rates(50, 50);
