@@ -14,6 +14,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
+
 #include <string>
 #include <type_traits>
 
@@ -55,16 +57,19 @@ Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Dynamic>> work_stealing_
 /// default host tile is 2 rows x every column, so a range of one or two rows
 /// (a decode step's (batch 1, heads), one token's features) ran on a single
 /// thread (the decode merge of MLA at 8K tokens, 32 runs: 85 -> 45 us a step,
-/// Zen 5, 2 threads). Other spaces keep Kokkos' tiles.
+/// Zen 5, 2 threads). GPUs take tiles of one row and up to 256 columns: a
+/// CUDA block is (tile rows, tile columns) threads, so Kokkos' default tile
+/// (16 rows x 2 columns) left 15 of every 16 threads idle at one row and gave
+/// each warp 16 rows' scattered addresses; with one row a warp reads 32
+/// consecutive columns.
 template <class ExecSpace>
 Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>> rows_by_columns_policy(const ExecSpace& space, int rows, int columns,
                                                                           int host_tile_columns) {
-  if constexpr (is_host_exec_space<ExecSpace>) {
-    const int tile = host_tile_columns > 0 ? host_tile_columns : columns;
-    return Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, columns}, {1, tile});
-  } else {
-    return Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, columns});
-  }
+  constexpr int gpu_tile_columns = 256;
+  const int tile = is_host_exec_space<ExecSpace>
+                       ? (host_tile_columns > 0 ? host_tile_columns : columns)
+                       : std::max(1, std::min(columns, gpu_tile_columns));
+  return Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, columns}, {1, tile});
 }
 
 template <class Policy, class Functor>
