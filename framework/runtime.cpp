@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "framework/concurrent.hpp"
+#include "framework/log.hpp"
 
 #ifdef KOKKOS_ENABLE_CUDA
 #include <cuda_runtime.h>
@@ -63,6 +64,17 @@ Runtime::Runtime(int& argc, char* argv[]) {
   if (placed_here) setenv("OMP_PROC_BIND", "true", 1);
   guard_.emplace(argc, argv);
   if (placed_here) unsetenv("OMP_PROC_BIND");
+#ifdef KOKKOS_ENABLE_CUDA
+  // Threads waiting on the GPU yield their CPU instead of spinning on it
+  // (CUDA's default with one context). Nested GPU drivers share the driver's
+  // CPU (MoE-Lightning's feed-forward beside the split attention's GPU
+  // share), and two spinning waits on one CPU hold each other up for a
+  // scheduler slice; alone on its CPU a yielding wait returns as soon.
+  cudaSetDevice(Kokkos::Cuda().cuda_device());
+  if (const cudaError_t status = cudaSetDeviceFlags(cudaDeviceScheduleYield); status != cudaSuccess)
+    log_warn("runtime: waits on the GPU keep CUDA's default scheduling (cudaSetDeviceFlags: ",
+             cudaGetErrorString(status), ")");
+#endif
 }
 
 std::string kokkos_configuration() {
