@@ -71,9 +71,9 @@ Runtime::Runtime(int& argc, char* argv[]) {
   // share), and two spinning waits on one CPU hold each other up for a
   // scheduler slice; alone on its CPU a yielding wait returns as soon.
   cudaSetDevice(Kokkos::Cuda().cuda_device());
-  if (const cudaError_t status = cudaSetDeviceFlags(cudaDeviceScheduleYield); status != cudaSuccess)
+  if (const cudaError_t flags = cudaSetDeviceFlags(cudaDeviceScheduleYield); flags != cudaSuccess)
     log_warn("runtime: waits on the GPU keep CUDA's default scheduling (cudaSetDeviceFlags: ",
-             cudaGetErrorString(status), ")");
+             cudaGetErrorString(flags), ")");
 #endif
 }
 
