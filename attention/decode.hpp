@@ -22,6 +22,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -56,11 +57,13 @@ GpuDecodeTeam gpu_decode_team(const AttentionShape& shape, int block_tokens, int
 /// The shared memory a CUDA block gets without opting in to more (sm_90's
 /// sharedMemPerBlock), which Kokkos checks each team launch against.
 inline constexpr std::size_t gpu_block_shared_memory = 48 * 1024;
-/// Shared memory the team takes on CUDA: its scratch, and ahead of it what
-/// Kokkos (3.4 and 4) reserves for team reductions, a double per thread row
-/// plus two.
+/// Shared memory the team takes on CUDA: its scratch, ahead of it what Kokkos
+/// (3.4 and 4) reserves for team reductions, a double per thread row plus
+/// two, and the 8 bytes Kokkos 3.4's team kernel declares itself (its
+/// base_thread_id), which its own check leaves out: a team over the block's
+/// shared memory by those does not run.
 inline std::size_t gpu_team_shared_bytes(const GpuDecodeTeam& team) {
-  return team.scratch_bytes + sizeof(double) * (static_cast<std::size_t>(team.team_size) + 2);
+  return team.scratch_bytes + sizeof(double) * (static_cast<std::size_t>(team.team_size) + 2) + sizeof(std::int64_t);
 }
 /// Why blocks of `block_tokens` tokens cannot run on the GPU for `shape`
 /// (their team's shared memory is over the block's, with the largest that

@@ -6,12 +6,8 @@
 namespace writescope {
 namespace {
 
-/// By batch index, then slot: a device reads its share of the band in address
-/// order, and the GPU copies each run of consecutive slots at once.
 std::vector<BlockSegment> sorted_by_batch_and_slot(std::vector<BlockSegment> segments) {
-  std::sort(segments.begin(), segments.end(), [](const BlockSegment& a, const BlockSegment& b) {
-    return a.batch_index != b.batch_index ? a.batch_index < b.batch_index : a.slot < b.slot;
-  });
+  sort_by_batch_and_slot(segments);
   return segments;
 }
 

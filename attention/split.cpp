@@ -1,5 +1,7 @@
 #include "attention/split.hpp"
 
+#include <algorithm>
+
 #include "framework/concurrent.hpp"
 #include "framework/timer.hpp"
 
@@ -13,6 +15,12 @@ namespace {
 constexpr double fence_seconds = 20e-6;
 
 }  // namespace
+
+void sort_by_batch_and_slot(std::vector<BlockSegment>& segments) {
+  std::sort(segments.begin(), segments.end(), [](const BlockSegment& a, const BlockSegment& b) {
+    return a.batch_index != b.batch_index ? a.batch_index < b.batch_index : a.slot < b.slot;
+  });
+}
 
 double segment_bytes(const std::vector<BlockSegment>& segments, double bytes_per_token) {
   double tokens = 0;

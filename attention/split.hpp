@@ -29,6 +29,10 @@ struct SplitPlan {
   std::vector<BlockSegment> cpu_pinned;    // pinned pool, read in place by the CPU (the movable band)
 };
 
+/// Sorts segments by batch index, then slot: a device reads its share of the
+/// band in address order, and the GPU copies a run of consecutive slots at once.
+void sort_by_batch_and_slot(std::vector<BlockSegment>& segments);
+
 /// KV bytes of the segments' tokens at `bytes_per_token`.
 double segment_bytes(const std::vector<BlockSegment>& segments, double bytes_per_token);
 /// The plan's KV bytes by where they live: VRAM, host memory, the pinned band.

@@ -261,36 +261,40 @@ class PlanningModel {
     const int rows = static_cast<int>(sequences.size());
     const int groups = std::max(1, std::min(options_.micro_batches, rows));
     records.assign(static_cast<std::size_t>(c_.layers), LayerRecord{});
-    double seconds = 0, prefetch = 0;  // prefetch: copy time issued after the previous layer
+    double seconds = 0;
     for (int layer = 0; layer < c_.layers; ++layer) {
       LayerRecord& record = records[layer];
-      std::vector<double> attention_stage(static_cast<std::size_t>(groups)), ffn_stage(attention_stage.size());
+      std::vector<double> attention_stage(static_cast<std::size_t>(groups)), ffn_stage(attention_stage.size()),
+          issued(attention_stage.size());  // prefetch copy seconds each part's feed-forward starts as it ends
       for (int g = 0; g < groups; ++g) {
         const std::vector<int> part(sequences.begin() + rows * g / groups, sequences.begin() + rows * (g + 1) / groups);
         LayerRecord stage;
         attention_stage[g] = attend(layer, part, stage) + layer_dense(layer, static_cast<int>(part.size()));
-        ffn_stage[g] = feed_forward(layer, static_cast<int>(part.size()), stage, prefetch);
+        ffn_stage[g] = feed_forward(layer, static_cast<int>(part.size()), stage, issued[g]);
         record.add(stage);
       }
       // The stages of a layer as layer_pipeline runs them: part j's
       // feed-forward beside part j + 1's attention where the GPU has its own
-      // worker. A prefetch the previous MoE layer issued runs beside this
-      // layer's first attention stage; its feed-forward waits for the rest.
-      double wall = attention_stage[0];
+      // worker. The copy stream, in seconds from the layer's start: copies
+      // left from earlier layers run beside this layer's first attention
+      // stage and its first feed-forward waits for the rest (the runtime waits
+      // where the plan uses a slot they fill, taken here as always); a
+      // feed-forward's prefetch starts as it ends and runs beside the rest.
+      double wall = attention_stage[0], copies_until = prefetch_wait_;
       if (layer >= c_.dense_layers) {
-        const double exposed = std::max(0.0, prefetch_wait_ - attention_stage[0]);
+        const double exposed = std::max(0.0, copies_until - attention_stage[0]);
         record.transfers += exposed;
         record.feed_forward += exposed;
         wall += exposed;
-        prefetch_wait_ = 0;
+        copies_until = 0;
       }
       for (int g = 0; g < groups; ++g) {
+        if (issued[g] > 0) copies_until = std::max(copies_until, wall + ffn_stage[g]) + issued[g];
         const bool overlap = rates_.has_gpu && g + 1 < groups;
         wall += overlap ? std::max(ffn_stage[g], attention_stage[g + 1])
                         : ffn_stage[g] + (g + 1 < groups ? attention_stage[g + 1] : 0.0);
       }
-      prefetch_wait_ += prefetch;
-      prefetch = 0;
+      prefetch_wait_ = std::max(0.0, copies_until - wall);
       record.other = std::max(0.0, wall - record.attention - record.feed_forward);
       seconds += wall;
     }
@@ -400,7 +404,7 @@ class PlanningModel {
   DenseBytes dense_;
   std::mt19937_64 random_;
   std::vector<std::int64_t> expected_;
-  double prefetch_wait_ = 0;  // prefetch copies issued by the previous layer
+  double prefetch_wait_ = 0;  // prefetch copy seconds left at the next layer's start
 };
 
 }  // namespace

@@ -15,7 +15,8 @@
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
-
+#include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 
@@ -52,23 +53,39 @@ Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Dynamic>> work_stealing_
   return Kokkos::RangePolicy<ExecSpace, Kokkos::Schedule<Kokkos::Dynamic>>(space, 0, n, Kokkos::ChunkSize(1));
 }
 
+namespace impl {
+/// Columns of a GPU tile for a range of `columns`: 256, fewer where the range
+/// is narrower, and more where 256-column tiles would be over 65535 (CUDA's
+/// grid limit in y, which Kokkos 3.4's MDRange launch does not enforce: it
+/// caps the grid at the x limit, and a launch over the y limit does not run).
+/// Throws where even 1024-column tiles (a block's most threads) are too few.
+inline int gpu_tile_columns(int columns) {
+  constexpr int preferred = 256, most = 1024, grid_y_limit = 65535;
+  const int needed = static_cast<int>((static_cast<std::int64_t>(columns) + grid_y_limit - 1) / grid_y_limit);
+  if (needed > most)
+    throw std::length_error("a GPU launch over " + std::to_string(columns) + " columns needs tiles of " +
+                            std::to_string(needed) + " columns, over a block's " + std::to_string(most) +
+                            " threads");
+  return std::max({1, std::min(columns, preferred), needed});
+}
+}  // namespace impl
+
 /// The 2-D range [0, rows) x [0, columns). Host spaces split it into tiles
 /// of one row and `host_tile_columns` columns (whole rows where 0): Kokkos'
 /// default host tile is 2 rows x every column, so a range of one or two rows
 /// (a decode step's (batch 1, heads), one token's features) ran on a single
 /// thread (the decode merge of MLA at 8K tokens, 32 runs: 85 -> 45 us a step,
-/// Zen 5, 2 threads). GPUs take tiles of one row and up to 256 columns: a
-/// CUDA block is (tile rows, tile columns) threads, so Kokkos' default tile
-/// (16 rows x 2 columns) left 15 of every 16 threads idle at one row and gave
-/// each warp 16 rows' scattered addresses; with one row a warp reads 32
-/// consecutive columns.
+/// Zen 5, 2 threads). GPUs take tiles of one row and impl::gpu_tile_columns
+/// columns: a CUDA block is (tile rows, tile columns) threads, so Kokkos'
+/// default tile (16 rows x 2 columns) left 15 of every 16 threads idle at one
+/// row, gave each warp 16 rows' scattered addresses, and past 131070 columns
+/// (the SwiGLU product of 22 Qwen3 rows) did not run at all; with one row a
+/// warp reads 32 consecutive columns.
 template <class ExecSpace>
 Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>> rows_by_columns_policy(const ExecSpace& space, int rows, int columns,
                                                                           int host_tile_columns) {
-  constexpr int gpu_tile_columns = 256;
-  const int tile = is_host_exec_space<ExecSpace>
-                       ? (host_tile_columns > 0 ? host_tile_columns : columns)
-                       : std::max(1, std::min(columns, gpu_tile_columns));
+  const int tile = is_host_exec_space<ExecSpace> ? (host_tile_columns > 0 ? host_tile_columns : columns)
+                                                 : impl::gpu_tile_columns(columns);
   return Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, columns}, {1, tile});
 }
 

@@ -9,10 +9,11 @@
 #include <vector>
 
 #include "framework/concurrent.hpp"
-#include "framework/log.hpp"
 
 #ifdef KOKKOS_ENABLE_CUDA
 #include <cuda_runtime.h>
+
+#include "framework/log.hpp"
 #endif
 
 namespace writescope {
@@ -70,10 +71,10 @@ Runtime::Runtime(int& argc, char* argv[]) {
   // CPU (MoE-Lightning's feed-forward beside the split attention's GPU
   // share), and two spinning waits on one CPU hold each other up for a
   // scheduler slice; alone on its CPU a yielding wait returns as soon.
-  cudaSetDevice(Kokkos::Cuda().cuda_device());
-  if (const cudaError_t flags = cudaSetDeviceFlags(cudaDeviceScheduleYield); flags != cudaSuccess)
-    log_warn("runtime: waits on the GPU keep CUDA's default scheduling (cudaSetDeviceFlags: ",
-             cudaGetErrorString(flags), ")");
+  cudaError_t scheduling = cudaSetDevice(Kokkos::Cuda().cuda_device());
+  if (scheduling == cudaSuccess) scheduling = cudaSetDeviceFlags(cudaDeviceScheduleYield);
+  if (scheduling != cudaSuccess)
+    log_warn("runtime: waits on the GPU keep CUDA's default scheduling (", cudaGetErrorString(scheduling), ")");
 #endif
 }
 

@@ -596,6 +596,7 @@ struct ModelForward {
       // model's prediction and feedback do not apply to such a pass.
       plan.gpu_streamed.insert(plan.gpu_streamed.end(), plan.cpu_pinned.begin(), plan.cpu_pinned.end());
       plan.cpu_pinned.clear();
+      sort_by_batch_and_slot(plan.gpu_streamed);
     }
     // SplitDecode takes the queries in host memory (the CPU reads them in place).
     const auto host_queries = scratch3(m.host_queries, "writescope::moe::host_queries", rows, shape.q_heads,
@@ -870,7 +871,8 @@ struct ModelForward {
       if (l.slot < 0) continue;
       start_expert_copy(copy, m.slots.at(l.slot), host_experts.layers.at(l.layer).at(l.expert));
       residency.assign(l.slot, l.layer, l.expert);
-      m.prefetching_slots.push_back(l.slot);
+      if (std::find(m.prefetching_slots.begin(), m.prefetching_slots.end(), l.slot) == m.prefetching_slots.end())
+        m.prefetching_slots.push_back(l.slot);
     }
   }
 

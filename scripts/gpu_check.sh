@@ -26,16 +26,17 @@
 #                   layer at 1-8 rows, and how far the host overlaps DRAM with
 #                   FMAs at 1, 4 and 16 multiply-adds per byte (host_overlap)
 #                   (a stage of its own, so that a time-out
-#                   here keeps stage 4's figures); where decode runs on AMX
+#                   here keeps stage 5's figures); where decode runs on AMX
 #                   tiles, those kernels again on the vector path, for the
 #                   tiles' gain
 # The slice comes before the benchmarks: where the check runs out of seconds,
 # the last stages are cut, and the slice is the measurement the others explain.
-# The smoke stage also says whether the bundle was built from this tree's
-# sources (sources.sha256 in the bundle); a stale bundle measures other code.
+# On the GPU machine the summary also says whether the bundle was built from
+# this tree's sources (sources.sha256 in the bundle); a stale one measures
+# other code.
 # WRITESCOPE_GPU_CHECK_STAGES (e.g. "smoke,tests,benchmarks") runs a subset, in
 # order; WRITESCOPE_BENCHMARK_FILTER and WRITESCOPE_HOST_KERNEL_FILTER replace
-# stages 4 and 5's benchmark regexes. WRITESCOPE_GPU_CHECK_SECONDS (default
+# stages 5 and 6's benchmark regexes. WRITESCOPE_GPU_CHECK_SECONDS (default
 # 540; 1200 with --host) bounds the whole check: a stage's limit is cut to
 # what is left of it and a stage with under 15 s left is skipped, so that the
 # results are packed before the device tool's 600 s per call run out.
@@ -80,14 +81,13 @@ if [ "$mode" = gpu ]; then
       "$(head -5 <<<"$stale" | tr '\n' ' ')"
   fi >"$work/bundle.txt"
   # cuBLAS does not travel in the bundle: /usr/local/cuda's, else a Python
-  # nvidia package's (nvidia/cublas/lib for CUDA 12, nvidia/cu13/lib for 13).
+  # nvidia package's (nvidia/cublas/lib for CUDA 12, nvidia/cu13/lib for 13):
+  # every such folder, and the loader takes the version the bundle names.
   cublas=$(python3 - 2>/dev/null <<'PYTHON'
 import glob, os, nvidia
-for root in nvidia.__path__:
-    found = sorted(glob.glob(os.path.join(root, "*", "lib", "libcublas.so.*")))
-    if found:
-        print(os.path.dirname(found[-1]))
-        break
+folders = {os.path.dirname(path) for root in nvidia.__path__
+           for path in glob.glob(os.path.join(root, "*", "lib", "libcublas.so.*"))}
+print(":".join(sorted(folders)))
 PYTHON
 )
   export LD_LIBRARY_PATH=$scratch/gpu-bundle/lib:/usr/local/cuda/lib64:${cublas:+$cublas:}${LD_LIBRARY_PATH:-}
@@ -193,7 +193,7 @@ for entry in "${limits[@]}"; do
   if [ "$name" = slice ] && [ "$mode" = gpu ] && [ ! -s "$work/profile.yaml" ]; then
     # Still measured, planned with the config's shipped profile: the results record which.
     slice_profile=
-    echo "gpu_check: no measured profile (calibrate failed): the slice plans with its config's profile" |
+    echo "gpu_check: no measured profile (calibrate failed or did not run): the slice plans with its config's profile" |
       tee "$work/slice_profile.txt"
   fi
   left=$((budget - ($(date +%s) - check_started)))

@@ -5,6 +5,7 @@
 #include <functional>
 #include <mutex>
 #include <numeric>
+#include <stdexcept>
 #include <set>
 #include <thread>
 
@@ -102,6 +103,29 @@ TEST(Spaces, OneRowOfARowsByColumnsRangeSpreadsOverTheHostThreads) {
   launch_parallel_for("writescope::test::record_threads", rows_by_columns_policy(space, 1, 64, 1),
                       RecordThreads{&lock, &threads});
   EXPECT_GE(threads.size(), 2u);
+}
+
+// A GPU tile spans at most 65535 tiles of columns (CUDA's grid limit in y,
+// which Kokkos 3.4 does not enforce: a launch past it does not run) and at
+// most a block's 1024 threads; 256 columns where that fits.
+TEST(Spaces, GpuTilesKeepEveryRangeWithinCudasGridAndBlock) {
+  EXPECT_EQ(impl::gpu_tile_columns(1), 1);
+  EXPECT_EQ(impl::gpu_tile_columns(100), 100);
+  EXPECT_EQ(impl::gpu_tile_columns(2048), 256);
+  EXPECT_EQ(impl::gpu_tile_columns(22 * 8 * 768), 256);  // 22 Qwen3 rows' SwiGLU product
+  for (int columns : {256 * 65535, 256 * 65535 + 1, 586 * 14336 * 2, 1024 * 65535}) {
+    const int tile = impl::gpu_tile_columns(columns);
+    EXPECT_LE((static_cast<std::int64_t>(columns) + tile - 1) / tile, 65535) << columns << " columns";
+    EXPECT_LE(tile, 1024) << columns << " columns";
+  }
+  try {
+    impl::gpu_tile_columns(1024 * 65535 + 1);
+    ADD_FAILURE() << "a range past 1024 x 65535 columns was tiled";
+  } catch (const std::length_error& e) {
+    EXPECT_NE(std::string(e.what()).find("a GPU launch over 67107841 columns needs tiles of 1025 columns"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Spaces, PinnedAndGpuBuffersRoundTripThroughHost) {

@@ -288,8 +288,6 @@ TYPED_TEST(InplaceKVCacheTest, ASequenceKeepsContiguousSlotsWhereItCan) {
   this->expect_tokens(cache, 0, seq, 0);
 }
 
-// The host pools a CPU decode step streams ask for huge pages
-// (framework/host_memory.hpp).
 // A budget the machine cannot give (1 PiB, past any address space) is one
 // error naming its pool, not Kokkos' allocation failure.
 TEST(InplaceKVCachePools, ABudgetTheMachineCannotGiveIsOneErrorNamingItsPool) {
@@ -312,6 +310,8 @@ TEST(InplaceKVCachePools, ABudgetTheMachineCannotGiveIsOneErrorNamingItsPool) {
   }
 }
 
+// The host pools a CPU decode step streams ask for huge pages
+// (framework/host_memory.hpp).
 TEST(InplaceKVCacheHostPools, AskForHugePages) {
   if (!huge_pages_advisable()) GTEST_SKIP() << "transparent huge pages: " << transparent_huge_pages();
   const std::uint64_t bytes = std::uint64_t{16} << 20;
