@@ -9,6 +9,7 @@
 #include <ostream>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 
 #include "experiments/calibration.hpp"
 #include "experiments/impl/run_record.hpp"
@@ -273,30 +274,13 @@ class PlanningModel {
         ffn_stage[g] = feed_forward(layer, static_cast<int>(part.size()), stage, issued[g]);
         record.add(stage);
       }
-      // The stages of a layer as layer_pipeline runs them: part j's
-      // feed-forward beside part j + 1's attention where the GPU has its own
-      // worker. The copy stream, in seconds from the layer's start: copies
-      // left from earlier layers run beside this layer's first attention
-      // stage and its first feed-forward waits for the rest (the runtime waits
-      // where the plan uses a slot they fill, taken here as always); a
-      // feed-forward's prefetch starts as it ends and runs beside the rest.
-      double wall = attention_stage[0], copies_until = prefetch_wait_;
-      if (layer >= c_.dense_layers) {
-        const double exposed = std::max(0.0, copies_until - attention_stage[0]);
-        record.transfers += exposed;
-        record.feed_forward += exposed;
-        wall += exposed;
-        copies_until = 0;
-      }
-      for (int g = 0; g < groups; ++g) {
-        if (issued[g] > 0) copies_until = std::max(copies_until, wall + ffn_stage[g]) + issued[g];
-        const bool overlap = rates_.has_gpu && g + 1 < groups;
-        wall += overlap ? std::max(ffn_stage[g], attention_stage[g + 1])
-                        : ffn_stage[g] + (g + 1 < groups ? attention_stage[g + 1] : 0.0);
-      }
-      prefetch_wait_ = std::max(0.0, copies_until - wall);
-      record.other = std::max(0.0, wall - record.attention - record.feed_forward);
-      seconds += wall;
+      const LayerTimeline timeline = layer_timeline(attention_stage, ffn_stage, issued, prefetch_wait_,
+                                                    layer >= c_.dense_layers, rates_.has_gpu);
+      record.transfers += timeline.exposed;
+      record.feed_forward += timeline.exposed;
+      prefetch_wait_ = timeline.copies_left;
+      record.other = std::max(0.0, timeline.wall - record.attention - record.feed_forward);
+      seconds += timeline.wall;
     }
     const double logits = static_cast<double>(rows) * c_.vocab * sizeof(float);
     return seconds + rates_.dense(dense_.lm_head, rows) + logits / (rates_.d2h_gbps * 1e9) + step_launches * rates_.launch_s;
@@ -408,6 +392,30 @@ class PlanningModel {
 };
 
 }  // namespace
+
+LayerTimeline layer_timeline(const std::vector<double>& attention, const std::vector<double>& feed_forward,
+                             const std::vector<double>& issued, double copies_left, bool waits, bool overlap) {
+  const std::size_t parts = attention.size();
+  if (parts == 0 || feed_forward.size() != parts || issued.size() != parts)
+    throw std::invalid_argument("layer_timeline: one attention stage, feed-forward and prefetch per part");
+  LayerTimeline t;
+  // The copy stream's end, in seconds from the layer's start.
+  double copies_until = copies_left;
+  t.wall = attention[0];
+  if (waits) {
+    t.exposed = std::max(0.0, copies_until - attention[0]);
+    t.wall += t.exposed;
+    copies_until = 0;
+  }
+  for (std::size_t j = 0; j < parts; ++j) {
+    if (issued[j] > 0) copies_until = std::max(copies_until, t.wall + feed_forward[j]) + issued[j];
+    const bool last = j + 1 == parts;
+    t.wall += last ? feed_forward[j]
+                   : overlap ? std::max(feed_forward[j], attention[j + 1]) : feed_forward[j] + attention[j + 1];
+  }
+  t.copies_left = std::max(0.0, copies_until - t.wall);
+  return t;
+}
 
 PricedSteps price_decode(const ModelConfig& config, const ModelOptions& options, const MachineProfile& profile,
                          const DecodeWorkload& workload) {

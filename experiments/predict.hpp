@@ -59,6 +59,23 @@ struct PricedSteps {
   HostUse host;
 };
 
+/// One layer of a decode step priced as MoeModel's layer_pipeline runs it,
+/// in seconds: part j's feed-forward beside part j + 1's attention where
+/// `overlap` (a GPU with its own driver thread), one after the other
+/// otherwise. The expert prefetch stream: copies left from earlier layers
+/// (`copies_left`) run beside the first attention stage, and where the layer
+/// has experts (`waits`) its first feed-forward waits for the rest (the
+/// runtime waits where its plan uses a slot they fill, taken here as always);
+/// part j's prefetch (`issued[j]`) starts as its feed-forward ends, after the
+/// copies before it. attention, feed_forward, issued: (parts).
+struct LayerTimeline {
+  double wall = 0;         // the layer, the exposed copies included
+  double exposed = 0;      // copies the first feed-forward waited for
+  double copies_left = 0;  // copies still running when the layer ends
+};
+LayerTimeline layer_timeline(const std::vector<double>& attention, const std::vector<double>& feed_forward,
+                             const std::vector<double>& issued, double copies_left, bool waits, bool overlap);
+
 /// Prices `workload` for a model of `config` with `options` (KV policy,
 /// expert policy, budgets, micro-batches: what the model would be built
 /// with) on `profile`. ModelBudgetError / KVBudgetError as the model would

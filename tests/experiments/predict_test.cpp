@@ -103,6 +103,40 @@ TEST(PredictTest, PricesATwoLayerStepAsComputedByHand) {
   }
 }
 
+// MoE-Lightning's two micro-batches with a GPU, seconds by hand: attention 3
+// and feed-forward 2 each; the first feed-forward prefetches 5 of the next
+// layer's experts as it ends (at 5), beside the second attention (until 6)
+// and the second feed-forward (until 8): 2 are left at the layer's end, and
+// the next layer's first attention (3) hides them. Without a GPU nothing
+// overlaps and the next layer's first feed-forward waits for what is left.
+TEST(PredictTest, APrefetchRunsBesideTheRestOfItsLayerAndTheNextAttention) {
+  const LayerTimeline first = layer_timeline({3, 3}, {2, 2}, {5, 0}, 0, true, true);
+  EXPECT_DOUBLE_EQ(first.wall, 8);
+  EXPECT_DOUBLE_EQ(first.exposed, 0);
+  EXPECT_DOUBLE_EQ(first.copies_left, 2);
+  const LayerTimeline next = layer_timeline({3, 3}, {2, 2}, {0, 0}, first.copies_left, true, true);
+  EXPECT_DOUBLE_EQ(next.exposed, 0);
+  EXPECT_DOUBLE_EQ(next.wall, 8);
+  EXPECT_DOUBLE_EQ(next.copies_left, 0);
+  // 9 seconds of copies: 6 left at the end, 3 hidden by the next attention, 3 waited for.
+  const LayerTimeline long_copy = layer_timeline({3, 3}, {2, 2}, {9, 0}, 0, true, true);
+  EXPECT_DOUBLE_EQ(long_copy.copies_left, 6);
+  const LayerTimeline waiting = layer_timeline({3, 3}, {2, 2}, {0, 0}, long_copy.copies_left, true, true);
+  EXPECT_DOUBLE_EQ(waiting.exposed, 3);
+  EXPECT_DOUBLE_EQ(waiting.wall, 11);
+  // A dense layer (no experts) does not wait: its whole time hides the copies.
+  const LayerTimeline dense = layer_timeline({3}, {2}, {0}, 6, false, true);
+  EXPECT_DOUBLE_EQ(dense.exposed, 0);
+  EXPECT_DOUBLE_EQ(dense.copies_left, 1);
+  // Without a GPU the stages run one after the other: 3 + 2 + 3 + 2.
+  const LayerTimeline host = layer_timeline({3, 3}, {2, 2}, {5, 0}, 0, true, false);
+  EXPECT_DOUBLE_EQ(host.wall, 10);
+  EXPECT_DOUBLE_EQ(host.copies_left, 0);
+  // A second prefetch starts after the first has finished.
+  const LayerTimeline two = layer_timeline({3, 3}, {2, 2}, {5, 4}, 0, true, true);
+  EXPECT_DOUBLE_EQ(two.copies_left, 14 - 8);
+}
+
 // The same step with VRAM for 2 of the layer's 5 blocks: the first 16
 // tokens are read in VRAM, the other 17 streamed over the link (latency
 // included) by the GPU, and nothing goes to the CPU (a first-fit baseline).
