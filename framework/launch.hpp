@@ -66,7 +66,10 @@ inline int gpu_tile_columns(int columns) {
     throw std::length_error("a GPU launch over " + std::to_string(columns) + " columns needs tiles of " +
                             std::to_string(needed) + " columns, over a block's " + std::to_string(most) +
                             " threads");
-  return std::max({1, std::min(columns, preferred), needed});
+  // Past 256, whole warps: a block of 257 threads would start a ninth warp for one.
+  constexpr int warp = 32;
+  if (needed > preferred) return (needed + warp - 1) / warp * warp;
+  return std::max(1, std::min(columns, preferred));
 }
 }  // namespace impl
 

@@ -73,8 +73,10 @@ Runtime::Runtime(int& argc, char* argv[]) {
   // scheduler slice; alone on its CPU a yielding wait returns as soon.
   cudaError_t scheduling = cudaSetDevice(Kokkos::Cuda().cuda_device());
   if (scheduling == cudaSuccess) scheduling = cudaSetDeviceFlags(cudaDeviceScheduleYield);
-  if (scheduling != cudaSuccess)
+  if (scheduling != cudaSuccess) {
+    cudaGetLastError();  // not left for the next check to report
     log_warn("runtime: waits on the GPU keep CUDA's default scheduling (", cudaGetErrorString(scheduling), ")");
+  }
 #endif
 }
 

@@ -108,7 +108,7 @@ TEST(PredictTest, PricesATwoLayerStepAsComputedByHand) {
 // layer's experts as it ends (at 5), beside the second attention (until 6)
 // and the second feed-forward (until 8): 2 are left at the layer's end, and
 // the next layer's first attention (3) hides them. Without a GPU nothing
-// overlaps and the next layer's first feed-forward waits for what is left.
+// overlaps.
 TEST(PredictTest, APrefetchRunsBesideTheRestOfItsLayerAndTheNextAttention) {
   const LayerTimeline first = layer_timeline({3, 3}, {2, 2}, {5, 0}, 0, true, true);
   EXPECT_DOUBLE_EQ(first.wall, 8);
@@ -128,9 +128,11 @@ TEST(PredictTest, APrefetchRunsBesideTheRestOfItsLayerAndTheNextAttention) {
   const LayerTimeline dense = layer_timeline({3}, {2}, {0}, 6, false, true);
   EXPECT_DOUBLE_EQ(dense.exposed, 0);
   EXPECT_DOUBLE_EQ(dense.copies_left, 1);
-  // Without a GPU the stages run one after the other: 3 + 2 + 3 + 2.
-  const LayerTimeline host = layer_timeline({3, 3}, {2, 2}, {5, 0}, 0, true, false);
-  EXPECT_DOUBLE_EQ(host.wall, 10);
+  // Without a GPU the stages run one after the other (3 + 2 + 3 + 2), and
+  // the first feed-forward waits for copies left over (12 - 3).
+  const LayerTimeline host = layer_timeline({3, 3}, {2, 2}, {0, 0}, 12, true, false);
+  EXPECT_DOUBLE_EQ(host.exposed, 9);
+  EXPECT_DOUBLE_EQ(host.wall, 19);
   EXPECT_DOUBLE_EQ(host.copies_left, 0);
   // A second prefetch starts after the first has finished.
   const LayerTimeline two = layer_timeline({3, 3}, {2, 2}, {5, 4}, 0, true, true);

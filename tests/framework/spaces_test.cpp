@@ -117,6 +117,7 @@ TEST(Spaces, GpuTilesKeepEveryRangeWithinCudasGridAndBlock) {
     const int tile = impl::gpu_tile_columns(columns);
     EXPECT_LE((static_cast<std::int64_t>(columns) + tile - 1) / tile, 65535) << columns << " columns";
     EXPECT_LE(tile, 1024) << columns << " columns";
+    EXPECT_EQ(tile % 32, 0) << columns << " columns: whole warps";
   }
   try {
     impl::gpu_tile_columns(1024 * 65535 + 1);
