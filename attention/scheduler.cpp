@@ -4,14 +4,6 @@
 #include <cmath>
 
 namespace writescope {
-namespace {
-
-std::vector<BlockSegment> sorted_by_batch_and_slot(std::vector<BlockSegment> segments) {
-  sort_by_batch_and_slot(segments);
-  return segments;
-}
-
-}  // namespace
 
 template <class Scalar>
 WriteScopeScheduler<Scalar>::WriteScopeScheduler(const RooflineModel& model, const AttentionShape& shape,
@@ -133,12 +125,11 @@ SplitPlan WriteScopeScheduler<Scalar>::plan(int layer, const std::vector<int>& s
     if (cpu_bytes + 0.5 * next > cpu_target) break;
     cpu_bytes += next;
   }
-  plan.cpu_pinned = sorted_by_batch_and_slot(std::vector<BlockSegment>(band.begin(), band.begin() + cut));
-  plan.gpu_streamed = sorted_by_batch_and_slot(std::vector<BlockSegment>(band.begin() + cut, band.end()));
-  if (!model_.rates().has_gpu) {
-    plan.cpu_pinned = sorted_by_batch_and_slot(band);
-    plan.gpu_streamed.clear();
-  }
+  if (!model_.rates().has_gpu) cut = band.size();  // the host reads the whole band
+  plan.cpu_pinned.assign(band.begin(), band.begin() + cut);
+  plan.gpu_streamed.assign(band.begin() + cut, band.end());
+  sort_by_batch_and_slot(plan.cpu_pinned);
+  sort_by_batch_and_slot(plan.gpu_streamed);
   if (prediction) *prediction = model_.predict(bytes, segment_bytes(plan.cpu_pinned), fmas_per_byte_, 0);
   return plan;
 }
