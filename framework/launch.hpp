@@ -92,6 +92,16 @@ Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>> rows_by_columns_policy(const E
   return Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, columns}, {1, tile});
 }
 
+/// The 1-D range [0, n) of an element-wise kernel over n elements read flat,
+/// for any n on every space (CUDA's range launch strides its grid over the
+/// range); a (rows, columns) range of one row stops at 1024 x 65535 columns on
+/// a GPU (impl::gpu_tile_columns).
+template <class ExecSpace>
+Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>> elements_range(const ExecSpace& space,
+                                                                              std::int64_t n) {
+  return Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, n);
+}
+
 template <class Policy, class Functor>
 void launch_parallel_for(const std::string& label, const Policy& policy, const Functor& functor) {
   static_assert(impl::closure_is_kernel_argument<Functor, Policy>(),

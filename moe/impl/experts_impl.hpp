@@ -11,14 +11,16 @@
 namespace writescope {
 namespace impl {
 
-/// gate <- silu(gate) * up, element-wise.
-template <class MemSpace>
+/// gate <- silu(gate) * up over n floats read flat: one expert's (rows,
+/// intermediate) products, or a batch's, one after another. A 1-D range
+/// (elements_range): as one row, a batch's products pass a GPU's 2-D limit of
+/// 1024 x 65535 columns at 4682 Mixtral entries (a 2341-token prompt chunk).
 struct SiluMultiply {
-  Matrix<MemSpace> gate;
-  Kokkos::View<const float**, Kokkos::LayoutRight, MemSpace> up;
-  KOKKOS_INLINE_FUNCTION void operator()(int r, int c) const {
-    const float g = gate(r, c);
-    gate(r, c) = g / (1.0f + math::exp(-g)) * up(r, c);
+  float* gate;
+  const float* up;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + math::exp(-g)) * up[i];
   }
 };
 
@@ -110,14 +112,14 @@ void swiglu_expert(const ExecSpace& space, const ExpertWeights<Scalar, typename 
                    const Kokkos::View<const float**, Kokkos::LayoutRight, typename ExecSpace::memory_space>& x,
                    const Matrix<typename ExecSpace::memory_space>& y,
                    SwigluScratch<typename ExecSpace::memory_space>& scratch) {
-  using MemSpace = typename ExecSpace::memory_space;
   const int rows = static_cast<int>(x.extent(0));
   const auto gate = impl::scratch(scratch.gate, "writescope::moe::expert_gate", rows, expert.intermediate());
   const auto up = impl::scratch(scratch.up, "writescope::moe::expert_up", rows, expert.intermediate());
   linear<ExecSpace, Scalar>(space, x, expert.gate, gate);
   linear<ExecSpace, Scalar>(space, x, expert.up, up);
-  launch_parallel_for("writescope::moe::silu_multiply", impl::rows_by_columns(space, rows, expert.intermediate()),
-                       impl::SiluMultiply<MemSpace>{gate, up});
+  launch_parallel_for("writescope::moe::silu_multiply",
+                      elements_range(space, std::int64_t{rows} * expert.intermediate()),
+                      impl::SiluMultiply{gate.data(), up.data()});
   linear<ExecSpace, Scalar>(space, gate, expert.down, y);
 }
 
@@ -266,8 +268,8 @@ void ExpertRunner<ExecSpace, Scalar>::add(const ExecSpace& space, const std::vec
     down.push_back({gate, experts[i].down, Kokkos::subview(ys, entries, Kokkos::ALL)});
   }
   linear_batch<ExecSpace, Scalar>(space, gate_and_up);
-  launch_parallel_for("writescope::moe::silu_multiply", impl::rows_by_columns(space, 1, intermediate_floats),
-                      impl::SiluMultiply<MemSpace>{gates, ups});
+  launch_parallel_for("writescope::moe::silu_multiply", elements_range(space, intermediate_floats),
+                      impl::SiluMultiply{gates.data(), ups.data()});
   linear_batch<ExecSpace, Scalar>(space, down);
   launch_parallel_for("writescope::moe::weighted_sum", impl::rows_by_columns(space, rows, hidden),
                       impl::WeightedSumRows<MemSpace>{out, ys, row_first_entry, row_entries, weights});

@@ -204,5 +204,62 @@ TYPED_TEST(RouterAndExpertsTest, BatchedExpertsAddLikeOneAtATime) {
   EXPECT_THROW(runner.add(space, {order[0]}, batch, x, batched), std::invalid_argument);
 }
 
+// Two experts that every one of 1025 tokens chooses: the batch's SwiGLU
+// products are 2050 x 32768 floats, past the 1024 x 65535 columns of a GPU's
+// 2-D tiles (where, read as one row, they would not launch), so the SiLU
+// product runs over a 1-D range. Sampled tokens against a double reference.
+template <class ExecSpace>
+class LargeExpertBatchTest : public ::testing::Test {};
+TYPED_TEST_SUITE(LargeExpertBatchTest, test::ExecSpaceTypes, test::ExecSpaceName);
+
+TYPED_TEST(LargeExpertBatchTest, ProductsPastAGpuTilesColumnsRunWhole) {
+  using ExecSpace = TypeParam;
+  using Mem = typename ExecSpace::memory_space;
+  using Weights = ExpertWeights<bf16, Mem>;
+  constexpr int tokens = 1025, wide = 8, inner = 32768, chosen_by_all = 2;
+  static_assert(std::int64_t{chosen_by_all} * tokens * inner > std::int64_t{1024} * 65535);
+  std::vector<TestMatrix<bf16, Mem>> gates, ups, downs;
+  Routing routing;
+  std::vector<int> every_token(tokens);
+  std::iota(every_token.begin(), every_token.end(), 0);
+  for (int e = 0; e < chosen_by_all; ++e) {
+    gates.emplace_back(inner, wide, 90 + e);
+    ups.emplace_back(inner, wide, 92 + e);
+    downs.emplace_back(wide, inner, 94 + e);
+    routing.rows.push_back(every_token);
+    routing.weights.push_back(std::vector<float>(tokens, 0.5f + 0.25f * static_cast<float>(e)));
+  }
+  std::vector<Weights> batch;
+  for (int e = 0; e < chosen_by_all; ++e) batch.push_back(Weights{gates[e].view, ups[e].view, downs[e].view});
+  const auto x_values = test::random_values<float>(tokens * wide, 96);
+  Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> x_host("writescope::test::x", tokens, wide);
+  std::copy(x_values.begin(), x_values.end(), x_host.data());
+  const auto x = Kokkos::create_mirror_view_and_copy(Mem(), x_host);
+  const ExecSpace space;
+  ExpertRunner<ExecSpace, bf16> runner;
+  runner.upload(space, routing);
+  Matrix<Mem> out("writescope::test::out", tokens, wide);
+  runner.add(space, {0, 1}, batch, x, out);
+  space.fence();
+  const auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  for (int t : {0, 1, 511, 1023, 1024}) {
+    std::vector<double> expected(wide, 0.0);
+    for (int e = 0; e < chosen_by_all; ++e) {
+      const float* xt = x_values.data() + t * wide;
+      for (int i = 0; i < inner; ++i) {
+        double g = 0, u = 0;
+        for (int c = 0; c < wide; ++c) {
+          g += static_cast<double>(gates[e].values[i * wide + c]) * xt[c];
+          u += static_cast<double>(ups[e].values[i * wide + c]) * xt[c];
+        }
+        const double h = g / (1 + std::exp(-g)) * u;
+        for (int j = 0; j < wide; ++j) expected[j] += routing.weights[e][t] * downs[e].values[j * inner + i] * h;
+      }
+    }
+    for (int c = 0; c < wide; ++c)
+      ASSERT_NEAR(got(t, c), expected[c], 1e-4 * (1 + std::abs(expected[c]))) << "token " << t << " column " << c;
+  }
+}
+
 }  // namespace
 }  // namespace writescope
