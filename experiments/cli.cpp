@@ -185,15 +185,16 @@ int info_command(const std::vector<std::string>& args, std::ostream& out) {
   return 0;
 }
 
-/// `text` as a T of at least `least` (at most T's largest value): "4294967297" for an int is an error, not 1.
+/// `text` as a T in [least, most] (by default at most T's largest value): "4294967297" for an int is an error, not 1.
 template <class T = int>
-T positive_integer(const std::string& command, const std::string& option, const std::string& text, T least = 1) {
+T positive_integer(const std::string& command, const std::string& option, const std::string& text, T least = 1,
+                   T most = std::numeric_limits<T>::max()) {
   T value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (error == std::errc::result_out_of_range ||
-      (error == std::errc() && end == text.data() + text.size() && value < least))
+      (error == std::errc() && end == text.data() + text.size() && (value < least || value > most)))
     throw UsageError(command + ": " + option + " must be an integer in [" + std::to_string(least) + ", " +
-                     std::to_string(std::numeric_limits<T>::max()) + "], got '" + text + "'");
+                     std::to_string(most) + "], got '" + text + "'");
   if (error != std::errc() || end != text.data() + text.size())
     throw UsageError(command + ": " + option + " must be " + (least == 1 ? "a positive" : "an") + " integer, got '" +
                      text + "'");
@@ -206,8 +207,10 @@ void progress_line(const std::string& line) { log_info("calibrate: ", line); }
 /// missing or read-only folder) before minutes of measuring go into it.
 void check_writable_output(const std::string& command, const std::string& path) {
   if (std::filesystem::is_directory(path)) throw UsageError(command + ": --output " + path + " is a folder");
-  const std::string probe = path + ".partial";  // the name the write goes through
-  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  // The name the write goes through (MachineProfile::save), created
+  // exclusively: an existing file of that name is not truncated, nor removed.
+  const std::string probe = path + ".partial." + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
   if (fd < 0)
     throw UsageError(command + ": --output " + path + " cannot be written (" + std::strerror(errno) + ")");
   ::close(fd);
@@ -222,7 +225,7 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
   if (options.count("--thread-counts")) {
     std::stringstream list(options["--thread-counts"]);
     for (std::string item; std::getline(list, item, ',');)
-      calibration.thread_counts.push_back(positive_integer("calibrate", "--thread-counts", item));
+      calibration.thread_counts.push_back(positive_integer("calibrate", "--thread-counts", item, 1, max_host_threads));
   }
   char executable[4096] = {};
   const ssize_t length = readlink("/proc/self/exe", executable, sizeof executable - 1);
@@ -513,9 +516,14 @@ int make_checkpoint_command(const std::vector<std::string>& args) {
   const std::string format = options.count("--config-format") ? options["--config-format"] : "hub";
   if (format != "hub" && format != "transformers5")
     throw UsageError("make-checkpoint: --config-format must be hub or transformers5, got '" + format + "'");
-  write_synthetic_checkpoint(options["--output"], model_preset(options["--model"]), seed,
-                             dtype == "bf16" ? TensorDType::bf16 : dtype == "f16" ? TensorDType::f16 : TensorDType::f32,
-                             format == "hub" ? ConfigFormat::hub : ConfigFormat::transformers5);
+  const ModelConfig model = model_preset(options["--model"]);
+  try {
+    write_synthetic_checkpoint(options["--output"], model, seed,
+                               dtype == "bf16" ? TensorDType::bf16 : dtype == "f16" ? TensorDType::f16 : TensorDType::f32,
+                               format == "hub" ? ConfigFormat::hub : ConfigFormat::transformers5);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(std::string("make-checkpoint --output: ") + e.what());
+  }
   log_info("make-checkpoint: wrote ", options["--output"]);
   return 0;
 }

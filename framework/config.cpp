@@ -245,6 +245,13 @@ std::vector<T> ConfigNode::get_list(const std::string& key) const {
   return out;
 }
 
+std::string ConfigNode::get_text(const std::string& key) const {
+  const auto value = get<std::string>(key);
+  if (std::all_of(value.begin(), value.end(), [](unsigned char c) { return std::isspace(c); }))
+    fail(key, "must not be empty");
+  return value;
+}
+
 std::string ConfigNode::get_choice(const std::string& key, std::initializer_list<std::string_view> choices) const {
   const auto value = get<std::string>(key);
   if (std::find(choices.begin(), choices.end(), value) == choices.end())

@@ -75,6 +75,8 @@ class ConfigNode {
   template <class T>
   T as() const;
 
+  /// Required string with a character other than whitespace (a name, a path).
+  std::string get_text(const std::string& key) const;
   /// Required string that must be one of `choices`.
   std::string get_choice(const std::string& key, std::initializer_list<std::string_view> choices) const;
   /// Required byte size ("32GiB", "4096", ...), see parse_byte_size.

@@ -8,9 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 #include <tuple>
+
+#include <unistd.h>
 
 #include "framework/cpu_path.hpp"
 
@@ -36,7 +37,7 @@ MachineProfile MachineProfile::load(const std::string& path) { return from_confi
 MachineProfile MachineProfile::from_config(const ConfigNode& root) {
   root.allow_only({"name", "has_gpu", "gpu", "link", "cpu", "sources"});
   MachineProfile p;
-  p.name = root.get<std::string>("name");
+  p.name = root.get_text("name");
   p.has_gpu = root.get_or<bool>("has_gpu", true);
   if (p.has_gpu) {
     const ConfigNode gpu = root.child("gpu");
@@ -186,11 +187,16 @@ std::string MachineProfile::to_yaml() const {
 }
 
 void MachineProfile::save(const std::string& path) const {
-  const std::string partial = path + ".partial";
-  {
-    std::ofstream file(partial);
-    file << to_yaml();
-    if (!file.flush()) throw std::runtime_error(partial + ": cannot write the machine profile");
+  // A name of this process' own, created exclusively: a file that happens to
+  // have it is never truncated.
+  const std::string partial = path + ".partial." + std::to_string(::getpid());
+  std::FILE* file = std::fopen(partial.c_str(), "wx");
+  if (!file) throw std::runtime_error(partial + ": cannot write the machine profile: " + std::strerror(errno));
+  const std::string text = to_yaml();
+  const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
+  if (std::fclose(file) != 0 || !written) {
+    std::remove(partial.c_str());
+    throw std::runtime_error(partial + ": cannot write the machine profile");
   }
   if (std::rename(partial.c_str(), path.c_str()) != 0) {
     const int error = errno;

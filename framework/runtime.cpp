@@ -4,8 +4,13 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <charconv>
 #include <cstdlib>
+#include <limits>
+#include <optional>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "framework/concurrent.hpp"
@@ -28,7 +33,8 @@ void place_openmp_threads(int driver_cpu) {
   std::vector<int> cpus;
   for (int cpu : startup_cpus())
     if (cpu != driver_cpu) cpus.push_back(cpu);
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) omp_set_num_threads(static_cast<int>(cpus.size()));
+  if (std::getenv("OMP_NUM_THREADS") == nullptr)
+    omp_set_num_threads(std::min(static_cast<int>(cpus.size()), max_host_threads));
 #pragma omp parallel
   {
     cpu_set_t set;
@@ -40,11 +46,57 @@ void place_openmp_threads(int driver_cpu) {
   if (driver_cpu >= 0) placement = "GPU driver on CPU " + std::to_string(driver_cpu) + "; " + placement;
 }
 
+/// `text` as an integer in [least, most], or nullopt.
+std::optional<int> integer_in(const std::string& text, int least, int most) {
+  int value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < least || value > most)
+    return std::nullopt;
+  return value;
+}
+
+/// See Runtime's constructor: checked before Kokkos reads them.
+void check_kokkos_arguments(int argc, char* argv[]) {
+  struct Bound {
+    const char* name;
+    int least, most;
+  };
+  // Kokkos 3.4's integer arguments and Kokkos 4's name for the thread count.
+  static const Bound bounds[] = {{"--kokkos-threads", 1, max_host_threads},
+                                 {"--kokkos-num-threads", 1, max_host_threads},
+                                 {"--threads", 1, max_host_threads},
+                                 {"--kokkos-numa", 0, std::numeric_limits<int>::max()},
+                                 {"--kokkos-device-id", 0, std::numeric_limits<int>::max()},
+                                 {"--kokkos-device", 0, std::numeric_limits<int>::max()}};
+  for (int i = 1; i < argc; ++i) {
+    const std::string argument = argv[i];
+    for (const Bound& bound : bounds) {
+      const std::string name = bound.name;
+      if (argument != name && argument.rfind(name + "=", 0) != 0) continue;
+      const std::string value = argument.size() > name.size() ? argument.substr(name.size() + 1) : "";
+      if (!integer_in(value, bound.least, bound.most))
+        throw RuntimeError(name + " must be given as " + name + "=N, N an integer in [" + std::to_string(bound.least) +
+                           ", " + std::to_string(bound.most) + "]" +
+                           (bound.most == max_host_threads ? " (the most host threads Kokkos' OpenMP backend holds)"
+                                                           : "") +
+                           ", got '" + argument + "'");
+    }
+  }
+  if (const char* threads = std::getenv("OMP_NUM_THREADS"); threads && *threads) {
+    // OpenMP's list form ("8,4": nested levels) starts with the outer count.
+    const std::string text = threads, outer = text.substr(0, text.find(','));
+    if (!integer_in(outer, 1, max_host_threads))
+      throw RuntimeError("OMP_NUM_THREADS must be an integer in [1, " + std::to_string(max_host_threads) +
+                         "] (the most host threads Kokkos' OpenMP backend holds), got '" + text + "'");
+  }
+}
+
 }  // namespace
 
 std::string thread_placement() { return placement; }
 
 Runtime::Runtime(int& argc, char* argv[]) {
+  check_kokkos_arguments(argc, argv);
   const int driver_cpu = gpu_driver_cpu();  // a bad WRITESCOPE_GPU_DRIVER_CPU stops here, named
   const bool placed_here = std::getenv("OMP_PLACES") == nullptr && std::getenv("OMP_PROC_BIND") == nullptr;
   if (placed_here)

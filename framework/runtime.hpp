@@ -24,9 +24,17 @@ class RuntimeError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The most host threads a process may ask for: Kokkos 3.4's OpenMP backend
+/// keeps a pool of 512 and overruns it past that.
+inline constexpr int max_host_threads = 512;
+
 class Runtime {
  public:
-  /// Consumes Kokkos' own --kokkos-* arguments from argv.
+  /// Consumes Kokkos' own --kokkos-* arguments from argv. Throws
+  /// RuntimeError naming the argument where a thread count (argument or
+  /// OMP_NUM_THREADS) is not an integer in [1, max_host_threads] or a
+  /// NUMA or device argument not one in [0, 2^31): Kokkos itself crashes on
+  /// the first, and on the others answers "stoi".
   Runtime(int& argc, char* argv[]);
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;

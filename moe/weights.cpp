@@ -184,12 +184,26 @@ std::string hf_config_json(const ModelConfig& c, ConfigFormat format) {
 void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& config, std::uint64_t seed,
                                 TensorDType dtype, ConfigFormat format) {
   config.validate();
-  std::filesystem::create_directories(folder);
-  std::ofstream(std::filesystem::path(folder) / "config.json") << hf_config_json(config, format);
+  const std::filesystem::path config_path = std::filesystem::path(folder) / "config.json",
+                              weights_path = std::filesystem::path(folder) / "model.safetensors";
+  // A checkpoint is never overwritten: the folder may hold a real one.
+  for (const auto& path : {config_path, weights_path}) {
+    std::error_code error;
+    if (std::filesystem::symlink_status(path, error).type() != std::filesystem::file_type::not_found)
+      throw CheckpointError(path.string() + " already exists; a checkpoint is written only where neither "
+                            "config.json nor model.safetensors is");
+  }
+  std::error_code error;
+  std::filesystem::create_directories(folder, error);
+  if (error) throw CheckpointError(folder + ": cannot create the folder (" + error.message() + ")");
+  std::ofstream config_file(config_path, std::ios::binary | std::ios::trunc);
+  if (!config_file) throw CheckpointError(config_path.string() + ": cannot create the file");
+  if (!(config_file << hf_config_json(config, format)) || !config_file.flush())
+    throw CheckpointError(config_path.string() + ": write failed");
   std::map<std::string, TensorToWrite> tensors;
   for (const TensorSpec& spec : weight_specs(config))
     tensors[spec.name] = TensorToWrite{dtype, spec.shape, synthetic_tensor<float>(spec, seed)};
-  write_safetensors((std::filesystem::path(folder) / "model.safetensors").string(), tensors);
+  write_safetensors(weights_path.string(), tensors);
 }
 
 template <class Scalar>

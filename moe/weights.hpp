@@ -41,6 +41,7 @@ std::string hf_config_json(const ModelConfig& config, ConfigFormat format);
 
 /// Writes a complete synthetic checkpoint (config.json + model.safetensors) of a
 /// small model, e.g. for tests and examples; the values equal synthetic_tensor.
+/// Throws CheckpointError, writing nothing, where either file already exists.
 void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& config, std::uint64_t seed,
                                 TensorDType dtype, ConfigFormat format = ConfigFormat::hub);
 

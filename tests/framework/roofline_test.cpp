@@ -181,6 +181,28 @@ TEST_F(ProfileTest, SaveAndLoadRoundTrip) {
   EXPECT_DOUBLE_EQ(ModelRates::from_profile(with_gpu_rate, "mixtral-8x7b", 16).hbm_gbps, with_gpu_rate.hbm_gbps);
 }
 
+// A profile is written through a name of its own: a file beside it named
+// like a partial copy (a user's, or another writer's) is left as it was.
+TEST_F(ProfileTest, SavingLeavesAFileNamedLikeItsPartialCopy) {
+  const std::string path = write("");
+  const std::string beside = path + ".partial";
+  {
+    std::FILE* f = std::fopen(beside.c_str(), "w");
+    std::fputs("kept", f);
+    std::fclose(f);
+  }
+  paths_.push_back(beside);
+  const auto profile = find_profile("h200-pcie5");
+  profile.save(path);
+  EXPECT_EQ(MachineProfile::load(path).to_yaml(), profile.to_yaml());
+  std::FILE* f = std::fopen(beside.c_str(), "r");
+  ASSERT_NE(f, nullptr) << beside << " was removed";
+  char text[16] = {};
+  EXPECT_EQ(std::fread(text, 1, sizeof text - 1, f), 4u);
+  std::fclose(f);
+  EXPECT_STREQ(text, "kept");
+}
+
 TEST_F(ProfileTest, ErrorsNameTheField) {
   const std::string base = R"(name: bad
 gpu: {hbm_gbps: 1000}
@@ -194,6 +216,13 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.field(), "link.pageable_d2h_gbps");
     EXPECT_EQ(e.reason(), "must be a positive number");
+  }
+  try {
+    MachineProfile::load(write("name: ' '\n" + base.substr(base.find('\n') + 1)));
+    FAIL() << "an empty name accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "name");
+    EXPECT_EQ(e.reason(), "must not be empty");
   }
   std::string zero_chunk = base;
   zero_chunk.replace(zero_chunk.find("pageable_d2h_gbps: -8"), 21, "pageable_d2h_gbps: 8, chunk_bytes: 0");

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <numeric>
 
 namespace writescope {
@@ -68,6 +70,36 @@ TEST(Weights, SyntheticCheckpointsLoadBackForEachArchitecture) {
         ASSERT_EQ(weights[i][k].bits, expected[k].bits) << specs[i].name << " element " << k;
     }
   }
+  fs::remove_all(dir);
+}
+
+// A folder that already holds either file of a checkpoint (a real one, named
+// by mistake) is left as it was: one error naming the file, nothing written.
+TEST(Weights, ASyntheticCheckpointNeverOverwritesOne) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("writescope_existing_" + std::to_string(::getpid()));
+  const ModelConfig config = model_preset("tiny-mixtral");
+  for (const char* existing : {"config.json", "model.safetensors"}) {
+    SCOPED_TRACE(existing);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::ofstream(dir / existing) << "a real checkpoint's file";
+    try {
+      write_synthetic_checkpoint(dir.string(), config, 1, TensorDType::bf16);
+      FAIL() << "an existing " << existing << " was overwritten";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find((dir / existing).string() + " already exists"), std::string::npos)
+          << e.what();
+    }
+    std::ifstream kept(dir / existing);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "a real checkpoint's file");
+    EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1) << "a file was added";
+  }
+  // A config.json that cannot be written (a folder of that name) fails before the weights.
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path blocked = dir / "nested";
+  std::ofstream(blocked) << "a file where the folder would be";
+  EXPECT_THROW(write_synthetic_checkpoint(blocked.string(), config, 1, TensorDType::bf16), CheckpointError);
   fs::remove_all(dir);
 }
 
