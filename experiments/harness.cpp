@@ -150,10 +150,10 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
                    "max_sequence_tokens", "budgets", "steps", "repetitions", "seed", "block_tokens", "context_fill",
                    "options"});
   ExperimentConfig c;
-  c.name = root.get<std::string>("name");
+  c.name = root.get_text("name");
   c.canonical = YAML::Dump(root.yaml());
-  c.output = root.get<std::string>("output");
-  c.profile = root.get<std::string>("profile");
+  c.output = root.get_text("output");
+  c.profile = root.get_text("profile");
   for (const ConfigNode& model : root.elements("models")) c.models.push_back(parse_model(model));
   std::vector<std::string> labels;
   for (const ModelSpec& model : c.models) labels.push_back(model.label);
@@ -170,6 +170,16 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
   refuse_repeats(root, "systems", c.systems, [](const std::string& system) { return "'" + system + "'"; });
   c.batch_sizes = positive_list<int>(root, "batch_sizes");
   c.contexts = positive_list<std::int64_t>(root, "contexts");
+  // Far past any machine's memory, and short of overflowing a batch's
+  // tokens x bytes a token (at most 2^17) in the budgets' arithmetic.
+  constexpr std::int64_t most_tokens = std::int64_t{1} << 40, most_batch_tokens = std::int64_t{1} << 44;
+  constexpr int most_batch = 1 << 16, most_steps = 1 << 20;
+  for (int batch : c.batch_sizes)
+    if (batch > most_batch) root.fail("batch_sizes", "entries must be at most " + std::to_string(most_batch) +
+                                                         ", got " + std::to_string(batch));
+  for (std::int64_t context : c.contexts)
+    if (context > most_tokens) root.fail("contexts", "entries must be at most " + std::to_string(most_tokens) +
+                                                          " tokens, got " + std::to_string(context));
   c.max_total_tokens = root.get_or<std::int64_t>("max_total_tokens", 0);
   if (c.max_total_tokens < 0) root.fail("max_total_tokens", "must not be negative");
   if (c.max_total_tokens > 0) {
@@ -189,10 +199,12 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
     }
   } else {
     c.vram_budgets.push_back(budgets.get_bytes("vram"));
+    if (c.vram_budgets.back() == 0) budgets.fail("vram", "must be a positive byte size such as 32GiB");
   }
   refuse_repeats(budgets, "vram", c.vram_budgets, [](std::uint64_t bytes) { return format_byte_size(bytes); });
   c.pinned_limit = budgets.get_bytes("pinned");
   c.host_budget = budgets.get_bytes("host");
+  if (c.host_budget == 0) budgets.fail("host", "must be a positive byte size such as 112GiB");
   if (c.pinned_limit > c.host_budget)
     budgets.fail("pinned", "the pinned limit (" + format_byte_size(c.pinned_limit) +
                                ") is host memory too: it cannot exceed the host budget (" +
@@ -202,8 +214,10 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
     c.warmup_steps = steps->get_or<int>("warmup", c.warmup_steps);
     c.measured_steps = steps->get_or<int>("measured", c.measured_steps);
     c.profile_tokens = steps->get_or<int>("profile_tokens", c.profile_tokens);
-    if (c.warmup_steps < 0) steps->fail("warmup", "must not be negative");
-    if (c.measured_steps < 1) steps->fail("measured", "must be at least 1");
+    if (c.warmup_steps < 0 || c.warmup_steps > most_steps)
+      steps->fail("warmup", "must be in [0, " + std::to_string(most_steps) + "]");
+    if (c.measured_steps < 1 || c.measured_steps > most_steps)
+      steps->fail("measured", "must be in [1, " + std::to_string(most_steps) + "]");
     if (c.profile_tokens < 1) steps->fail("profile_tokens", "must be at least 1");
   }
   const std::int64_t longest =
@@ -219,6 +233,11 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
     root.fail("max_sequence_tokens", "must hold the longest context plus the warm-up and measured steps (" +
                                          std::to_string(longest) + " tokens), got " +
                                          std::to_string(c.max_sequence_tokens));
+  const int largest_batch = *std::max_element(c.batch_sizes.begin(), c.batch_sizes.end());
+  if (c.max_sequence_tokens > most_batch_tokens / largest_batch)
+    root.fail("max_sequence_tokens", "must be at most " + std::to_string(most_batch_tokens / largest_batch) +
+                                         " tokens (2^44 over the largest batch, " + std::to_string(largest_batch) +
+                                         "), got " + std::to_string(c.max_sequence_tokens));
   c.repetitions = root.get_or<int>("repetitions", 1);
   if (c.repetitions < 1) root.fail("repetitions", "must be at least 1");
   c.seed = root.get_or<std::uint64_t>("seed", 1);
@@ -846,8 +865,40 @@ std::vector<std::string> recorded_machines(const ResultsReader& reader) {
   return machines;
 }
 
-/// Resuming mixes runs into a file only of the same experiment (comments and
-/// layout aside), machine profile and machine setup; with
+/// The top-level fields in which a recorded experiment config (YAML) and
+/// `current` differ, in the order they first appear. Where the results go
+/// (`output`) and where the profile was read from (`profile`) do not identify
+/// the experiment: the profile's own content is compared by itself.
+std::vector<std::string> experiment_differences(const std::string& recorded, const std::string& current) {
+  const YAML::Node a = YAML::Load(recorded), b = YAML::Load(current);
+  std::vector<std::string> keys, differing;
+  for (const YAML::Node* node : {&a, &b})
+    for (const auto& entry : *node)
+      if (const auto key = entry.first.as<std::string>(); std::find(keys.begin(), keys.end(), key) == keys.end())
+        keys.push_back(key);
+  for (const std::string& key : keys) {
+    if (key == "output" || key == "profile") continue;
+    auto text = [&](const YAML::Node& node) { return node[key] ? YAML::Dump(node[key]) : std::string("(absent)"); };
+    if (text(a) != text(b)) differing.push_back(key);
+  }
+  return differing;
+}
+
+/// The recorded experiment config of a results file: its canonical form, or
+/// its text in files written before that was kept.
+std::string recorded_experiment(const ResultsReader& reader) {
+  return reader.string_attribute("/", reader.has_attribute("/", "config_canonical") ? "config_canonical" : "config");
+}
+
+/// ", " between the entries of `items`.
+std::string joined(const std::vector<std::string>& items) {
+  std::string text;
+  for (const std::string& item : items) text += (text.empty() ? "" : ", ") + item;
+  return text;
+}
+
+/// Resuming mixes runs into a file only of the same experiment (comments,
+/// layout, `output` and `profile` aside), machine profile and machine setup; with
 /// allow_different_machine another setup is recorded beside the first
 /// (/other_machines) and every run keeps its own. Returns whether the file
 /// still needs its experiment attributes (it holds no runs yet).
@@ -865,14 +916,13 @@ bool check_resume(ResultsStore& store, const ExperimentConfig& config, const Mac
     throw std::invalid_argument(config.output + " holds predicted runs (writescope predict); measured runs go to "
                                 "another --output, never beside projections");
   if (!reader.exists("/runs") || reader.list("/runs").empty()) return true;  // nothing measured yet
-  const bool same_config = reader.has_attribute("/", "config_canonical")
-                               ? reader.string_attribute("/", "config_canonical") == config.canonical
-                               : reader.string_attribute("/", "config") == config.text;
-  const bool same_profile = reader.string_attribute("/profile", "yaml") == profile.to_yaml();
-  if (!same_config || !same_profile)
-    throw std::invalid_argument(config.output + " holds runs of " +
-                                (same_config ? "another machine profile" : "another experiment config") +
-                                "; write to another --output, or remove the file to start over");
+  if (const auto differing = experiment_differences(recorded_experiment(reader), config.canonical);
+      !differing.empty())
+    throw std::invalid_argument(config.output + " holds runs of another experiment config (it differs in " +
+                                joined(differing) + "); write to another --output, or remove the file to start over");
+  if (reader.string_attribute("/profile", "yaml") != profile.to_yaml())
+    throw std::invalid_argument(config.output + " holds runs of another machine profile; write to another --output, "
+                                "or remove the file to start over");
   // As merge requires: one build per file, so that its runs compare systems, not builds.
   if (const std::string recorded = reader.string_attribute("/", "git_revision"); recorded != git_revision())
     throw std::invalid_argument(config.output + " holds runs of git revision '" + recorded + "' but this build is '" +
@@ -1120,7 +1170,6 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
     const ResultsReader& r = readers[i];
     for (const auto& [object, name, what] :
          {std::tuple<const char*, const char*, const char*>{"/", "format", "results format"},
-          {"/", "config_canonical", "experiment config"},
           {"/", "git_revision", "git revision"},
           {"/profile", "yaml", "machine profile"}})
       if (text(r, object, name) != text(first, object, name))
@@ -1128,6 +1177,10 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
                                     (std::string(name) == "git_revision" || std::string(name) == "format"
                                          ? " ('" + text(r, object, name) + "' and '" + text(first, object, name) + "')"
                                          : std::string()));
+    if (const auto differing = experiment_differences(recorded_experiment(first), recorded_experiment(r));
+        !differing.empty())
+      throw std::invalid_argument("merge: " + inputs[i] + " and " + inputs[0] + " differ in their experiment config (" +
+                                  joined(differing) + ")");
   }
   // Every machine setup of the inputs, once.
   std::vector<std::string> machines;

@@ -11,6 +11,7 @@
 #include <iterator>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "attention/host_prefetch.hpp"
 #include "experiments/calibration.hpp"
@@ -90,6 +91,32 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
   EXPECT_NE(error_of(bad_model + "systems: [gpu-only]\n").find("unknown model 'llama'"), std::string::npos)
       << error_of(bad_model + "systems: [gpu-only]\n");
   EXPECT_NE(error_of(base + "systems: [gpu-only]\nsteps: {measured: 0}\n").find("measured"), std::string::npos);
+  // Names and paths must say something; sizes stop short of overflowing the budgets' arithmetic.
+  for (const auto& [from, to, message] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"name: x", "name: ''", "field 'name': must not be empty"},
+           {"output: x.h5", "output: ' '", "field 'output': must not be empty"},
+           {"profile: p", "profile: ''", "field 'profile': must not be empty"},
+           {"contexts: [8]", "contexts: [9223372036854775807]",
+            "field 'contexts': entries must be at most 1099511627776 tokens, got 9223372036854775807"},
+           {"batch_sizes: [1]", "batch_sizes: [65537]", "field 'batch_sizes': entries must be at most 65536, got 65537"},
+           {"max_sequence_tokens: 64", "max_sequence_tokens: 9223372036854775807",
+            "field 'max_sequence_tokens': must be at most 17592186044416 tokens (2^44 over the largest batch, 1), got "
+            "9223372036854775807"},
+           {"vram: 1GiB", "vram: 0", "field 'budgets.vram': must be a positive byte size"},
+           {"host: 1GiB", "host: 0", "field 'budgets.host': must be a positive byte size"}}) {
+    const std::string bad = replaced(base, from, to);
+    EXPECT_NE(error_of(bad).find(message), std::string::npos) << error_of(bad);
+  }
+  std::string large_batch = replaced(base, "max_sequence_tokens: 64", "max_sequence_tokens: 268435457");
+  large_batch.replace(large_batch.find("batch_sizes: [1]"), 16, "batch_sizes: [1, 65536]");
+  EXPECT_NE(error_of(large_batch)
+                .find("field 'max_sequence_tokens': must be at most 268435456 tokens (2^44 over the largest batch, "
+                      "65536), got 268435457"),
+            std::string::npos)
+      << error_of(large_batch);
+  EXPECT_NE(error_of(base + "systems: [gpu-only]\nsteps: {warmup: 1048577}\n").find("field 'steps.warmup': must be in [0, 1048576]"),
+            std::string::npos);
+  EXPECT_EQ(error_of(replaced(base, "pinned: 1GiB", "pinned: 0")), "no error");  // no page-locked memory at all
   EXPECT_NE(error_of(base + "systems: [gpu-only]\ncontext_fill: random\n").find("context_fill"), std::string::npos);
   EXPECT_NE(error_of(base + "systems: [gpu-only]\nmax_total_tokens: 7\n")
                 .find("field 'max_total_tokens': leaves no run: the smallest batch x context is 8 tokens, over 7"),
@@ -332,9 +359,34 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
   const ExperimentSummary again =
       run_experiment(experiment("# a comment\n" + yaml + "# the end\n"), test::tiny_profile(), quiet, false);
   EXPECT_EQ(again.skipped, 2);
-  EXPECT_THROW(run_experiment(experiment(yaml + "seed: 2\n"), test::tiny_profile(), quiet, false),
-               std::invalid_argument);
+  // Another experiment is refused, naming the fields it differs in.
+  auto resume_error = [&](const std::string& text) {
+    try {
+      run_experiment(experiment(text), test::tiny_profile(), quiet, false);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("resumed");
+  };
+  EXPECT_NE(resume_error(yaml + "seed: 2\n").find("holds runs of another experiment config (it differs in seed)"),
+            std::string::npos)
+      << resume_error(yaml + "seed: 2\n");
+  auto replaced = [](std::string text, const std::string& from, const std::string& to) {
+    return text.replace(text.find(from), from.size(), to);
+  };
+  const std::string more_contexts = replaced(yaml, "contexts: [16]", "contexts: [8, 16]") + "seed: 2\n";
+  EXPECT_NE(resume_error(more_contexts).find("(it differs in contexts, seed)"), std::string::npos)
+      << resume_error(more_contexts);
   EXPECT_EQ(fs::file_size(output_), size) << "resuming grew the file";
+  // Where the results go and where the profile was read from do not identify
+  // the experiment: a file moved along with its config's output resumes.
+  const std::string moved = output_ + ".moved.h5";
+  fs::copy_file(output_, moved);
+  EXPECT_EQ(run_experiment(experiment(replaced(replaced(yaml, output_, moved), "profile: test", "profile: elsewhere")),
+                           test::tiny_profile(), quiet, false)
+                .skipped,
+            2);
+  fs::remove(moved);
 
   // Runs of another build are not resumed into.
   auto set_revision = [&](const std::string& revision) {
@@ -605,7 +657,9 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
   RunOptions first_share;
   first_share.shard = Shard{0, 3};
   run_experiment(another, test::tiny_profile(), progress, false, first_share);
-  EXPECT_NE(merge_error({shards[1], another.output}).find("differ in their experiment config"), std::string::npos);
+  EXPECT_NE(merge_error({shards[1], another.output}).find("differ in their experiment config (seed)"),
+            std::string::npos)
+      << merge_error({shards[1], another.output});
   {  // Shard 2 measured with another thread count.
     ResultsStore store(shards[2]);
     auto txn = store.begin();
