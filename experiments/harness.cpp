@@ -420,19 +420,32 @@ MachineProfile find_profile(const std::string& name_or_path) {
 
 namespace {
 
+/// A bar on a terminal; otherwise a line at each run's start and end, and
+/// within a run, at most every `line_seconds`, its phase (logs of long runs
+/// under a batch system show them moving).
 class Progress {
  public:
-  Progress(std::ostream& out, bool tty, std::size_t runs) : out_(out), tty_(tty), runs_(runs) {}
+  using Clock = std::chrono::steady_clock;
+  Progress(std::ostream& out, bool tty, std::size_t runs, double line_seconds)
+      : out_(out), tty_(tty), runs_(runs), line_seconds_(line_seconds) {}
 
   void start_run(std::size_t index, const RunSpec& run) {
     index_ = index;
+    run_start_ = last_line_ = Clock::now();
     label_ = run.model->preset + " " + run.system + (run.expert_policy.empty() ? "" : "[" + run.expert_policy + "]") +
              " b" + std::to_string(run.batch) + " " +
              format_tokens(run.context) + (run.repetition ? " r" + std::to_string(run.repetition) : "");
     if (!tty_) out_ << "run " << index + 1 << "/" << runs_ << ": " << label_ << eta() << std::endl;
     draw("");
   }
-  void step(const std::string& phase) { draw(phase); }
+  void step(const std::string& phase) {
+    if (tty_) {
+      draw(phase);
+    } else if (const auto now = Clock::now(); std::chrono::duration<double>(now - last_line_).count() >= line_seconds_) {
+      last_line_ = now;
+      out_ << "run " << index_ + 1 << "/" << runs_ << ": " << label_ << ": " << phase << eta() << std::endl;
+    }
+  }
   void finish_run(double seconds, const std::string& outcome) {
     elapsed_ += seconds;
     ++measured_;
@@ -441,10 +454,12 @@ class Progress {
   }
 
  private:
+  /// The runs left at the mean run's time, less what the current run has taken.
   std::string eta() const {
     if (measured_ == 0) return "";
     const double per_run = elapsed_ / measured_;
-    return " (ETA " + format_duration(per_run * static_cast<double>(runs_ - index_)) + ")";
+    const double in_run = std::chrono::duration<double>(Clock::now() - run_start_).count();
+    return " (ETA " + format_duration(std::max(0.0, per_run * static_cast<double>(runs_ - index_) - in_run)) + ")";
   }
   void draw(const std::string& phase) {
     if (!tty_) return;
@@ -457,7 +472,8 @@ class Progress {
   std::ostream& out_;
   bool tty_;
   std::size_t runs_, index_ = 0, measured_ = 0;
-  double elapsed_ = 0;
+  double line_seconds_, elapsed_ = 0;
+  Clock::time_point run_start_, last_line_;
   std::string label_;
 };
 
@@ -1037,7 +1053,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
   }
   if (options.shard.count > 1)
     log_info("run: shard ", options.shard.text(), ": ", runs.size(), " of the experiment's ", all_runs.size(), " runs");
-  Progress progress(progress_out, tty, runs.size());
+  Progress progress(progress_out, tty, runs.size(), options.progress_line_seconds);
   ExpertCache expert_cache;
   ExperimentSummary summary;
   for (std::size_t i = 0; i < runs.size(); ++i) {

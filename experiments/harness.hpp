@@ -126,6 +126,8 @@ struct RunOptions {
   bool allow_different_machine = false;
   /// Run only this share of the runs (the file records it; resume needs the same share).
   Shard shard;
+  /// Off a terminal, the least time between two progress lines within a run.
+  double progress_line_seconds = 30;
 };
 
 /// One warning per choice of the host decode kernels for `shape` (the

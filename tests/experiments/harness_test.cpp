@@ -489,6 +489,32 @@ TEST_F(HarnessTest, AnotherProgramsFileIsNotTakenOver) {
   }
 }
 
+// Off a terminal (a batch system's log) a run's phases show as plain lines,
+// at most one per progress_line_seconds, with the time left once a run has
+// finished.
+TEST_F(HarnessTest, PlainProgressShowsTheRunsPhases) {
+  const std::string yaml = "name: plain\noutput: " + output_ +
+                           "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers, gpu-only]\n"
+                           "batch_sizes: [1]\ncontexts: [16]\nmax_sequence_tokens: 19\n"
+                           "budgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\nsteps: {warmup: 1, measured: 2}\n"
+                           "block_tokens: 8\n";
+  const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(yaml, "plain.yaml"));
+  RunOptions every_phase;
+  every_phase.progress_line_seconds = 0;
+  std::ostringstream progress;
+  ASSERT_EQ(run_experiment(experiment, test::tiny_profile(), progress, false, every_phase).complete, 2)
+      << progress.str();
+  const std::string text = progress.str();
+  EXPECT_NE(text.find("run 1/2: tiny-mixtral ktransformers b1 16: step 2/2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("run 2/2: tiny-mixtral gpu-only b1 16: step 2/2 (ETA "), std::string::npos) << text;
+  EXPECT_EQ(text.find("\r"), std::string::npos) << "terminal codes off a terminal";
+  // The default spacing keeps a short run to its first and last lines.
+  fs::remove(output_);
+  std::ostringstream quiet;
+  ASSERT_EQ(run_experiment(experiment, test::tiny_profile(), quiet, false).complete, 2) << quiet.str();
+  EXPECT_EQ(quiet.str().find(": step "), std::string::npos) << quiet.str();
+}
+
 // Contexts built from real prompts: accepted up to the paper's longest, and
 // a prompt longer than one chunk (256 rows) goes through the prefill path
 // (its progress shows on a terminal) and fills the context the decode steps
