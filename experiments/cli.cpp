@@ -37,6 +37,9 @@
 namespace writescope {
 namespace {
 
+/// The root attribute `format` of generate's --logits files.
+constexpr char logits_format[] = "writescope-logits-1";
+
 constexpr const char* usage_text =
     "usage: writescope <command> [options]\n"
     "\n"
@@ -386,8 +389,22 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   const bool new_logits_file = options.count("--logits") && !std::filesystem::exists(options["--logits"]);
   if (options.count("--logits")) {
     store.emplace(options["--logits"]);
+    // Generations go only beside others: a results file or another program's
+    // is left as it is. Files from before the format attribute hold only
+    // generate_N groups.
+    const ResultsReader reader(options["--logits"]);
+    const std::string format = reader.has_attribute("/", "format") ? reader.string_attribute("/", "format") : "";
+    const std::vector<std::string> groups = reader.list("/");
+    const bool earlier_logits = format.empty() && std::all_of(groups.begin(), groups.end(), [](const std::string& g) {
+                                  return g.rfind("generate_", 0) == 0;
+                                });
+    if (format != logits_format && !earlier_logits)
+      throw std::invalid_argument("generate: --logits " + options["--logits"] + " is not a logits file of writescope "
+                                  "generate (format '" + (format.empty() ? std::string("none") : format) +
+                                  "'); name another file");
     for (int n = 0; group_name.empty() || store->contains(group_name); ++n) group_name = "generate_" + std::to_string(n);
     txn.emplace(store->begin());
+    txn->root().set_attribute("format", logits_format);
     group.emplace(txn->root().create_group(group_name));
     group->write("prompt", std::vector<std::int32_t>(prompt.begin(), prompt.end()));
     group->set_attribute("model", config.name);

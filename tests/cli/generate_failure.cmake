@@ -20,9 +20,29 @@ assert g['logits'].shape == (270, 256), g['logits'].shape
 assert list(g['generated'][:]) == [int(t) for t in sys.argv[2].split()], 'tokens differ from the printed ones'
 assert g.attrs['steps'] == 270 and g.attrs['complete'] == 0, dict(g.attrs)
 assert 'decoding token 271' in g.attrs['error'], g.attrs['error']
+assert g.file.attrs['format'] == 'writescope-logits-1', dict(g.file.attrs)
 " ${FOLDER}/logits.h5 "${out}" RESULT_VARIABLE status ERROR_VARIABLE err)
 if(NOT status EQUAL 0)
   message(FATAL_ERROR "the logits file does not hold the steps before the failure:\n${err}")
+endif()
+
+# Another program's HDF5 file (or a results file) takes no generation: one
+# error, before any step, and the file as it was.
+execute_process(COMMAND ${PYTHON} -c "
+import sys, h5py
+with h5py.File(sys.argv[1], 'w') as f:
+    f['data'] = [1, 2, 3]
+" ${FOLDER}/foreign.h5 RESULT_VARIABLE status ERROR_VARIABLE err)
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "could not write the foreign file:\n${err}")
+endif()
+file(SHA256 ${FOLDER}/foreign.h5 before)
+execute_process(COMMAND ${COMMAND} generate --model tiny-mixtral --prompt 1 --new-tokens 2 --logits ${FOLDER}/foreign.h5
+  RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+file(SHA256 ${FOLDER}/foreign.h5 after)
+if(NOT status EQUAL 1 OR NOT before STREQUAL after OR
+   NOT err MATCHES "generate: --logits .*/foreign.h5 is not a logits file of writescope generate \\(format 'none'\\); name another file")
+  message(FATAL_ERROR "status ${status}, foreign file changed: ${before} -> ${after}; stderr:\n${err}")
 endif()
 file(REMOVE_RECURSE "${FOLDER}")
 
