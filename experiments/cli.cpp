@@ -555,12 +555,16 @@ MachineProfile profile_named_by(const std::string& source, const std::string& na
 }
 
 int run_command(const std::vector<std::string>& args, std::ostream& out) {
-  if (args.empty() || args.front().rfind("--", 0) == 0) throw UsageError("run: the experiment config is required");
+  if (args.empty()) throw UsageError("run: the experiment config is required");
+  if (args.front().rfind("--", 0) == 0)
+    throw UsageError("run: the experiment config comes first (run CONFIG.yaml [options]), got '" + args.front() + "'");
   std::vector<std::string> rest(args.begin() + 1, args.end());
   RunOptions run_options;
   if (const auto flag = std::find(rest.begin(), rest.end(), "--allow-different-machine"); flag != rest.end()) {
     run_options.allow_different_machine = true;
     rest.erase(flag);
+    if (std::find(rest.begin(), rest.end(), "--allow-different-machine") != rest.end())
+      throw UsageError("run: --allow-different-machine given twice; give it once");
   }
   auto options = parse_options("run", rest, {"--output", "--profile", "--shard"});
   ExperimentConfig config = ExperimentConfig::load(args.front());
@@ -657,7 +661,9 @@ int merge_command(const std::vector<std::string>& args, std::ostream& out) {
 /// Checks every run group against its checksum; prints one line per damaged
 /// or unverifiable run and a summary; exit status 1 when any is damaged.
 int verify_command(const std::vector<std::string>& args, std::ostream& out) {
-  if (args.size() != 1 || args.front().rfind("--", 0) == 0) throw UsageError("verify: give one results file");
+  for (const std::string& arg : args)
+    if (arg.rfind("--", 0) == 0) throw UsageError("verify: unknown option '" + arg + "'");
+  if (args.size() != 1) throw UsageError("verify: give one results file");
   const std::string& file = args.front();
   const ResultsReader reader(file);
   for (const char* attribute : {"format", "config", "machine"})
