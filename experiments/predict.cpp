@@ -599,6 +599,10 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
 
 PredictionComparison compare_predictions(const std::string& results_file, const MachineProfile* cpu_from) {
   const ResultsReader reader(results_file);
+  for (const char* attribute : {"format", "config"})
+    if (!reader.has_attribute("/", attribute))
+      throw std::invalid_argument("predict --compare: " + results_file + " is not an experiment's results file (no '" +
+                                  attribute + "' attribute); it compares files that `writescope run` wrote");
   if (reader.has_attribute("/", "predicted") && reader.int_attribute("/", "predicted") == 1)
     throw std::invalid_argument("predict --compare: " + results_file +
                                 " holds predicted runs; compare predictions with a file of measured runs");

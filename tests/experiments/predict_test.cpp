@@ -387,6 +387,19 @@ TEST_F(PredictFileTest, NeverOverwritesMeasuredRunsAndComparesOnlyMeasuredOnes) 
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("holds predicted runs"), std::string::npos) << e.what();
   }
+  // An HDF5 file that no experiment wrote is named as such.
+  {
+    const std::string empty = (dir_ / "empty.h5").string();
+    ResultsStore{empty};
+    try {
+      compare_predictions(empty);
+      FAIL() << "compared an empty file";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("empty.h5 is not an experiment's results file (no 'format' attribute)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   // Nor do measured runs go beside projections, or projections into a merge.
   ExperimentConfig into_projection = small;
   into_projection.output = projected;
