@@ -435,10 +435,29 @@ ModelConfig load_hf_config(const std::string& config_json) {
     root.fail("architectures", "unsupported architecture '" + kind +
                                    "' (expected DeepseekV2ForCausalLM, Qwen3MoeForCausalLM or MixtralForCausalLM)");
   }
+  // validate() names ModelConfig's fields; errors name the config.json key read.
+  auto key_of = [&](const std::string& field) -> std::string {
+    const bool deepseek = c.architecture == Architecture::deepseek_v2, mixtral = c.architecture == Architecture::mixtral;
+    if (field == "layers") return "num_hidden_layers";
+    if (field == "hidden") return "hidden_size";
+    if (field == "vocab") return "vocab_size";
+    if (field == "q_heads") return "num_attention_heads";
+    if (field == "kv_heads") return "num_key_value_heads";
+    if (field == "experts")
+      return deepseek ? "n_routed_experts" : mixtral || !root.has("num_experts") ? "num_local_experts" : "num_experts";
+    if (field == "experts_per_token") return "num_experts_per_tok";
+    if (field == "expert_intermediate") return mixtral ? "intermediate_size" : "moe_intermediate_size";
+    if (field == "dense_layers") return "first_k_dense_replace";
+    if (field == "dense_intermediate") return "intermediate_size";
+    if (field == "rms_eps") return "rms_norm_eps";
+    if (field == "shared_experts") return "n_shared_experts";
+    if (field == "head_dim" && mixtral && !root.has("head_dim")) return "hidden_size / num_attention_heads";
+    return field;
+  };
   try {
     c.validate();
   } catch (const ConfigError& e) {
-    throw ConfigError(config_json, e.field(), e.reason());
+    throw ConfigError(config_json, key_of(e.field()), e.reason());
   }
   return c;
 }

@@ -139,7 +139,16 @@ TEST_F(HfConfigTest, ErrorsNameTheFileAndField) {
       "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "vocab_size": 100, "head_dim": 16})"));
     FAIL() << "kv heads not dividing q heads accepted";
   } catch (const ConfigError& e) {
-    EXPECT_EQ(e.field(), "kv_heads");
+    EXPECT_EQ(e.field(), "num_key_value_heads");  // the key in config.json, not ModelConfig's field
+  }
+  try {
+    load_hf_config(write(R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "num_hidden_layers": -1,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "moe_intermediate_size": 32,
+      "num_experts": 8, "num_experts_per_tok": 9, "norm_topk_prob": true, "rms_norm_eps": 1e-6, "vocab_size": 100})"));
+    FAIL() << "negative layers accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "num_hidden_layers");
+    EXPECT_EQ(e.reason(), "must be at least 1");
   }
 }
 
@@ -218,7 +227,7 @@ TEST_F(HfConfigTest, RotarySpellingsAndDefaultsAreExplicit) {
   // No query heads: a named error, not a division by zero while Mixtral's head_dim default is computed.
   EXPECT_EQ(error_of(R"({"architectures": ["MixtralForCausalLM"], "hidden_size": 64, "intermediate_size": 64,
     "num_hidden_layers": 2, "num_attention_heads": 0, "num_key_value_heads": 2, "num_local_experts": 4,
-    "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "vocab_size": 100})").first, "q_heads");
+    "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "vocab_size": 100})").first, "num_attention_heads");
 }
 
 // Settings of architecture variants the runtime does not implement are errors
