@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -210,10 +211,10 @@ void progress_line(const std::string& line) { log_info("calibrate: ", line); }
 /// missing or read-only folder) before minutes of measuring go into it.
 void check_writable_output(const std::string& command, const std::string& path) {
   if (std::filesystem::is_directory(path)) throw UsageError(command + ": --output " + path + " is a folder");
-  // The name the write goes through (MachineProfile::save), created
-  // exclusively: an existing file of that name is not truncated, nor removed.
-  const std::string probe = path + ".partial." + std::to_string(::getpid());
-  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+  // A file beside it, as MachineProfile::save writes one: a name of its own
+  // (mkstemp), so that no existing file is truncated or removed.
+  std::string probe = path + ".partial.XXXXXX";
+  const int fd = ::mkstemp(probe.data());
   if (fd < 0)
     throw UsageError(command + ": --output " + path + " cannot be written (" + std::strerror(errno) + ")");
   ::close(fd);
@@ -223,7 +224,11 @@ void check_writable_output(const std::string& command, const std::string& path) 
 int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
   auto options = parse_options("calibrate", args, {"--output", "--name", "--thread-counts", "--tokens"});
   CalibrationOptions calibration;
-  calibration.name = options["--name"];
+  if (options.count("--name")) {
+    calibration.name = options["--name"];
+    if (std::all_of(calibration.name.begin(), calibration.name.end(), [](unsigned char c) { return std::isspace(c); }))
+      throw UsageError("calibrate: --name must not be blank");
+  }
   if (options.count("--tokens")) calibration.attention_tokens = positive_integer<std::int64_t>("calibrate", "--tokens", options["--tokens"]);
   if (options.count("--thread-counts")) {
     std::stringstream list(options["--thread-counts"]);
@@ -346,8 +351,10 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     throw UsageError("generate: --layers and --hidden-scale apply to synthetic models, not to checkpoint " + model_name);
   config = apply_overrides(config, overrides);
   const std::vector<int> prompt = prompt_tokens(options, config.vocab);
-  const int chunk_tokens =
-      options.count("--chunk-tokens") ? positive_integer("generate", "--chunk-tokens", options["--chunk-tokens"]) : 256;
+  // At most 8192: a chunk's experts' products are counted in int (Mixtral's: 28672 floats a token).
+  const int chunk_tokens = options.count("--chunk-tokens")
+                               ? positive_integer("generate", "--chunk-tokens", options["--chunk-tokens"], 1, 8192)
+                               : 256;
   const int block_tokens =
       options.count("--block-tokens") ? positive_integer("generate", "--block-tokens", options["--block-tokens"]) : 256;
   if (const std::string error = gpu_decode_block_tokens_error(config.attention(), block_tokens); !error.empty())
@@ -388,20 +395,22 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   std::string group_name;
   const bool new_logits_file = options.count("--logits") && !std::filesystem::exists(options["--logits"]);
   if (options.count("--logits")) {
-    store.emplace(options["--logits"]);
     // Generations go only beside others: a results file or another program's
-    // is left as it is. Files from before the format attribute hold only
-    // generate_N groups.
-    const ResultsReader reader(options["--logits"]);
-    const std::string format = reader.has_attribute("/", "format") ? reader.string_attribute("/", "format") : "";
-    const std::vector<std::string> groups = reader.list("/");
-    const bool earlier_logits = format.empty() && std::all_of(groups.begin(), groups.end(), [](const std::string& g) {
-                                  return g.rfind("generate_", 0) == 0;
-                                });
-    if (format != logits_format && !earlier_logits)
-      throw std::invalid_argument("generate: --logits " + options["--logits"] + " is not a logits file of writescope "
-                                  "generate (format '" + (format.empty() ? std::string("none") : format) +
-                                  "'); name another file");
+    // is left as it is (no lock file beside it either). Files from before the
+    // format attribute hold only generate_N groups.
+    if (!new_logits_file && !std::filesystem::is_directory(options["--logits"])) {
+      const ResultsReader reader(options["--logits"]);
+      const std::string format = reader.has_attribute("/", "format") ? reader.string_attribute("/", "format") : "";
+      const std::vector<std::string> groups = reader.list("/");
+      const bool earlier_logits = format.empty() && std::all_of(groups.begin(), groups.end(), [](const std::string& g) {
+                                    return g.rfind("generate_", 0) == 0;
+                                  });
+      if (format != logits_format && !earlier_logits)
+        throw std::invalid_argument("generate: --logits " + options["--logits"] +
+                                    " is not a logits file of writescope generate (format '" +
+                                    (format.empty() ? std::string("none") : format) + "'); name another file");
+    }
+    store.emplace(options["--logits"]);
     for (int n = 0; group_name.empty() || store->contains(group_name); ++n) group_name = "generate_" + std::to_string(n);
     txn.emplace(store->begin());
     txn->root().set_attribute("format", logits_format);
@@ -715,6 +724,9 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     if (command == "calibrate-attention") return calibrate_attention_command(rest, out);
     throw UsageError("unknown command '" + command + "'");
   } catch (const UsageError& e) {
+    err << "writescope: " << e.what() << "\n\n" << usage_text;
+    return 2;
+  } catch (const ArgumentError& e) {
     err << "writescope: " << e.what() << "\n\n" << usage_text;
     return 2;
   } catch (const CheckpointError& e) {

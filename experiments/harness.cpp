@@ -74,7 +74,10 @@ ModelSpec parse_model(const ConfigNode& node) {
   }
   if (node.has("layers")) {
     const int layers = node.get<int>("layers");
-    if (layers < 1) node.fail("layers", "must be at least 1, got " + std::to_string(layers));
+    // Never past the preset's: a model's KV bytes a token stay the preset's at most.
+    if (layers < 1 || layers > spec.config.layers)
+      node.fail("layers", "must be in [1, " + std::to_string(spec.config.layers) + "] (the preset's layers), got " +
+                              std::to_string(layers));
     spec.overrides.layers = layers;
   }
   spec.overrides.hidden_scale = node.get_or<double>("hidden_scale", 1.0);
@@ -171,7 +174,8 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
   c.batch_sizes = positive_list<int>(root, "batch_sizes");
   c.contexts = positive_list<std::int64_t>(root, "contexts");
   // Far past any machine's memory, and short of overflowing a batch's
-  // tokens x bytes a token (at most 2^17) in the budgets' arithmetic.
+  // tokens x bytes a token (at most 2^17, Mixtral's: models never have more
+  // layers than their preset) in the budgets' arithmetic.
   constexpr std::int64_t most_tokens = std::int64_t{1} << 40, most_batch_tokens = std::int64_t{1} << 44;
   constexpr int most_batch = 1 << 16, most_steps = 1 << 20;
   for (int batch : c.batch_sizes)

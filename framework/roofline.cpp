@@ -7,10 +7,12 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <tuple>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "framework/cpu_path.hpp"
@@ -187,11 +189,21 @@ std::string MachineProfile::to_yaml() const {
 }
 
 void MachineProfile::save(const std::string& path) const {
-  // A name of this process' own, created exclusively: a file that happens to
-  // have it is never truncated.
-  const std::string partial = path + ".partial." + std::to_string(::getpid());
-  std::FILE* file = std::fopen(partial.c_str(), "wx");
-  if (!file) throw std::runtime_error(partial + ": cannot write the machine profile: " + std::strerror(errno));
+  // A name of its own (mkstemp): a file that happens to have one is never
+  // truncated, and a leftover of a killed run is never in the way.
+  std::string partial = path + ".partial.XXXXXX";
+  const int fd = ::mkstemp(partial.data());
+  if (fd < 0) throw std::runtime_error(path + ": cannot write the machine profile: " + std::strerror(errno));
+  // mkstemp's 0600 would hide the profile from the others who may read the user's files.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  ::fchmod(fd, 0666 & ~mask);
+  std::FILE* file = ::fdopen(fd, "w");
+  if (!file) {
+    ::close(fd);
+    std::remove(partial.c_str());
+    throw std::runtime_error(partial + ": cannot write the machine profile: " + std::strerror(errno));
+  }
   const std::string text = to_yaml();
   const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
   if (std::fclose(file) != 0 || !written) {

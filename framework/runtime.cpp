@@ -33,8 +33,7 @@ void place_openmp_threads(int driver_cpu) {
   std::vector<int> cpus;
   for (int cpu : startup_cpus())
     if (cpu != driver_cpu) cpus.push_back(cpu);
-  if (std::getenv("OMP_NUM_THREADS") == nullptr)
-    omp_set_num_threads(std::min(static_cast<int>(cpus.size()), max_host_threads));
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) omp_set_num_threads(static_cast<int>(cpus.size()));
 #pragma omp parallel
   {
     cpu_set_t set;
@@ -61,34 +60,49 @@ void check_kokkos_arguments(int argc, char* argv[]) {
     const char* name;
     int least, most;
   };
-  // Kokkos 3.4's integer arguments and Kokkos 4's name for the thread count.
-  static const Bound bounds[] = {{"--kokkos-threads", 1, max_host_threads},
-                                 {"--kokkos-num-threads", 1, max_host_threads},
-                                 {"--threads", 1, max_host_threads},
-                                 {"--kokkos-numa", 0, std::numeric_limits<int>::max()},
-                                 {"--kokkos-device-id", 0, std::numeric_limits<int>::max()},
-                                 {"--kokkos-device", 0, std::numeric_limits<int>::max()}};
+  constexpr int any = std::numeric_limits<int>::max();
+  // Kokkos 3.4's integer arguments (which it reads with std::stoi before it
+  // checks them), with their unprefixed names, and Kokkos 4's thread count.
+  static const Bound bounds[] = {{"--kokkos-threads", 1, max_host_threads}, {"--kokkos-num-threads", 1, max_host_threads},
+                                 {"--threads", 1, max_host_threads},        {"--kokkos-numa", 0, any},
+                                 {"--numa", 0, any},                        {"--kokkos-device-id", 0, any},
+                                 {"--kokkos-device", 0, any},               {"--device-id", 0, any},
+                                 {"--device", 0, any},                      {"--kokkos-num-devices", 1, any},
+                                 {"--num-devices", 1, any},                 {"--kokkos-ndevices", 1, any},
+                                 {"--ndevices", 1, any}};
   for (int i = 1; i < argc; ++i) {
     const std::string argument = argv[i];
     for (const Bound& bound : bounds) {
       const std::string name = bound.name;
       if (argument != name && argument.rfind(name + "=", 0) != 0) continue;
-      const std::string value = argument.size() > name.size() ? argument.substr(name.size() + 1) : "";
-      if (!integer_in(value, bound.least, bound.most))
-        throw RuntimeError(name + " must be given as " + name + "=N, N an integer in [" + std::to_string(bound.least) +
-                           ", " + std::to_string(bound.most) + "]" +
-                           (bound.most == max_host_threads ? " (the most host threads Kokkos' OpenMP backend holds)"
-                                                           : "") +
-                           ", got '" + argument + "'");
+      std::string value = argument.size() > name.size() ? argument.substr(name.size() + 1) : "";
+      // The device counts may name a device to skip: N,K.
+      const bool devices = name.find("devices") != std::string::npos;
+      std::string skipped;
+      if (const auto comma = value.find(','); devices && comma != std::string::npos) {
+        skipped = value.substr(comma + 1);
+        value.resize(comma);
+      }
+      if (!integer_in(value, bound.least, bound.most) || (!skipped.empty() && !integer_in(skipped, 0, any)))
+        throw ArgumentError(name + " must be given as " + name + (devices ? "=N[,K]" : "=N") + ", N an integer in [" +
+                            std::to_string(bound.least) + ", " + std::to_string(bound.most) + "]" +
+                            (bound.most == max_host_threads ? " (the most host threads Kokkos' OpenMP backend holds)"
+                                                            : "") +
+                            ", got '" + argument + "'");
     }
   }
-  if (const char* threads = std::getenv("OMP_NUM_THREADS"); threads && *threads) {
-    // OpenMP's list form ("8,4": nested levels) starts with the outer count.
-    const std::string text = threads, outer = text.substr(0, text.find(','));
-    if (!integer_in(outer, 1, max_host_threads))
-      throw RuntimeError("OMP_NUM_THREADS must be an integer in [1, " + std::to_string(max_host_threads) +
-                         "] (the most host threads Kokkos' OpenMP backend holds), got '" + text + "'");
-  }
+  // OpenMP's list form ("8,4": nested levels) starts with the outer count.
+  for (const char* variable : {"OMP_NUM_THREADS", "KOKKOS_NUM_THREADS"})
+    if (const char* threads = std::getenv(variable); threads && *threads) {
+      const std::string text = threads, outer = text.substr(0, text.find(','));
+      if (!integer_in(outer, 1, max_host_threads))
+        throw RuntimeError(std::string(variable) + " must be an integer in [1, " + std::to_string(max_host_threads) +
+                           "] (the most host threads Kokkos' OpenMP backend holds), got '" + text + "'");
+    }
+  for (const char* variable : {"KOKKOS_NUMA", "KOKKOS_DEVICE_ID"})
+    if (const char* number = std::getenv(variable); number && !integer_in(number, 0, any))
+      throw RuntimeError(std::string(variable) + " must be an integer in [0, " + std::to_string(any) + "], got '" +
+                         number + "'");
 }
 
 }  // namespace
@@ -103,6 +117,9 @@ Runtime::Runtime(int& argc, char* argv[]) {
     place_openmp_threads(has_gpu ? driver_cpu : -1);
   else if (has_gpu && driver_cpu >= 0)
     placement += "; GPU driver on CPU " + std::to_string(driver_cpu);
+  // A thread per CPU by default: on a host of more CPUs than Kokkos' pool holds, the pool's.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr && omp_get_max_threads() > max_host_threads)
+    omp_set_num_threads(max_host_threads);
 #ifdef KOKKOS_ENABLE_CUDA
   int devices = 0;
   const cudaError_t status = cudaGetDeviceCount(&devices);

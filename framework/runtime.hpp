@@ -24,6 +24,12 @@ class RuntimeError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A Kokkos command-line argument that cannot be taken (a usage error).
+class ArgumentError : public RuntimeError {
+ public:
+  using RuntimeError::RuntimeError;
+};
+
 /// The most host threads a process may ask for: Kokkos 3.4's OpenMP backend
 /// keeps a pool of 512 and overruns it past that.
 inline constexpr int max_host_threads = 512;
@@ -31,10 +37,11 @@ inline constexpr int max_host_threads = 512;
 class Runtime {
  public:
   /// Consumes Kokkos' own --kokkos-* arguments from argv. Throws
-  /// RuntimeError naming the argument where a thread count (argument or
-  /// OMP_NUM_THREADS) is not an integer in [1, max_host_threads] or a
-  /// NUMA or device argument not one in [0, 2^31): Kokkos itself crashes on
-  /// the first, and on the others answers "stoi".
+  /// ArgumentError naming the argument where a thread count is not an
+  /// integer in [1, max_host_threads] or a NUMA or device argument not one
+  /// in [0, 2^31) (Kokkos itself crashes on the first, and on the others
+  /// answers "stoi"), and RuntimeError for the same in OMP_NUM_THREADS,
+  /// KOKKOS_NUM_THREADS, KOKKOS_NUMA or KOKKOS_DEVICE_ID.
   Runtime(int& argc, char* argv[]);
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;

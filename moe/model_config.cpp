@@ -206,14 +206,14 @@ void ModelConfig::validate() const {
     require(qk_rope_head_dim > 0 && qk_nope_head_dim > 0 && v_head_dim > 0, "qk_rope_head_dim",
             "MLA needs positive qk_nope_head_dim, qk_rope_head_dim and v_head_dim");
   } else {
-    require(kv_heads >= 1 && q_heads % kv_heads == 0, "kv_heads", "must divide q_heads");
+    require(kv_heads >= 1 && q_heads % kv_heads == 0, "kv_heads", "must divide the number of query heads");
     require(head_dim >= 1, "head_dim", "must be positive");
   }
   require(experts >= 1, "experts", "must be at least 1");
   require(experts_per_token >= 1 && experts_per_token <= experts, "experts_per_token",
           "must be between 1 and the number of experts");
   require(expert_intermediate >= 1, "expert_intermediate", "must be positive");
-  require(dense_layers >= 0 && dense_layers <= layers, "dense_layers", "must be between 0 and layers");
+  require(dense_layers >= 0 && dense_layers <= layers, "dense_layers", "must be between 0 and the number of layers");
   require(dense_layers == 0 || dense_intermediate >= 1, "dense_intermediate", "dense layers need a size");
   require(rms_eps > 0, "rms_eps", "must be positive");
   require(rope_theta > 0, "rope_theta", "must be positive");
@@ -452,6 +452,9 @@ ModelConfig load_hf_config(const std::string& config_json) {
     if (field == "rms_eps") return "rms_norm_eps";
     if (field == "shared_experts") return "n_shared_experts";
     if (field == "head_dim" && mixtral && !root.has("head_dim")) return "hidden_size / num_attention_heads";
+    // transformers 5 keeps the rotary settings in rope_parameters.
+    if (c.config_format == "transformers-5" && (field == "rope_theta" || field.rfind("rope_scaling.", 0) == 0))
+      return "rope_parameters." + field.substr(field.find('.') + 1);
     return field;
   };
   try {

@@ -189,9 +189,11 @@ void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& co
   // A checkpoint is never overwritten: the folder may hold a real one.
   for (const auto& path : {config_path, weights_path}) {
     std::error_code error;
-    if (std::filesystem::symlink_status(path, error).type() != std::filesystem::file_type::not_found)
-      throw CheckpointError(path.string() + " already exists; a checkpoint is written only where neither "
-                            "config.json nor model.safetensors is");
+    const auto type = std::filesystem::symlink_status(path, error).type();
+    if (type == std::filesystem::file_type::not_found) continue;
+    if (error) throw CheckpointError(path.string() + ": cannot tell whether it exists (" + error.message() + ")");
+    throw CheckpointError(path.string() + " already exists; a checkpoint is written only where neither "
+                          "config.json nor model.safetensors is");
   }
   std::error_code error;
   std::filesystem::create_directories(folder, error);
@@ -203,7 +205,14 @@ void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& co
   std::map<std::string, TensorToWrite> tensors;
   for (const TensorSpec& spec : weight_specs(config))
     tensors[spec.name] = TensorToWrite{dtype, spec.shape, synthetic_tensor<float>(spec, seed)};
-  write_safetensors(weights_path.string(), tensors);
+  try {
+    write_safetensors(weights_path.string(), tensors);
+  } catch (...) {
+    std::error_code ignored;  // no half checkpoint, which a second try would take for one
+    std::filesystem::remove(config_path, ignored);
+    std::filesystem::remove(weights_path, ignored);
+    throw;
+  }
 }
 
 template <class Scalar>

@@ -27,7 +27,7 @@ if(NOT status EQUAL 0)
 endif()
 
 # Another program's HDF5 file (or a results file) takes no generation: one
-# error, before any step, and the file as it was.
+# error, before any step, and the file as it was, with no lock file beside it.
 execute_process(COMMAND ${PYTHON} -c "
 import sys, h5py
 with h5py.File(sys.argv[1], 'w') as f:
@@ -40,7 +40,7 @@ file(SHA256 ${FOLDER}/foreign.h5 before)
 execute_process(COMMAND ${COMMAND} generate --model tiny-mixtral --prompt 1 --new-tokens 2 --logits ${FOLDER}/foreign.h5
   RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
 file(SHA256 ${FOLDER}/foreign.h5 after)
-if(NOT status EQUAL 1 OR NOT before STREQUAL after OR
+if(NOT status EQUAL 1 OR NOT before STREQUAL after OR EXISTS ${FOLDER}/foreign.h5.lock OR
    NOT err MATCHES "generate: --logits .*/foreign.h5 is not a logits file of writescope generate \\(format 'none'\\); name another file")
   message(FATAL_ERROR "status ${status}, foreign file changed: ${before} -> ${after}; stderr:\n${err}")
 endif()

@@ -103,6 +103,8 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
             "field 'max_sequence_tokens': must be at most 17592186044416 tokens (2^44 over the largest batch, 1), got "
             "9223372036854775807"},
            {"vram: 1GiB", "vram: 0", "field 'budgets.vram': must be a positive byte size"},
+           {"{preset: tiny-mixtral}", "{preset: tiny-mixtral, layers: 3}",
+            "field 'models[0].layers': must be in [1, 2] (the preset's layers), got 3"},
            {"host: 1GiB", "host: 0", "field 'budgets.host': must be a positive byte size"}}) {
     const std::string bad = replaced(base, from, to);
     EXPECT_NE(error_of(bad).find(message), std::string::npos) << error_of(bad);

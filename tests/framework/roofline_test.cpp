@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <tuple>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -195,6 +196,12 @@ TEST_F(ProfileTest, SavingLeavesAFileNamedLikeItsPartialCopy) {
   const auto profile = find_profile("h200-pcie5");
   profile.save(path);
   EXPECT_EQ(MachineProfile::load(path).to_yaml(), profile.to_yaml());
+  // Readable as any file the user writes (the umask's), not mkstemp's 0600.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  struct stat status {};
+  ASSERT_EQ(::stat(path.c_str(), &status), 0);
+  EXPECT_EQ(status.st_mode & 0777, 0666 & ~mask);
   std::FILE* f = std::fopen(beside.c_str(), "r");
   ASSERT_NE(f, nullptr) << beside << " was removed";
   char text[16] = {};

@@ -224,6 +224,15 @@ TEST_F(HfConfigTest, RotarySpellingsAndDefaultsAreExplicit) {
             std::make_pair(std::string("head_dim"),
                            std::string("must be even and at most 256 (the rotary kernels rotate pairs of up to 256 "
                                        "dimensions), got 15")));
+  // transformers 5's rotary settings are named where that format keeps them.
+  EXPECT_EQ(error_of("{" + qwen + R"(, "num_local_experts": 8, "norm_topk_prob": true,
+    "rope_parameters": {"rope_theta": 0, "rope_type": "yarn", "factor": 0, "original_max_position_embeddings": 256}})")
+                .first,
+            "rope_parameters.rope_theta");
+  EXPECT_EQ(error_of("{" + qwen + R"(, "num_local_experts": 8, "norm_topk_prob": true,
+    "rope_parameters": {"rope_theta": 1e6, "rope_type": "yarn", "factor": 0, "original_max_position_embeddings": 256}})")
+                .first,
+            "rope_parameters.factor");
   // No query heads: a named error, not a division by zero while Mixtral's head_dim default is computed.
   EXPECT_EQ(error_of(R"({"architectures": ["MixtralForCausalLM"], "hidden_size": 64, "intermediate_size": 64,
     "num_hidden_layers": 2, "num_attention_heads": 0, "num_key_value_heads": 2, "num_local_experts": 4,

@@ -94,7 +94,7 @@ TEST(Weights, ASyntheticCheckpointNeverOverwritesOne) {
     EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "a real checkpoint's file");
     EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1) << "a file was added";
   }
-  // A config.json that cannot be written (a folder of that name) fails before the weights.
+  // A folder that cannot be made (a file of that name) is an error before anything is written.
   fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path blocked = dir / "nested";
