@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import re
+import stat
 import struct
 import sys
 import zlib
@@ -138,6 +139,9 @@ class Run:
     git_revision: str = ""  # the build that wrote the run (the file's where the run does not say)
     machine: Machine | None = None  # the setup that ran it; None where the file does not record one
     setup_label: str = ""  # "setup N" where the file's runs come from several setups (label_setups)
+    # Measured on a host-only build (the profile has no GPU, or the run's machine setup records none): the
+    # systems' GPU work ran on the host. report.md's summary and every figure of the run say so.
+    host_only: bool = False
 
     @property
     def setting(self):
@@ -165,6 +169,7 @@ class Results:
     git_revision: str
     profile: Profile
     runs: list
+    profiles: dict = field(default_factory=dict)  # {name: Profile}: every profile a projection priced runs with
     damaged: list = field(default_factory=list)  # [(run group, why)]: left out of every figure and table
     unverified: int = 0  # runs written before runs carried checksums
     predicted: bool = False  # every run is a projection (`writescope predict`)
@@ -240,10 +245,56 @@ def read_profile(root):
         cpu_dram_read_gbps=attribute(group, "cpu_dram_read_gbps", float),
         cpu_fma_glanes=attribute(group, "cpu_fma_glanes", float),
     )
+    return checked_profile(group, profile)
+
+
+def checked_profile(group, profile):
     for name in ("cpu_dram_read_gbps", "cpu_fma_glanes"):
         if not getattr(profile, name) > 0:
             raise InputError(group.name, f"attribute '{name}' must be positive")
     return profile
+
+
+def read_projection_profile(group):
+    """A `/profiles/<name>` entry of a projection: only `name` and `yaml` (MachineProfile::to_yaml, whose
+    sections are maps indented by two spaces), so the rates come from the YAML."""
+    values, section = {}, ""
+    for line in attribute(group, "yaml", str).splitlines():
+        match = re.match(r"( *)([A-Za-z_]\w*):(.*)$", line)
+        if not match:
+            continue
+        indent, key, value = len(match.group(1)), match.group(2), match.group(3).strip()
+        if indent == 0:
+            section = "" if value else key
+            values[key] = value
+        elif indent == 2 and section:
+            values[f"{section}.{key}"] = value
+
+    def rate(key, required):
+        if key not in values and not required:
+            return 0.0
+        try:
+            return float(values.get(key, ""))
+        except ValueError:
+            raise InputError(group.name, f"attribute 'yaml' gives no number for '{key}'") from None
+
+    has_gpu = values.get("has_gpu") == "true"
+    return checked_profile(group, Profile(
+        name=attribute(group, "name", str),
+        has_gpu=has_gpu,
+        hbm_gbps=rate("gpu.hbm_gbps", has_gpu),
+        pinned_h2d_gbps=rate("link.pinned_h2d_gbps", has_gpu),
+        cpu_dram_read_gbps=rate("cpu.dram_read_gbps", True),
+        cpu_fma_glanes=rate("cpu.fma_glanes", True),
+    ))
+
+
+def read_projection_profiles(root):
+    """{name: Profile} of every profile under /profiles, by name."""
+    group = member(root, "profiles", h5py.Group)
+    profiles = sorted((read_projection_profile(member(group, name, h5py.Group)) for name in group),
+                      key=lambda profile: profile.name)
+    return {profile.name: profile for profile in profiles}
 
 
 def read_measurements(group):
@@ -284,7 +335,7 @@ def achieved_cpu_rate(group, steps, components):
     return float(cpu_bytes / seconds / 1e9) if cpu_bytes > 0 and seconds > 0 else float("nan")
 
 
-def read_run(group, file_revision, file_machine):
+def read_run(group, file_revision, file_machine, file_profile):
     status = attribute(group, "status", str)
     if status not in STATUSES:
         raise InputError(group.name, f"attribute 'status' is '{status}', expected one of {', '.join(STATUSES)}")
@@ -299,6 +350,7 @@ def read_run(group, file_revision, file_machine):
     # A projection prices each run on one of several machine profiles: the model on that machine is what
     # its figures and tables compare, never runs of two machines.
     on = f" on {profile}" if predicted else ""
+    machine = read_machine(attribute(group, "machine", str)) if "machine" in group.attrs else file_machine
     return Run(
         model=attribute(group, "model", str) + on,
         model_label=attribute(group, "model_label", str) + on,
@@ -315,7 +367,8 @@ def read_run(group, file_revision, file_machine):
         predicted=predicted,
         profile=profile,
         git_revision=optional_attribute(group, "git_revision", str, file_revision),
-        machine=read_machine(attribute(group, "machine", str)) if "machine" in group.attrs else file_machine,
+        machine=machine,
+        host_only=not predicted and (not file_profile.has_gpu or (machine is not None and machine.gpu_name == "")),
     )
 
 
@@ -414,7 +467,8 @@ def load(path):
             predicted = optional_attribute(root, "predicted", int, 0) == 1
             file_revision = attribute(root, "git_revision", str)
             file_machine = read_machine(attribute(root, "machine", str)) if "machine" in root.attrs else None
-            read = sorted(label_setups([read_run(group, file_revision, file_machine) for group in intact]),
+            profile = read_profile(root)
+            read = sorted(label_setups([read_run(group, file_revision, file_machine, profile) for group in intact]),
                           key=Run.sort_key)
             kinds = {run.predicted for run in read} | {predicted}
             if len(kinds) > 1:
@@ -423,8 +477,9 @@ def load(path):
             return Results(
                 experiment=attribute(root, "experiment", str),
                 git_revision=file_revision,
-                profile=read_profile(root),
+                profile=profile,
                 runs=read,
+                profiles=read_projection_profiles(root) if predicted else {profile.name: profile},
                 damaged=damaged,
                 unverified=sum("checksum" not in group.attrs for group in intact),
                 predicted=predicted,
@@ -593,6 +648,63 @@ def setting_title(setting):
     return f"{label}, batch {batch}, VRAM {vram / 2**30:.3g} GiB" + (f", machine {setup}" if setup else "")
 
 
+# Every file the report writes: the fixed names, and '<prefix>_<model or profile>.png' of file_names. Every path
+# goes through output_path, which refuses any other name, so a manifest entry outside these names is not the
+# report's and is never removed.
+OWN_FILES = ("report.md", "predicted_vs_measured.png", "roofline.png")
+FIGURE_PREFIXES = ("speedup", "alpha", "breakdown", "projected_speedup")
+OWN_FIGURE = re.compile(rf"(?:{'|'.join(FIGURE_PREFIXES)})_[A-Za-z0-9._-]+\.png")
+# The files the last report wrote into its folder, one a line: the next report removes those and nothing else,
+# since a user's own file may carry one of the report's names.
+MANIFEST = ".writescope-report-files"
+MANIFEST_HEADING = "# The files analysis/report.py wrote into this folder; its next report here removes them first."
+
+
+def own_file(name):
+    return name in OWN_FILES or OWN_FIGURE.fullmatch(name) is not None
+
+
+def output_path(output, name):
+    if not own_file(name):
+        raise ValueError(f"'{name}' is not among the report's file names (OWN_FILES, FIGURE_PREFIXES)")
+    return os.path.join(output, name)
+
+
+def is_plain_file(path):
+    """A regular file, not a link (whose target the report never wrote) nor a folder."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def report_like_files(output, names):
+    """Those of `names` that could be the report's: plain files directly in `output` with own_file names."""
+    return sorted(name for name in set(names) if own_file(name) and is_plain_file(os.path.join(output, name)))
+
+
+def remove_earlier_report(output):
+    """Removes the files the earlier report's manifest lists, so that none of its figures stays beside this
+    report's, then the manifest, which no longer describes the folder. Returns (removed, unlisted): unlisted
+    are the report-like files of a folder without a manifest, left as they are (a report from before manifests,
+    or a user's files)."""
+    manifest = os.path.join(output, MANIFEST)
+    if not is_plain_file(manifest):
+        return [], report_like_files(output, os.listdir(output))
+    with open(manifest, encoding="utf-8", errors="replace") as listing:
+        removed = report_like_files(output, (line.strip() for line in listing if not line.startswith("#")))
+    for name in removed:
+        os.remove(os.path.join(output, name))
+    os.remove(manifest)
+    return removed, []
+
+
+def write_manifest(output, written):
+    """Lists `written`, the files this report wrote, for the next report in `output` (remove_earlier_report)."""
+    with open(os.path.join(output, MANIFEST), "w", encoding="utf-8") as listing:
+        listing.write("".join(f"{line}\n" for line in [MANIFEST_HEADING, *written]))
+
+
 def file_names(models, prefix):
     """{model: '<prefix>_<sanitised model>.png'}, distinct even when sanitising collides."""
     names = {}
@@ -647,8 +759,24 @@ def subplot_grid(count, title):
     return figure, list(axes.flat[:count])
 
 
-def save(figure, path):
+def host_only_note(runs):
+    """What a figure of `runs` says of those from a host-only build (Run.host_only), as report.md does; ""
+    when none is."""
+    host_only = sum(run.host_only for run in runs)
+    if not host_only:
+        return ""
+    if host_only == len(runs):
+        return "Host-only build: the systems' GPU work ran on the host. These are not GPU measurements."
+    return (f"{host_only} of the {len(runs)} runs this figure draws on came from a host-only build (their GPU "
+            "work ran on the host): not GPU measurements.")
+
+
+def save(figure, path, runs):
+    """Writes `figure`, which shows `runs`; a PNG may be seen alone, so it carries the host-only note itself."""
     figure.tight_layout()
+    note = host_only_note(runs)
+    if note:
+        figure.text(0.5, 1.0, note, ha="center", va="bottom", color="tab:red", fontweight="bold")
     figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
 
@@ -696,7 +824,7 @@ def plot_speedup(model, runs, colours, path):
         ax.set_ylabel("speedup (ratio of tokens/s)")
         ax.set_title(setting_title(setting), fontsize="medium")
         ax.legend(fontsize="small")
-    save(figure, path)
+    save(figure, path, runs)
 
 
 def plot_alpha(model, runs, path):
@@ -714,7 +842,7 @@ def plot_alpha(model, runs, path):
         ax.set_ylabel("α, mean over layers (0 = GPU, 1 = CPU)")
         ax.set_title(setting_title(setting), fontsize="medium")
         ax.legend(fontsize="small")
-    save(figure, path)
+    save(figure, path, runs)
 
 
 def ordered_components(names):
@@ -741,7 +869,7 @@ def plot_breakdown(model, runs, path):
         ax.set_title(f"{setting_title(setting)}, context {context_label(context)}", fontsize="medium")
         ax.tick_params(axis="x", labelrotation=20)
         ax.legend(fontsize="small")
-    save(figure, path)
+    save(figure, path, runs)
 
 
 def plot_predictions(runs, colours, path):
@@ -768,7 +896,7 @@ def plot_predictions(runs, colours, path):
     ax.set_ylabel("measured attention time per step (s)")
     ax.set_title(titled("Roofline prediction vs measurement of attention"))
     ax.legend(fontsize="small")
-    save(figure, path)
+    save(figure, path, runs)
     return True
 
 
@@ -782,7 +910,15 @@ def roofline_points(runs, rate):
     return {label: tuple(np.mean(values, axis=0)) for label, values in sorted(grouped.items())}
 
 
-def plot_roofline(profile, runs, path):
+def plot_roofline(panels, path):
+    """One roofline per (profile, its complete runs) of `panels`, one below the other."""
+    figure, axes = plt.subplots(len(panels), 1, figsize=(10, 5.2 * len(panels)), squeeze=False)
+    for ax, (profile, runs) in zip(axes.flat, panels):
+        draw_roofline(ax, profile, runs)
+    save(figure, path, [run for _, runs in panels for run in runs])
+
+
+def draw_roofline(ax, profile, runs):
     points = {k: (x, y) for k, (x, y) in roofline_points(runs, lambda m: m.cpu_attention_gbps).items()
               if x > 0 and y > 0}
     achieved = {k: (x, y) for k, (x, y) in roofline_points(runs, lambda m: m.achieved_cpu_gbps).items()
@@ -791,7 +927,6 @@ def plot_roofline(profile, runs, path):
     ridge = fma / dram
     xs = [ridge] + [x for x, _ in points.values()] + [x for x, _ in achieved.values()]
     intensity = np.geomspace(min(xs) / 16, max(xs) * 16, 200)
-    figure, ax = plt.subplots(figsize=(10, 5.2))
     ax.plot(intensity, np.minimum(dram, fma / intensity), color="black",
             label=f"CPU: min({dram:.4g} GB/s DRAM, {fma:.4g} G multiply-add/s ÷ I)")
     if profile.pinned_h2d_gbps > 0:
@@ -818,7 +953,6 @@ def plot_roofline(profile, runs, path):
     ax.set_ylabel("attainable KV read rate (GB/s)")
     ax.set_title(titled(f"Attention roofline of machine profile '{profile.name}'"))
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    save(figure, path)
 
 
 def plot_projected_speedup(profile, points, path):
@@ -831,7 +965,7 @@ def plot_projected_speedup(profile, points, path):
     ax.set_ylabel(f"{SUBJECT} speedup over the best baseline (×)")
     ax.set_title(titled(f"speedup vs context on {profile}"), fontsize="medium")
     ax.legend(fontsize="small")
-    save(figure, path)
+    save(figure, path, ())  # a projection's: no run of it was measured
 
 
 def write_figures(results, output):
@@ -845,7 +979,7 @@ def write_figures(results, output):
         names = file_names(profiles, "projected_speedup")
         for profile, points in profiles.items():
             if points:
-                plot_projected_speedup(profile, points, os.path.join(output, names[profile]))
+                plot_projected_speedup(profile, points, output_path(output, names[profile]))
                 written.append((names[profile], f"{PROJECTED}: {SUBJECT} over the fastest other system vs context "
                                                 f"on profile '{profile}', one line per model and setting."))
     colours = system_colours(runs)
@@ -857,30 +991,36 @@ def write_figures(results, output):
         throughput = mean_throughput(model_runs)
         pairs = comparisons(model_runs)
         if any(speedups(throughput, s, b) for s, b in pairs):
-            plot_speedup(model, model_runs, colours, os.path.join(output, speedup_names[model]))
+            plot_speedup(model, model_runs, colours, output_path(output, speedup_names[model]))
             baselines = ", ".join(sorted({b for _, b in pairs}))
             subjects = ", ".join(sorted({s for s, _ in pairs}))
             written.append((speedup_names[model], f"{model}: speedup of {subjects} over {baselines} vs context "
                                                   "length; x and v mark runs that did not fit or failed."))
         subject_runs = [run for run in complete(model_runs) if run.system == SUBJECT]
         if subject_runs:
-            plot_alpha(model, subject_runs, os.path.join(output, alpha_names[model]))
+            plot_alpha(model, subject_runs, output_path(output, alpha_names[model]))
             written.append((alpha_names[model], f"{model}: {SUBJECT}'s CPU share α per step, one line per context "
                                                 f"({SUBJECT}'s own expert policy)."))
         if complete(model_runs):
-            plot_breakdown(model, model_runs, os.path.join(output, breakdown_names[model]))
+            plot_breakdown(model, model_runs, output_path(output, breakdown_names[model]))
             written.append((breakdown_names[model], f"{model}: time per step by component at the largest context "
                                                     "most systems completed (devices overlap, so bars may exceed "
                                                     "the step time)."))
     if not results.predicted and plot_predictions(complete(runs), colours,
-                                                  os.path.join(output, "predicted_vs_measured.png")):
+                                                  output_path(output, "predicted_vs_measured.png")):
         written.append(("predicted_vs_measured.png", "Predicted vs measured attention time of every measured step."))
-    # A projection prices runs on several profiles; the roofline is the first's, with its runs only.
-    on_profile = [run for run in complete(runs) if not results.predicted or run.profile == results.profile.name]
-    plot_roofline(results.profile, on_profile, os.path.join(output, "roofline.png"))
-    written.append(("roofline.png", f"Roofline of machine profile '{results.profile.name}' with each model's "
-                                    "CPU attention rate (circles: CpuResident's head-major blocks; squares: the "
-                                    "pinned band's token-major blocks, where the profile rates them apart)."))
+    # A projection prices runs on several profiles: one panel per profile, with the runs priced on it.
+    if results.predicted:
+        panels = [(profile, [run for run in complete(runs) if run.profile == name])
+                  for name, profile in results.profiles.items()]
+    else:
+        panels = [(results.profile, complete(runs))]
+    plot_roofline(panels, output_path(output, "roofline.png"))
+    names = ", ".join(f"'{profile.name}'" for profile, _ in panels)
+    whose = f"each machine profile ({names}), one panel each," if len(panels) > 1 else f"machine profile {names}"
+    written.append(("roofline.png", f"Roofline of {whose} with each model's CPU attention rate (circles: "
+                                    "CpuResident's head-major blocks; squares: the pinned band's token-major "
+                                    "blocks, where the profile rates them apart)."))
     return written
 
 
@@ -982,12 +1122,18 @@ def not_run_section(runs):
 
 def projected_section(runs, min_context):
     rows = []
-    for profile, points in best_baseline_speedups(runs).items():
+    by_profile = best_baseline_speedups(runs)
+    for profile, points in by_profile.items():
         for model in sorted({setting[0] for setting, _, _ in points}):
             values = [v for setting, context, v in points if setting[0] == model and context >= min_context]
             if values:
                 rows.append((profile, model, f"{math.exp(np.mean(np.log(values))):.2f}",
                              f"{min(values):.2f}–{max(values):.2f}", len(values), paper_headline(profile)))
+    contexts = sorted({context for points in by_profile.values() for _, context, _ in points})
+    if not rows and contexts:
+        return [f"{SUBJECT} and another system both fit only at contexts "
+                f"{', '.join(context_label(c) for c in contexts)}, all below `--min-context` {min_context} "
+                f"({context_label(min_context)}): give a smaller `--min-context` to include them."]
     if not rows:
         return ["No setting where WriteScope and another system both fit."]
     return table(("profile", "model", "geomean speedup (×)", "range (×)", "points", "paper's headline"), rows)
@@ -1041,7 +1187,7 @@ def report_markdown(results, figures, min_context):
                   "- **WriteScope does not split here**: with no GPU in the profile its plan gives every KV "
                   "block to the CPU (alpha = 1), so these runs exercise its write policy, the split step and "
                   "feedback, not a CPU-GPU split (the host tests run that split with a GPU profile)."]
-    elif host_only := sum(run.machine is not None and run.machine.gpu_name == "" for run in results.runs):
+    elif host_only := sum(run.host_only for run in results.runs):
         lines += [f"- **{host_only} runs came from a host-only build**: their machine setup records no GPU, "
                   f"although profile `{results.profile.name}` describes a GPU machine. The systems planned "
                   "for that machine and ran their GPU work on the host: the figures check the pipeline, "
@@ -1127,12 +1273,24 @@ def main(argv=None):
         print(f"report: {args.results}: {name}: {why}; left out of the report", file=sys.stderr)
     try:
         os.makedirs(args.output, exist_ok=True)
+        removed, unlisted = remove_earlier_report(args.output)
         figures = write_figures(results, args.output)
-        with open(os.path.join(args.output, "report.md"), "w", encoding="utf-8") as out:
+        with open(output_path(args.output, "report.md"), "w", encoding="utf-8") as out:
             out.write(report_markdown(results, figures, args.min_context))
+        written = ["report.md", *(name for name, _ in figures)]
+        write_manifest(args.output, written)  # last: it lists only files that were written whole
     except OSError as error:
         print(f"report: {args.output}: {error.strerror or error}", file=sys.stderr)
         return 1
+    # Files this report wrote again were replaced; the others would have been stale.
+    gone = [name for name in removed if name not in written]
+    if gone:
+        print(f"report: {args.output}: removed {len(gone)} files of an earlier report that this one does not "
+              f"write: {', '.join(gone)}")
+    kept = [name for name in unlisted if name not in written]
+    if kept:
+        print(f"report: {args.output}: left {len(kept)} files with the report's names as they were, since no "
+              f"{MANIFEST} says this script wrote them: {', '.join(kept)}")
     return 0
 
 

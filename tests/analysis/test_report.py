@@ -140,20 +140,43 @@ def write_run(group, spec, rng):
         group[f"region_bytes/{name}"] = np.full(STEPS, 1e6)
 
 
+# The machine profiles of the projection tests (hbm, pinned host->GPU, CPU DRAM read GB/s; G lane-FMAs/s): each
+# roofline panel must draw its own.
+PROFILE_RATES = {"a100-pcie4": (1300.0, 25.0, 150.0, 1100.0), "v100-pcie3": (800.0, 12.0, 100.0, 700.0)}
+
+
+def profile_yaml(name):
+    """A profile as MachineProfile::to_yaml writes it into /profiles/<name>/yaml."""
+    hbm, pinned, dram, fma = PROFILE_RATES[name]
+    return (f"name: {name}\nhas_gpu: true\ngpu:\n  hbm_gbps: {hbm:g}\n  launch_latency_us: 10\nlink:\n"
+            f"  pinned_h2d_gbps: {pinned:g}\n  pinned_d2h_gbps: {pinned:g}\n  pageable_h2d_gbps: 7.9000000000000004\n"
+            f"  latency_us: 10\ncpu:\n  threads: 32\n  dram_read_gbps: {dram:g}\n  path: avx2\n"
+            f"  fma_glanes: {fma:g}\n  expert_gbps: 60\n  attention_gbps:\n"
+            f"    qwen3-30b-a3b: {{1: 2.2999999999999998, 16: 25}}\n"
+            f"sources:\n  cpu: \"assumed: dram_read_gbps: 1 fma_glanes: 2\"\n")
+
+
 def write_results(path, specs, names=None, format_name="writescope-results-1", predicted=False):
     """A results file holding `specs` under /runs/<names[i]> (default r0, r1, ...); `predicted` marks the
-    file as `writescope predict` writes one (its runs carry their own `predicted` and `profile`)."""
+    file as `writescope predict` writes one (its runs carry their own `predicted` and `profile`; /profiles
+    holds each profile's YAML, /profile the first)."""
     names = names or [f"r{i}" for i in range(len(specs))]
     rng = np.random.default_rng(1)
     with h5py.File(path, "w") as root:
         root.attrs.update(format=format_name, experiment="report-test", config="name: report-test\n",
                           git_revision="0123abcd", kokkos_configuration="OpenMP", machine="cpu: test\n")
-        if predicted:
-            root.attrs["predicted"] = np.int64(1)
         profile = root.create_group("profile")
         profile.attrs.update(name="test-machine", has_gpu=np.int64(1), hbm_gbps=4800.0, pinned_h2d_gbps=50.0,
                              pageable_h2d_gbps=20.0, cpu_dram_read_gbps=200.0, cpu_fma_glanes=900.0,
                              cpu_gemv_gbps=180.0, cpu_threads=np.int64(32))
+        if predicted:
+            root.attrs["predicted"] = np.int64(1)
+            priced = list(dict.fromkeys(spec["profile"] for spec in specs))
+            hbm, pinned, dram, fma = PROFILE_RATES[priced[0]]
+            profile.attrs.update(name=priced[0], hbm_gbps=hbm, pinned_h2d_gbps=pinned, cpu_dram_read_gbps=dram,
+                                 cpu_fma_glanes=fma)
+            for name in priced:
+                root.create_group(f"profiles/{name}").attrs.update(name=name, yaml=profile_yaml(name))
         runs = root.create_group("runs")
         for name, spec in zip(names, specs):
             write_run(runs.create_group(name), spec, rng)
@@ -194,6 +217,18 @@ def report_module():
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
     return report
+
+
+def saved_figures(report, results, output):
+    """{file name: figure} of every figure report.write_figures writes into `output`, each as save() left it."""
+    figures, save = {}, report.save
+
+    def keep(figure, path, runs):
+        save(figure, path, runs)
+        figures[os.path.basename(path)] = figure
+    report.save = keep
+    report.write_figures(results, output)
+    return figures
 
 
 class ReportOnFile:
@@ -388,6 +423,34 @@ class ProjectedReport(ReportOnFile, unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.output, "predicted_vs_measured.png")))
         self.assertNotIn("prediction error", self.markdown.lower())
 
+    def test_contexts_all_below_min_context_are_named_not_called_missing(self):
+        output = os.path.join(self.tmp.name, "report-64k")
+        result = run_report(self.path, output, "--min-context", "65536")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
+            text = section(md.read(), f"{PROJECTED}: speedup over the best baseline")
+        self.assertNotIn("No setting where", text)
+        self.assertIn("writescope and another system both fit only at contexts 8K, 32K, all below `--min-context` "
+                      "65536 (64K): give a smaller `--min-context` to include them.", text)
+
+    def test_the_roofline_has_a_projected_panel_per_profile(self):
+        report = report_module()
+        with tempfile.TemporaryDirectory() as tmp:
+            axes = saved_figures(report, report.load(self.path), tmp)["roofline.png"].axes
+        self.assertEqual([ax.get_title() for ax in axes],
+                         [f"{PROJECTED}: Attention roofline of machine profile '{name}'" for name in PROFILE_RATES])
+        for ax, (name, (hbm, pinned, dram, fma)) in zip(axes, PROFILE_RATES.items()):
+            with self.subTest(profile=name):
+                labels = [line.get_label() for line in ax.get_lines()]
+                for rate in (f"CPU: min({dram:.4g} GB/s DRAM, {fma:.4g} G multiply-add/s ÷ I)",
+                             f"PCIe pinned host→GPU {pinned:.4g} GB/s", f"GPU HBM {hbm:.4g} GB/s"):
+                    self.assertIn(rate, labels)
+                # Each panel's points are the runs priced on its profile, every model's.
+                priced_on = {label.split(":")[0] for label in labels if " (test) on " in label}
+                self.assertEqual(priced_on, {f"{model} (test) on {name}" for model in MODELS})
+        self.assertIn("- [roofline.png](roofline.png): Roofline of each machine profile ('a100-pcie4', 'v100-pcie3'), "
+                      "one panel each,", self.markdown)
+
     def test_runs_of_two_profiles_are_never_compared(self):
         # Each model appears once per profile in the system table, never pooled across machines.
         table = section(self.markdown, f"{PROJECTED}: system against system")
@@ -409,6 +472,179 @@ class ProjectedReport(ReportOnFile, unittest.TestCase):
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertIn("mixes predicted runs", result.stderr)
         self.assertNotIn("Traceback", result.stderr)
+
+
+class EarlierReportInTheFolder(unittest.TestCase):
+    """A report written over an earlier one removes the files the earlier one's manifest lists, and no others."""
+
+    MANIFEST = ".writescope-report-files"
+    LEFT = "files with the report's names as they were, since no .writescope-report-files says this script wrote them"
+
+    @classmethod
+    def setUpClass(cls):
+        """A measured and a projected results file, and the files each one's report writes into a folder of its own
+        (`fresh`, the manifest among them)."""
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.measured, cls.projected = (os.path.join(cls.tmp.name, name) for name in ("measured.h5", "projected.h5"))
+        write_results(cls.measured, run_specs())
+        write_results(cls.projected, ProjectedReport.specs(), predicted=True)
+        cls.fresh = {}
+        for path in (cls.measured, cls.projected):
+            if run_report(path, path[:-3]).returncode != 0:
+                raise AssertionError(f"no report of {path}")
+            cls.fresh[path] = set(os.listdir(path[:-3]))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def folder(self, name, files=()):
+        """A new folder `name` holding `files`, each a file that is not the report's."""
+        output = os.path.join(self.tmp.name, name)
+        os.makedirs(output)
+        for file in files:
+            with open(os.path.join(output, file), "w") as other:
+                other.write("not the report's\n")
+        return output
+
+    def report(self, path, output):
+        result = run_report(path, output)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result.stdout
+
+    def test_fresh_reports_differ_and_list_what_they_wrote(self):
+        self.assertTrue(any(name.startswith("projected_speedup_") for name in self.fresh[self.projected]))
+        self.assertIn("predicted_vs_measured.png", self.fresh[self.measured])
+        for path, names in self.fresh.items():
+            with self.subTest(path=os.path.basename(path)):
+                with open(os.path.join(path[:-3], self.MANIFEST)) as listing:
+                    lines = listing.read().splitlines()
+                self.assertTrue(lines[0].startswith("# "))
+                self.assertEqual(sorted(lines[1:]), sorted(names - {self.MANIFEST}))
+
+    def test_measured_and_projected_reports_over_each_other(self):
+        others = {"notes.txt", "speedup_notes.txt", "roofline.png.bak", "my_plot.png", "results.h5"}
+        output = self.folder("report", others)
+        os.makedirs(os.path.join(output, "alpha_folder.png"))  # a folder, whatever its name
+        others.add("alpha_folder.png")
+        earlier = set()
+        for path in (self.projected, self.measured, self.projected):
+            with self.subTest(path=os.path.basename(path)):
+                stdout = self.report(path, output)
+                self.assertEqual(set(os.listdir(output)), self.fresh[path] | others)
+                stale = sorted(earlier - self.fresh[path])
+                if stale:
+                    self.assertEqual(stdout, f"report: {output}: removed {len(stale)} files of an earlier report that "
+                                             f"this one does not write: {', '.join(stale)}\n")
+                else:
+                    self.assertEqual(stdout, "")
+                earlier = self.fresh[path]
+
+    def test_a_users_file_with_a_reports_name_stays(self):
+        output = self.folder("report-mine", ["speedup_mine.png"])
+        self.report(self.projected, output)
+        stdout = self.report(self.measured, output)
+        self.assertEqual(set(os.listdir(output)), self.fresh[self.measured] | {"speedup_mine.png"})
+        with open(os.path.join(output, "speedup_mine.png")) as mine:
+            self.assertEqual(mine.read(), "not the report's\n")
+        self.assertNotIn("speedup_mine.png", stdout)
+
+    def test_a_folder_without_a_manifest_keeps_its_report_like_files_and_says_why(self):
+        # A report from before manifests, and a user's file beside it.
+        output = self.folder("report-old", ["speedup_mine.png"])
+        self.report(self.projected, output)
+        os.remove(os.path.join(output, self.MANIFEST))
+        stdout = self.report(self.measured, output)
+        self.assertEqual(set(os.listdir(output)),
+                         self.fresh[self.projected] | self.fresh[self.measured] | {"speedup_mine.png"})
+        left = sorted((self.fresh[self.projected] - self.fresh[self.measured]) | {"speedup_mine.png"})
+        self.assertEqual(stdout, f"report: {output}: left {len(left)} {self.LEFT}: {', '.join(left)}\n")
+
+    def test_only_plain_report_files_the_manifest_lists_are_removed(self):
+        output = self.folder("nested/report", ["notes.txt", "breakdown_old.png"])
+        os.makedirs(os.path.join(output, "alpha_folder.png"))
+        outside = os.path.join(self.tmp.name, "nested", "report.md")
+        with open(outside, "w") as other:
+            other.write("not the report's\n")
+        os.symlink(outside, os.path.join(output, "speedup_link.png"))
+        with open(os.path.join(output, self.MANIFEST), "w") as listing:
+            listing.write("# an earlier report's\nnotes.txt\n../report.md\nalpha_folder.png\nspeedup_link.png\n"
+                          "breakdown_old.png\n")
+        stdout = self.report(self.measured, output)
+        self.assertEqual(set(os.listdir(output)),
+                         self.fresh[self.measured] | {"notes.txt", "alpha_folder.png", "speedup_link.png"})
+        self.assertTrue(os.path.isfile(outside))
+        self.assertEqual(stdout, f"report: {output}: removed 1 files of an earlier report that this one does not "
+                                 "write: breakdown_old.png\n")
+
+    def test_every_name_goes_through_the_list_of_the_reports_files(self):
+        report = report_module()
+        self.assertTrue(report.own_file("speedup_qwen3-30b-a3b_on_a100-pcie4-2.png"))
+        for name in ("speedup_notes.txt", "roofline.png.bak", "my_plot.png", "speedup_.png", "sub/report.md",
+                     report.MANIFEST):
+            with self.subTest(name=name):
+                self.assertFalse(report.own_file(name))
+                with self.assertRaises(ValueError):
+                    report.output_path("out", name)
+
+
+HOST_ONLY_MACHINE = 'cpu_model: Test CPU\nhost_threads: 2\ngpu_name: ""\n'
+GPU_MACHINE = 'cpu_model: Test CPU\nhost_threads: 16\ngpu_name: NVIDIA H200\n'
+
+
+class HostOnlyNoteInFigures(unittest.TestCase):
+    """A figure of measured runs from a host-only build says so in the image, as report.md's summary does: a PNG
+    shown alone is not taken for GPU results. Projections and GPU runs carry no such note."""
+
+    def notes(self, edit, specs=run_specs, predicted=False):
+        """{figure file name: its host-only notes} of the report of `specs()` after `edit(root)`."""
+        report = report_module()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "results.h5")
+            write_results(path, specs(), predicted=predicted)
+            with h5py.File(path, "r+") as root:
+                edit(root)
+            figures = saved_figures(report, report.load(path), tmp)
+        self.assertIn("roofline.png", figures)
+        return {name: [text.get_text() for text in figure.texts if "host-only" in text.get_text().lower()]
+                for name, figure in figures.items()}
+
+    def assert_every_figure_noted(self, notes):
+        self.assertIn("predicted_vs_measured.png", notes)
+        for name, texts in notes.items():
+            with self.subTest(figure=name):
+                self.assertEqual(texts, ["Host-only build: the systems' GPU work ran on the host. These are not GPU "
+                                         "measurements."])
+
+    def test_a_machine_setup_without_gpu(self):
+        self.assert_every_figure_noted(self.notes(lambda root: root.attrs.update(machine=HOST_ONLY_MACHINE)))
+
+    def test_a_profile_without_gpu(self):
+        self.assert_every_figure_noted(self.notes(lambda root: root["profile"].attrs.update(has_gpu=np.int64(0))))
+
+    def test_a_figure_notes_the_host_only_runs_it_shows(self):
+        def edit(root):
+            root.attrs["machine"] = HOST_ONLY_MACHINE
+            for group in root["runs"].values():
+                if group.attrs["system"] == "writescope":
+                    group.attrs["machine"] = GPU_MACHINE
+        notes = self.notes(edit)
+        shown = sum(spec["model"] == MODELS[0] for spec in run_specs())
+        host_only = shown - sum(spec["model"] == MODELS[0] and spec["system"] == "writescope" for spec in run_specs())
+        # Runs of two setups are never compared, so no speedup figure; the breakdown draws on every run of a model.
+        self.assertEqual(notes[f"breakdown_{MODELS[0]}.png"],
+                         [f"{host_only} of the {shown} runs this figure draws on came from a host-only build (their "
+                          "GPU work ran on the host): not GPU measurements."])
+        self.assertEqual(notes[f"alpha_{MODELS[0]}.png"], [])  # writescope's runs only, all on the GPU machine
+
+    def test_gpu_runs_and_projections_carry_none(self):
+        for predicted in (False, True):
+            with self.subTest(predicted=predicted):
+                # A projection run on a host-only machine still prices GPU profiles: no run of it was measured.
+                notes = self.notes(lambda root: root.attrs.update(machine=GPU_MACHINE if not predicted
+                                                                  else HOST_ONLY_MACHINE),
+                                   specs=ProjectedReport.specs if predicted else run_specs, predicted=predicted)
+                self.assertEqual({name: texts for name, texts in notes.items() if texts}, {})
 
 
 class GroupNamesAreOpaque(unittest.TestCase):
@@ -576,8 +812,8 @@ class RooflineFigure(unittest.TestCase):
             write_results(path, run_specs())
             results = report.load(path)
             figures = []
-            report.save = lambda figure, _: figures.append(figure)
-            report.plot_roofline(results.profile, report.complete(results.runs), os.path.join(tmp, "roofline.png"))
+            report.save = lambda figure, *_: figures.append(figure)
+            report.plot_roofline([(results.profile, report.complete(results.runs))], os.path.join(tmp, "roofline.png"))
         labels = [line.get_label() for line in figures[0].axes[0].get_lines()]
         self.assertIn("qwen3-30b-a3b (test): 7 GB/s in the profile (calibrated)", labels)
         self.assertIn("qwen3-30b-a3b (test): 6 GB/s over the pinned band in the profile (calibrated)", labels)
@@ -594,7 +830,7 @@ class SpeedupFigureWithoutWriteScope(unittest.TestCase):
             write_results(path, [s for s in variant_specs() if s["system"] != "writescope"])
             runs = [run for run in report.load(path).runs if run.model == MODELS[0]]
             figures = []
-            report.save = lambda figure, _: figures.append(figure)
+            report.save = lambda figure, *_: figures.append(figure)
             report.plot_speedup(MODELS[0], runs, report.system_colours(runs), os.path.join(tmp, "speedup.png"))
         lines = {line.get_label(): line.get_color() for line in figures[0].axes[0].get_lines()
                  if " over " in line.get_label()}
