@@ -938,11 +938,11 @@ def draw_roofline(ax, profile, runs):
                            else m.cpu_streamed_attention_gbps)
     for index, (label, (x, y)) in enumerate(points.items()):
         ax.plot([x], [y], marker="o", linestyle="none", color=f"C{index}",
-                label=f"{label}: {y:.4g} GB/s in the profile (calibrated)")
+                label=f"{label}: {y:.4g} GB/s in the profile")
         # The band's token-major kernel, where the profile gives it a rate of its own.
         if label in band and not math.isclose(band[label][1], y, rel_tol=5e-3):
             ax.plot([band[label][0]], [band[label][1]], marker="s", linestyle="none", color=f"C{index}",
-                    label=f"{label}: {band[label][1]:.4g} GB/s over the pinned band in the profile (calibrated)")
+                    label=f"{label}: {band[label][1]:.4g} GB/s over the pinned band in the profile")
         if label in achieved:
             ax.plot([achieved[label][0]], [achieved[label][1]], marker="x", markersize=9, linestyle="none",
                     color=f"C{index}", label=f"{label}: {achieved[label][1]:.4g} GB/s "

@@ -229,7 +229,10 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
     if (std::all_of(calibration.name.begin(), calibration.name.end(), [](unsigned char c) { return std::isspace(c); }))
       throw UsageError("calibrate: --name must not be blank");
   }
-  if (options.count("--tokens")) calibration.attention_tokens = positive_integer<std::int64_t>("calibrate", "--tokens", options["--tokens"]);
+  // At most 2^24: far past any context a profile prices, and a KV pool the machine can hold.
+  if (options.count("--tokens"))
+    calibration.attention_tokens =
+        positive_integer<std::int64_t>("calibrate", "--tokens", options["--tokens"], 1, std::int64_t{1} << 24);
   if (options.count("--thread-counts")) {
     std::stringstream list(options["--thread-counts"]);
     for (std::string item; std::getline(list, item, ',');)
@@ -334,7 +337,9 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   const bool from_checkpoint = std::filesystem::is_directory(model_name);
   ModelConfig config = from_checkpoint ? load_hf_config(model_name + "/config.json") : model_preset(model_name);
   ModelOverrides overrides;
-  if (options.count("--layers")) overrides.layers = positive_integer("generate", "--layers", options["--layers"]);
+  // As a config's layers: at most the preset's.
+  if (options.count("--layers"))
+    overrides.layers = positive_integer("generate", "--layers", options["--layers"], 1, config.layers);
   if (options.count("--hidden-scale")) {
     const std::string& text = options["--hidden-scale"];
     std::size_t parsed = 0;
@@ -355,15 +360,16 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   const int chunk_tokens = options.count("--chunk-tokens")
                                ? positive_integer("generate", "--chunk-tokens", options["--chunk-tokens"], 1, 8192)
                                : 256;
-  const int block_tokens =
-      options.count("--block-tokens") ? positive_integer("generate", "--block-tokens", options["--block-tokens"]) : 256;
+  const int block_tokens = options.count("--block-tokens")
+                               ? positive_integer("generate", "--block-tokens", options["--block-tokens"], 1, 4096)
+                               : 256;
   if (const std::string error = gpu_decode_block_tokens_error(config.attention(), block_tokens); !error.empty())
     throw UsageError("generate: --block-tokens: " + error);
   auto byte_option = [&](const char* name, std::uint64_t fallback) {
     if (!options.count(name)) return fallback;
     const auto parsed = parse_byte_size(options[name]);
-    if (!parsed)
-      throw UsageError(std::string("generate: ") + name + " must be a byte size such as 512MiB, got '" +
+    if (!parsed || *parsed == 0)
+      throw UsageError(std::string("generate: ") + name + " must be a positive byte size such as 512MiB, got '" +
                        options[name] + "'");
     return *parsed;
   };
@@ -402,10 +408,10 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
       const ResultsReader reader(options["--logits"]);
       const std::string format = reader.has_attribute("/", "format") ? reader.string_attribute("/", "format") : "";
       const std::vector<std::string> groups = reader.list("/");
-      const bool earlier_logits = format.empty() && std::all_of(groups.begin(), groups.end(), [](const std::string& g) {
-                                    return g.rfind("generate_", 0) == 0;
-                                  });
-      if (format != logits_format && !earlier_logits)
+      const bool earlier_logits =
+          format.empty() && !groups.empty() &&
+          std::all_of(groups.begin(), groups.end(), [](const std::string& g) { return g.rfind("generate_", 0) == 0; });
+      if (format != logits_format && !earlier_logits && !reader.holds_nothing())
         throw std::invalid_argument("generate: --logits " + options["--logits"] +
                                     " is not a logits file of writescope generate (format '" +
                                     (format.empty() ? std::string("none") : format) + "'); name another file");

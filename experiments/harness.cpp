@@ -243,7 +243,7 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
                                          " tokens (2^44 over the largest batch, " + std::to_string(largest_batch) +
                                          "), got " + std::to_string(c.max_sequence_tokens));
   c.repetitions = root.get_or<int>("repetitions", 1);
-  if (c.repetitions < 1) root.fail("repetitions", "must be at least 1");
+  if (c.repetitions < 1 || c.repetitions > 1000) root.fail("repetitions", "must be in [1, 1000]");
   c.seed = root.get_or<std::uint64_t>("seed", 1);
   c.block_tokens = root.get_or<int>("block_tokens", 64);
   if (c.block_tokens < 1 || c.block_tokens > 4096) root.fail("block_tokens", "must be in [1, 4096]");

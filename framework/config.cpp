@@ -161,7 +161,12 @@ ConfigNode ConfigNode::load_file(const std::string& path) {
 ConfigNode ConfigNode::parse(const std::string& text, const std::string& source) {
   auto name = std::make_shared<const std::string>(source);
   try {
-    YAML::Node root = YAML::Load(text);
+    // YAML::Load reads the first document and drops the rest silently.
+    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
+    if (documents.size() > 1)
+      throw ConfigError(source, "", "holds " + std::to_string(documents.size()) +
+                                        " YAML documents (separated by ---); a config is one");
+    YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
     ConfigNode node(root, "", name, std::make_shared<const std::string>(text));
     if (!root.IsMap()) throw ConfigError(source, "", "expected a mapping at the top level, got " + describe(root));
     if (const auto duplicate = duplicate_key(root)) throw ConfigError(source, "", *duplicate);

@@ -620,7 +620,9 @@ bool ResultsReader::has_attribute(const std::string& object_path, const std::str
   });
 }
 
-bool ResultsReader::holds_nothing() const { return !has_attribute("/", "format") && list("/").empty(); }
+bool ResultsReader::holds_nothing() const {
+  return guarded(path_ + ": /", [&] { return file_.openGroup("/").getNumAttrs() == 0; }) && list("/").empty();
+}
 
 std::vector<std::string> ResultsReader::list(const std::string& group_path) const {
   return guarded(path_ + ": " + group_path, [&] { return list_members(file_.openGroup(group_path)); });

@@ -130,8 +130,9 @@ class ResultsReader {
 
   bool exists(const std::string& object_path) const;
   bool has_attribute(const std::string& object_path, const std::string& name) const;
-  /// Whether the file has no format attribute and no members: one a writer
-  /// created and stopped before its first commit, which any writer may take over.
+  /// Whether the file's root has no attributes and no members: one a writer
+  /// created and stopped before its first commit, which any writer may take
+  /// over (another program's file holds at least an attribute).
   bool holds_nothing() const;
   /// Member names of a group ("/" for the root), in creation order.
   std::vector<std::string> list(const std::string& group_path) const;

@@ -64,26 +64,33 @@ void check_kokkos_arguments(int argc, char* argv[]) {
   // Kokkos 3.4's integer arguments (which it reads with std::stoi before it
   // checks them), with their unprefixed names, and Kokkos 4's thread count.
   static const Bound bounds[] = {{"--kokkos-threads", 1, max_host_threads}, {"--kokkos-num-threads", 1, max_host_threads},
-                                 {"--threads", 1, max_host_threads},        {"--kokkos-numa", 0, any},
-                                 {"--numa", 0, any},                        {"--kokkos-device-id", 0, any},
-                                 {"--kokkos-device", 0, any},               {"--device-id", 0, any},
-                                 {"--device", 0, any},                      {"--kokkos-num-devices", 1, any},
-                                 {"--num-devices", 1, any},                 {"--kokkos-ndevices", 1, any},
-                                 {"--ndevices", 1, any}};
+                                 {"--kokkos-numa", 0, any},                 {"--kokkos-device-id", 0, any},
+                                 {"--kokkos-device", 0, any},               {"--kokkos-num-devices", 1, any},
+                                 {"--kokkos-ndevices", 1, any}};
+  // Kokkos 3.4 also reads these older spellings but leaves them in argv, for
+  // the program, whose commands would take them for their own options.
+  static const std::pair<const char*, const char*> unprefixed[] = {
+      {"--threads", "--kokkos-threads"},         {"--numa", "--kokkos-numa"},
+      {"--device-id", "--kokkos-device-id"},     {"--device", "--kokkos-device"},
+      {"--num-devices", "--kokkos-num-devices"}, {"--ndevices", "--kokkos-num-devices"}};
   for (int i = 1; i < argc; ++i) {
     const std::string argument = argv[i];
+    for (const auto& [old_name, name] : unprefixed)
+      if (argument == old_name || argument.rfind(std::string(old_name) + "=", 0) == 0)
+        throw ArgumentError(std::string(old_name) + " is Kokkos' older spelling; give " + name + "=N, got '" +
+                            argument + "'");
     for (const Bound& bound : bounds) {
       const std::string name = bound.name;
       if (argument != name && argument.rfind(name + "=", 0) != 0) continue;
       std::string value = argument.size() > name.size() ? argument.substr(name.size() + 1) : "";
       // The device counts may name a device to skip: N,K.
       const bool devices = name.find("devices") != std::string::npos;
-      std::string skipped;
+      std::optional<std::string> skipped;
       if (const auto comma = value.find(','); devices && comma != std::string::npos) {
         skipped = value.substr(comma + 1);
         value.resize(comma);
       }
-      if (!integer_in(value, bound.least, bound.most) || (!skipped.empty() && !integer_in(skipped, 0, any)))
+      if (!integer_in(value, bound.least, bound.most) || (skipped && !integer_in(*skipped, 0, any)))
         throw ArgumentError(name + " must be given as " + name + (devices ? "=N[,K]" : "=N") + ", N an integer in [" +
                             std::to_string(bound.least) + ", " + std::to_string(bound.most) + "]" +
                             (bound.most == max_host_threads ? " (the most host threads Kokkos' OpenMP backend holds)"
@@ -92,8 +99,9 @@ void check_kokkos_arguments(int argc, char* argv[]) {
     }
   }
   // OpenMP's list form ("8,4": nested levels) starts with the outer count.
+  // An empty OMP_NUM_THREADS is OpenMP's default; Kokkos refuses an empty KOKKOS_NUM_THREADS.
   for (const char* variable : {"OMP_NUM_THREADS", "KOKKOS_NUM_THREADS"})
-    if (const char* threads = std::getenv(variable); threads && *threads) {
+    if (const char* threads = std::getenv(variable); threads && (*threads || variable[0] == 'K')) {
       const std::string text = threads, outer = text.substr(0, text.find(','));
       if (!integer_in(outer, 1, max_host_threads))
         throw RuntimeError(std::string(variable) + " must be an integer in [1, " + std::to_string(max_host_threads) +

@@ -198,14 +198,14 @@ void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& co
   std::error_code error;
   std::filesystem::create_directories(folder, error);
   if (error) throw CheckpointError(folder + ": cannot create the folder (" + error.message() + ")");
-  std::ofstream config_file(config_path, std::ios::binary | std::ios::trunc);
-  if (!config_file) throw CheckpointError(config_path.string() + ": cannot create the file");
-  if (!(config_file << hf_config_json(config, format)) || !config_file.flush())
-    throw CheckpointError(config_path.string() + ": write failed");
-  std::map<std::string, TensorToWrite> tensors;
-  for (const TensorSpec& spec : weight_specs(config))
-    tensors[spec.name] = TensorToWrite{dtype, spec.shape, synthetic_tensor<float>(spec, seed)};
   try {
+    std::ofstream config_file(config_path, std::ios::binary | std::ios::trunc);
+    if (!config_file) throw CheckpointError(config_path.string() + ": cannot create the file");
+    if (!(config_file << hf_config_json(config, format)) || !config_file.flush())
+      throw CheckpointError(config_path.string() + ": write failed");
+    std::map<std::string, TensorToWrite> tensors;
+    for (const TensorSpec& spec : weight_specs(config))
+      tensors[spec.name] = TensorToWrite{dtype, spec.shape, synthetic_tensor<float>(spec, seed)};
     write_safetensors(weights_path.string(), tensors);
   } catch (...) {
     std::error_code ignored;  // no half checkpoint, which a second try would take for one

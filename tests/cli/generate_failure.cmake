@@ -44,6 +44,20 @@ if(NOT status EQUAL 1 OR NOT before STREQUAL after OR EXISTS ${FOLDER}/foreign.h
    NOT err MATCHES "generate: --logits .*/foreign.h5 is not a logits file of writescope generate \\(format 'none'\\); name another file")
   message(FATAL_ERROR "status ${status}, foreign file changed: ${before} -> ${after}; stderr:\n${err}")
 endif()
+
+# Nor does a file whose root holds only another program's attribute.
+execute_process(COMMAND ${PYTHON} -c "
+import sys, h5py
+with h5py.File(sys.argv[1], 'w') as f:
+    f.attrs['foo'] = 1
+" ${FOLDER}/attributes.h5 RESULT_VARIABLE status ERROR_VARIABLE err)
+file(SHA256 ${FOLDER}/attributes.h5 before)
+execute_process(COMMAND ${COMMAND} generate --model tiny-mixtral --prompt 1 --new-tokens 2 --logits ${FOLDER}/attributes.h5
+  RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+file(SHA256 ${FOLDER}/attributes.h5 after)
+if(NOT status EQUAL 1 OR NOT before STREQUAL after OR NOT err MATCHES "attributes.h5 is not a logits file")
+  message(FATAL_ERROR "status ${status}, attribute-only file changed: ${before} -> ${after}; stderr:\n${err}")
+endif()
 file(REMOVE_RECURSE "${FOLDER}")
 
 # A model that cannot be built ran no step: the --logits file it would have

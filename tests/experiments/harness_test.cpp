@@ -116,6 +116,8 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
                       "65536), got 268435457"),
             std::string::npos)
       << error_of(large_batch);
+  EXPECT_NE(error_of(base + "systems: [gpu-only]\nrepetitions: 1001\n").find("field 'repetitions': must be in [1, 1000]"),
+            std::string::npos);
   EXPECT_NE(error_of(base + "systems: [gpu-only]\nsteps: {warmup: 1048577}\n").find("field 'steps.warmup': must be in [0, 1048576]"),
             std::string::npos);
   EXPECT_EQ(error_of(replaced(base, "pinned: 1GiB", "pinned: 0")), "no error");  // no page-locked memory at all

@@ -136,6 +136,16 @@ TEST(Config, ADuplicateKeyIsAnErrorNotFirstValueWins) {
   EXPECT_EQ(ConfigNode::parse("a: {x: 1}\nb: {x: 2}\n", "ok.yaml").child("b").get<int>("x"), 2);
 }
 
+// YAML::Load would read the first document and drop the rest: a second
+// document (a pasted config, a forgotten edit after ---) is an error.
+TEST(Config, ASecondDocumentIsAnErrorNotDropped) {
+  const auto two = expect_config_error([] { ConfigNode::parse("seed: 1\n---\nseed: 9\n", "two.yaml"); });
+  EXPECT_EQ(two.reason(), "holds 2 YAML documents (separated by ---); a config is one");
+  EXPECT_EQ(ConfigNode::parse("---\nseed: 1\n", "one.yaml").get<int>("seed"), 1);
+  const auto empty = expect_config_error([] { ConfigNode::parse("", "empty.yaml"); });
+  EXPECT_NE(empty.reason().find("expected a mapping at the top level"), std::string::npos) << empty.reason();
+}
+
 TEST(Config, NumbersOutsideTheirTypesRangeAreErrors) {
   const auto config = ConfigNode::parse("layers: 4294967297\nbig: 1e400\nnan: .nan\nfine: 2147483647\n", "c.yaml");
   EXPECT_EQ(expect_config_error([&] { config.get<int>("layers"); }).reason(),
