@@ -573,9 +573,12 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
     const ResultsReader existing(output);
     const bool projection = existing.has_attribute("/", "predicted") && existing.int_attribute("/", "predicted") == 1;
     // A file that holds nothing is a projection stopped before its commit.
+    const bool measured = existing.has_attribute("/", "format") && existing.has_attribute("/", "config") && !projection;
     if (!projection && !existing.holds_nothing())
       throw std::invalid_argument("predict: " + output +
-                                  " holds measured runs; a projection never overwrites them (give another --output)");
+                                  (measured ? " holds measured runs; a projection never overwrites them"
+                                            : " is not a projection's results file; a projection overwrites only one") +
+                                  " (give another --output)");
   }
   for (std::size_t p = 0; p < profiles.size(); ++p)
     for (std::size_t q = 0; q < p; ++q)

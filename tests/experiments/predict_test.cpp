@@ -387,8 +387,22 @@ TEST_F(PredictFileTest, NeverOverwritesMeasuredRunsAndComparesOnlyMeasuredOnes) 
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("holds predicted runs"), std::string::npos) << e.what();
   }
-  // An HDF5 file that no experiment wrote is named as such.
+  // An HDF5 file that no experiment wrote is named as such, and no projection goes into it.
   {
+    const std::string foreign = (dir_ / "foreign.h5").string();
+    {
+      ResultsStore store(foreign);
+      auto txn = store.begin();
+      txn.root().set_attribute("owner", "another program");
+      txn.commit();
+    }
+    try {
+      predict_experiment(small, {round_profile()}, foreign, progress);
+      FAIL() << "a projection went into another program's file";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("foreign.h5 is not a projection's results file"), std::string::npos)
+          << e.what();
+    }
     const std::string empty = (dir_ / "empty.h5").string();
     ResultsStore{empty};
     try {
