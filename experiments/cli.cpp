@@ -618,8 +618,13 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
 
 int predict_command(const std::vector<std::string>& args, std::ostream& out) {
   const bool compare = !args.empty() && args.front() == "--compare";
-  if (args.empty() || (args.front().rfind("--", 0) == 0 && !compare))
-    throw UsageError("predict: give an experiment config, or --compare FILE.h5");
+  if (args.empty()) throw UsageError("predict: give an experiment config, or --compare FILE.h5");
+  if (args.front().rfind("--", 0) == 0 && !compare)
+    throw UsageError("predict: the experiment config comes first (predict CONFIG.yaml --profile ...), or --compare "
+                     "FILE.h5, got '" + args.front() + "'");
+  if (std::count(args.begin(), args.end(), "--compare") > (compare ? 1 : 0))
+    throw UsageError(compare ? "predict: --compare given twice; compare one file at a time"
+                             : "predict: --compare takes no experiment config; give predict --compare FILE.h5");
   std::vector<std::string> rest(args.begin() + 1, args.end());
   std::optional<MachineProfile> cpu;
   if (compare) {
@@ -665,6 +670,7 @@ int merge_command(const std::vector<std::string>& args, std::ostream& out) {
     if (arg == "--allow-different-machine") merge.allow_different_machine = true;
     else if (arg == "--allow-missing") merge.allow_missing = true;
     else if (arg.rfind("--", 0) == 0) throw UsageError("merge: unknown option '" + arg + "'");
+    else if (std::count(files.begin(), files.end(), arg)) throw UsageError("merge: " + arg + " given twice");
     else files.push_back(arg);
   }
   if (files.size() < 2) throw UsageError("merge: give the output file and at least one input file");

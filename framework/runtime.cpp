@@ -73,6 +73,7 @@ void check_kokkos_arguments(int argc, char* argv[]) {
       {"--threads", "--kokkos-threads"},         {"--numa", "--kokkos-numa"},
       {"--device-id", "--kokkos-device-id"},     {"--device", "--kokkos-device"},
       {"--num-devices", "--kokkos-num-devices"}, {"--ndevices", "--kokkos-num-devices"}};
+  std::vector<std::string> given;  // Kokkos takes a repeated argument's last value, silently
   for (int i = 1; i < argc; ++i) {
     const std::string argument = argv[i];
     for (const auto& [old_name, name] : unprefixed)
@@ -82,6 +83,8 @@ void check_kokkos_arguments(int argc, char* argv[]) {
     for (const Bound& bound : bounds) {
       const std::string name = bound.name;
       if (argument != name && argument.rfind(name + "=", 0) != 0) continue;
+      if (std::count(given.begin(), given.end(), name)) throw ArgumentError(name + " given twice; give it once");
+      given.push_back(name);
       std::string value = argument.size() > name.size() ? argument.substr(name.size() + 1) : "";
       // The device counts may name a device to skip: N,K.
       const bool devices = name.find("devices") != std::string::npos;
