@@ -687,10 +687,9 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
   if (args.size() != 1) throw UsageError("verify: give one results file");
   const std::string& file = args.front();
   const ResultsReader reader(file);
-  for (const char* attribute : {"format", "config", "machine"})
-    if (!reader.has_attribute("/", attribute))
-      throw std::runtime_error(file + ": not an experiment's results file (no '" + std::string(attribute) +
-                               "' attribute); verify checks files that `writescope run` wrote");
+  if (const std::string missing = missing_experiment_attribute(reader); !missing.empty())
+    throw std::runtime_error(file + ": not an experiment's results file (no '" + missing +
+                             "' attribute); verify checks files that `writescope run` wrote");
   const std::vector<std::string> runs = reader.exists("/runs") ? reader.list("/runs") : std::vector<std::string>{};
   int damaged = 0, unverified = 0;
   for (const std::string& run : runs) {

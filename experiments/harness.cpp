@@ -43,6 +43,13 @@ namespace {
 /// The schema a results file's root attribute `format` names (analysis/README.md).
 constexpr char results_format[] = "writescope-results-1";
 
+/// ", " between the entries of `items`.
+std::string joined(const std::vector<std::string>& items) {
+  std::string text;
+  for (const std::string& item : items) text += (text.empty() ? "" : ", ") + item;
+  return text;
+}
+
 /// "32GiB", "256MiB", or the exact byte count: run ids must not round.
 std::string exact_size(std::uint64_t bytes) {
   for (const auto& [size, name] : {std::pair{1ull << 30, "GiB"}, std::pair{1ull << 20, "MiB"}, std::pair{1ull << 10, "KiB"}})
@@ -164,11 +171,8 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
   c.systems = root.get_list<std::string>("systems");
   for (const std::string& system : c.systems) {
     const auto& known = system_names();
-    if (std::find(known.begin(), known.end(), system) == known.end()) {
-      std::string names;
-      for (const std::string& n : known) names += (names.empty() ? "" : ", ") + n;
-      root.fail("systems", "unknown system '" + system + "' (known: " + names + ")");
-    }
+    if (std::find(known.begin(), known.end(), system) == known.end())
+      root.fail("systems", "unknown system '" + system + "' (known: " + joined(known) + ")");
   }
   refuse_repeats(root, "systems", c.systems, [](const std::string& system) { return "'" + system + "'"; });
   c.batch_sizes = positive_list<int>(root, "batch_sizes");
@@ -265,11 +269,8 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
       const std::string choice = options->get<std::string>("writescope_experts");
       const auto& known = expert_policy_names();
       c.auto_writescope_experts = choice == "auto";
-      if (!c.auto_writescope_experts && std::find(known.begin(), known.end(), choice) == known.end()) {
-        std::string names = "auto";
-        for (const std::string& n : known) names += ", " + n;
-        options->fail("writescope_experts", "must be one of " + names + ", got '" + choice + "'");
-      }
+      if (!c.auto_writescope_experts && std::find(known.begin(), known.end(), choice) == known.end())
+        options->fail("writescope_experts", "must be one of auto, " + joined(known) + ", got '" + choice + "'");
       if (!c.auto_writescope_experts) o.writescope_experts = choice;
     }
   }
@@ -910,13 +911,6 @@ std::string recorded_experiment(const ResultsReader& reader) {
   return reader.string_attribute("/", reader.has_attribute("/", "config_canonical") ? "config_canonical" : "config");
 }
 
-/// ", " between the entries of `items`.
-std::string joined(const std::vector<std::string>& items) {
-  std::string text;
-  for (const std::string& item : items) text += (text.empty() ? "" : ", ") + item;
-  return text;
-}
-
 /// Resuming mixes runs into a file only of the same experiment (comments,
 /// layout, `output` and `profile` aside), machine profile and machine setup; with
 /// allow_different_machine another setup is recorded beside the first
@@ -983,6 +977,12 @@ std::string run_damage(const ResultsReader& reader, const std::string& group) {
   } catch (const ResultsError& e) {
     return std::string("unreadable (") + e.what() + ")";
   }
+}
+
+std::string missing_experiment_attribute(const ResultsReader& reader) {
+  for (const char* attribute : {"format", "config", "machine"})
+    if (!reader.has_attribute("/", attribute)) return attribute;
+  return "";
 }
 
 std::vector<std::string> attention_choice_mismatches(const MachineProfile& profile, const AttentionShape& shape) {

@@ -165,4 +165,8 @@ class ResultsReader;
 /// checksum does not match its contents, or it does not read); "" if it can.
 std::string run_damage(const ResultsReader& reader, const std::string& group);
 
+/// The root attribute an experiment's results file (what `writescope run`
+/// writes) has and the file `reader` reads lacks, or "" when it has them all.
+std::string missing_experiment_attribute(const ResultsReader& reader);
+
 }  // namespace writescope

@@ -573,7 +573,7 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
     const ResultsReader existing(output);
     const bool projection = existing.has_attribute("/", "predicted") && existing.int_attribute("/", "predicted") == 1;
     // A file that holds nothing is a projection stopped before its commit.
-    const bool measured = existing.has_attribute("/", "format") && existing.has_attribute("/", "config") && !projection;
+    const bool measured = !projection && missing_experiment_attribute(existing).empty();
     if (!projection && !existing.holds_nothing())
       throw std::invalid_argument("predict: " + output +
                                   (measured ? " holds measured runs; a projection never overwrites them"
@@ -602,10 +602,9 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
 
 PredictionComparison compare_predictions(const std::string& results_file, const MachineProfile* cpu_from) {
   const ResultsReader reader(results_file);
-  for (const char* attribute : {"format", "config"})
-    if (!reader.has_attribute("/", attribute))
-      throw std::invalid_argument("predict --compare: " + results_file + " is not an experiment's results file (no '" +
-                                  attribute + "' attribute); it compares files that `writescope run` wrote");
+  if (const std::string missing = missing_experiment_attribute(reader); !missing.empty())
+    throw std::invalid_argument("predict --compare: " + results_file + " is not an experiment's results file (no '" +
+                                missing + "' attribute); it compares files that `writescope run` wrote");
   if (reader.has_attribute("/", "predicted") && reader.int_attribute("/", "predicted") == 1)
     throw std::invalid_argument("predict --compare: " + results_file +
                                 " holds predicted runs; compare predictions with a file of measured runs");
