@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <ostream>
 #include <random>
@@ -80,12 +81,8 @@ ModelSpec parse_model(const ConfigNode& node) {
     node.fail("preset", e.what());
   }
   if (node.has("layers")) {
-    const int layers = node.get<int>("layers");
     // Never past the preset's: a model's KV bytes a token stay the preset's at most.
-    if (layers < 1 || layers > spec.config.layers)
-      node.fail("layers", "must be in [1, " + std::to_string(spec.config.layers) + "] (the preset's layers), got " +
-                              std::to_string(layers));
-    spec.overrides.layers = layers;
+    spec.overrides.layers = static_cast<int>(node.get_integer("layers", 1, spec.config.layers, "the preset's layers"));
   }
   spec.overrides.hidden_scale = node.get_or<double>("hidden_scale", 1.0);
   if (!(spec.overrides.hidden_scale > 0 && spec.overrides.hidden_scale <= 1))
@@ -137,15 +134,6 @@ void refuse_repeats(const ConfigNode& node, const std::string& key, const std::v
                            name(values[i]));
 }
 
-template <class T>
-std::vector<T> positive_list(const ConfigNode& root, const std::string& key) {
-  const std::vector<T> values = root.get_list<T>(key);
-  for (T v : values)
-    if (v <= 0) root.fail(key, "every entry must be positive, got " + std::to_string(v));
-  refuse_repeats(root, key, values, [](T v) { return std::to_string(v); });
-  return values;
-}
-
 }  // namespace
 
 ExperimentConfig ExperimentConfig::load(const std::string& path) {
@@ -175,21 +163,19 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
       root.fail("systems", "unknown system '" + system + "' (known: " + joined(known) + ")");
   }
   refuse_repeats(root, "systems", c.systems, [](const std::string& system) { return "'" + system + "'"; });
-  c.batch_sizes = positive_list<int>(root, "batch_sizes");
-  c.contexts = positive_list<std::int64_t>(root, "contexts");
   // Far past any machine's memory, and short of overflowing a batch's
   // tokens x bytes a token (at most 2^17, Mixtral's: models never have more
   // layers than their preset) in the budgets' arithmetic.
   constexpr std::int64_t most_tokens = std::int64_t{1} << 40, most_batch_tokens = std::int64_t{1} << 44;
   constexpr int most_batch = 1 << 16, most_steps = 1 << 20;
-  for (int batch : c.batch_sizes)
-    if (batch > most_batch) root.fail("batch_sizes", "entries must be at most " + std::to_string(most_batch) +
-                                                         ", got " + std::to_string(batch));
-  for (std::int64_t context : c.contexts)
-    if (context > most_tokens) root.fail("contexts", "entries must be at most " + std::to_string(most_tokens) +
-                                                          " tokens, got " + std::to_string(context));
-  c.max_total_tokens = root.get_or<std::int64_t>("max_total_tokens", 0);
-  if (c.max_total_tokens < 0) root.fail("max_total_tokens", "must not be negative");
+  constexpr std::int64_t most_int = std::numeric_limits<int>::max();
+  for (std::int64_t batch : root.get_integer_list("batch_sizes", 1, most_batch))
+    c.batch_sizes.push_back(static_cast<int>(batch));
+  refuse_repeats(root, "batch_sizes", c.batch_sizes, [](int batch) { return std::to_string(batch); });
+  c.contexts = root.get_integer_list("contexts", 1, most_tokens);
+  refuse_repeats(root, "contexts", c.contexts, [](std::int64_t context) { return std::to_string(context); });
+  c.max_total_tokens =
+      root.get_integer_or("max_total_tokens", 0, 0, std::numeric_limits<std::int64_t>::max(), "0: no limit");
   if (c.max_total_tokens > 0) {
     const std::int64_t fewest = std::int64_t{*std::min_element(c.batch_sizes.begin(), c.batch_sizes.end())} *
                                 *std::min_element(c.contexts.begin(), c.contexts.end());
@@ -219,14 +205,9 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
                                format_byte_size(c.host_budget) + ")");
   if (const auto steps = root.optional_child("steps")) {
     steps->allow_only({"warmup", "measured", "profile_tokens"});
-    c.warmup_steps = steps->get_or<int>("warmup", c.warmup_steps);
-    c.measured_steps = steps->get_or<int>("measured", c.measured_steps);
-    c.profile_tokens = steps->get_or<int>("profile_tokens", c.profile_tokens);
-    if (c.warmup_steps < 0 || c.warmup_steps > most_steps)
-      steps->fail("warmup", "must be in [0, " + std::to_string(most_steps) + "]");
-    if (c.measured_steps < 1 || c.measured_steps > most_steps)
-      steps->fail("measured", "must be in [1, " + std::to_string(most_steps) + "]");
-    if (c.profile_tokens < 1) steps->fail("profile_tokens", "must be at least 1");
+    c.warmup_steps = static_cast<int>(steps->get_integer_or("warmup", c.warmup_steps, 0, most_steps));
+    c.measured_steps = static_cast<int>(steps->get_integer_or("measured", c.measured_steps, 1, most_steps));
+    c.profile_tokens = static_cast<int>(steps->get_integer_or("profile_tokens", c.profile_tokens, 1, most_int));
   }
   const std::int64_t longest =
       *std::max_element(c.contexts.begin(), c.contexts.end()) + c.warmup_steps + c.measured_steps;
@@ -236,21 +217,18 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
     root.fail("max_sequence_tokens",
               "is required: the longest sequence the systems plan for (a server's configured maximum, at least " +
                   std::to_string(longest) + " tokens here)");
-  c.max_sequence_tokens = root.get_or<std::int64_t>("max_sequence_tokens", longest);
-  if (c.max_sequence_tokens < longest)
-    root.fail("max_sequence_tokens", "must hold the longest context plus the warm-up and measured steps (" +
-                                         std::to_string(longest) + " tokens), got " +
-                                         std::to_string(c.max_sequence_tokens));
   const int largest_batch = *std::max_element(c.batch_sizes.begin(), c.batch_sizes.end());
-  if (c.max_sequence_tokens > most_batch_tokens / largest_batch)
-    root.fail("max_sequence_tokens", "must be at most " + std::to_string(most_batch_tokens / largest_batch) +
-                                         " tokens (2^44 over the largest batch, " + std::to_string(largest_batch) +
-                                         "), got " + std::to_string(c.max_sequence_tokens));
-  c.repetitions = root.get_or<int>("repetitions", 1);
-  if (c.repetitions < 1 || c.repetitions > 1000) root.fail("repetitions", "must be in [1, 1000]");
+  if (longest > most_batch_tokens / largest_batch)
+    root.fail("contexts", "the longest context plus the warm-up and measured steps (" + std::to_string(longest) +
+                              " tokens) times the largest batch (" + std::to_string(largest_batch) +
+                              ") must be at most 2^44 tokens");
+  c.max_sequence_tokens = root.get_integer_or(
+      "max_sequence_tokens", longest, longest, most_batch_tokens / largest_batch,
+      "from the longest context plus the warm-up and measured steps to 2^44 tokens over the largest batch, " +
+          std::to_string(largest_batch));
+  c.repetitions = static_cast<int>(root.get_integer_or("repetitions", 1, 1, 1000));
   c.seed = root.get_or<std::uint64_t>("seed", 1);
-  c.block_tokens = root.get_or<int>("block_tokens", 64);
-  if (c.block_tokens < 1 || c.block_tokens > 4096) root.fail("block_tokens", "must be in [1, 4096]");
+  c.block_tokens = static_cast<int>(root.get_integer_or("block_tokens", 64, 1, 4096));
   for (const ModelSpec& model : c.models)
     if (const std::string error = gpu_decode_block_tokens_error(model.config.attention(), c.block_tokens);
         !error.empty())
@@ -263,8 +241,7 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
     if (!(o.expert_vram_share >= 0 && o.expert_vram_share <= 1)) options->fail("expert_vram_share", "must be in [0, 1]");
     o.score_decay = options->get_or<double>("score_decay", o.score_decay);
     if (!(o.score_decay >= 0 && o.score_decay < 1)) options->fail("score_decay", "must be in [0, 1)");
-    o.prefetch_experts = options->get_or<int>("prefetch_experts", 0);
-    if (o.prefetch_experts < 0) options->fail("prefetch_experts", "must not be negative");
+    o.prefetch_experts = static_cast<int>(options->get_integer_or("prefetch_experts", 0, 0, most_int));
     if (options->has("writescope_experts")) {
       const std::string choice = options->get<std::string>("writescope_experts");
       const auto& known = expert_policy_names();

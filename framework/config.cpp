@@ -23,16 +23,20 @@ constexpr const char* type_name() {
   else return "an integer";
 }
 
+/// Whether `node` is written as a decimal integer, whatever its size.
+bool integer_text(const YAML::Node& node) {
+  const std::string s = node.IsScalar() ? node.Scalar() : std::string();
+  const std::size_t sign = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
+  return s.size() > sign && std::all_of(s.begin() + sign, s.end(), [](unsigned char c) { return std::isdigit(c); });
+}
+
 /// What `node` should have been: "an integer in [-2147483648, 2147483647]"
 /// when it is an integer out of T's range, else T's kind.
 template <class T>
 std::string expected_value(const YAML::Node& node) {
   std::string text = type_name<T>();
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    const std::string s = node.IsScalar() ? node.Scalar() : std::string();
-    const std::size_t sign = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
-    const bool integer = s.size() > sign && std::all_of(s.begin() + sign, s.end(), [](unsigned char c) { return std::isdigit(c); });
-    if (integer && !(std::is_unsigned_v<T> && s[0] == '-'))
+    if (integer_text(node) && !(std::is_unsigned_v<T> && node.Scalar()[0] == '-'))
       text += " in [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
               std::to_string(std::numeric_limits<T>::max()) + "]";
   }
@@ -247,6 +251,34 @@ template <class T>
 std::vector<T> ConfigNode::get_list(const std::string& key) const {
   std::vector<T> out;
   for (const ConfigNode& element : elements(key)) out.push_back(element.as<T>());
+  return out;
+}
+
+std::int64_t ConfigNode::as_integer(std::int64_t least, std::int64_t most, const std::string& range_note) const {
+  const std::string range =
+      "[" + std::to_string(least) + ", " + std::to_string(most) + "]" + (range_note.empty() ? "" : " (" + range_note + ")");
+  long long value = 0;
+  if (!node_.IsScalar() || !YAML::convert<long long>::decode(node_, value))
+    fail((integer_text(node_) ? "must be in " : "expected an integer in ") + range + ", got " + describe(node_));
+  if (value < least || value > most) fail("must be in " + range + ", got " + std::to_string(value));
+  return value;
+}
+
+std::int64_t ConfigNode::get_integer(const std::string& key, std::int64_t least, std::int64_t most,
+                                     const std::string& range_note) const {
+  return child(key).as_integer(least, most, range_note);
+}
+
+std::int64_t ConfigNode::get_integer_or(const std::string& key, std::int64_t fallback, std::int64_t least,
+                                        std::int64_t most, const std::string& range_note) const {
+  if (!has(key) || node_[key].IsNull()) return fallback;
+  return get_integer(key, least, most, range_note);
+}
+
+std::vector<std::int64_t> ConfigNode::get_integer_list(const std::string& key, std::int64_t least,
+                                                       std::int64_t most) const {
+  std::vector<std::int64_t> out;
+  for (const ConfigNode& element : elements(key)) out.push_back(element.as_integer(least, most));
   return out;
 }
 

@@ -75,6 +75,18 @@ class ConfigNode {
   template <class T>
   T as() const;
 
+  /// Required integer child in [least, most]; `range_note` (e.g. "the
+  /// preset's layers") follows the range in the error. Any number outside,
+  /// even one past every integer type's range, is refused with this range.
+  std::int64_t get_integer(const std::string& key, std::int64_t least, std::int64_t most,
+                           const std::string& range_note = {}) const;
+  std::int64_t get_integer_or(const std::string& key, std::int64_t fallback, std::int64_t least, std::int64_t most,
+                              const std::string& range_note = {}) const;
+  /// Required non-empty sequence of integers, each in [least, most].
+  std::vector<std::int64_t> get_integer_list(const std::string& key, std::int64_t least, std::int64_t most) const;
+  /// This node itself as an integer in [least, most].
+  std::int64_t as_integer(std::int64_t least, std::int64_t most, const std::string& range_note = {}) const;
+
   /// Required string with a character other than whitespace (a name, a path).
   std::string get_text(const std::string& key) const;
   /// Required string that must be one of `choices`.

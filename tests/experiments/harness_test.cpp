@@ -96,15 +96,19 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
            {"name: x", "name: ''", "field 'name': must not be empty"},
            {"output: x.h5", "output: ' '", "field 'output': must not be empty"},
            {"profile: p", "profile: ''", "field 'profile': must not be empty"},
-           {"contexts: [8]", "contexts: [9223372036854775807]",
-            "field 'contexts': entries must be at most 1099511627776 tokens, got 9223372036854775807"},
-           {"batch_sizes: [1]", "batch_sizes: [65537]", "field 'batch_sizes': entries must be at most 65536, got 65537"},
+           {"contexts: [8]", "contexts: [8, 9223372036854775807]",
+            "field 'contexts[1]': must be in [1, 1099511627776], got 9223372036854775807"},
+           {"contexts: [8]", "contexts: [99999999999999999999]",
+            "field 'contexts[0]': must be in [1, 1099511627776], got '99999999999999999999'"},
+           {"batch_sizes: [1]", "batch_sizes: [65537]", "field 'batch_sizes[0]': must be in [1, 65536], got 65537"},
            {"max_sequence_tokens: 64", "max_sequence_tokens: 9223372036854775807",
-            "field 'max_sequence_tokens': must be at most 17592186044416 tokens (2^44 over the largest batch, 1), got "
-            "9223372036854775807"},
+            "17592186044416] (from the longest context plus the warm-up and measured steps to 2^44 tokens over the "
+            "largest batch, 1), got 9223372036854775807"},
            {"vram: 1GiB", "vram: 0", "field 'budgets.vram': must be a positive byte size"},
            {"{preset: tiny-mixtral}", "{preset: tiny-mixtral, layers: 3}",
             "field 'models[0].layers': must be in [1, 2] (the preset's layers), got 3"},
+           {"{preset: tiny-mixtral}", "{preset: tiny-mixtral, layers: 4294967297}",
+            "field 'models[0].layers': must be in [1, 2] (the preset's layers), got 4294967297"},
            {"host: 1GiB", "host: 0", "field 'budgets.host': must be a positive byte size"}}) {
     const std::string bad = replaced(base, from, to);
     EXPECT_NE(error_of(bad).find(message), std::string::npos) << error_of(bad);
@@ -112,8 +116,8 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
   std::string large_batch = replaced(base, "max_sequence_tokens: 64", "max_sequence_tokens: 268435457");
   large_batch.replace(large_batch.find("batch_sizes: [1]"), 16, "batch_sizes: [1, 65536]");
   EXPECT_NE(error_of(large_batch)
-                .find("field 'max_sequence_tokens': must be at most 268435456 tokens (2^44 over the largest batch, "
-                      "65536), got 268435457"),
+                .find("268435456] (from the longest context plus the warm-up and measured steps to 2^44 tokens "
+                      "over the largest batch, 65536), got 268435457"),
             std::string::npos)
       << error_of(large_batch);
   EXPECT_NE(error_of(base + "systems: [gpu-only]\nrepetitions: 1001\n").find("field 'repetitions': must be in [1, 1000]"),
@@ -129,10 +133,22 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
   EXPECT_EQ(error_of(base + "systems: [gpu-only]\nmax_total_tokens: 8\n"), "no error");
   EXPECT_NE(error_of(base + "systems: [fiddler]\nsteps: {profile_tokens: 0}\n").find("profile_tokens"),
             std::string::npos);
+  const std::string past_int = base + "systems: [gpu-only]\nsteps: {measured: 99999999999}\n";
+  EXPECT_NE(error_of(past_int).find("field 'steps.measured': must be in [1, 1048576], got 99999999999"),
+            std::string::npos)
+      << error_of(past_int);
+  // The batch's tokens bound the longest sequence before max_sequence_tokens can.
+  std::string huge_batch = replaced(base, "contexts: [8]", "contexts: [1073741824]");
+  huge_batch.replace(huge_batch.find("batch_sizes: [1]"), 16, "batch_sizes: [65536]");
+  EXPECT_NE(error_of(huge_batch).find("field 'contexts': the longest context plus the warm-up and measured steps "
+                                      "(1073741834 tokens) times the largest batch (65536) must be at most 2^44 tokens"),
+            std::string::npos)
+      << error_of(huge_batch);
   const std::string short_maximum =
       replaced(base, "max_sequence_tokens: 64", "max_sequence_tokens: 12") + "steps: {warmup: 2, measured: 3}\n";
   EXPECT_NE(error_of(short_maximum)
-                .find("must hold the longest context plus the warm-up and measured steps (13 tokens), got 12"),
+                .find("field 'max_sequence_tokens': must be in [13, 17592186044416] (from the longest context plus "
+                      "the warm-up and measured steps"),
             std::string::npos)
       << error_of(short_maximum);
   // Never the runs' final length by default: a server states its maximum.

@@ -156,6 +156,29 @@ TEST(Config, NumbersOutsideTheirTypesRangeAreErrors) {
   EXPECT_EQ(config.get<int>("fine"), 2147483647);
 }
 
+// A field's own range, not its C++ type's, whatever the number's size.
+TEST(Config, BoundedIntegersNameTheFieldsRange) {
+  const auto config = ConfigNode::parse(
+      "steps: 12\nlow: 0\nhigh: 4294967297\nhuge: 99999999999999999999\nword: many\nfraction: 2.5\n"
+      "list: [1, 2, 70000]\n",
+      "c.yaml");
+  EXPECT_EQ(config.get_integer("steps", 1, 12), 12);
+  EXPECT_EQ(config.get_integer_or("absent", 7, 1, 4), 7);
+  EXPECT_EQ(expect_config_error([&] { config.get_integer("low", 1, 12); }).reason(), "must be in [1, 12], got 0");
+  EXPECT_EQ(expect_config_error([&] { config.get_integer("high", 1, 12, "the preset's layers"); }).reason(),
+            "must be in [1, 12] (the preset's layers), got 4294967297");
+  EXPECT_EQ(expect_config_error([&] { config.get_integer_or("huge", 1, 1, 12); }).reason(),
+            "must be in [1, 12], got '99999999999999999999'");
+  EXPECT_EQ(expect_config_error([&] { config.get_integer("word", 1, 12); }).reason(),
+            "expected an integer in [1, 12], got 'many'");
+  EXPECT_EQ(expect_config_error([&] { config.get_integer("fraction", 1, 12); }).reason(),
+            "expected an integer in [1, 12], got '2.5'");
+  EXPECT_EQ(config.get_integer_list("list", 1, 70000), (std::vector<std::int64_t>{1, 2, 70000}));
+  const auto e = expect_config_error([&] { config.get_integer_list("list", 1, 65536); });
+  EXPECT_EQ(e.field(), "list[2]");
+  EXPECT_EQ(e.reason(), "must be in [1, 65536], got 70000");
+}
+
 TEST(Config, AFolderIsNotAConfigFile) {
   const auto e = expect_config_error([] { ConfigNode::load_file(::testing::TempDir()); });
   EXPECT_EQ(e.reason(), "is a directory, not a config file");
