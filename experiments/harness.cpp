@@ -12,6 +12,7 @@
 #include <iomanip>
 #include <limits>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <sstream>
@@ -404,7 +405,8 @@ namespace {
 
 /// A bar on a terminal; otherwise a line at each run's start and end, and
 /// within a run, at most every `line_seconds`, its phase (logs of long runs
-/// under a batch system show them moving).
+/// under a batch system show them moving). The ETA is the experiment's once a
+/// run has finished; during the first run's decode steps, that run's own.
 class Progress {
  public:
   using Clock = std::chrono::steady_clock;
@@ -413,6 +415,7 @@ class Progress {
 
   void start_run(std::size_t index, const RunSpec& run) {
     index_ = index;
+    run_seconds_left_.reset();
     run_start_ = last_line_ = Clock::now();
     label_ = run.model->preset + " " + run.system + (run.expert_policy.empty() ? "" : "[" + run.expert_policy + "]") +
              " b" + std::to_string(run.batch) + " " +
@@ -420,7 +423,9 @@ class Progress {
     if (!tty_) out_ << "run " << index + 1 << "/" << runs_ << ": " << label_ << eta() << std::endl;
     draw("");
   }
-  void step(const std::string& phase) {
+  /// `run_seconds_left`: the current run's estimate of its own time left, if it has one.
+  void step(const std::string& phase, std::optional<double> run_seconds_left = std::nullopt) {
+    run_seconds_left_ = run_seconds_left;
     if (tty_) {
       draw(phase);
     } else if (const auto now = Clock::now(); std::chrono::duration<double>(now - last_line_).count() >= line_seconds_) {
@@ -438,7 +443,8 @@ class Progress {
  private:
   /// The runs left at the mean run's time, less what the current run has taken.
   std::string eta() const {
-    if (measured_ == 0) return "";
+    if (measured_ == 0)
+      return run_seconds_left_ ? " (ETA of this run " + format_duration(*run_seconds_left_) + ")" : "";
     const double per_run = elapsed_ / measured_;
     const double in_run = std::chrono::duration<double>(Clock::now() - run_start_).count();
     return " (ETA " + format_duration(std::max(0.0, per_run * static_cast<double>(runs_ - index_) - in_run)) + ")";
@@ -455,6 +461,7 @@ class Progress {
   bool tty_;
   std::size_t runs_, index_ = 0, measured_ = 0;
   double line_seconds_, elapsed_ = 0;
+  std::optional<double> run_seconds_left_;
   Clock::time_point run_start_, last_line_;
   std::string label_;
 };
@@ -714,12 +721,18 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
   result.cpu_attention_gbps = rates.cpu_attention_gbps;
   result.cpu_streamed_attention_gbps = rates.cpu_streamed_attention_gbps;
   const int steps = config.warmup_steps + config.measured_steps;
+  const auto steps_begin = std::chrono::steady_clock::now();
   for (int step = 0; step < steps; ++step) {
     const bool measured = step >= config.warmup_steps;
     if (step == config.warmup_steps && !profiles) model.end_warmup();
+    std::optional<double> seconds_left;  // the steps left at the mean step's time so far
+    if (step > 0)
+      seconds_left = std::chrono::duration<double>(std::chrono::steady_clock::now() - steps_begin).count() / step *
+                     (steps - step);
     progress.step((measured ? "step " + std::to_string(step - config.warmup_steps + 1) + "/" +
                                   std::to_string(config.measured_steps)
-                            : "warm-up"));
+                            : "warm-up"),
+                  seconds_left);
     const auto begin = std::chrono::steady_clock::now();
     const auto logits = model.step(sequences, tokens);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();

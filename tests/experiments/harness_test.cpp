@@ -510,8 +510,8 @@ TEST_F(HarnessTest, AnotherProgramsFileIsNotTakenOver) {
 }
 
 // Off a terminal (a batch system's log) a run's phases show as plain lines,
-// at most one per progress_line_seconds, with the time left once a run has
-// finished.
+// at most one per progress_line_seconds, with the time left: the
+// experiment's once a run has finished, the first run's own before.
 TEST_F(HarnessTest, PlainProgressShowsTheRunsPhases) {
   const std::string yaml = "name: plain\noutput: " + output_ +
                            "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers, gpu-only]\n"
@@ -525,7 +525,10 @@ TEST_F(HarnessTest, PlainProgressShowsTheRunsPhases) {
   ASSERT_EQ(run_experiment(experiment, test::tiny_profile(), progress, false, every_phase).complete, 2)
       << progress.str();
   const std::string text = progress.str();
-  EXPECT_NE(text.find("run 1/2: tiny-mixtral ktransformers b1 16: step 2/2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("run 1/2: tiny-mixtral ktransformers b1 16: warm-up\n"), std::string::npos) << text;
+  // Before a run has finished, the first run's own steps give its time left.
+  EXPECT_NE(text.find("run 1/2: tiny-mixtral ktransformers b1 16: step 2/2 (ETA of this run "), std::string::npos)
+      << text;
   EXPECT_NE(text.find("run 2/2: tiny-mixtral gpu-only b1 16: step 2/2 (ETA "), std::string::npos) << text;
   EXPECT_EQ(text.find("\r"), std::string::npos) << "terminal codes off a terminal";
   // The default spacing keeps a short run to its first and last lines.
