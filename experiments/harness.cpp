@@ -363,19 +363,39 @@ double predicted_run_seconds(const ExperimentConfig& config, const RunSpec& run,
 
 std::vector<RunSpec> shard_runs(const std::vector<RunSpec>& runs, const ExperimentConfig& config,
                                 const MachineProfile& profile, Shard shard) {
-  std::vector<std::pair<double, std::size_t>> by_cost;
-  for (std::size_t i = 0; i < runs.size(); ++i) by_cost.emplace_back(predicted_run_seconds(config, runs[i], profile), i);
-  std::stable_sort(by_cost.begin(), by_cost.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  // A setting's systems are compared with each other, so they share a node
+  // (one machine setup: the report compares runs within one).
+  auto same_setting = [](const RunSpec& a, const RunSpec& b) {
+    return a.model == b.model && a.vram_budget == b.vram_budget && a.batch == b.batch && a.context == b.context &&
+           a.repetition == b.repetition;
+  };
+  std::vector<std::size_t> setting_of(runs.size());
+  std::vector<double> setting_cost;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    std::size_t first = 0;
+    while (!same_setting(runs[first], runs[i])) ++first;
+    if (first == i) {
+      setting_of[i] = setting_cost.size();
+      setting_cost.push_back(0);
+    } else {
+      setting_of[i] = setting_of[first];
+    }
+    setting_cost[setting_of[i]] += predicted_run_seconds(config, runs[i], profile);
+  }
+  std::vector<std::size_t> by_cost(setting_cost.size());
+  for (std::size_t s = 0; s < by_cost.size(); ++s) by_cost[s] = s;
+  std::stable_sort(by_cost.begin(), by_cost.end(),
+                   [&](std::size_t a, std::size_t b) { return setting_cost[a] > setting_cost[b]; });
   std::vector<double> load(static_cast<std::size_t>(shard.count), 0.0);
-  std::vector<bool> mine(runs.size(), false);
-  for (const auto& [cost, i] : by_cost) {
+  std::vector<bool> mine(setting_cost.size(), false);
+  for (std::size_t s : by_cost) {
     const auto least = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    load[static_cast<std::size_t>(least)] += cost;
-    mine[i] = least == shard.index;
+    load[static_cast<std::size_t>(least)] += setting_cost[s];
+    mine[s] = least == shard.index;
   }
   std::vector<RunSpec> share;
   for (std::size_t i = 0; i < runs.size(); ++i)
-    if (mine[i]) share.push_back(runs[i]);
+    if (mine[setting_of[i]]) share.push_back(runs[i]);
   return share;
 }
 

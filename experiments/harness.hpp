@@ -114,9 +114,11 @@ struct Shard {
 /// steps' KV and expert reads): what balances shards. Not a measurement.
 double predicted_run_seconds(const ExperimentConfig& config, const RunSpec& run, const MachineProfile& profile);
 
-/// The runs of `shard`, in `runs` order: every run goes, largest predicted
-/// cost first, to the share with the least predicted time so far (ties to the
-/// lower share). Deterministic; the shares are disjoint and cover `runs`.
+/// The runs of `shard`, in `runs` order. A setting's runs (every system at
+/// one model, VRAM budget, batch, context and repetition: what the report
+/// compares) stay in one share; settings go, largest predicted cost first, to
+/// the share with the least predicted time so far (ties to the lower share).
+/// Deterministic; the shares are disjoint and cover `runs`.
 std::vector<RunSpec> shard_runs(const std::vector<RunSpec>& runs, const ExperimentConfig& config,
                                 const MachineProfile& profile, Shard shard);
 

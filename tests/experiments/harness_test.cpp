@@ -602,8 +602,16 @@ TEST(Shard, SharesAreDisjointCoverTheRunsAndBalanceTheirPredictedCost) {
       "s.yaml"));
   const MachineProfile profile = test::tiny_profile();
   const std::vector<RunSpec> runs = expand_runs(config, profile);
+  // A setting: what the report compares its systems within.
+  auto setting = [](const RunSpec& run) {
+    return run.model->label + " " + std::to_string(run.vram_budget) + " " + std::to_string(run.batch) + " " +
+           std::to_string(run.context) + " " + std::to_string(run.repetition);
+  };
+  std::map<std::string, double> setting_cost;
+  for (const RunSpec& run : runs) setting_cost[setting(run)] += predicted_run_seconds(config, run, profile);
   for (int count : {1, 3, 5}) {
     std::multiset<std::string> seen;
+    std::map<std::string, int> share_of_setting;
     std::vector<double> load;
     double largest = 0;
     for (int index = 0; index < count; ++index) {
@@ -612,8 +620,10 @@ TEST(Shard, SharesAreDisjointCoverTheRunsAndBalanceTheirPredictedCost) {
       std::size_t position = 0;
       for (const RunSpec& run : shard_runs(runs, config, profile, Shard{index, count})) {
         seen.insert(run.id());
+        // Every system of a setting in one share.
+        EXPECT_EQ(share_of_setting.emplace(setting(run), index).first->second, index) << run.id();
         load.back() += predicted_run_seconds(config, run, profile);
-        largest = std::max(largest, predicted_run_seconds(config, run, profile));
+        largest = std::max(largest, setting_cost[setting(run)]);
         // In the experiment's order.
         while (position < runs.size() && runs[position].id() != run.id()) ++position;
         EXPECT_LT(position, runs.size()) << run.id() << " out of order";
@@ -621,7 +631,7 @@ TEST(Shard, SharesAreDisjointCoverTheRunsAndBalanceTheirPredictedCost) {
     }
     EXPECT_EQ(seen.size(), runs.size());
     for (const RunSpec& run : runs) EXPECT_EQ(seen.count(run.id()), 1u) << run.id();
-    // Greedy by cost: no share exceeds another by more than one run's cost.
+    // Greedy by cost: no share exceeds another by more than one setting's cost.
     EXPECT_LE(*std::max_element(load.begin(), load.end()) - *std::min_element(load.begin(), load.end()), largest);
   }
   // Cost, not count: a 64K-token run predicts more than a 1K one.
