@@ -209,8 +209,17 @@ void progress_line(const std::string& line) { log_info("calibrate: ", line); }
 
 /// Refuses an --output `path` that a file cannot be written to (a folder, a
 /// missing or read-only folder) before minutes of measuring go into it.
-void check_writable_output(const std::string& command, const std::string& path) {
+void check_profile_output(const std::string& command, const std::string& path) {
   if (std::filesystem::is_directory(path)) throw UsageError(command + ": --output " + path + " is a folder");
+  // Calibrating again replaces a profile; any other file (results, a config) is kept.
+  if (std::filesystem::exists(path)) {
+    try {
+      MachineProfile::load(path);
+    } catch (const std::exception& e) {
+      throw UsageError(command + ": --output " + path + " exists and is not a machine profile (" + e.what() +
+                       "); a profile replaces only an earlier profile: give another --output or remove the file");
+    }
+  }
   // A file beside it, as MachineProfile::save writes one: a name of its own
   // (mkstemp), so that no existing file is truncated or removed.
   std::string probe = path + ".partial.XXXXXX";
@@ -235,14 +244,20 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
         positive_integer<std::int64_t>("calibrate", "--tokens", options["--tokens"], 1, std::int64_t{1} << 24);
   if (options.count("--thread-counts")) {
     std::stringstream list(options["--thread-counts"]);
-    for (std::string item; std::getline(list, item, ',');)
-      calibration.thread_counts.push_back(positive_integer("calibrate", "--thread-counts", item, 1, max_host_threads));
+    for (std::string item; std::getline(list, item, ',');) {
+      const int threads = positive_integer("calibrate", "--thread-counts", item, 1, max_host_threads);
+      if (std::find(calibration.thread_counts.begin(), calibration.thread_counts.end(), threads) !=
+          calibration.thread_counts.end())
+        throw UsageError("calibrate: --thread-counts names " + std::to_string(threads) + " twice in '" +
+                         options["--thread-counts"] + "'");
+      calibration.thread_counts.push_back(threads);
+    }
   }
   char executable[4096] = {};
   const ssize_t length = readlink("/proc/self/exe", executable, sizeof executable - 1);
   if (length <= 0) throw std::runtime_error("calibrate: cannot find this program's path in /proc/self/exe");
   calibration.executable.assign(executable, static_cast<std::size_t>(length));
-  if (options.count("--output")) check_writable_output("calibrate", options["--output"]);
+  if (options.count("--output")) check_profile_output("calibrate", options["--output"]);
   const MachineProfile profile = calibrate_machine(calibration, progress_line);
   if (options.count("--output")) {
     try {

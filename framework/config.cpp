@@ -164,6 +164,17 @@ ConfigNode ConfigNode::load_file(const std::string& path) {
 
 ConfigNode ConfigNode::parse(const std::string& text, const std::string& source) {
   auto name = std::make_shared<const std::string>(source);
+  // A binary file (an HDF5 file named by mistake) gets this, not a parser's
+  // complaint quoting its bytes; YAML allows no such control characters.
+  if (const auto binary = std::find_if(text.begin(), text.end(),
+                                       [](unsigned char c) { return (c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f; });
+      binary != text.end()) {
+    std::ostringstream reason;
+    reason << "is not a text file (control byte 0x" << std::hex << std::setw(2) << std::setfill('0')
+           << static_cast<int>(static_cast<unsigned char>(*binary)) << std::dec << " at offset " << (binary - text.begin())
+           << "; an HDF5 or other binary file?)";
+    throw ConfigError(source, "", reason.str());
+  }
   try {
     // YAML::Load reads the first document and drops the rest silently.
     const std::vector<YAML::Node> documents = YAML::LoadAll(text);

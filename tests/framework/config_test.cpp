@@ -179,6 +179,13 @@ TEST(Config, BoundedIntegersNameTheFieldsRange) {
   EXPECT_EQ(e.reason(), "must be in [1, 65536], got 70000");
 }
 
+TEST(Config, ABinaryFileIsNotAConfigFile) {
+  const std::string hdf5_signature("\x89HDF\r\n\x1a\n\0\0", 10);
+  EXPECT_EQ(expect_config_error([&] { ConfigNode::parse(hdf5_signature, "results.h5"); }).reason(),
+            "is not a text file (control byte 0x1a at offset 6; an HDF5 or other binary file?)");
+  EXPECT_EQ(ConfigNode::parse("a: 1\r\nb:\t2\n", "crlf.yaml").get<int>("b"), 2);
+}
+
 TEST(Config, AFolderIsNotAConfigFile) {
   const auto e = expect_config_error([] { ConfigNode::load_file(::testing::TempDir()); });
   EXPECT_EQ(e.reason(), "is a directory, not a config file");
