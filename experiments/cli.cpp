@@ -80,7 +80,7 @@ constexpr const char* usage_text =
     "  predict --compare FILE.h5 [--cpu-from PROFILE]\n"
     "                              price a file's measured runs with the profile they used and\n"
     "                              print the error per system and component\n"
-    "  merge OUT.h5 IN.h5... [--allow-different-machine] [--allow-missing]\n"
+    "  merge OUT.h5 IN.h5... [--allow-different-machine] [--allow-missing] [--drop-damaged]\n"
     "                              merge shards' results files of one experiment into a new file\n"
     "  verify FILE.h5              check every run of a results file against its checksum\n"
     "  help                        this text\n"
@@ -684,6 +684,7 @@ int merge_command(const std::vector<std::string>& args, std::ostream& out) {
   for (const std::string& arg : args) {
     if (arg == "--allow-different-machine") merge.allow_different_machine = true;
     else if (arg == "--allow-missing") merge.allow_missing = true;
+    else if (arg == "--drop-damaged") merge.drop_damaged = true;
     else if (arg.rfind("--", 0) == 0) throw UsageError("merge: unknown option '" + arg + "'");
     else if (std::count(files.begin(), files.end(), arg)) throw UsageError("merge: " + arg + " given twice");
     else files.push_back(arg);

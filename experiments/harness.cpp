@@ -1080,7 +1080,20 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
       const ResultsReader reader(config.output);
       const std::string damage = run_damage(reader, g);
       if (!damage.empty()) {
-        log_info("run: ", id, ": ", damage, "; measuring it again");
+        // Removed first, so that damage HDF5 cannot unlink stops here and not
+        // after the measurement.
+        try {
+          auto txn = store.begin();
+          txn.root().open_group("runs").remove(id);
+          txn.commit();
+          log_info("run: ", id, ": ", damage, "; measuring it again");
+        } catch (const ResultsError& e) {
+          throw ResultsError(config.output + ": run '" + id + "' is " + damage +
+                             ", and the file cannot be changed around it (" + e.what() +
+                             "); nothing was measured. Copy its intact runs into a new file with `writescope merge "
+                             "NEW.h5 " + config.output + " --drop-damaged --allow-missing` and resume with --output "
+                             "NEW.h5");
+        }
       } else {
         // A run the machine's free memory refused may fit another time: measured again, as failed runs are.
         const std::string status = reader.string_attribute(g, "status");
@@ -1233,14 +1246,21 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
       ConfigNode::parse(first.string_attribute("/profile", "yaml"), inputs[0] + ":/profile@yaml"));
   const std::vector<RunSpec> runs = expand_runs(config, profile);
   std::map<std::string, std::size_t> source;  // run id -> input holding it
+  std::vector<std::string> dropped;
   for (std::size_t i = 0; i < readers.size(); ++i) {
     for (const std::string& id : readers[i].list("/runs")) {
       const std::string group = "/runs/" + id;
       if (std::none_of(runs.begin(), runs.end(), [&](const RunSpec& run) { return run.id() == id; }))
         throw std::invalid_argument("merge: " + inputs[i] + ": run '" + id + "' is not a run of the experiment");
-      if (const std::string damage = run_damage(readers[i], group); !damage.empty())
+      if (const std::string damage = run_damage(readers[i], group); !damage.empty()) {
+        if (options.drop_damaged) {
+          dropped.push_back("dropped (damaged) from " + inputs[i] + ": " + id);
+          continue;
+        }
         throw std::invalid_argument("merge: " + inputs[i] + ": run '" + id + "' is " + damage +
-                                    "; run its shard again (it measures damaged runs again)");
+                                    "; run its shard again (it measures damaged runs again), or pass --drop-damaged "
+                                    "to leave it out");
+      }
       const auto [at, added] = source.emplace(id, i);
       if (!added && text(readers[at->second], group, "checksum") != text(readers[i], group, "checksum"))
         throw std::invalid_argument("merge: run '" + id + "' is in " + inputs[at->second] + " and " + inputs[i] +
@@ -1260,6 +1280,7 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
   write_merged(output, first, readers, runs, source, machines);
   std::vector<std::string> lines{"merged " + std::to_string(source.size()) + " runs of " + std::to_string(runs.size()) +
                                  " from " + std::to_string(inputs.size()) + " files into " + output};
+  lines.insert(lines.end(), dropped.begin(), dropped.end());
   for (const std::string& id : missing) lines.push_back("missing: " + id);
   return lines;
 }

@@ -157,6 +157,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
 struct MergeOptions {
   bool allow_different_machine = false;  // inputs of several machine setups (each run records its own)
   bool allow_missing = false;            // write even when runs of the experiment are in no input
+  bool drop_damaged = false;             // leave out a run that fails its checksum or does not read (listed)
 };
 std::vector<std::string> merge_results(const std::string& output, const std::vector<std::string>& inputs,
                                        const MergeOptions& options = {});

@@ -187,14 +187,19 @@ herr_t collect_name(hid_t, const char* name, const H5L_info_t*, void* out) {
   return 0;
 }
 
+/// In creation order where the group tracks it (create_ordered_group), else
+/// by name. One pass: iterating a damaged group again after a failure
+/// crashed inside HDF5 (a double free).
 std::vector<std::string> list_members(const H5::Group& group) {
+  unsigned order_flags = 0;
+  const hid_t plist = H5Gget_create_plist(group.getId());
+  if (plist < 0 || H5Pget_link_creation_order(plist, &order_flags) < 0) order_flags = 0;
+  if (plist >= 0) H5Pclose(plist);
+  const H5_index_t by = (order_flags & H5P_CRT_ORDER_INDEXED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
   std::vector<std::string> names;
   hsize_t index = 0;
-  if (H5Literate(group.getId(), H5_INDEX_CRT_ORDER, H5_ITER_INC, &index, collect_name, &names) < 0) {
-    names.clear();
-    index = 0;
-    H5Literate(group.getId(), H5_INDEX_NAME, H5_ITER_INC, &index, collect_name, &names);
-  }
+  if (H5Literate(group.getId(), by, H5_ITER_INC, &index, collect_name, &names) < 0)
+    throw H5::GroupIException("H5Literate", "cannot list the group's members");
   return names;
 }
 

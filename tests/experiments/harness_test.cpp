@@ -1,6 +1,7 @@
 #include "experiments/harness.hpp"
 
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <map>
 
@@ -357,6 +358,70 @@ TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
     EXPECT_EQ(warning.find("WRITESCOPE_CPU_PATH"), std::string::npos) << warning;
     EXPECT_NE(warning.find("(re-run writescope calibrate)"), std::string::npos) << warning;
   }
+}
+
+// Damage HDF5 cannot unlink (a run's object header): resume stops before
+// measuring and names the way out, merge --drop-damaged, which copies the
+// intact runs into a file that resumes.
+TEST_F(HarnessTest, ARunThatCannotBeRemovedStopsResumeBeforeMeasuring) {
+  const std::string yaml = "name: damaged\noutput: " + output_ +
+                           "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers, gpu-only]\n"
+                           "batch_sizes: [1]\ncontexts: [16]\nmax_sequence_tokens: 19\n"
+                           "budgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\nsteps: {warmup: 1, measured: 2}\n"
+                           "block_tokens: 8\n";
+  const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(yaml, "damaged.yaml"));
+  std::ostringstream quiet;
+  ASSERT_EQ(run_experiment(experiment, test::tiny_profile(), quiet, false).complete, 2) << quiet.str();
+  const std::string damaged = ResultsReader(output_).list("/runs").front();
+  haddr_t header = HADDR_UNDEF;
+  {
+    const hid_t file = H5Fopen(output_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ASSERT_GE(file, 0);
+    H5O_info_t info;
+    ASSERT_GE(H5Oget_info_by_name(file, ("/runs/" + damaged).c_str(), &info, H5P_DEFAULT), 0);
+    header = info.addr;
+    H5Fclose(file);
+  }
+  {  // The header's version byte zeroed: the group neither reads nor unlinks.
+    std::fstream bytes(output_, std::ios::in | std::ios::out | std::ios::binary);
+    bytes.seekp(static_cast<std::streamoff>(header));
+    bytes.put('\0');
+  }
+  ASSERT_NE(run_damage(ResultsReader(output_), "/runs/" + damaged), "");
+  const auto size = fs::file_size(output_);
+  std::ostringstream progress;
+  try {
+    run_experiment(experiment, test::tiny_profile(), progress, false);
+    FAIL() << "resumed onto a run it cannot replace";
+  } catch (const ResultsError& e) {
+    EXPECT_NE(std::string(e.what()).find("run '" + damaged + "' is unreadable"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nothing was measured. Copy its intact runs into a new file with `writescope "
+                                         "merge NEW.h5 " + output_ + " --drop-damaged --allow-missing`"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(progress.str().find("run 1/2"), std::string::npos) << "measured before it stopped:\n" << progress.str();
+  EXPECT_EQ(fs::file_size(output_), size);
+  // Without --drop-damaged merge refuses the file and says how to go on.
+  const std::string repaired = (dir_ / "repaired.h5").string();
+  MergeOptions drop;
+  drop.allow_missing = true;
+  try {
+    merge_results(repaired, {output_}, drop);
+    ADD_FAILURE() << "merged a damaged run";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("or pass --drop-damaged to leave it out"), std::string::npos) << e.what();
+  }
+  drop.drop_damaged = true;
+  const std::vector<std::string> lines = merge_results(repaired, {output_}, drop);
+  EXPECT_NE(std::find(lines.begin(), lines.end(), "dropped (damaged) from " + output_ + ": " + damaged), lines.end());
+  EXPECT_EQ(ResultsReader(repaired).list("/runs").size(), 1u);
+  ExperimentConfig resumed = experiment;
+  resumed.output = repaired;
+  const ExperimentSummary summary = run_experiment(resumed, test::tiny_profile(), quiet, false);
+  EXPECT_EQ(summary.complete, 1);
+  EXPECT_EQ(summary.skipped, 1);
+  EXPECT_EQ(run_damage(ResultsReader(repaired), "/runs/" + damaged), "");
 }
 
 // Resume keeps a file honest: a comment-only edit is the same experiment and
