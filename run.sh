@@ -20,10 +20,17 @@ mkdir -p results
 "$build/experiments/writescope" info
 "$build/experiments/writescope" info --format yaml >results/machine.yaml
 [ -f results/profile.yaml ] || "$build/experiments/writescope" calibrate --output results/profile.yaml
-# A run that fails is recorded in the file; the report is written either way.
+# A run that fails is recorded in the file, and the report is written either
+# way; an error that stops the experiment (a file of another build, say) prints
+# no summary line, and then the old file is not reported as this run's.
 status=0
-"$build/experiments/writescope" run experiments/configs/quick.yaml --profile results/profile.yaml \
-  --output results/quick.h5 || status=$?
+summary=$("$build/experiments/writescope" run experiments/configs/quick.yaml --profile results/profile.yaml \
+  --output results/quick.h5) || status=$?
+if [ -z "$summary" ]; then
+  echo "run: the experiment stopped (the error above); results/quick.h5 and results/report/ are as they were" >&2
+  exit "$status"
+fi
+echo "$summary"
 /usr/bin/python3 analysis/report.py results/quick.h5 -o results/report
 echo "run: wrote results/quick.h5 and results/report/report.md" >&2
 if grep -q "^has_gpu: false" results/profile.yaml; then
