@@ -995,6 +995,16 @@ std::string missing_experiment_attribute(const ResultsReader& reader) {
   return "";
 }
 
+std::string thread_count_mismatch(const MachineProfile& profile, int host_threads) {
+  // A GPU machine's profile on a host build describes another machine altogether (said on its own).
+  if ((profile.has_gpu && !has_gpu) || host_threads == profile.cpu_threads) return "";
+  return "run: warning: profile '" + profile.name + "' measured the CPU with " + std::to_string(profile.cpu_threads) +
+         " threads but this process runs " + std::to_string(host_threads) +
+         "; the systems plan the CPU's share at the profile's rates for " + std::to_string(profile.cpu_threads) +
+         " (give --kokkos-threads=" + std::to_string(profile.cpu_threads) +
+         ", or re-run writescope calibrate with this thread count)";
+}
+
 std::vector<std::string> attention_choice_mismatches(const MachineProfile& profile, const AttentionShape& shape) {
   std::vector<std::string> warnings;
   // `variable`: the environment variable that pins the choice, if any.
@@ -1042,6 +1052,8 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     log_info("run: warning: profile '", profile.name, "' measured the CPU kernels on the ", profile.cpu_path,
              " path but this process runs ", cpu_path_name(active_cpu_path()),
              "; its CPU rates do not describe these kernels (re-run writescope calibrate)");
+  if (const std::string warning = thread_count_mismatch(profile, Kokkos::DefaultHostExecutionSpace().concurrency()); !warning.empty())
+    log_info(warning);
   // Measured now, per model's attention shape, before any timed step; each
   // measured run records its model's.
   std::map<std::string, std::string> decode_cpu_path, next_pass_prefetch, token_major_pass;  // by model label

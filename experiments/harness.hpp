@@ -132,6 +132,12 @@ struct RunOptions {
   double progress_line_seconds = 30;
 };
 
+/// A warning where this process runs `host_threads` host threads and
+/// `profile`, measured on this kind of machine (a GPU profile on a GPU build,
+/// a host profile on any), measured its CPU with another count: the systems
+/// plan the CPU's share at the profile's rates for its count. Empty if none.
+std::string thread_count_mismatch(const MachineProfile& profile, int host_threads);
+
 /// One warning per choice of the host decode kernels for `shape` (the
 /// next-pass level, the token-major pass) that `profile` states and this
 /// process takes otherwise: the profile's CPU attention rates were measured

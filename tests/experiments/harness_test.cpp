@@ -293,6 +293,20 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
 // A profile measured with another product path (for either block order),
 // next-pass level or pass than this process takes for a shape is named,
 // choice by choice, with what this process takes and how to pin the profile's.
+TEST(ThreadCountMismatch, NamesBothCountsWhereTheProfileDescribesThisKindOfMachine) {
+  MachineProfile profile = test::tiny_profile();
+  profile.has_gpu = false;
+  profile.cpu_threads = 2;
+  EXPECT_EQ(thread_count_mismatch(profile, 2), "");
+  EXPECT_EQ(thread_count_mismatch(profile, 1),
+            "run: warning: profile '" + profile.name +
+                "' measured the CPU with 2 threads but this process runs 1; the systems plan the CPU's share at the "
+                "profile's rates for 2 (give --kokkos-threads=2, or re-run writescope calibrate with this thread "
+                "count)");
+  profile.has_gpu = true;
+  EXPECT_EQ(thread_count_mismatch(profile, 1).empty(), !has_gpu) << "a GPU machine's profile on a host build";
+}
+
 TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
   const AttentionShape shape = qwen3_30b_a3b_attention();
   MachineProfile profile = test::tiny_profile();
