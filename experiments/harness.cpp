@@ -921,13 +921,20 @@ std::string recorded_experiment(const ResultsReader& reader) {
   return reader.string_attribute("/", reader.has_attribute("/", "config_canonical") ? "config_canonical" : "config");
 }
 
+struct ResumeCheck {
+  bool needs_attributes = false;  // the file holds no runs yet
+  /// Where this process's machine setup is another than the file's
+  /// (allowed), N of /other_machines/machine_N (0: none): it is recorded with
+  /// the first run it adds, never without one.
+  std::size_t another_setup = 0;
+};
+
 /// Resuming mixes runs into a file only of the same experiment (comments,
 /// layout, `output` and `profile` aside), machine profile and machine setup; with
 /// allow_different_machine another setup is recorded beside the first
-/// (/other_machines) and every run keeps its own. Returns whether the file
-/// still needs its experiment attributes (it holds no runs yet).
-bool check_resume(ResultsStore& store, const ExperimentConfig& config, const MachineProfile& profile,
-                  const RunOptions& options, const std::string& machine_yaml, const MachineDescription& machine) {
+/// (/other_machines) and every run keeps its own.
+ResumeCheck check_resume(const ExperimentConfig& config, const MachineProfile& profile, const RunOptions& options,
+                         const MachineDescription& machine) {
   const ResultsReader reader(config.output);
   // Another program's HDF5 file is left as it is: writing the experiment's
   // attributes would replace its own (and its /profile).
@@ -939,7 +946,7 @@ bool check_resume(ResultsStore& store, const ExperimentConfig& config, const Mac
   if (reader.has_attribute("/", "predicted"))
     throw std::invalid_argument(config.output + " holds predicted runs (writescope predict); measured runs go to "
                                 "another --output, never beside projections");
-  if (!reader.exists("/runs") || reader.list("/runs").empty()) return true;  // nothing measured yet
+  if (!reader.exists("/runs") || reader.list("/runs").empty()) return {true, 0};  // nothing measured yet
   if (const auto differing = experiment_differences(recorded_experiment(reader), config.canonical);
       !differing.empty())
     throw std::invalid_argument(config.output + " holds runs of another experiment config (it differs in " +
@@ -958,7 +965,7 @@ bool check_resume(ResultsStore& store, const ExperimentConfig& config, const Mac
                                 options.shard.text() + "; give the same --shard or another --output");
   const std::vector<std::string> recorded = recorded_machines(reader);
   for (const std::string& yaml : recorded)
-    if (machine.setup_differences(yaml).empty()) return false;
+    if (machine.setup_differences(yaml).empty()) return {false, 0};
   const std::vector<std::string> differences = machine.setup_differences(recorded.front());
   std::string listed;
   for (const std::string& d : differences) listed += "\n  " + d;
@@ -966,14 +973,15 @@ bool check_resume(ResultsStore& store, const ExperimentConfig& config, const Mac
     throw std::invalid_argument(config.output + " holds runs measured with another machine setup:" + listed +
                                 "\nresume with the same setup, write to another --output, or pass "
                                 "--allow-different-machine to add runs of this setup (each run records its own)");
-  log_info("run: ", config.output, ": adding runs of another machine setup (allowed):", listed);
-  auto txn = store.begin();
-  ResultsGroup root = txn.root();
-  ResultsGroup others = root.has("other_machines") ? root.open_group("other_machines")
-                                                   : root.create_group("other_machines");
-  others.create_group("machine_" + std::to_string(recorded.size())).set_attribute("machine", machine_yaml);
-  txn.commit();
-  return false;
+  log_info("run: ", config.output, ": runs it adds will be of another machine setup (allowed):", listed);
+  return {false, recorded.size()};
+}
+
+/// Records this process's setup beside the file's others as /other_machines/machine_`index`.
+void record_another_setup(ResultsGroup root, std::size_t index, const std::string& machine_yaml) {
+  ResultsGroup others =
+      root.has("other_machines") ? root.open_group("other_machines") : root.create_group("other_machines");
+  others.create_group("machine_" + std::to_string(index)).set_attribute("machine", machine_yaml);
 }
 
 }  // namespace
@@ -1072,7 +1080,8 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
   const std::vector<RunSpec> all_runs = expand_runs(config, profile);
   const std::vector<RunSpec> runs =
       options.shard.count > 1 ? shard_runs(all_runs, config, profile, options.shard) : all_runs;
-  if (check_resume(store, config, profile, options, machine_yaml, machine)) {
+  ResumeCheck resume = check_resume(config, profile, options, machine);
+  if (resume.needs_attributes) {
     auto txn = store.begin();
     write_experiment_attributes(txn.root(), config, profile, machine_yaml, options.shard, runs.size());
     txn.commit();
@@ -1125,6 +1134,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     try {
       auto txn = store.begin();
+      if (resume.another_setup > 0) record_another_setup(txn.root(), resume.another_setup, machine_yaml);
       ResultsGroup runs_group = txn.root().open_group("runs");
       if (runs_group.has(id)) runs_group.remove(id);
       write_run(runs_group, id, config, run, profile.name, machine_yaml, result, failure);
@@ -1134,6 +1144,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
       written.set_attribute("token_major_pass", token_major_pass.at(run.model->label));
       written.set_attribute("checksum", written.checksum());
       txn.commit();
+      resume.another_setup = 0;
     } catch (const ResultsError& e) {
       // The committed runs stay as they were; the experiment cannot go on.
       throw ResultsError(std::string(e.what()) + " (while writing run " + id + "; the " +

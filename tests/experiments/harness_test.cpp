@@ -544,7 +544,19 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
   }
   RunOptions allow;
   allow.allow_different_machine = true;
+  // A complete file takes no run of this setup, so it records none.
   EXPECT_EQ(run_experiment(experiment(yaml), test::tiny_profile(), quiet, false, allow).skipped, 2);
+  EXPECT_FALSE(ResultsReader(output_).exists("/other_machines"));
+  {  // One run to measure again: the setup goes in with it.
+    ResultsStore store(output_);
+    auto txn = store.begin();
+    ResultsGroup run = txn.root().open_group("runs").open_group(damaged);
+    run.set_attribute("checksum", "crc32:00000000");
+    txn.commit();
+  }
+  const ExperimentSummary added = run_experiment(experiment(yaml), test::tiny_profile(), quiet, false, allow);
+  EXPECT_EQ(added.complete, 1);
+  EXPECT_EQ(added.skipped, 1);
   const ResultsReader reader(output_);
   EXPECT_NE(reader.string_attribute("/", "machine").find("host_threads: 977"), std::string::npos);
   ASSERT_EQ(reader.list("/other_machines").size(), 1u);
