@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attention/decode.hpp"
@@ -288,56 +290,118 @@ int calibrate_attention_command(const std::vector<std::string>& args, std::ostre
   return 0;
 }
 
+/// At most 2^24 prompt tokens (a prompt file of about 100 MB): far past the
+/// presets' positions, and read before any memory for the model is taken.
+constexpr std::int64_t most_prompt_tokens = std::int64_t{1} << 24;
+
 /// Token ids separated by commas or whitespace (or both; a trailing comma is
-/// fine, two commas with nothing between them are not), each in [0, vocab);
-/// `source` names where they come from in errors.
-std::vector<int> token_list(const std::string& text, int vocab, const std::string& source) {
-  std::vector<int> tokens;
-  auto fail = [&](const std::string& item) {
-    throw UsageError("generate: " + source + " must be token ids in [0, " + std::to_string(vocab) +
-                     ") (the model's vocabulary) separated by commas or whitespace; token " +
-                     std::to_string(tokens.size() + 1) + " is '" + item + "'");
-  };
-  bool after_comma = true;  // at the start, or since the last comma no id came
-  std::size_t at = 0;
-  while (at < text.size()) {
-    if (std::isspace(static_cast<unsigned char>(text[at]))) {
-      ++at;
-      continue;
+/// fine, two commas with nothing between them are not), each in [0, vocab),
+/// at most most_prompt_tokens; given piece by piece, so that a file is read
+/// only as far as it is good. Errors are std::invalid_argument naming
+/// `source` and quoting the bad item (cut short, bytes other than printable
+/// ASCII escaped).
+class TokenIds {
+ public:
+  TokenIds(int vocab, std::string source) : vocab_(vocab), source_(std::move(source)) {}
+
+  /// Parses `text`'s items up to its last separator (all of it when `last`);
+  /// returns how much of `text` it took.
+  std::size_t add(std::string_view text, bool last) {
+    std::size_t at = 0, end_of_items = text.size();
+    if (!last) {
+      const std::size_t separator = text.find_last_of(separators);
+      end_of_items = separator == std::string_view::npos ? 0 : separator + 1;
+      // No id is this long: a file of one endless "token" stops here.
+      if (text.size() - end_of_items > longest_item) fail(text.substr(end_of_items));
     }
-    if (text[at] == ',') {
-      if (after_comma) fail("");
-      after_comma = true;
-      ++at;
-      continue;
+    while (at < end_of_items) {
+      if (std::isspace(static_cast<unsigned char>(text[at]))) {
+        ++at;
+        continue;
+      }
+      if (text[at] == ',') {
+        if (after_comma_) fail("");
+        after_comma_ = true;
+        ++at;
+        continue;
+      }
+      const std::size_t end = std::min(text.find_first_of(separators, at), end_of_items);
+      const std::string_view item = text.substr(at, end - at);
+      int value = -1;
+      const auto [stop, error] = std::from_chars(item.data(), item.data() + item.size(), value);
+      if (error != std::errc() || stop != item.data() + item.size() || value < 0 || value >= vocab_) fail(item);
+      if (static_cast<std::int64_t>(tokens_.size()) == most_prompt_tokens)
+        throw std::invalid_argument("generate: " + source_ + " holds more than " + std::to_string(most_prompt_tokens) +
+                                    " tokens");
+      tokens_.push_back(value);
+      after_comma_ = false;
+      at = end;
     }
-    const std::size_t end = std::min(text.find_first_of(", \t\r\n\v\f", at), text.size());
-    const std::string item = text.substr(at, end - at);
-    int value = -1;
-    const auto [stop, error] = std::from_chars(item.data(), item.data() + item.size(), value);
-    if (error != std::errc() || stop != item.data() + item.size() || value < 0 || value >= vocab) fail(item);
-    tokens.push_back(value);
-    after_comma = false;
-    at = end;
+    return end_of_items;
   }
-  if (tokens.empty()) throw UsageError("generate: " + source + " holds no token");
-  return tokens;
-}
+
+  std::vector<int> finish() {
+    if (tokens_.empty()) throw std::invalid_argument("generate: " + source_ + " holds no token");
+    return std::move(tokens_);
+  }
+
+ private:
+  static constexpr const char* separators = ", \t\r\n\v\f";
+  static constexpr std::size_t longest_item = 64;
+
+  [[noreturn]] void fail(std::string_view item) const {
+    std::string shown;
+    for (const char c : item.substr(0, 24)) {
+      if (c >= 0x20 && c < 0x7f) {
+        shown += c;
+      } else {
+        char escaped[8];
+        std::snprintf(escaped, sizeof escaped, "\\x%02x", static_cast<unsigned char>(c));
+        shown += escaped;
+      }
+    }
+    if (item.size() > 24) shown += "...";
+    throw std::invalid_argument("generate: " + source_ + " must be token ids in [0, " + std::to_string(vocab_) +
+                                ") (the model's vocabulary) separated by commas or whitespace; token " +
+                                std::to_string(tokens_.size() + 1) + " is '" + shown + "'");
+  }
+
+  int vocab_;
+  std::string source_;
+  std::vector<int> tokens_;
+  bool after_comma_ = true;  // at the start, or since the last comma no id came
+};
 
 /// The prompt of --prompt or --prompt-file (exactly one of them).
 std::vector<int> prompt_tokens(std::map<std::string, std::string>& options, int vocab) {
   if (options.count("--prompt") == options.count("--prompt-file"))
     throw UsageError("generate: give the prompt with exactly one of --prompt and --prompt-file");
-  if (options.count("--prompt")) return token_list(options["--prompt"], vocab, "--prompt");
+  if (options.count("--prompt")) {
+    TokenIds ids(vocab, "--prompt");
+    try {
+      ids.add(options["--prompt"], true);
+      return ids.finish();
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+  }
+  // The file's contents are not a usage error: their message alone, exit status 1.
   const std::string& path = options["--prompt-file"];
   std::ifstream file(path, std::ios::binary);
   if (std::filesystem::is_directory(path) || !file)
     throw UsageError("generate: --prompt-file " + path + " cannot be read (" +
                      (std::filesystem::is_directory(path) ? std::string("it is a folder") : std::strerror(errno)) +
                      ")");
-  std::ostringstream text;
-  text << file.rdbuf();
-  return token_list(text.str(), vocab, "--prompt-file " + path);
+  TokenIds ids(vocab, "--prompt-file " + path);
+  std::string pending;
+  std::vector<char> block(1 << 20);
+  while (file.read(block.data(), static_cast<std::streamsize>(block.size())) || file.gcount() > 0) {
+    pending.append(block.data(), static_cast<std::size_t>(file.gcount()));
+    pending.erase(0, ids.add(pending, false));
+  }
+  if (file.bad()) throw std::runtime_error("generate: --prompt-file " + path + ": read failed");
+  ids.add(pending, true);
+  return ids.finish();
 }
 
 int generate_command(const std::vector<std::string>& args, std::ostream& out) {
