@@ -899,9 +899,12 @@ std::vector<std::string> recorded_machines(const ResultsReader& reader) {
 /// The top-level fields in which a recorded experiment config (YAML) and
 /// `current` differ, in the order they first appear. Where the results go
 /// (`output`) and where the profile was read from (`profile`) do not identify
-/// the experiment: the profile's own content is compared by itself.
-std::vector<std::string> experiment_differences(const std::string& recorded, const std::string& current) {
-  const YAML::Node a = YAML::Load(recorded), b = YAML::Load(current);
+/// the experiment: the profile's own content is compared by itself. The
+/// sources name each text in a ConfigError where it is not a YAML mapping.
+std::vector<std::string> experiment_differences(const std::string& recorded, const std::string& recorded_source,
+                                                const std::string& current, const std::string& current_source) {
+  const YAML::Node a = ConfigNode::parse(recorded, recorded_source).yaml(),
+                   b = ConfigNode::parse(current, current_source).yaml();
   std::vector<std::string> keys, differing;
   for (const YAML::Node* node : {&a, &b})
     for (const auto& entry : *node)
@@ -947,7 +950,8 @@ ResumeCheck check_resume(const ExperimentConfig& config, const MachineProfile& p
     throw std::invalid_argument(config.output + " holds predicted runs (writescope predict); measured runs go to "
                                 "another --output, never beside projections");
   if (!reader.exists("/runs") || reader.list("/runs").empty()) return {true, 0};  // nothing measured yet
-  if (const auto differing = experiment_differences(recorded_experiment(reader), config.canonical);
+  if (const auto differing = experiment_differences(recorded_experiment(reader), config.output + ": its experiment config",
+                                                   config.canonical, "the experiment config");
       !differing.empty())
     throw std::invalid_argument(config.output + " holds runs of another experiment config (it differs in " +
                                 joined(differing) + "); write to another --output, or remove the file to start over");
@@ -1243,7 +1247,8 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
                                     (std::string(name) == "git_revision" || std::string(name) == "format"
                                          ? " ('" + text(r, object, name) + "' and '" + text(first, object, name) + "')"
                                          : std::string()));
-    if (const auto differing = experiment_differences(recorded_experiment(first), recorded_experiment(r));
+    if (const auto differing = experiment_differences(recorded_experiment(first), inputs[0] + ": its experiment config",
+                                                   recorded_experiment(r), inputs[i] + ": its experiment config");
         !differing.empty())
       throw std::invalid_argument("merge: " + inputs[i] + " and " + inputs[0] + " differ in their experiment config (" +
                                   joined(differing) + ")");

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "framework/config.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/impl/read_words.hpp"
 #include "framework/host_memory.hpp"
@@ -233,7 +234,8 @@ std::vector<std::string> machine_setup_differences(const std::string& then_yaml,
                                       "huge_pages",      "dram_read_load_bytes",
                                       "gpu_name",        "gpu_memory_bytes",   "gpu_compute_capability",
                                       "kokkos_version",  "enabled_exec_spaces", "compiler",        "build_type"};
-  const YAML::Node then = YAML::Load(then_yaml), now = YAML::Load(now_yaml);
+  const YAML::Node then = ConfigNode::parse(then_yaml, "a recorded machine setup").yaml(),
+                   now = ConfigNode::parse(now_yaml, "a machine setup").yaml();
   auto value = [](const YAML::Node& machine, const char* name) {
     return machine[name] && machine[name].IsScalar() ? machine[name].Scalar() : std::string("(not recorded)");
   };

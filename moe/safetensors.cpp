@@ -17,6 +17,12 @@
 namespace writescope {
 namespace {
 
+/// Where and why the JSON parser stopped, without the parser's own prefix.
+std::string json_problem(const YAML::Exception& e) {
+  if (e.mark.is_null()) return ": " + e.msg;
+  return " (line " + std::to_string(e.mark.line + 1) + ", column " + std::to_string(e.mark.column + 1) + "): " + e.msg;
+}
+
 namespace fs = std::filesystem;
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
@@ -123,7 +129,7 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& folder) : folder
     try {
       root = YAML::LoadFile(index.string());
     } catch (const YAML::Exception& e) {
-      throw CheckpointError(index.string() + ": malformed JSON: " + e.what());
+      throw CheckpointError(index.string() + ": malformed JSON" + json_problem(e));
     }
     if (const auto duplicate = duplicate_key(root)) throw CheckpointError(index.string() + ": " + *duplicate);
     const YAML::Node map = root["weight_map"];
@@ -166,7 +172,7 @@ void SafetensorsCheckpoint::add_file(const std::string& file_name) {
   try {
     root = YAML::Load(header);
   } catch (const YAML::Exception& e) {
-    throw CheckpointError(path + ": malformed header: " + e.what());
+    throw CheckpointError(path + ": malformed header JSON" + json_problem(e));
   }
   if (!root.IsMap()) throw CheckpointError(path + ": the header is not a JSON object");
   if (const auto duplicate = duplicate_key(root)) throw CheckpointError(path + ": header: " + *duplicate);

@@ -486,6 +486,23 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
                 .skipped,
             2);
   fs::remove(moved);
+  {  // A garbled recorded config is named, not a YAML parser's message alone.
+    const std::string garbled = output_ + ".garbled.h5";
+    fs::copy_file(output_, garbled);
+    {
+      ResultsStore store(garbled);
+      auto txn = store.begin();
+      txn.root().set_attribute("config_canonical", "name: [x");
+      txn.commit();
+    }
+    try {
+      run_experiment(experiment(replaced(yaml, output_, garbled)), test::tiny_profile(), quiet, false);
+      ADD_FAILURE() << "resumed a file whose recorded config does not read";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(garbled + ": its experiment config:1:", 0), 0u) << e.what();
+    }
+    fs::remove(garbled);
+  }
 
   // Runs of another build are not resumed into.
   auto set_revision = [&](const std::string& revision) {
