@@ -118,10 +118,18 @@ void check_kokkos_arguments(int argc, char* argv[]) {
 
 }  // namespace
 
-std::string thread_placement() { return placement; }
+std::string thread_placement() {
+  // The GPU's share on a worker in a host build runs its kernels serially on that worker (concurrent.hpp).
+  return placement + (!has_gpu && gpu_worker_thread() ? "; the GPU's share of a step on a worker thread" : "");
+}
 
 Runtime::Runtime(int& argc, char* argv[]) {
   check_kokkos_arguments(argc, argv);
+  if (const char* worker = std::getenv("WRITESCOPE_GPU_THREAD");
+      worker != nullptr && std::string(worker) != "0" && std::string(worker) != "1")
+    throw RuntimeError(std::string("WRITESCOPE_GPU_THREAD must be 0 or 1 (1: a host build runs the GPU's share of a "
+                                   "step on a worker thread), got '") +
+                       worker + "'");
   const int driver_cpu = gpu_driver_cpu();  // a bad WRITESCOPE_GPU_DRIVER_CPU stops here, named
   const bool placed_here = std::getenv("OMP_PLACES") == nullptr && std::getenv("OMP_PROC_BIND") == nullptr;
   if (placed_here)

@@ -50,8 +50,9 @@ class Runtime {
   std::optional<Kokkos::ScopeGuard> guard_;
 };
 
-/// How the Runtime placed OpenMP's threads and the GPU driver's, in words
-/// (MachineDescription::thread_placement).
+/// How the Runtime placed OpenMP's threads and the GPU driver's, in words,
+/// and in a host build whether the GPU's share of a step runs on a worker
+/// thread (WRITESCOPE_GPU_THREAD; MachineDescription::thread_placement).
 std::string thread_placement();
 
 /// Kokkos' print_configuration output (backends, architecture, options).
