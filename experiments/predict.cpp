@@ -579,6 +579,11 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
                                   (measured ? " holds measured runs; a projection never overwrites them"
                                             : " is not a projection's results file; a projection overwrites only one") +
                                   " (give another --output)");
+    // Projections take seconds to make again, so one replaces another; said where it is another experiment's.
+    if (projection && existing.has_attribute("/", "experiment") &&
+        existing.string_attribute("/", "experiment") != config.name)
+      progress << "predict: replacing " << output << "'s projection of experiment '"
+               << existing.string_attribute("/", "experiment") << "'" << std::endl;
   }
   for (std::size_t p = 0; p < profiles.size(); ++p)
     for (std::size_t q = 0; q < p; ++q)

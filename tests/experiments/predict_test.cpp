@@ -355,6 +355,15 @@ TEST_F(PredictFileTest, WritesEveryRunOfEveryProfileMarkedPredicted) {
   { const ResultsStore empty(stopped); }
   predict_experiment(config(), {round_profile()}, stopped, progress);
   EXPECT_EQ(ResultsReader(stopped).list("/runs").size(), runs.size() / 2);
+  // Another experiment's projection is replaced, saying so; the same one's silently.
+  EXPECT_EQ(progress.str().find("replacing"), std::string::npos) << progress.str();
+  ExperimentConfig another = config();
+  another.name = "another";
+  std::ostringstream replacing;
+  predict_experiment(another, {round_profile()}, stopped, replacing);
+  EXPECT_NE(replacing.str().find("predict: replacing " + stopped + "'s projection of experiment 'projected'"),
+            std::string::npos)
+      << replacing.str();
 }
 
 TEST_F(PredictFileTest, NeverOverwritesMeasuredRunsAndComparesOnlyMeasuredOnes) {
