@@ -18,14 +18,20 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-import h5py
-import matplotlib
+try:
+    import h5py
+    import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
-import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
-from matplotlib.transforms import blended_transform_factory  # noqa: E402
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+    import numpy as np  # noqa: E402
+    from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
+    from matplotlib.transforms import blended_transform_factory  # noqa: E402
+except ImportError as missing:
+    # Another interpreter first on PATH (a virtual environment, pyenv) often lacks them.
+    sys.exit(f"report: {sys.executable} has no module '{missing.name}'; run the report with the Python that has "
+             "h5py, matplotlib and numpy (Debian: /usr/bin/python3 with python3-h5py, python3-matplotlib, "
+             "python3-numpy)")
 
 FORMAT = "writescope-results-1"
 SUBJECT = "writescope"
@@ -1064,8 +1070,8 @@ def summary_lines(results, min_context):
     if not complete(runs):
         lines.append("- No run completed, so there are no speedup, α, breakdown or prediction figures.")
     if counts["does_not_fit"] or counts["failed"]:
-        lines.append("- Runs that did not fit or failed are listed under [Not run / did not fit](#not-run--did-not-fit) "
-                     "and marked x (did not fit) or v (failed) in the speedup figures.")
+        lines.append("- Runs that did not fit or failed are listed under [Not run / did not fit](#not-run--did-not-fit)"
+                     + (" and marked x (did not fit) or v (failed) in the speedup figures." if complete(runs) else "."))
     lines.append(f"- Speedups compare mean tokens/s over repetitions at equal model, batch, VRAM budget, context and "
                  f"machine setup; "
                  f"the geometric means use contexts ≥ {context_label(min_context)}. The speedup, α and breakdown "
@@ -1199,7 +1205,9 @@ def report_markdown(results, figures, min_context):
     lines += ["", f"## System against system ({contexts})", ""]
     lines += geomean_section(results.runs, min_context)
     lines += ["", "## Attention prediction error", "",
-              "Median of |predicted − measured| / measured attention time per step.", ""]
+              f"Median of |predicted − measured| / measured attention time per step. {SUBJECT}'s prediction is "
+              "its scheduler's, whose rates follow the steps it has measured (online feedback); the other systems' "
+              "is the profile's roofline as calibrated, so theirs shows how far the profile is from this machine.", ""]
     lines += prediction_section(results.runs)
     lines += ["", "## Figures", ""]
     lines += [f"- [{name}]({name}): {caption}" for name, caption in figures]
@@ -1280,7 +1288,10 @@ def main(argv=None):
         written = ["report.md", *(name for name, _ in figures)]
         write_manifest(args.output, written)  # last: it lists only files that were written whole
     except OSError as error:
-        print(f"report: {args.output}: {error.strerror or error}", file=sys.stderr)
+        why = error.strerror or str(error)
+        if os.path.exists(args.output) and not os.path.isdir(args.output):
+            why = "is a file; -o names the folder the report is written into"
+        print(f"report: {args.output}: {why}", file=sys.stderr)
         return 1
     # Files this report wrote again were replaced; the others would have been stale.
     gone = [name for name in removed if name not in written]

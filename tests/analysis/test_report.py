@@ -684,6 +684,9 @@ class ReportWithoutCompleteRuns(unittest.TestCase):
             with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
                 markdown = md.read()
             self.assertIn("No run completed", markdown)
+            # With no speedup figure, nothing is said to be marked in one.
+            self.assertIn("listed under [Not run / did not fit](#not-run--did-not-fit).", markdown)
+            self.assertNotIn("in the speedup figures", markdown)
             # writescope runs without expert_policy (incomplete, old file): unknown, so left out and said so.
             self.assertIn("3 writescope runs do not record their expert policy", markdown)
             self.assertFalse([name for name in os.listdir(output) if name.startswith(("speedup_", "alpha_"))])
@@ -859,6 +862,15 @@ class InvalidInput(unittest.TestCase):
 
     def test_missing_file(self):
         self.assert_rejected("no such file")
+
+    def test_output_is_a_file(self):
+        write_results(self.path, run_specs())
+        with open(self.output, "w") as text:
+            text.write("not a folder\n")
+        result = run_report(self.path, self.output)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip(),
+                         f"report: {self.output}: is a file; -o names the folder the report is written into")
 
     def test_not_hdf5(self):
         with open(self.path, "w") as text:
