@@ -709,6 +709,12 @@ int predict_command(const std::vector<std::string>& args, std::ostream& out) {
   if (compare) {
     if (rest.empty() || rest.front().rfind("--", 0) == 0) throw UsageError("predict: --compare needs a results file");
     const std::string file = rest.front();
+    for (const char* option : {"--profile", "--output"})
+      for (const std::string& arg : rest)
+        if (arg == option || arg.rfind(std::string(option) + "=", 0) == 0)
+          throw UsageError(std::string("predict: --compare prices each run with the profile it was measured with "
+                                       "and writes nothing; ") +
+                           option + " is for predict CONFIG.yaml (--cpu-from swaps the CPU figures)");
     auto options = parse_options("predict", std::vector<std::string>(rest.begin() + 1, rest.end()), {"--cpu-from"});
     if (options.count("--cpu-from")) cpu = profile_named_by("predict: --cpu-from", options["--cpu-from"]);
     out << format_comparison(compare_predictions(file, cpu ? &*cpu : nullptr));
@@ -750,7 +756,12 @@ int merge_command(const std::vector<std::string>& args, std::ostream& out) {
     else if (arg == "--allow-missing") merge.allow_missing = true;
     else if (arg == "--drop-damaged") merge.drop_damaged = true;
     else if (arg.rfind("--", 0) == 0) throw UsageError("merge: unknown option '" + arg + "'");
-    else if (std::count(files.begin(), files.end(), arg)) throw UsageError("merge: " + arg + " given twice");
+    else if (const auto same = std::find_if(files.begin(), files.end(), [&](const std::string& file) {
+               std::error_code error;  // a file that does not exist is only itself
+               return file == arg || std::filesystem::equivalent(file, arg, error);
+             });
+             same != files.end())
+      throw UsageError("merge: " + arg + " given twice" + (*same == arg ? "" : " (as " + *same + ")"));
     else files.push_back(arg);
   }
   if (files.size() < 2) throw UsageError("merge: give the output file and at least one input file");

@@ -293,7 +293,8 @@ std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachinePr
     if (!profile.cpu_attention_gbps.count(shape) || profile.cpu_attention_gbps.at(shape).empty())
       throw std::invalid_argument("machine profile '" + profile.name + "' has no CPU attention rate for shape '" +
                                   shape + "' (model '" + model.label + "'): calibrate that machine with writescope " +
-                                  "calibrate, or take the CPU figures of a profile that has it (predict --cpu-from)");
+                                  "calibrate (projections with writescope predict can take the CPU figures of a profile that "
+                                  "has it: --cpu-from)");
   }
   std::vector<std::string> baselines, shared_policies;
   for (const std::string& s : config.systems)
@@ -965,8 +966,12 @@ ResumeCheck check_resume(const ExperimentConfig& config, const MachineProfile& p
                                 "--output");
   const std::string shard = reader.has_attribute("/", "shard") ? reader.string_attribute("/", "shard") : "0/1";
   if (shard != options.shard.text())
-    throw std::invalid_argument(config.output + " holds the runs of shard " + shard + ", not of shard " +
-                                options.shard.text() + "; give the same --shard or another --output");
+    throw std::invalid_argument(config.output + " holds the runs of " +
+                                (shard == "0/1" ? std::string("the whole experiment (no --shard)") : "shard " + shard) +
+                                ", not of " +
+                                (options.shard.count == 1 ? std::string("the whole experiment")
+                                                          : "shard " + options.shard.text()) +
+                                "; give the same --shard or another --output");
   const std::vector<std::string> recorded = recorded_machines(reader);
   for (const std::string& yaml : recorded)
     if (machine.setup_differences(yaml).empty()) return {false, 0};

@@ -786,6 +786,25 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
   for (const char* attribute : {"format", "experiment", "config_canonical", "git_revision", "machine"})
     EXPECT_EQ(many.string_attribute("/", attribute), one.string_attribute("/", attribute)) << attribute;
   EXPECT_FALSE(many.has_attribute("/", "shard"));
+  // The merged file holds the whole experiment: resuming a shard into it says so, and the other way round.
+  const auto resume_error = [&](const std::string& file, Shard shard) {
+    ExperimentConfig into = whole;
+    into.output = file;
+    RunOptions options;
+    options.shard = shard;
+    try {
+      run_experiment(into, test::tiny_profile(), progress, false, options);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("resumed");
+  };
+  EXPECT_NE(resume_error(merged, Shard{0, 3}).find("holds the runs of the whole experiment (no --shard), not of shard 0/3"),
+            std::string::npos)
+      << resume_error(merged, Shard{0, 3});
+  EXPECT_NE(resume_error(shards[1], Shard{}).find("holds the runs of shard 1/3, not of the whole experiment"),
+            std::string::npos)
+      << resume_error(shards[1], Shard{});
   const auto all_runs = static_cast<std::int64_t>(expand_runs(whole, test::tiny_profile()).size());
   EXPECT_EQ(one.int_attribute("/", "planned_runs"), all_runs);
   EXPECT_EQ(many.int_attribute("/", "planned_runs"), all_runs);
