@@ -778,9 +778,9 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
   if (args.size() != 1) throw UsageError("verify: give one results file");
   const std::string& file = args.front();
   const ResultsReader reader(file);
-  if (const std::string missing = missing_experiment_attribute(reader); !missing.empty())
-    throw std::runtime_error(file + ": not an experiment's results file (no '" + missing +
-                             "' attribute); verify checks files that `writescope run` wrote");
+  if (const std::string problem = results_file_problem(reader); !problem.empty())
+    throw std::runtime_error(file + ": not an experiment's results file (" + problem +
+                             "); verify checks files that `writescope run` wrote");
   const std::vector<std::string> runs = reader.exists("/runs") ? reader.list("/runs") : std::vector<std::string>{};
   int damaged = 0, unverified = 0;
   for (const std::string& run : runs) {
@@ -793,9 +793,12 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
       ++unverified;
     }
   }
+  const std::vector<std::string> strays = runs_not_of_the_experiment(reader, file);
+  for (const std::string& run : strays) out << "STRAY " << run << ": not a run of the file's experiment\n";
   out << file << ": " << runs.size() << " runs, " << runs.size() - damaged - unverified << " verified, " << damaged
-      << " damaged, " << unverified << " without a checksum\n";
-  return damaged > 0 ? 1 : 0;
+      << " damaged, " << unverified << " without a checksum"
+      << (strays.empty() ? "" : ", " + std::to_string(strays.size()) + " not of the experiment") << "\n";
+  return damaged > 0 || !strays.empty() ? 1 : 0;
 }
 
 }  // namespace

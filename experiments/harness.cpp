@@ -15,6 +15,7 @@
 #include <optional>
 #include <ostream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <tuple>
 #include <utility>
@@ -1006,9 +1007,25 @@ std::string run_damage(const ResultsReader& reader, const std::string& group) {
   }
 }
 
-std::string missing_experiment_attribute(const ResultsReader& reader) {
+std::vector<std::string> runs_not_of_the_experiment(const ResultsReader& reader, const std::string& file) {
+  if (reader.has_attribute("/", "predicted") || !reader.exists("/runs")) return {};
+  const ExperimentConfig config = ExperimentConfig::from_config(
+      ConfigNode::parse(recorded_experiment(reader), file + ": its experiment config"), true);
+  const MachineProfile profile =
+      MachineProfile::from_config(ConfigNode::parse(reader.string_attribute("/profile", "yaml"), file + ":/profile@yaml"));
+  std::set<std::string> ids;
+  for (const RunSpec& run : expand_runs(config, profile)) ids.insert(run.id());
+  std::vector<std::string> strays;
+  for (const std::string& id : reader.list("/runs"))
+    if (!ids.count(id)) strays.push_back(id);
+  return strays;
+}
+
+std::string results_file_problem(const ResultsReader& reader) {
   for (const char* attribute : {"format", "config", "machine"})
-    if (!reader.has_attribute("/", attribute)) return attribute;
+    if (!reader.has_attribute("/", attribute)) return std::string("no '") + attribute + "' attribute";
+  if (const std::string format = reader.string_attribute("/", "format"); format != results_format)
+    return "format '" + format + "', not '" + results_format + "'";
   return "";
 }
 

@@ -174,8 +174,13 @@ class ResultsReader;
 /// checksum does not match its contents, or it does not read); "" if it can.
 std::string run_damage(const ResultsReader& reader, const std::string& group);
 
-/// The root attribute an experiment's results file (what `writescope run`
-/// writes) has and the file `reader` reads lacks, or "" when it has them all.
-std::string missing_experiment_attribute(const ResultsReader& reader);
+/// The run groups of a measured results file (`file` names it in errors)
+/// that are no run of its recorded experiment (renamed, or added by hand).
+std::vector<std::string> runs_not_of_the_experiment(const ResultsReader& reader, const std::string& file);
+
+/// Why the file `reader` reads is not an experiment's results file of this
+/// format (what `writescope run` writes): "no 'config' attribute", "format
+/// 'x', not 'writescope-results-1'"; "" when it is one.
+std::string results_file_problem(const ResultsReader& reader);
 
 }  // namespace writescope

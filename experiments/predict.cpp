@@ -573,7 +573,7 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
     const ResultsReader existing(output);
     const bool projection = existing.has_attribute("/", "predicted") && existing.int_attribute("/", "predicted") == 1;
     // A file that holds nothing is a projection stopped before its commit.
-    const bool measured = !projection && missing_experiment_attribute(existing).empty();
+    const bool measured = !projection && results_file_problem(existing).empty();
     if (!projection && !existing.holds_nothing())
       throw std::invalid_argument("predict: " + output +
                                   (measured ? " holds measured runs; a projection never overwrites them"
@@ -607,9 +607,9 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
 
 PredictionComparison compare_predictions(const std::string& results_file, const MachineProfile* cpu_from) {
   const ResultsReader reader(results_file);
-  if (const std::string missing = missing_experiment_attribute(reader); !missing.empty())
-    throw std::invalid_argument("predict --compare: " + results_file + " is not an experiment's results file (no '" +
-                                missing + "' attribute); it compares files that `writescope run` wrote");
+  if (const std::string problem = results_file_problem(reader); !problem.empty())
+    throw std::invalid_argument("predict --compare: " + results_file + " is not an experiment's results file (" +
+                                problem + "); it compares files that `writescope run` wrote");
   if (reader.has_attribute("/", "predicted") && reader.int_attribute("/", "predicted") == 1)
     throw std::invalid_argument("predict --compare: " + results_file +
                                 " holds predicted runs; compare predictions with a file of measured runs");

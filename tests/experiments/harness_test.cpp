@@ -438,6 +438,27 @@ TEST_F(HarnessTest, ARunThatCannotBeRemovedStopsResumeBeforeMeasuring) {
   EXPECT_EQ(run_damage(ResultsReader(repaired), "/runs/" + damaged), "");
 }
 
+// A run group renamed by hand is no run of the experiment: verify names it.
+TEST_F(HarnessTest, RunsNotOfTheExperimentAreNamed) {
+  const std::string yaml = "name: strays\noutput: " + output_ +
+                           "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [gpu-only]\n"
+                           "batch_sizes: [1]\ncontexts: [16]\nmax_sequence_tokens: 19\n"
+                           "budgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\nsteps: {warmup: 1, measured: 2}\n"
+                           "block_tokens: 8\n";
+  std::ostringstream quiet;
+  run_experiment(ExperimentConfig::from_config(ConfigNode::parse(yaml, "strays.yaml")), test::tiny_profile(), quiet,
+                 false);
+  EXPECT_EQ(runs_not_of_the_experiment(ResultsReader(output_), output_), std::vector<std::string>{});
+  const std::string run = ResultsReader(output_).list("/runs").front();
+  {
+    ResultsStore store(output_);
+    auto txn = store.begin();
+    txn.root().open_group("runs").copy_group(ResultsReader(output_), "/runs/" + run, "renamed");
+    txn.commit();
+  }
+  EXPECT_EQ(runs_not_of_the_experiment(ResultsReader(output_), output_), std::vector<std::string>{"renamed"});
+}
+
 // Resume keeps a file honest: a comment-only edit is the same experiment and
 // the file does not grow; another build is refused; a damaged run is measured
 // again; another machine setup is refused unless allowed, and then recorded

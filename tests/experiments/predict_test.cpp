@@ -422,6 +422,24 @@ TEST_F(PredictFileTest, NeverOverwritesMeasuredRunsAndComparesOnlyMeasuredOnes) 
                 std::string::npos)
           << e.what();
     }
+    // Another version of the format is refused here as run and report.py refuse it.
+    const std::string newer = (dir_ / "newer.h5").string();
+    fs::copy_file(measured, newer);
+    {
+      ResultsStore store(newer);
+      auto txn = store.begin();
+      txn.root().set_attribute("format", "writescope-results-9");
+      txn.commit();
+    }
+    try {
+      compare_predictions(newer);
+      FAIL() << "compared a file of another format";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("newer.h5 is not an experiment's results file (format "
+                                           "'writescope-results-9', not 'writescope-results-1')"),
+                std::string::npos)
+          << e.what();
+    }
   }
   // Nor do measured runs go beside projections, or projections into a merge.
   ExperimentConfig into_projection = small;
