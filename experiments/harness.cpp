@@ -4,9 +4,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -602,6 +604,25 @@ HostMemoryPlan plan_host_memory(const System& system, const ModelConfig& c, cons
 
 namespace impl {
 
+namespace {
+
+/// An exception's text as one line: Kokkos' allocation failures span lines
+/// and end in a note about tracebacks that says nothing about the run.
+std::string one_line(std::string text) {
+  for (const char* noise : {"Traceback functionality not available"})
+    if (const auto at = text.find(noise); at != std::string::npos) text.erase(at, std::strlen(noise));
+  std::string line;
+  for (const char c : text) {
+    const bool space = std::isspace(static_cast<unsigned char>(c));
+    if (space && (line.empty() || line.back() == ' ')) continue;
+    line += space ? ' ' : c;
+  }
+  while (!line.empty() && line.back() == ' ') line.pop_back();
+  return line;
+}
+
+}  // namespace
+
 std::optional<RunResult> attempt_run(const std::function<RunResult()>& run, RunFailure& failure) {
   try {
     return run();
@@ -609,8 +630,14 @@ std::optional<RunResult> attempt_run(const std::function<RunResult()>& run, RunF
     failure = {"does_not_fit", e.what()};
   } catch (const KVBudgetError& e) {
     failure = {"does_not_fit", e.what()};
+  } catch (const std::bad_alloc& e) {
+    // Memory the budgets allowed but the machine (or a limit on the process)
+    // did not give: the run does not fit here; resume tries host memory again.
+    const std::string what = one_line(e.what());
+    const bool device = what.find("CudaSpace") != std::string::npos || what.find("CudaUVMSpace") != std::string::npos;
+    failure = {"does_not_fit", std::string(device ? "device" : "host") + " memory: an allocation failed (" + what + ")"};
   } catch (const std::exception& e) {
-    failure = {"failed", e.what()};
+    failure = {"failed", one_line(e.what())};
   }
   return std::nullopt;
 }

@@ -438,6 +438,28 @@ TEST_F(HarnessTest, ARunThatCannotBeRemovedStopsResumeBeforeMeasuring) {
   EXPECT_EQ(run_damage(ResultsReader(repaired), "/runs/" + damaged), "");
 }
 
+// Memory the budgets allowed but the machine refused does not fit (and is
+// tried again on resume); reasons are one line, without Kokkos' traceback note.
+TEST(AttemptRun, AnAllocationTheMachineRefusesDoesNotFit) {
+  struct KokkosLikeFailure : std::bad_alloc {
+    const char* what() const noexcept override {
+      return "Kokkos failed to allocate memory for label \"kv\".  Allocation using MemorySpace named \"HostSpace\" "
+             "failed with the following error:  Allocation of size 1 G failed, likely due to insufficient memory.\n\n"
+             "Traceback functionality not available\n";
+    }
+  };
+  impl::RunFailure failure;
+  EXPECT_FALSE(impl::attempt_run([]() -> impl::RunResult { throw KokkosLikeFailure(); }, failure));
+  EXPECT_EQ(failure.status, "does_not_fit");
+  EXPECT_EQ(failure.reason,
+            "host memory: an allocation failed (Kokkos failed to allocate memory for label \"kv\". Allocation using "
+            "MemorySpace named \"HostSpace\" failed with the following error: Allocation of size 1 G failed, likely "
+            "due to insufficient memory.)");
+  EXPECT_FALSE(impl::attempt_run([]() -> impl::RunResult { throw std::runtime_error("two\nlines\n"); }, failure));
+  EXPECT_EQ(failure.status, "failed");
+  EXPECT_EQ(failure.reason, "two lines");
+}
+
 // A run group renamed by hand is no run of the experiment: verify names it.
 TEST_F(HarnessTest, RunsNotOfTheExperimentAreNamed) {
   const std::string yaml = "name: strays\noutput: " + output_ +
