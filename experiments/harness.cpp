@@ -1275,6 +1275,10 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
     throw std::invalid_argument("merge: " + output + " exists; merge writes a new file");
   std::vector<ResultsReader> readers;
   for (const std::string& input : inputs) {
+    // A shard still running would be merged without its later runs (--allow-missing hides it).
+    if (results_file_being_written(input))
+      throw std::invalid_argument("merge: " + input + " is being written (" + input +
+                                  ".lock is held: its run has not ended); merge it once that run ends");
     readers.emplace_back(input);
     if (readers.back().has_attribute("/", "predicted"))
       throw std::invalid_argument("merge: " + input + " holds predicted runs (writescope predict); merge combines "

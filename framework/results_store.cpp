@@ -566,6 +566,16 @@ ResultsStore::ResultsStore(std::string path) : path_(writable_results_path(path)
   }
 }
 
+bool results_file_being_written(const std::string& path) {
+  std::error_code error;
+  if (!fs::exists(path, error)) return false;
+  const int fd = ::open((writable_results_path(path) + ".lock").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;  // never written by a ResultsStore, or not readable: no writer to wait for
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
+
 ResultsStore::~ResultsStore() {
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }

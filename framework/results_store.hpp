@@ -123,6 +123,10 @@ class ResultsStore {
   int lock_fd_ = -1;
 };
 
+/// Whether a ResultsStore (of this process or another) holds the lock of
+/// the results file `path` names, i.e. the file is being written.
+bool results_file_being_written(const std::string& path);
+
 /// Read-only access to a committed results file.
 class ResultsReader {
  public:

@@ -870,6 +870,13 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
     return std::string("merged");
   };
   EXPECT_NE(merge_error({shards[0], output_}).find("with different results"), std::string::npos);
+  {  // A shard whose run has not ended is not merged, not even with --allow-missing.
+    const ResultsStore running(shards[1]);
+    EXPECT_NE(merge_error(shards).find("merge: " + shards[1] + " is being written (" + shards[1] +
+                                       ".lock is held: its run has not ended)"),
+              std::string::npos)
+        << merge_error(shards);
+  }
   // A shard missing: refused (nothing written) unless asked to merge what there is.
   EXPECT_NE(merge_error({shards[0], shards[1]}).find("are in no input (a shard did not finish?)"), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(dir_ / "refused.h5"));
