@@ -16,19 +16,25 @@
 #include <unistd.h>
 
 #include "framework/cpu_path.hpp"
+#include "framework/runtime.hpp"
 
 namespace writescope {
 namespace {
 
-double positive(const ConfigNode& node, const std::string& key) {
+/// A measured rate (GB/s, G lane-FMAs/s, GFLOP/s): from 1 M/s, short of
+/// which nothing was measured, to 10^5 G/s, past any memory or core count
+/// (an H200's HBM is 4.8 TB/s; 128 AVX-512 cores about 1.2e4 G lane-FMAs/s).
+/// Outside, a typo (1e-300) would price a step at 10^294 s.
+double rate(const ConfigNode& node, const std::string& key) {
   const double value = node.get<double>(key);
-  if (!(value > 0) || !std::isfinite(value)) node.fail(key, "must be a positive number");
+  if (!(value >= 1e-3 && value <= 1e5)) node.fail(key, "must be a rate in [0.001, 100000]");
   return value;
 }
 
-double non_negative_micros(const ConfigNode& node, const std::string& key) {
+/// A latency, at most a second (launches and copies take microseconds).
+double latency_micros(const ConfigNode& node, const std::string& key) {
   const double value = node.get_or<double>(key, 0.0);
-  if (!(value >= 0) || !std::isfinite(value)) node.fail(key, "must be a non-negative number of microseconds");
+  if (!(value >= 0 && value <= 1e6)) node.fail(key, "must be a number of microseconds in [0, 1000000]");
   return value * 1e-6;
 }
 
@@ -44,19 +50,19 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
   if (p.has_gpu) {
     const ConfigNode gpu = root.child("gpu");
     gpu.allow_only({"hbm_gbps", "launch_latency_us", "attention_gbps"});
-    p.hbm_gbps = positive(gpu, "hbm_gbps");
+    p.hbm_gbps = rate(gpu, "hbm_gbps");
     if (const auto attention = gpu.optional_child("attention_gbps"))
       for (const std::string& shape_name : attention->keys())
-        p.gpu_attention_gbps[shape_name] = positive(*attention, shape_name);
-    p.gpu_launch_latency_s = non_negative_micros(gpu, "launch_latency_us");
+        p.gpu_attention_gbps[shape_name] = rate(*attention, shape_name);
+    p.gpu_launch_latency_s = latency_micros(gpu, "launch_latency_us");
     const ConfigNode link = root.child("link");
     link.allow_only({"pinned_h2d_gbps", "pinned_d2h_gbps", "pageable_h2d_gbps", "pageable_d2h_gbps", "latency_us",
                      "chunk_bytes"});
-    p.pinned_h2d_gbps = positive(link, "pinned_h2d_gbps");
-    p.pinned_d2h_gbps = positive(link, "pinned_d2h_gbps");
-    p.pageable_h2d_gbps = positive(link, "pageable_h2d_gbps");
-    p.pageable_d2h_gbps = positive(link, "pageable_d2h_gbps");
-    p.link_latency_s = non_negative_micros(link, "latency_us");
+    p.pinned_h2d_gbps = rate(link, "pinned_h2d_gbps");
+    p.pinned_d2h_gbps = rate(link, "pinned_d2h_gbps");
+    p.pageable_h2d_gbps = rate(link, "pageable_h2d_gbps");
+    p.pageable_d2h_gbps = rate(link, "pageable_d2h_gbps");
+    p.link_latency_s = latency_micros(link, "latency_us");
     p.link_chunk_bytes = link.get_or<std::uint64_t>("chunk_bytes", p.link_chunk_bytes);
     if (p.link_chunk_bytes == 0) link.fail("chunk_bytes", "must be positive");
   }
@@ -93,18 +99,17 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
             [](const ConfigNode& node, const std::string& key) { return node.get_choice(key, {"l1", "l2"}); });
   per_shape("head_major_pass", "32, 64 or 128 tokens", p.cpu_head_major_pass, pass_tokens);
   per_shape("token_major_pass", "32, 64 or 128 tokens", p.cpu_token_major_pass, pass_tokens);
-  p.cpu_threads = cpu.get<int>("threads");
-  if (p.cpu_threads < 1) cpu.fail("threads", "must be at least 1");
-  p.cpu_dram_read_gbps = positive(cpu, "dram_read_gbps");
-  p.cpu_fma_glanes = positive(cpu, "fma_glanes");
-  p.cpu_launch_latency_s = non_negative_micros(cpu, "launch_latency_us");
+  p.cpu_threads = static_cast<int>(cpu.get_integer("threads", 1, max_host_threads));
+  p.cpu_dram_read_gbps = rate(cpu, "dram_read_gbps");
+  p.cpu_fma_glanes = rate(cpu, "fma_glanes");
+  p.cpu_launch_latency_s = latency_micros(cpu, "launch_latency_us");
   // The expert kernel's rates; older profiles have only the BLAS figures.
   for (const auto& [field, fallback, value] :
        {std::tuple{"expert_gbps", "gemv_gbps", &p.cpu_expert_gbps},
         std::tuple{"expert_gflops", "gemm_gflops", &p.cpu_expert_gflops}}) {
     if (cpu.has(field) && cpu.has(fallback))
       cpu.fail(fallback, std::string("is the older name of ") + field + "; give one of them");
-    *value = positive(cpu, cpu.has(fallback) ? fallback : field);
+    *value = rate(cpu, cpu.has(fallback) ? fallback : field);
   }
   // Per attention shape, per thread count: GB/s.
   const auto rates_by_threads = [&](const ConfigNode& attention, std::map<std::string, std::map<int, double>>& into) {
@@ -116,7 +121,7 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
         if (error != std::errc() || end != key.data() + key.size() || key.front() == '0')
           per_threads.fail(key, "expected a thread count as the key (digits, no leading zero)");
         if (threads < 1) per_threads.fail(key, "thread counts must be at least 1");
-        into[shape_name][threads] = positive(per_threads, key);
+        into[shape_name][threads] = rate(per_threads, key);
       }
     }
   };
