@@ -239,6 +239,9 @@ std::vector<ConfigNode> ConfigNode::elements(const std::string& key) const {
 template <class T>
 T ConfigNode::as() const {
   if (!node_.IsScalar()) fail("expected " + expected_value<T>(node_) + ", got " + describe(node_));
+  // A quoted scalar is a string ("64" in JSON, '7' in YAML), never a number or a truth value.
+  if constexpr (!std::is_same_v<T, std::string>)
+    if (node_.Tag() == "!") fail(std::string("expected ") + type_name<T>() + ", got the string " + describe(node_));
   T value{};
   if (!YAML::convert<T>::decode(node_, value))
     fail("expected " + expected_value<T>(node_) + ", got " + describe(node_));
@@ -269,6 +272,8 @@ std::int64_t ConfigNode::as_integer(std::int64_t least, std::int64_t most, const
   const std::string range =
       "[" + std::to_string(least) + ", " + std::to_string(most) + "]" + (range_note.empty() ? "" : " (" + range_note + ")");
   long long value = 0;
+  if (node_.IsScalar() && node_.Tag() == "!")
+    fail("expected an integer in " + range + ", got the string " + describe(node_));
   if (!node_.IsScalar() || !YAML::convert<long long>::decode(node_, value))
     fail((integer_text(node_) ? "must be in " : "expected an integer in ") + range + ", got " + describe(node_));
   if (value < least || value > most) fail("must be in " + range + ", got " + std::to_string(value));

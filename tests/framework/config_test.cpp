@@ -179,6 +179,20 @@ TEST(Config, BoundedIntegersNameTheFieldsRange) {
   EXPECT_EQ(e.reason(), "must be in [1, 65536], got 70000");
 }
 
+// JSON's "64" and YAML's '7' are strings: a config.json of quoted numbers is
+// refused, not read as numbers.
+TEST(Config, QuotedScalarsAreStrings) {
+  const auto config = ConfigNode::parse("{\"hidden_size\": \"64\", \"norm\": \"yes\", \"seed\": '7', \"name\": \"64\"}",
+                                        "config.json");
+  EXPECT_EQ(expect_config_error([&] { config.get<int>("hidden_size"); }).reason(),
+            "expected an integer, got the string '64'");
+  EXPECT_EQ(expect_config_error([&] { config.get<bool>("norm"); }).reason(),
+            "expected true or false, got the string 'yes'");
+  EXPECT_EQ(expect_config_error([&] { config.get_integer("seed", 0, 9); }).reason(),
+            "expected an integer in [0, 9], got the string '7'");
+  EXPECT_EQ(config.get<std::string>("name"), "64");
+}
+
 TEST(Config, ABinaryFileIsNotAConfigFile) {
   const std::string hdf5_signature("\x89HDF\r\n\x1a\n\0\0", 10);
   EXPECT_EQ(expect_config_error([&] { ConfigNode::parse(hdf5_signature, "results.h5"); }).reason(),
