@@ -136,9 +136,14 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& folder) : folder
     if (!map || !map.IsMap()) throw CheckpointError(index.string() + ": no 'weight_map' object");
     std::set<std::string> files;
     for (const auto& entry : map) {
-      if (!entry.first.IsScalar() || !entry.second.IsScalar())
-        throw CheckpointError(index.string() + ": weight_map entries must map a tensor name to a file name");
-      files.insert(entry.second.Scalar());
+      if (!entry.first.IsScalar() || !entry.second.IsScalar() || entry.second.Tag() != "!")
+        throw CheckpointError(index.string() + ": weight_map entries must map a tensor name to a file name (a string)");
+      // A file of the checkpoint's folder, as Hugging Face shards are: never a path out of it.
+      const std::string& file = entry.second.Scalar();
+      if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos)
+        throw CheckpointError(index.string() + ": weight_map maps tensor '" + entry.first.Scalar() + "' to '" + file +
+                              "'; give the name of a file in the checkpoint's folder");
+      files.insert(file);
     }
     for (const auto& file : files) add_file(file);
     for (const auto& entry : map) {

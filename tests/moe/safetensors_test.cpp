@@ -125,6 +125,14 @@ TEST_F(SafetensorsTest, IndexMustMatchTheShards) {
   write_safetensors((dir_ / "a.safetensors").string(), {{"x", {TensorDType::f32, {1}, {1}}}});
   std::ofstream(dir_ / "model.safetensors.index.json") << R"({"weight_map": {"y": "a.safetensors"}})";
   expect_error([&] { SafetensorsCheckpoint checkpoint(dir_.string()); }, {"'y'", "a.safetensors", "does not hold it"});
+  // A shard is a file of the folder: no path out of it, no folder, no number.
+  for (const char* file : {"\"/etc/passwd\"", "\"../a.safetensors\"", "\".\"", "\"\""}) {
+    std::ofstream(dir_ / "model.safetensors.index.json") << R"({"weight_map": {"x": )" << file << "}}";
+    expect_error([&] { SafetensorsCheckpoint checkpoint(dir_.string()); },
+                 {"weight_map maps tensor 'x' to", "give the name of a file in the checkpoint's folder"});
+  }
+  std::ofstream(dir_ / "model.safetensors.index.json") << R"({"weight_map": {"x": 5}})";
+  expect_error([&] { SafetensorsCheckpoint checkpoint(dir_.string()); }, {"to a file name (a string)"});
 }
 
 }  // namespace
