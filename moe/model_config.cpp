@@ -203,8 +203,9 @@ void ModelConfig::validate() const {
   require(vocab >= 1, "vocab", "must be positive");
   require(q_heads >= 1, "q_heads", "must be positive");
   if (mla()) {
-    require(qk_rope_head_dim > 0 && qk_nope_head_dim > 0 && v_head_dim > 0, "qk_rope_head_dim",
-            "MLA needs positive qk_nope_head_dim, qk_rope_head_dim and v_head_dim");
+    require(qk_nope_head_dim > 0, "qk_nope_head_dim", "must be positive (MLA)");
+    require(qk_rope_head_dim > 0, "qk_rope_head_dim", "must be positive (MLA)");
+    require(v_head_dim > 0, "v_head_dim", "must be positive (MLA)");
   } else {
     require(kv_heads >= 1 && q_heads % kv_heads == 0, "kv_heads", "must divide the number of query heads");
     require(head_dim >= 1, "head_dim", "must be positive");
@@ -225,13 +226,18 @@ void ModelConfig::validate() const {
               std::to_string(rope_dim));
   require(q_lora_rank >= 0, "q_lora_rank", "must not be negative");
   require(shared_experts >= 0, "shared_experts", "must not be negative");
+  require(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0, "routed_scaling_factor",
+          "must be positive (it scales the routed experts' sum)");
   if (rope_scaling.type == "yarn") {
     // YaRN divides by the factor and takes logarithms of the others.
     require(std::isfinite(rope_scaling.factor) && rope_scaling.factor > 0, "rope_scaling.factor", "must be positive");
     require(rope_scaling.original_max_position >= 1, "rope_scaling.original_max_position_embeddings",
             "must be positive");
-    require(rope_scaling.beta_fast > 0 && rope_scaling.beta_slow > 0, "rope_scaling.beta_fast",
-            "beta_fast and beta_slow must be positive");
+    require(rope_scaling.beta_slow > 0, "rope_scaling.beta_slow", "must be positive");
+    require(rope_scaling.beta_fast > rope_scaling.beta_slow, "rope_scaling.beta_fast",
+            "must be larger than beta_slow (the correction range runs from beta_fast's dimension to beta_slow's)");
+    require(rope_scaling.mscale >= 0 && rope_scaling.mscale_all_dim >= 0, "rope_scaling.mscale",
+            "mscale and mscale_all_dim must not be negative");
   }
 }
 
@@ -298,6 +304,7 @@ namespace {
 int one_of_two(const ConfigNode& root, const char* first, const char* second) {
   if (root.has(first) && root.has(second) && root.get<int>(first) != root.get<int>(second))
     root.fail(first, std::string("disagrees with ") + second);
+  if (!root.has(first) && !root.has(second)) root.fail(first, std::string("is required (or ") + second + ")");
   return root.has(first) ? root.get<int>(first) : root.get<int>(second);
 }
 

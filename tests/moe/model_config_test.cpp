@@ -203,6 +203,9 @@ TEST_F(HfConfigTest, RotarySpellingsAndDefaultsAreExplicit) {
   EXPECT_EQ(error_of("{" + qwen + R"(, "num_experts": 8, "rope_theta": 1e6})").first, "norm_topk_prob");
   EXPECT_EQ(error_of("{" + qwen + R"(, "num_experts": 8, "num_local_experts": 16, "norm_topk_prob": true})").first,
             "num_experts");
+  // Neither spelling: the Hub's is named, with the other.
+  EXPECT_EQ(error_of("{" + qwen + R"(, "norm_topk_prob": true})"),
+            std::make_pair(std::string("num_experts"), std::string("is required (or num_local_experts)")));
   EXPECT_EQ(error_of("{" + qwen + R"(, "num_experts": 8, "norm_topk_prob": true, "rope_theta": 1e6,
     "rope_parameters": {"rope_theta": 1e4, "rope_type": "default"}})").first, "rope_theta");
   EXPECT_EQ(error_of("{" + qwen + R"(, "num_experts": 8, "norm_topk_prob": true,
@@ -215,7 +218,10 @@ TEST_F(HfConfigTest, RotarySpellingsAndDefaultsAreExplicit) {
         std::pair{R"("factor": 4, "original_max_position_embeddings": 0)",
                   "rope_scaling.original_max_position_embeddings"},
         std::pair{R"("factor": 4, "original_max_position_embeddings": 256, "beta_slow": 0)",
-                  "rope_scaling.beta_fast"}})
+                  "rope_scaling.beta_slow"},
+        std::pair{R"("factor": 4, "original_max_position_embeddings": 256, "beta_fast": 1, "beta_slow": 32)",
+                  "rope_scaling.beta_fast"},
+        std::pair{R"("factor": 4, "original_max_position_embeddings": 256, "mscale": -1)", "rope_scaling.mscale"}})
     EXPECT_EQ(error_of("{" + qwen + R"(, "num_experts": 8, "norm_topk_prob": true,
       "rope_scaling": {"type": "yarn", )" + scaling + "}}").first, field) << scaling;
   std::string odd_head = qwen;
@@ -256,6 +262,15 @@ TEST_F(HfConfigTest, UnimplementedVariantsAreRefused) {
     }
     return "accepted";
   };
+  // Values the formulas cannot use are named by their own key.
+  const std::string no_scaling =
+      std::regex_replace(deepseek, std::regex(R"("routed_scaling_factor": [0-9.e+-]+,)"), "");
+  ASSERT_NE(no_scaling, deepseek);
+  EXPECT_EQ(error_of(with(no_scaling, R"("routed_scaling_factor": -1)")),
+            "routed_scaling_factor: must be positive (it scales the routed experts' sum)");
+  const std::string bad_value_dim = std::regex_replace(deepseek, std::regex(R"("v_head_dim": [0-9]+)"), R"("v_head_dim": 0)");
+  ASSERT_NE(bad_value_dim, deepseek);
+  EXPECT_EQ(error_of(bad_value_dim), "v_head_dim: must be positive (MLA)");
   EXPECT_EQ(error_of(with(deepseek, R"("topk_method": "group_limited_greedy")")),
             "topk_method: is not supported (only greedy top-k routing is implemented)");
   EXPECT_EQ(error_of(with(deepseek, R"("moe_layer_freq": 2)")).substr(0, 16), "moe_layer_freq: ");
