@@ -197,7 +197,10 @@ T positive_integer(const std::string& command, const std::string& option, const 
                    T most = std::numeric_limits<T>::max()) {
   T value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error == std::errc::result_out_of_range ||
+  // A negative number is an integer out of an unsigned option's range, not "not an integer".
+  const bool negative = text.size() > 1 && text[0] == '-' &&
+                        std::all_of(text.begin() + 1, text.end(), [](unsigned char c) { return std::isdigit(c); });
+  if (error == std::errc::result_out_of_range || (std::is_unsigned_v<T> && negative) ||
       (error == std::errc() && end == text.data() + text.size() && (value < least || value > most)))
     throw UsageError(command + ": " + option + " must be an integer in [" + std::to_string(least) + ", " +
                      std::to_string(most) + "], got '" + text + "'");
