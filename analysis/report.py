@@ -1038,8 +1038,9 @@ def gib(value):
 
 
 def run_rows(runs):
+    """One row a run, by setting and context (the file holds them in the order they were written)."""
     rows = []
-    for run in runs:
+    for run in sorted(runs, key=lambda r: (r.model_label, r.vram_budget_bytes, r.batch, r.context, r.repetition)):
         m = run.measured
         outcome = f"{m.tokens_per_second:.2f}" if m else run.reason
         rows.append((run.model_label, run.label, run.batch, gib(run.vram_budget_bytes), context_label(run.context),

@@ -268,6 +268,15 @@ class ReportOnCompleteFile(ReportOnFile, unittest.TestCase):
                 self.assertGreater(min(width, height), 200)
                 self.assertIn(f"]({name})", self.markdown)
 
+    def test_runs_table_follows_the_settings(self):
+        # The file holds each system's contexts in turn; the table goes context by context.
+        rows = [line.split("|")[1:-1] for line in section(self.markdown, "Runs").splitlines()
+                if line.startswith("|")][2:]
+        order = [(cells[0].strip(), cells[4].strip()) for cells in rows]
+        labels = {"8192": "8K", "32768": "32K"}
+        expected = sorted(order, key=lambda key: (key[0], [labels[str(c)] for c in CONTEXTS].index(key[1])))
+        self.assertEqual(order, expected)
+
     def test_geomean_speedups(self):
         # A file without system_comparison: every run stands for its system.
         table = section(self.markdown, "System against system")
