@@ -925,11 +925,32 @@ std::vector<std::string> recorded_machines(const ResultsReader& reader) {
   return machines;
 }
 
+/// `node` spelled one way for comparison: mappings in key order, and, with
+/// `byte_sizes`, scalars as bytes (200MiB and 209715200 are one budget).
+std::string canonical_yaml(const YAML::Node& node, bool byte_sizes) {
+  if (node.IsMap()) {
+    std::map<std::string, std::string> entries;
+    for (const auto& entry : node) entries[YAML::Dump(entry.first)] = canonical_yaml(entry.second, byte_sizes);
+    std::string text = "{";
+    for (const auto& [key, value] : entries) text += key + ": " + value + ", ";
+    return text + "}";
+  }
+  if (node.IsSequence()) {
+    std::string text = "[";
+    for (const auto& element : node) text += canonical_yaml(element, byte_sizes) + ", ";
+    return text + "]";
+  }
+  if (byte_sizes && node.IsScalar())
+    if (const auto bytes = parse_byte_size(node.Scalar())) return std::to_string(*bytes);
+  return YAML::Dump(node);
+}
+
 /// The top-level fields in which a recorded experiment config (YAML) and
 /// `current` differ, in the order they first appear. Where the results go
 /// (`output`) and where the profile was read from (`profile`) do not identify
-/// the experiment: the profile's own content is compared by itself. The
-/// sources name each text in a ConfigError where it is not a YAML mapping.
+/// the experiment: the profile's own content is compared by itself. Values
+/// compare as canonical_yaml spells them. The sources name each text in a
+/// ConfigError where it is not a YAML mapping.
 std::vector<std::string> experiment_differences(const std::string& recorded, const std::string& recorded_source,
                                                 const std::string& current, const std::string& current_source) {
   const YAML::Node a = ConfigNode::parse(recorded, recorded_source).yaml(),
@@ -941,7 +962,9 @@ std::vector<std::string> experiment_differences(const std::string& recorded, con
         keys.push_back(key);
   for (const std::string& key : keys) {
     if (key == "output" || key == "profile") continue;
-    auto text = [&](const YAML::Node& node) { return node[key] ? YAML::Dump(node[key]) : std::string("(absent)"); };
+    auto text = [&](const YAML::Node& node) {
+      return node[key] ? canonical_yaml(node[key], key == "budgets") : std::string("(absent)");
+    };
     if (text(a) != text(b)) differing.push_back(key);
   }
   return differing;

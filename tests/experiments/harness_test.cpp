@@ -520,6 +520,11 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
   EXPECT_NE(resume_error(more_contexts).find("(it differs in contexts, seed)"), std::string::npos)
       << resume_error(more_contexts);
   EXPECT_EQ(fs::file_size(output_), size) << "resuming grew the file";
+  // Keys in another order and a budget spelled in bytes are the same experiment.
+  const std::string respelled =
+      replaced(yaml, "budgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}", "budgets: {host: 25165824, vram: 12MiB, pinned: 8MiB}");
+  ASSERT_NE(respelled, yaml);
+  EXPECT_EQ(resume_error(respelled), "resumed");
   // Where the results go and where the profile was read from do not identify
   // the experiment: a file moved along with its config's output resumes.
   const std::string moved = output_ + ".moved.h5";
