@@ -650,6 +650,12 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
       continue;
     }
     const impl::RunResult& predicted = *priced;
+    // Measured on a build without a GPU: the GPU's share ran on the host.
+    if (profile.has_gpu && reader.has_attribute(g, "machine") &&
+        ConfigNode::parse(reader.string_attribute(g, "machine"), results_file + ":" + g + "@machine")
+                .get_or<std::string>("gpu_name", "")
+                .empty())
+      ++comparison.host_only_runs;
     const std::string system = reader.string_attribute(g, "system") +
                                (reader.string_attribute(g, "system") == "writescope"
                                     ? "[" + reader.string_attribute(g, "expert_policy") + "]"
@@ -672,7 +678,11 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
   }
   comparison.runs = static_cast<int>(step_errors.size());
   if (step_errors.empty())
-    throw std::invalid_argument("predict --compare: " + results_file + " holds no complete runs of its experiment to compare");
+    throw std::invalid_argument(
+        "predict --compare: " + results_file +
+        (comparison.unpriced.empty() ? " holds no complete runs of its experiment to compare"
+                                     : ": none of its " + std::to_string(comparison.unpriced.size()) +
+                                           " complete runs could be priced; the first: " + comparison.unpriced.front()));
   comparison.median_step_error = median(step_errors);
   comparison.worst_step_error = *std::max_element(step_errors.begin(), step_errors.end());
   for (const auto& [key, values] : errors)
@@ -694,6 +704,10 @@ std::string format_comparison(const PredictionComparison& c) {
   for (const std::string& run : c.unpriced) out << "not compared: " << run << "\n";
   out << "median error " << 100 * c.median_step_error << "% (worst " << 100 * c.worst_step_error << "%) over " << c.runs
       << " runs\n";
+  if (c.host_only_runs > 0)
+    out << "note: " << c.host_only_runs << " of these runs came from a build without a GPU, but profile '" << c.profile
+        << "' describes a GPU machine: their GPU work ran on the host, so the error says how far this host is from "
+           "that GPU, not how well the roofline predicts it\n";
   return out.str();
 }
 

@@ -108,6 +108,7 @@ struct PredictionComparison {
   int runs = 0;
   std::string profile;                 // the profile the runs were priced with
   std::vector<std::string> unpriced;   // complete runs not compared: "<run>: <why>"
+  int host_only_runs = 0;              // compared runs measured without a GPU, priced with a GPU profile
 };
 PredictionComparison compare_predictions(const std::string& results_file, const MachineProfile* cpu_from = nullptr);
 /// The comparison as a table, ending in a line such as "median error 7.3% (worst 21.0%) over 40 runs".

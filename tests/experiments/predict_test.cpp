@@ -387,6 +387,21 @@ TEST_F(PredictFileTest, NeverOverwritesMeasuredRunsAndComparesOnlyMeasuredOnes) 
   EXPECT_EQ(comparison.profile, "test");
   const std::string text = format_comparison(comparison);
   EXPECT_NE(text.find("median error "), std::string::npos) << text;
+  {  // A CPU that cannot price the runs is the reason given, not "no complete runs".
+    MachineProfile shapeless = round_profile();
+    shapeless.cpu_attention_gbps.clear();
+    shapeless.cpu_streamed_attention_gbps.clear();
+    try {
+      compare_predictions(measured, &shapeless);
+      ADD_FAILURE() << "compared runs no profile could price";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("complete runs could be priced; the first: "), std::string::npos)
+          << e.what();
+    }
+  }
+  // A GPU profile's runs measured on a host build say what their error measures.
+  EXPECT_EQ(comparison.host_only_runs, has_gpu ? 0 : comparison.runs);
+  EXPECT_EQ(text.find("came from a build without a GPU") != std::string::npos, !has_gpu) << text;
 
   const std::string projected = (dir_ / "projected.h5").string();
   predict_experiment(small, {round_profile()}, projected, progress);
