@@ -89,9 +89,18 @@ constexpr const char* usage_text =
     "\n"
     "Kokkos options (--kokkos-threads=N, --kokkos-device=N, ...) may be given anywhere.\n";
 
+/// A command line that asks for what does not exist or gives a wrong value.
+/// The whole usage text follows the message only where the command or an
+/// option is unknown; a wrong value gets its message and a pointer to help.
 class UsageError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  enum class Usage { pointer, whole };
+  explicit UsageError(const std::string& message, Usage usage = Usage::pointer)
+      : std::runtime_error(message), usage_(usage) {}
+  bool whole_usage() const noexcept { return usage_ == Usage::whole; }
+
+ private:
+  Usage usage_;
 };
 
 template <class Space>
@@ -170,7 +179,7 @@ std::map<std::string, std::string> parse_options(const std::string& command, con
       value = args[++i];
     }
     if (std::find(known.begin(), known.end(), name) == known.end())
-      throw UsageError(command + ": unknown option '" + name + "'");
+      throw UsageError(command + ": unknown option '" + name + "'", UsageError::Usage::whole);
     if (value.empty()) throw UsageError(command + ": " + name + " needs a value");
     if (options.count(name))
       throw UsageError(command + ": " + name + " given twice ('" + options[name] + "' and '" + value +
@@ -758,7 +767,7 @@ int merge_command(const std::vector<std::string>& args, std::ostream& out) {
     if (arg == "--allow-different-machine") merge.allow_different_machine = true;
     else if (arg == "--allow-missing") merge.allow_missing = true;
     else if (arg == "--drop-damaged") merge.drop_damaged = true;
-    else if (arg.rfind("--", 0) == 0) throw UsageError("merge: unknown option '" + arg + "'");
+    else if (arg.rfind("--", 0) == 0) throw UsageError("merge: unknown option '" + arg + "'", UsageError::Usage::whole);
     else if (const auto same = std::find_if(files.begin(), files.end(), [&](const std::string& file) {
                std::error_code error;  // a file that does not exist is only itself
                return file == arg || std::filesystem::equivalent(file, arg, error);
@@ -777,7 +786,7 @@ int merge_command(const std::vector<std::string>& args, std::ostream& out) {
 /// or unverifiable run and a summary; exit status 1 when any is damaged.
 int verify_command(const std::vector<std::string>& args, std::ostream& out) {
   for (const std::string& arg : args)
-    if (arg.rfind("--", 0) == 0) throw UsageError("verify: unknown option '" + arg + "'");
+    if (arg.rfind("--", 0) == 0) throw UsageError("verify: unknown option '" + arg + "'", UsageError::Usage::whole);
   if (args.size() != 1) throw UsageError("verify: give one results file");
   const std::string& file = args.front();
   const ResultsReader reader(file);
@@ -817,7 +826,7 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
   try {
     Runtime runtime(argc, argv);
     const std::vector<std::string> args(argv + 1, argv + argc);
-    if (args.empty()) throw UsageError("no command given");
+    if (args.empty()) throw UsageError("no command given", UsageError::Usage::whole);
     const std::string& command = args.front();
     const std::vector<std::string> rest(args.begin() + 1, args.end());
     if (command == "info") return info_command(rest, out);
@@ -830,12 +839,14 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     if (command == "merge") return merge_command(rest, out);
     // Internal: one CPU attention measurement at this process' thread count.
     if (command == "calibrate-attention") return calibrate_attention_command(rest, out);
-    throw UsageError("unknown command '" + command + "'");
+    throw UsageError("unknown command '" + command + "'", UsageError::Usage::whole);
   } catch (const UsageError& e) {
-    err << "writescope: " << e.what() << "\n\n" << usage_text;
+    err << "writescope: " << e.what() << "\n";
+    if (e.whole_usage()) err << "\n" << usage_text;
+    else err << "(`writescope help` lists the commands and their options)\n";
     return 2;
   } catch (const ArgumentError& e) {
-    err << "writescope: " << e.what() << "\n\n" << usage_text;
+    err << "writescope: " << e.what() << "\n(`writescope help` lists the commands and their options)\n";
     return 2;
   } catch (const CheckpointError& e) {
     err << "writescope: checkpoint error: " << e.what() << "\n";
