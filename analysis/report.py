@@ -440,9 +440,12 @@ def results_checksum(group):
 
 
 def run_damage(group):
-    """Why a run group cannot be trusted ("" if it can, or if it predates checksums)."""
+    """Why a run group cannot be trusted ("" if it can, or if it predates checksums): as `writescope verify`."""
     try:
         if "checksum" not in group.attrs:
+            # Runs carry checksums since files carry config_canonical: in such a file a run without one lost it.
+            if "config_canonical" in group.file.attrs:
+                return "no checksum, though the build that wrote this file gives every run one"
             return ""
         stored, now = _as_string(group.attrs["checksum"]), results_checksum(group)
     except (OSError, KeyError, ValueError, TypeError, InputError) as error:

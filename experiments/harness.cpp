@@ -1048,7 +1048,12 @@ void record_another_setup(ResultsGroup root, std::size_t index, const std::strin
 
 std::string run_damage(const ResultsReader& reader, const std::string& group) {
   try {
-    if (!reader.has_attribute(group, "checksum")) return "";  // written before runs carried checksums
+    // Runs carry checksums since files carry config_canonical (one change):
+    // in such a file a run without one lost it.
+    if (!reader.has_attribute(group, "checksum"))
+      return reader.has_attribute("/", "config_canonical")
+                 ? "no checksum, though the build that wrote this file gives every run one: the run is damaged"
+                 : "";  // written before runs carried checksums
     const std::string stored = reader.string_attribute(group, "checksum"), now = reader.checksum(group);
     if (stored != now) return "checksum mismatch (stored " + stored + ", contents " + now + "): the run is damaged";
     return "";

@@ -171,7 +171,8 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
 class ResultsReader;
 
 /// Why the run group `group` of the file `reader` reads cannot be trusted (its
-/// checksum does not match its contents, or it does not read); "" if it can.
+/// checksum does not match its contents, it lost its checksum, or it does not
+/// read); "" if it can, or if it predates checksums.
 std::string run_damage(const ResultsReader& reader, const std::string& group);
 
 /// The run groups of a measured results file (`file` names it in errors)

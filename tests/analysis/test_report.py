@@ -725,6 +725,24 @@ class DamagedRuns(unittest.TestCase):
             self.assertIn("`/runs/r0`: checksum mismatch", section(markdown, "Damaged runs"))
             self.assertNotIn("12345", markdown)
 
+    def test_a_run_that_lost_its_checksum_is_damaged(self):
+        # A file with config_canonical comes from a build that gives every run a checksum.
+        sys.path.insert(0, os.path.dirname(REPORT))
+        import report  # noqa: E402
+        with tempfile.TemporaryDirectory() as tmp:
+            path, output = os.path.join(tmp, "results.h5"), os.path.join(tmp, "report")
+            write_results(path, run_specs())
+            with h5py.File(path, "r+") as root:
+                root.attrs["config_canonical"] = "name: test\n"
+                runs = root["runs"]
+                for name in list(runs)[:-1]:
+                    runs[name].attrs["checksum"] = report.results_checksum(runs[name])
+            result = run_report(path, output)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            last = list(h5py.File(path, "r")["runs"])[-1]
+            self.assertIn(f"/runs/{last}: no checksum, though the build that wrote this file gives every run one",
+                          result.stderr)
+
 
 class Provenance(unittest.TestCase):
     """The header names the builds and machine setups of the runs, each run's own where it records one."""

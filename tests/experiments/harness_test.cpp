@@ -588,6 +588,16 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
   EXPECT_EQ(repaired.complete, 1);
   EXPECT_EQ(repaired.skipped, 1);
   EXPECT_EQ(run_damage(ResultsReader(output_), "/runs/" + damaged), "");
+  {  // A run that lost its checksum in a file whose build gives every run one.
+    ResultsStore store(output_);
+    auto txn = store.begin();
+    txn.root().open_group("runs").open_group(damaged).remove_attribute("checksum");
+    txn.commit();
+  }
+  EXPECT_NE(run_damage(ResultsReader(output_), "/runs/" + damaged).find("no checksum, though the build"),
+            std::string::npos);
+  EXPECT_EQ(run_experiment(experiment(yaml), test::tiny_profile(), quiet, false).complete, 1);
+  EXPECT_EQ(run_damage(ResultsReader(output_), "/runs/" + damaged), "");
 
   // The file's runs came from another thread setup.
   {
