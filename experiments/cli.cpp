@@ -527,6 +527,11 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     log_info("generate: read ", model_name, "/config.json in the ", config.config_format, " format: rope_theta ",
              config.rope_theta, ", rope type ", config.rope_scaling.type, ", ", config.experts, " experts, top ",
              config.experts_per_token, " (every setting that changes the math: the logits file's math_settings)");
+  if (const std::int64_t positions = static_cast<std::int64_t>(prompt.size()) + new_tokens;
+      config.max_position > 0 && positions > config.max_position)
+    log_info("generate: warning: the prompt and the new tokens reach ", positions,
+             " positions, past the model's max_position_embeddings (", config.max_position,
+             "): the positions beyond are outside what it was trained for");
   model_options.check_finite = true;
   MoeModel model = [&] {
     try {
