@@ -43,6 +43,14 @@ class HarnessTest : public ::testing::Test {
     return ExperimentConfig::from_config(ConfigNode::parse(yaml, "test.yaml"));
   }
 
+  /// The smallest experiment: tiny-mixtral at one batch and context, into output_.
+  std::string small_yaml(const std::string& name, const std::string& systems = "[ktransformers, gpu-only]") const {
+    return "name: " + name + "\noutput: " + output_ + "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: " +
+           systems +
+           "\nbatch_sizes: [1]\ncontexts: [16]\nmax_sequence_tokens: 19\n"
+           "budgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\nsteps: {warmup: 1, measured: 2}\nblock_tokens: 8\n";
+  }
+
   static std::string error_of(const std::string& yaml) {
     try {
       ExperimentConfig::from_config(ConfigNode::parse(yaml, "bad.yaml"));
@@ -378,11 +386,7 @@ TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
 // measuring and names the way out, merge --drop-damaged, which copies the
 // intact runs into a file that resumes.
 TEST_F(HarnessTest, ARunThatCannotBeRemovedStopsResumeBeforeMeasuring) {
-  const std::string yaml = "name: damaged\noutput: " + output_ +
-                           "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers, gpu-only]\n"
-                           "batch_sizes: [1]\ncontexts: [16]\nmax_sequence_tokens: 19\n"
-                           "budgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\nsteps: {warmup: 1, measured: 2}\n"
-                           "block_tokens: 8\n";
+  const std::string yaml = small_yaml("damaged");
   const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(yaml, "damaged.yaml"));
   std::ostringstream quiet;
   ASSERT_EQ(run_experiment(experiment, test::tiny_profile(), quiet, false).complete, 2) << quiet.str();
@@ -462,11 +466,7 @@ TEST(AttemptRun, AnAllocationTheMachineRefusesDoesNotFit) {
 
 // A run group renamed by hand is no run of the experiment: verify names it.
 TEST_F(HarnessTest, RunsNotOfTheExperimentAreNamed) {
-  const std::string yaml = "name: strays\noutput: " + output_ +
-                           "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [gpu-only]\n"
-                           "batch_sizes: [1]\ncontexts: [16]\nmax_sequence_tokens: 19\n"
-                           "budgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\nsteps: {warmup: 1, measured: 2}\n"
-                           "block_tokens: 8\n";
+  const std::string yaml = small_yaml("strays", "[gpu-only]");
   std::ostringstream quiet;
   run_experiment(ExperimentConfig::from_config(ConfigNode::parse(yaml, "strays.yaml")), test::tiny_profile(), quiet,
                  false);
@@ -486,10 +486,7 @@ TEST_F(HarnessTest, RunsNotOfTheExperimentAreNamed) {
 // again; another machine setup is refused unless allowed, and then recorded
 // beside the first.
 TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
-  const std::string yaml = "name: resume\noutput: " + output_ +
-                           "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers, gpu-only]\n"
-                           "batch_sizes: [1]\ncontexts: [16]\nmax_sequence_tokens: 19\nbudgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\n"
-                           "steps: {warmup: 1, measured: 2}\nblock_tokens: 8\n";
+  const std::string yaml = small_yaml("resume");
   const auto experiment = [&](const std::string& text) {
     return ExperimentConfig::from_config(ConfigNode::parse(text, "resume.yaml"));
   };
@@ -679,11 +676,7 @@ TEST_F(HarnessTest, AnotherProgramsFileIsNotTakenOver) {
 // at most one per progress_line_seconds, with the time left: the
 // experiment's once a run has finished, the first run's own before.
 TEST_F(HarnessTest, PlainProgressShowsTheRunsPhases) {
-  const std::string yaml = "name: plain\noutput: " + output_ +
-                           "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [ktransformers, gpu-only]\n"
-                           "batch_sizes: [1]\ncontexts: [16]\nmax_sequence_tokens: 19\n"
-                           "budgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\nsteps: {warmup: 1, measured: 2}\n"
-                           "block_tokens: 8\n";
+  const std::string yaml = small_yaml("plain");
   const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(yaml, "plain.yaml"));
   RunOptions every_phase;
   every_phase.progress_line_seconds = 0;
