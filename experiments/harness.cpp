@@ -19,6 +19,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <tuple>
 #include <utility>
 
@@ -606,11 +607,13 @@ namespace impl {
 
 namespace {
 
+constexpr std::string_view kokkos_allocation_failure = "Kokkos failed to allocate memory";
+
 /// An exception's text as one line: Kokkos' allocation failures span lines
 /// and end in a note about tracebacks that says nothing about the run.
 std::string one_line(std::string text) {
-  for (const char* noise : {"Traceback functionality not available"})
-    if (const auto at = text.find(noise); at != std::string::npos) text.erase(at, std::strlen(noise));
+  constexpr std::string_view traceback_note = "Traceback functionality not available";
+  if (const auto at = text.find(traceback_note); at != std::string::npos) text.erase(at, traceback_note.size());
   std::string line;
   for (const char c : text) {
     const bool space = std::isspace(static_cast<unsigned char>(c));
@@ -619,6 +622,15 @@ std::string one_line(std::string text) {
   }
   while (!line.empty() && line.back() == ' ') line.pop_back();
   return line;
+}
+
+/// Memory the budgets allowed but the machine (or a limit on the process)
+/// did not give: the run does not fit here, and resume tries host memory
+/// again. Kokkos names the space: "Cuda" and "CudaUVM" are the device's.
+RunFailure refused_allocation(const std::string& what) {
+  const bool device = what.find("MemorySpace named \"Cuda\"") != std::string::npos ||
+                      what.find("MemorySpace named \"CudaUVM\"") != std::string::npos;
+  return {"does_not_fit", std::string(device ? "device" : "host") + " memory: an allocation failed (" + what + ")"};
 }
 
 }  // namespace
@@ -631,13 +643,12 @@ std::optional<RunResult> attempt_run(const std::function<RunResult()>& run, RunF
   } catch (const KVBudgetError& e) {
     failure = {"does_not_fit", e.what()};
   } catch (const std::bad_alloc& e) {
-    // Memory the budgets allowed but the machine (or a limit on the process)
-    // did not give: the run does not fit here; resume tries host memory again.
-    const std::string what = one_line(e.what());
-    const bool device = what.find("CudaSpace") != std::string::npos || what.find("CudaUVMSpace") != std::string::npos;
-    failure = {"does_not_fit", std::string(device ? "device" : "host") + " memory: an allocation failed (" + what + ")"};
+    failure = refused_allocation(one_line(e.what()));
   } catch (const std::exception& e) {
-    failure = {"failed", one_line(e.what())};
+    // Kokkos 3 reports a View it could not allocate as a std::runtime_error.
+    const std::string what = one_line(e.what());
+    failure = what.find(kokkos_allocation_failure) != std::string::npos ? refused_allocation(what)
+                                                                         : RunFailure{"failed", what};
   }
   return std::nullopt;
 }

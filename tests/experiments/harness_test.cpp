@@ -445,20 +445,26 @@ TEST_F(HarnessTest, ARunThatCannotBeRemovedStopsResumeBeforeMeasuring) {
 // Memory the budgets allowed but the machine refused does not fit (and is
 // tried again on resume); reasons are one line, without Kokkos' traceback note.
 TEST(AttemptRun, AnAllocationTheMachineRefusesDoesNotFit) {
-  struct KokkosLikeFailure : std::bad_alloc {
-    const char* what() const noexcept override {
-      return "Kokkos failed to allocate memory for label \"kv\".  Allocation using MemorySpace named \"HostSpace\" "
-             "failed with the following error:  Allocation of size 1 G failed, likely due to insufficient memory.\n\n"
-             "Traceback functionality not available\n";
-    }
+  // Kokkos 3.4's message (impl/Kokkos_MemorySpace.cpp), as the KV cache passes it on.
+  auto kokkos_failure = [](const std::string& space) {
+    return "KV cache: the pinned budget of 6442450944 bytes (2 blocks) cannot be allocated on this machine: Kokkos "
+           "failed to allocate memory for label \"writescope::layouts::pinned_pool\".  Allocation using MemorySpace "
+           "named \"" + space + "\" failed with the following error:  Allocation of size 6 G failed, likely due to "
+           "insufficient memory.\n\nTraceback functionality not available\n";
   };
   impl::RunFailure failure;
-  EXPECT_FALSE(impl::attempt_run([]() -> impl::RunResult { throw KokkosLikeFailure(); }, failure));
+  EXPECT_FALSE(impl::attempt_run([&]() -> impl::RunResult { throw KVCacheError(kokkos_failure("Host")); }, failure));
   EXPECT_EQ(failure.status, "does_not_fit");
   EXPECT_EQ(failure.reason,
-            "host memory: an allocation failed (Kokkos failed to allocate memory for label \"kv\". Allocation using "
-            "MemorySpace named \"HostSpace\" failed with the following error: Allocation of size 1 G failed, likely "
-            "due to insufficient memory.)");
+            "host memory: an allocation failed (KV cache: the pinned budget of 6442450944 bytes (2 blocks) cannot be "
+            "allocated on this machine: Kokkos failed to allocate memory for label "
+            "\"writescope::layouts::pinned_pool\". Allocation using MemorySpace named \"Host\" failed with the "
+            "following error: Allocation of size 6 G failed, likely due to insufficient memory.)");
+  EXPECT_FALSE(impl::attempt_run([&]() -> impl::RunResult { throw std::runtime_error(kokkos_failure("Cuda")); }, failure));
+  EXPECT_EQ(failure.reason.rfind("device memory: an allocation failed (", 0), 0u) << failure.reason;
+  EXPECT_FALSE(impl::attempt_run([]() -> impl::RunResult { throw std::bad_alloc(); }, failure));
+  EXPECT_EQ(failure.status, "does_not_fit");
+  EXPECT_EQ(failure.reason.rfind("host memory: an allocation failed (", 0), 0u) << failure.reason;
   EXPECT_FALSE(impl::attempt_run([]() -> impl::RunResult { throw std::runtime_error("two\nlines\n"); }, failure));
   EXPECT_EQ(failure.status, "failed");
   EXPECT_EQ(failure.reason, "two lines");
