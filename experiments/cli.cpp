@@ -323,8 +323,6 @@ class TokenIds {
     if (!last) {
       const std::size_t separator = text.find_last_of(separators);
       end_of_items = separator == std::string_view::npos ? 0 : separator + 1;
-      // No id is this long: a file of one endless "token" stops here.
-      if (text.size() - end_of_items > longest_item) fail(text.substr(end_of_items));
     }
     while (at < end_of_items) {
       if (std::isspace(static_cast<unsigned char>(text[at]))) {
@@ -339,6 +337,7 @@ class TokenIds {
       }
       const std::size_t end = std::min(text.find_first_of(separators, at), end_of_items);
       const std::string_view item = text.substr(at, end - at);
+      if (item.size() > longest_item) fail(item);  // the same rule wherever the file's blocks split
       int value = -1;
       const auto [stop, error] = std::from_chars(item.data(), item.data() + item.size(), value);
       if (error != std::errc() || stop != item.data() + item.size() || value < 0 || value >= vocab_) fail(item);
@@ -349,6 +348,8 @@ class TokenIds {
       after_comma_ = false;
       at = end;
     }
+    // No id is this long: a file of one endless "token" stops here.
+    if (text.size() - end_of_items > longest_item) fail(text.substr(end_of_items));
     return end_of_items;
   }
 
