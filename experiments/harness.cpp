@@ -929,10 +929,15 @@ namespace {
 
 /// The machine setups a results file records: the first, then /other_machines.
 std::vector<std::string> recorded_machines(const ResultsReader& reader) {
-  std::vector<std::string> machines{reader.string_attribute("/", "machine")};
+  // Each read as YAML here, so that a garbled one is named by its file and place.
+  auto checked = [&](const std::string& object) {
+    const std::string yaml = reader.string_attribute(object, "machine");
+    ConfigNode::parse(yaml, reader.path() + ":" + object + "@machine");
+    return yaml;
+  };
+  std::vector<std::string> machines{checked("/")};
   if (reader.exists("/other_machines"))
-    for (const std::string& name : reader.list("/other_machines"))
-      machines.push_back(reader.string_attribute("/other_machines/" + name, "machine"));
+    for (const std::string& name : reader.list("/other_machines")) machines.push_back(checked("/other_machines/" + name));
   return machines;
 }
 

@@ -131,6 +131,7 @@ bool results_file_being_written(const std::string& path);
 class ResultsReader {
  public:
   explicit ResultsReader(const std::string& path);
+  const std::string& path() const noexcept { return path_; }
 
   bool exists(const std::string& object_path) const;
   bool has_attribute(const std::string& object_path, const std::string& name) const;

@@ -95,4 +95,27 @@ execute_process(COMMAND ${COMMAND} predict ${config} --profile h200-pcie5 --cpu-
 if(NOT status EQUAL 1 OR NOT err MATCHES "tiny.h5 holds measured runs; a projection never overwrites them")
   message(FATAL_ERROR "predict over measured runs (${status}): ${out}\n${err}")
 endif()
+# verify names a run group that is no run of the experiment, and where the
+# recorded profile no longer reads, says so and still gives the checksums' count.
+file(COPY_FILE ${FOLDER}/tiny.h5 ${FOLDER}/edited.h5)
+execute_process(COMMAND ${PYTHON} -c "
+import re, sys, h5py
+with h5py.File(sys.argv[1], 'r+') as f:
+    f['runs'].move(sorted(f['runs'])[0], 'renamed')
+" ${FOLDER}/edited.h5 RESULT_VARIABLE status)
+execute_process(COMMAND ${COMMAND} verify ${FOLDER}/edited.h5 RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT status EQUAL 1 OR NOT out MATCHES "STRAY renamed: not a run of the file's experiment.*32 runs, 32 verified, 0 damaged, 0 without a checksum, 1 not of the experiment")
+  message(FATAL_ERROR "verify of a renamed run (${status}): ${out}\n${err}")
+endif()
+execute_process(COMMAND ${PYTHON} -c "
+import re, sys, h5py
+with h5py.File(sys.argv[1], 'r+') as f:
+    yaml = f['profile'].attrs['yaml']
+    yaml = yaml.decode() if isinstance(yaml, bytes) else yaml
+    f['profile'].attrs['yaml'] = re.sub(r'threads: [0-9]+', 'threads: 600', yaml)
+" ${FOLDER}/edited.h5 RESULT_VARIABLE status)
+execute_process(COMMAND ${COMMAND} verify ${FOLDER}/edited.h5 RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT status EQUAL 1 OR NOT out MATCHES "cannot check which runs belong to the experiment: .*cpu.threads.*32 runs, 32 verified")
+  message(FATAL_ERROR "verify of a file whose profile does not read (${status}): ${out}\n${err}")
+endif()
 file(REMOVE_RECURSE "${FOLDER}")

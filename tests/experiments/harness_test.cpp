@@ -553,6 +553,20 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
       EXPECT_EQ(std::string(e.what()).rfind(garbled + ": its experiment config:1:", 0), 0u) << e.what();
     }
     fs::remove(garbled);
+    fs::copy_file(output_, garbled);
+    {
+      ResultsStore store(garbled);
+      auto txn = store.begin();
+      txn.root().set_attribute("machine", "host_threads: [1");
+      txn.commit();
+    }
+    try {
+      run_experiment(experiment(replaced(yaml, output_, garbled)), test::tiny_profile(), quiet, false);
+      ADD_FAILURE() << "resumed a file whose recorded machine setup does not read";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(garbled + ":/@machine:1:", 0), 0u) << e.what();
+    }
+    fs::remove(garbled);
   }
 
   // Runs of another build are not resumed into.
