@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -271,11 +272,15 @@ std::vector<T> ConfigNode::get_list(const std::string& key) const {
 std::int64_t ConfigNode::as_integer(std::int64_t least, std::int64_t most, const std::string& range_note) const {
   const std::string range =
       "[" + std::to_string(least) + ", " + std::to_string(most) + "]" + (range_note.empty() ? "" : " (" + range_note + ")");
-  long long value = 0;
   if (node_.IsScalar() && node_.Tag() == "!")
     fail("expected an integer in " + range + ", got the string " + describe(node_));
-  if (!node_.IsScalar() || !YAML::convert<long long>::decode(node_, value))
-    fail((integer_text(node_) ? "must be in " : "expected an integer in ") + range + ", got " + describe(node_));
+  // Decimal digits only: YAML's reader takes 010 as octal 8 and 0x10 as 16.
+  if (!integer_text(node_)) fail("expected an integer in " + range + ", got " + describe(node_));
+  const std::string& text = node_.Scalar();
+  const std::size_t digits = text[0] == '+' ? 1 : 0;
+  long long value = 0;
+  const auto [end, error] = std::from_chars(text.data() + digits, text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) fail("must be in " + range + ", got " + describe(node_));
   if (value < least || value > most) fail("must be in " + range + ", got " + std::to_string(value));
   return value;
 }

@@ -174,6 +174,13 @@ TEST(Config, BoundedIntegersNameTheFieldsRange) {
   EXPECT_EQ(expect_config_error([&] { config.get_integer("fraction", 1, 12); }).reason(),
             "expected an integer in [1, 12], got '2.5'");
   EXPECT_EQ(config.get_integer_list("list", 1, 70000), (std::vector<std::int64_t>{1, 2, 70000}));
+  // Decimal only: a leading zero is not octal, and hexadecimal is no integer here.
+  const auto spelled = ConfigNode::parse("zero: 010\nplus: +16\nhex: 0x10\nminus: -5\n", "c.yaml");
+  EXPECT_EQ(spelled.get_integer("zero", 1, 100), 10);
+  EXPECT_EQ(spelled.get_integer("plus", 1, 100), 16);
+  EXPECT_EQ(spelled.get_integer("minus", -9, 0), -5);
+  EXPECT_EQ(expect_config_error([&] { spelled.get_integer("hex", 1, 100); }).reason(),
+            "expected an integer in [1, 100], got '0x10'");
   const auto e = expect_config_error([&] { config.get_integer_list("list", 1, 65536); });
   EXPECT_EQ(e.field(), "list[2]");
   EXPECT_EQ(e.reason(), "must be in [1, 65536], got 70000");
