@@ -225,14 +225,21 @@ void progress_line(const std::string& line) { log_info("calibrate: ", line); }
 /// missing or read-only folder) before minutes of measuring go into it.
 void check_profile_output(const std::string& command, const std::string& path) {
   if (std::filesystem::is_directory(path)) throw UsageError(command + ": --output " + path + " is a folder");
-  // Calibrating again replaces a profile; any other file (results, a config) is kept.
-  if (std::filesystem::exists(path)) {
+  // Calibrating again replaces a profile, an outdated one included (a YAML
+  // mapping with a name and a cpu section), or an empty file; any other file
+  // (results, a config) is kept.
+  std::error_code error;
+  if (std::filesystem::exists(path) && std::filesystem::file_size(path, error) > 0) {
+    std::string why;
     try {
-      MachineProfile::load(path);
-    } catch (const std::exception& e) {
-      throw UsageError(command + ": --output " + path + " exists and is not a machine profile (" + e.what() +
-                       "); a profile replaces only an earlier profile: give another --output or remove the file");
+      const ConfigNode node = ConfigNode::load_file(path);
+      if (!node.has("name") || !node.has("cpu")) why = "it has no 'name' and 'cpu' at its top";
+    } catch (const ConfigError& e) {
+      why = e.what();
     }
+    if (!why.empty())
+      throw UsageError(command + ": --output " + path + " exists and is not a machine profile (" + why +
+                       "); a profile replaces only an earlier profile: give another --output or remove the file");
   }
   // A file beside it, as MachineProfile::save writes one: a name of its own
   // (mkstemp), so that no existing file is truncated or removed.
