@@ -1184,7 +1184,8 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     txn.commit();
   }
   if (options.shard.count > 1)
-    log_info("run: shard ", options.shard.text(), ": ", runs.size(), " of the experiment's ", all_runs.size(), " runs");
+    log_info("run: shard ", options.shard.text(), ": ", runs.size(), " of the experiment's ", all_runs.size(), " runs",
+             runs.empty() ? " (more shards than settings: a setting's systems share one shard)" : "");
   Progress progress(progress_out, tty, runs.size(), options.progress_line_seconds);
   ExpertCache expert_cache;
   ExperimentSummary summary;
@@ -1321,8 +1322,9 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
   for (const std::string& input : inputs) {
     // A shard still running would be merged without its later runs (--allow-missing hides it).
     if (results_file_being_written(input))
-      throw std::invalid_argument("merge: " + input + " is being written (" + input +
-                                  ".lock is held: its run has not ended); merge it once that run ends");
+      throw std::invalid_argument("merge: " + input +
+                                  " is being written (its lock is held: its run has not ended); merge it once that "
+                                  "run ends");
     readers.emplace_back(input);
     if (readers.back().has_attribute("/", "predicted"))
       throw std::invalid_argument("merge: " + input + " holds predicted runs (writescope predict); merge combines "
@@ -1399,8 +1401,10 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
     std::string listed;
     for (const std::string& id : missing) listed += "\n  " + id;
     throw std::invalid_argument("merge: " + std::to_string(missing.size()) + " of the experiment's " +
-                                std::to_string(runs.size()) + " runs are in no input (a shard did not finish?):" +
-                                listed + "\npass --allow-missing to merge what there is");
+                                std::to_string(runs.size()) + " runs are in no input (" +
+                                (dropped.empty() ? std::string("a shard did not finish?")
+                                                 : std::to_string(dropped.size()) + " dropped as damaged") +
+                                "):" + listed + "\npass --allow-missing to merge what there is");
   }
   write_merged(output, first, readers, runs, source, machines);
   std::vector<std::string> lines{"merged " + std::to_string(source.size()) + " runs of " + std::to_string(runs.size()) +

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <sstream>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,20 +22,28 @@
 namespace writescope {
 namespace {
 
+std::string format_number(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
 /// A measured rate (GB/s, G lane-FMAs/s, GFLOP/s): from 1 M/s, short of
 /// which nothing was measured, to 10^5 G/s, past any memory or core count
 /// (an H200's HBM is 4.8 TB/s; 128 AVX-512 cores about 1.2e4 G lane-FMAs/s).
 /// Outside, a typo (1e-300) would price a step at 10^294 s.
 double rate(const ConfigNode& node, const std::string& key) {
   const double value = node.get<double>(key);
-  if (!(value >= 1e-3 && value <= 1e5)) node.fail(key, "must be a rate in [0.001, 100000]");
+  if (!(value >= 1e-3 && value <= 1e5))
+    node.fail(key, "must be a rate in [0.001, 100000] (G/s), got " + format_number(value));
   return value;
 }
 
 /// A latency, at most a second (launches and copies take microseconds).
 double latency_micros(const ConfigNode& node, const std::string& key) {
   const double value = node.get_or<double>(key, 0.0);
-  if (!(value >= 0 && value <= 1e6)) node.fail(key, "must be a number of microseconds in [0, 1000000]");
+  if (!(value >= 0 && value <= 1e6))
+    node.fail(key, "must be a number of microseconds in [0, 1000000], got " + format_number(value));
   return value * 1e-6;
 }
 

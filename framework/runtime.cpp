@@ -125,8 +125,8 @@ std::string thread_placement() {
 
 Runtime::Runtime(int& argc, char* argv[]) {
   check_kokkos_arguments(argc, argv);
-  if (const char* worker = std::getenv("WRITESCOPE_GPU_THREAD");
-      worker != nullptr && std::string(worker) != "0" && std::string(worker) != "1")
+  if (const char* worker = std::getenv("WRITESCOPE_GPU_THREAD");  // empty: as unset
+      worker != nullptr && *worker != '\0' && std::string(worker) != "0" && std::string(worker) != "1")
     throw RuntimeError(std::string("WRITESCOPE_GPU_THREAD must be 0 or 1 (1: a host build runs the GPU's share of a "
                                    "step on a worker thread), got '") +
                        worker + "'");

@@ -430,6 +430,14 @@ TEST_F(HarnessTest, ARunThatCannotBeRemovedStopsResumeBeforeMeasuring) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("or pass --drop-damaged to leave it out"), std::string::npos) << e.what();
   }
+  MergeOptions drop_only;
+  drop_only.drop_damaged = true;
+  try {
+    merge_results(repaired, {output_}, drop_only);
+    ADD_FAILURE() << "merged without the dropped run";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("runs are in no input (1 dropped as damaged)"), std::string::npos) << e.what();
+  }
   drop.drop_damaged = true;
   const std::vector<std::string> lines = merge_results(repaired, {output_}, drop);
   EXPECT_NE(std::find(lines.begin(), lines.end(), "dropped (damaged) from " + output_ + ": " + damaged), lines.end());
@@ -900,8 +908,8 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
   EXPECT_NE(merge_error({shards[0], output_}).find("with different results"), std::string::npos);
   {  // A shard whose run has not ended is not merged, not even with --allow-missing.
     const ResultsStore running(shards[1]);
-    EXPECT_NE(merge_error(shards).find("merge: " + shards[1] + " is being written (" + shards[1] +
-                                       ".lock is held: its run has not ended)"),
+    EXPECT_NE(merge_error(shards).find("merge: " + shards[1] + " is being written (its lock is held: its run has "
+                                       "not ended)"),
               std::string::npos)
         << merge_error(shards);
   }

@@ -222,14 +222,14 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
     FAIL() << "negative bandwidth accepted";
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.field(), "link.pageable_d2h_gbps");
-    EXPECT_EQ(e.reason(), "must be a rate in [0.001, 100000]");
+    EXPECT_EQ(e.reason(), "must be a rate in [0.001, 100000] (G/s), got -8");
   }
   // Finite but absurd: a rate no machine has, a latency of hours, threads past Kokkos' pool.
   for (const auto& [from, to, field, reason] : std::vector<std::tuple<std::string, std::string, std::string, std::string>>{
-           {"fma_glanes: 100", "fma_glanes: 1e-300", "cpu.fma_glanes", "must be a rate in [0.001, 100000]"},
-           {"hbm_gbps: 1000", "hbm_gbps: 1e9", "gpu.hbm_gbps", "must be a rate in [0.001, 100000]"},
+           {"fma_glanes: 100", "fma_glanes: 1e-300", "cpu.fma_glanes", "must be a rate in [0.001, 100000] (G/s), got 1e-300"},
+           {"hbm_gbps: 1000", "hbm_gbps: 1e9", "gpu.hbm_gbps", "must be a rate in [0.001, 100000] (G/s), got 1e+09"},
            {"hbm_gbps: 1000", "hbm_gbps: 1000, launch_latency_us: 1e30", "gpu.launch_latency_us",
-            "must be a number of microseconds in [0, 1000000]"},
+            "must be a number of microseconds in [0, 1000000], got 1e+30"},
            {"threads: 4", "threads: 100000", "cpu.threads", "must be in [1, 512], got 100000"}}) {
     std::string text = base;
     text.replace(text.find("pageable_d2h_gbps: -8"), 21, "pageable_d2h_gbps: 8");
@@ -279,7 +279,7 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
         std::tuple{"token_major_pass", "64", "cpu.token_major_pass", "mapping"},
         std::tuple{"head_major_pass", "{mixtral-8x7b: 16}", "cpu.head_major_pass.mixtral-8x7b", "16"},
         std::tuple{"streamed_attention_gbps", "{qwen3-30b-a3b: {4: 0}}", "cpu.streamed_attention_gbps.qwen3-30b-a3b.4",
-                   "a rate in [0.001, 100000]"},
+                   "a rate in [0.001, 100000] (G/s), got 0"},
         std::tuple{"streamed_attention_gbps", "{qwen3-30b-a3b: {04: 5}}",
                    "cpu.streamed_attention_gbps.qwen3-30b-a3b.04", "thread count"}}) {
     std::string bad = base;
