@@ -75,11 +75,13 @@ class ConfigNode {
   template <class T>
   T as() const;
 
-  /// Required integer child in [least, most]; `range_note` (e.g. "the
-  /// preset's layers") follows the range in the error. Any number outside,
-  /// even one past every integer type's range, is refused with this range.
+  /// Required integer child in [least, most], written in decimal digits
+  /// (an optional sign; never YAML's octal or hexadecimal); `range_note`
+  /// (e.g. "the preset's layers") follows the range in the error. Any number
+  /// outside, even one past every integer type's range, is refused with it.
   std::int64_t get_integer(const std::string& key, std::int64_t least, std::int64_t most,
                            const std::string& range_note = {}) const;
+  /// get_integer, or `fallback` where the child is absent or null.
   std::int64_t get_integer_or(const std::string& key, std::int64_t fallback, std::int64_t least, std::int64_t most,
                               const std::string& range_note = {}) const;
   /// Required non-empty sequence of integers, each in [least, most].
