@@ -1335,7 +1335,13 @@ void expect_product_samples(Sampler& sampler, CpuPath path, int samples) {
   // wrong bytes, would not be).
   EXPECT_GT(sampler.l2_read_gbps(), 0);
   EXPECT_LE(sampler.l2_read_gbps(), sampler.fastest_l2_read_gbps());
-  EXPECT_GT(sampler.fastest_l2_read_gbps(), measure_host_dram_read_gbps(std::int64_t{256} << 20));
+  // Tests of another process on the same cores (ctest -j) can slow every
+  // sample of a round; more rounds find a quiet one, where a slice that left
+  // the L2 is never faster than DRAM.
+  const double dram_read_gbps = measure_host_dram_read_gbps(std::int64_t{256} << 20);
+  for (int round = 0; round < 4 && sampler.fastest_l2_read_gbps() <= dram_read_gbps; ++round)
+    for (int s = 0; s < samples; ++s) sampler.sample();
+  EXPECT_GT(sampler.fastest_l2_read_gbps(), dram_read_gbps);
 }
 
 // The sampler of both rates: its DRAM read rate too, none before the first
