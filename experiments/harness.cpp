@@ -1018,6 +1018,10 @@ ResumeCheck check_resume(const ExperimentConfig& config, const MachineProfile& p
     throw std::invalid_argument(config.output + " holds predicted runs (writescope predict); measured runs go to "
                                 "another --output, never beside projections");
   if (!reader.exists("/runs") || reader.list("/runs").empty()) return {true, 0};  // nothing measured yet
+  // As verify and predict --compare refuse it: runs without the attributes that say what they are.
+  if (const std::string problem = results_file_problem(reader); !problem.empty())
+    throw std::invalid_argument(config.output + " holds runs but is not a complete results file (" + problem +
+                                "); write to another --output");
   if (const auto differing = experiment_differences(recorded_experiment(reader), config.output + ": its experiment config",
                                                    config.canonical, "the experiment config");
       !differing.empty())

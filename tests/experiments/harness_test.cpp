@@ -562,6 +562,18 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
     }
     fs::remove(garbled);
     fs::copy_file(output_, garbled);
+    {  // Runs whose file lost the config they were measured under: refused, as verify refuses the file.
+      ResultsStore store(garbled);
+      auto txn = store.begin();
+      txn.root().remove_attribute("config");
+      txn.commit();
+    }
+    EXPECT_NE(resume_error(replaced(yaml, output_, garbled))
+                  .find(garbled + " holds runs but is not a complete results file (no 'config' attribute)"),
+              std::string::npos)
+        << resume_error(replaced(yaml, output_, garbled));
+    fs::remove(garbled);
+    fs::copy_file(output_, garbled);
     {
       ResultsStore store(garbled);
       auto txn = store.begin();
