@@ -704,44 +704,50 @@ class ReportWithoutCompleteRuns(unittest.TestCase):
 class DamagedRuns(unittest.TestCase):
     """Runs whose contents no longer match their checksum are left out and named; runs without one are counted."""
 
-    def test_flags_damaged_runs(self):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.path, self.output = os.path.join(self.tmp.name, "results.h5"), os.path.join(self.tmp.name, "report")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def report_of(self, edit):
+        """The report of a file whose runs all carry checksums but the last (older than checksums), after `edit`."""
         sys.path.insert(0, os.path.dirname(REPORT))
         import report  # noqa: E402  (the module under test, for its checksum)
-        with tempfile.TemporaryDirectory() as tmp:
-            path, output = os.path.join(tmp, "results.h5"), os.path.join(tmp, "report")
-            write_results(path, run_specs())
-            with h5py.File(path, "r+") as root:
-                runs = root["runs"]
-                for name in list(runs)[:-1]:  # the last run predates checksums
-                    runs[name].attrs["checksum"] = report.results_checksum(runs[name])
-                runs["r0"].attrs["context"] = np.int64(12345)
-            result = run_report(path, output)
-            self.assertEqual(result.returncode, 0, result.stderr)
-            self.assertIn("/runs/r0: checksum mismatch", result.stderr)
-            with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
-                markdown = md.read()
-            self.assertIn("**1 damaged runs left out**", markdown)
-            self.assertIn("1 runs carry no checksum", markdown)
-            self.assertIn("`/runs/r0`: checksum mismatch", section(markdown, "Damaged runs"))
-            self.assertNotIn("12345", markdown)
+        write_results(self.path, run_specs())
+        with h5py.File(self.path, "r+") as root:
+            runs = root["runs"]
+            for name in list(runs)[:-1]:
+                runs[name].attrs["checksum"] = report.results_checksum(runs[name])
+            edit(root)
+        result = run_report(self.path, self.output)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result
+
+    def test_flags_damaged_runs(self):
+        def damage(root):
+            root["runs"]["r0"].attrs["context"] = np.int64(12345)
+
+        result = self.report_of(damage)
+        self.assertIn("/runs/r0: checksum mismatch", result.stderr)
+        with open(os.path.join(self.output, "report.md"), encoding="utf-8") as md:
+            markdown = md.read()
+        self.assertIn("**1 damaged runs left out**", markdown)
+        self.assertIn("1 runs carry no checksum", markdown)
+        self.assertIn("`/runs/r0`: checksum mismatch", section(markdown, "Damaged runs"))
+        self.assertNotIn("12345", markdown)
 
     def test_a_run_that_lost_its_checksum_is_damaged(self):
         # A file with config_canonical comes from a build that gives every run a checksum.
-        sys.path.insert(0, os.path.dirname(REPORT))
-        import report  # noqa: E402
-        with tempfile.TemporaryDirectory() as tmp:
-            path, output = os.path.join(tmp, "results.h5"), os.path.join(tmp, "report")
-            write_results(path, run_specs())
-            with h5py.File(path, "r+") as root:
-                root.attrs["config_canonical"] = "name: test\n"
-                runs = root["runs"]
-                for name in list(runs)[:-1]:
-                    runs[name].attrs["checksum"] = report.results_checksum(runs[name])
-            result = run_report(path, output)
-            self.assertEqual(result.returncode, 0, result.stderr)
-            last = list(h5py.File(path, "r")["runs"])[-1]
-            self.assertIn(f"/runs/{last}: no checksum, though the build that wrote this file gives every run one",
-                          result.stderr)
+        def from_a_checksumming_build(root):
+            root.attrs["config_canonical"] = "name: test\n"
+
+        result = self.report_of(from_a_checksumming_build)
+        with h5py.File(self.path, "r") as root:
+            last = list(root["runs"])[-1]
+        self.assertIn(f"/runs/{last}: no checksum, though the build that wrote this file gives every run one",
+                      result.stderr)
 
 
 class Provenance(unittest.TestCase):
