@@ -228,13 +228,19 @@ void check_profile_output(const std::string& command, const std::string& path) {
   // Calibrating again replaces a profile, an outdated one included (a YAML
   // mapping with a name and a cpu section), or an empty file; any other file
   // (results, a config) is kept.
-  std::error_code error;
-  if (std::filesystem::exists(path) && std::filesystem::file_size(path, error) > 0) {
+  if (std::filesystem::exists(path)) {
     std::string why;
     try {
-      const ConfigNode node = ConfigNode::load_file(path);
-      if (!node.has("name") || !node.has("cpu")) why = "it has no 'name' and 'cpu' at its top";
-    } catch (const ConfigError& e) {
+      std::ifstream file(path, std::ios::binary);
+      std::ostringstream text;
+      text << file.rdbuf();
+      const std::string contents = text.str();
+      const bool blank = std::all_of(contents.begin(), contents.end(), [](unsigned char c) { return std::isspace(c); });
+      if (!blank) {
+        const ConfigNode node = ConfigNode::parse(contents, path);
+        if (!node.has("name") || !node.has("cpu")) why = "it has no 'name' and 'cpu' at its top";
+      }
+    } catch (const std::exception& e) {
       why = e.what();
     }
     if (!why.empty())
@@ -795,8 +801,10 @@ int merge_command(const std::vector<std::string>& args, std::ostream& out) {
   return 0;
 }
 
-/// Checks every run group against its checksum; prints one line per damaged
-/// or unverifiable run and a summary; exit status 1 when any is damaged.
+/// Checks every run group against its checksum and that it is a run of the
+/// file's experiment; prints one line per damaged, unverifiable or stray run
+/// and a summary; exit status 1 when any is damaged or stray, or the
+/// experiment's runs cannot be listed.
 int verify_command(const std::vector<std::string>& args, std::ostream& out) {
   for (const std::string& arg : args)
     if (arg.rfind("--", 0) == 0) throw UsageError("verify: unknown option '" + arg + "'", UsageError::Usage::whole);

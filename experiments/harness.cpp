@@ -232,7 +232,7 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
       "from the longest context plus the warm-up and measured steps to 2^44 tokens over the largest batch, " +
           std::to_string(largest_batch));
   c.repetitions = static_cast<int>(root.get_integer_or("repetitions", 1, 1, 1000));
-  c.seed = root.get_or<std::uint64_t>("seed", 1);
+  c.seed = static_cast<std::uint64_t>(root.get_integer_or("seed", 1, 0, std::numeric_limits<std::int64_t>::max()));
   c.block_tokens = static_cast<int>(root.get_integer_or("block_tokens", 64, 1, 4096));
   for (const ModelSpec& model : c.models)
     if (const std::string error = gpu_decode_block_tokens_error(model.config.attention(), c.block_tokens);
@@ -607,7 +607,9 @@ namespace impl {
 
 namespace {
 
-constexpr std::string_view kokkos_allocation_failure = "Kokkos failed to allocate memory";
+/// Kokkos 3's messages for a View it could not allocate (impl/Kokkos_MemorySpace.cpp).
+constexpr std::string_view kokkos_allocation_failures[] = {"Kokkos failed to allocate memory",
+                                                           "Kokkos encountered an allocation failure"};
 
 /// An exception's text as one line: Kokkos' allocation failures span lines
 /// and end in a note about tracebacks that says nothing about the run.
@@ -647,8 +649,9 @@ std::optional<RunResult> attempt_run(const std::function<RunResult()>& run, RunF
   } catch (const std::exception& e) {
     // Kokkos 3 reports a View it could not allocate as a std::runtime_error.
     const std::string what = one_line(e.what());
-    failure = what.find(kokkos_allocation_failure) != std::string::npos ? refused_allocation(what)
-                                                                         : RunFailure{"failed", what};
+    const bool allocation = std::any_of(std::begin(kokkos_allocation_failures), std::end(kokkos_allocation_failures),
+                                        [&](std::string_view m) { return what.find(m) != std::string::npos; });
+    failure = allocation ? refused_allocation(what) : RunFailure{"failed", what};
   }
   return std::nullopt;
 }
@@ -1377,7 +1380,8 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
       ConfigNode::parse(first.string_attribute("/profile", "yaml"), inputs[0] + ":/profile@yaml"));
   const std::vector<RunSpec> runs = expand_runs(config, profile);
   std::map<std::string, std::size_t> source;  // run id -> input holding it
-  std::vector<std::string> dropped;
+  std::vector<std::string> dropped;  // "dropped (damaged) from <input>: <run>"
+  std::set<std::string> dropped_runs;
   for (std::size_t i = 0; i < readers.size(); ++i) {
     for (const std::string& id : readers[i].list("/runs")) {
       const std::string group = "/runs/" + id;
@@ -1386,6 +1390,7 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
       if (const std::string damage = run_damage(readers[i], group); !damage.empty()) {
         if (options.drop_damaged) {
           dropped.push_back("dropped (damaged) from " + inputs[i] + ": " + id);
+          dropped_runs.insert(id);
           continue;
         }
         throw std::invalid_argument("merge: " + inputs[i] + ": run '" + id + "' is " + damage +
@@ -1404,11 +1409,16 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
   if (!missing.empty() && !options.allow_missing) {
     std::string listed;
     for (const std::string& id : missing) listed += "\n  " + id;
+    const auto missing_dropped = static_cast<std::size_t>(
+        std::count_if(missing.begin(), missing.end(), [&](const std::string& id) { return dropped_runs.count(id); }));
+    const std::string why =
+        missing_dropped == 0                ? "a shard did not finish?"
+        : missing_dropped == missing.size() ? "dropped as damaged"
+                                            : std::to_string(missing_dropped) + " dropped as damaged, the others: a "
+                                                                                "shard did not finish?";
     throw std::invalid_argument("merge: " + std::to_string(missing.size()) + " of the experiment's " +
-                                std::to_string(runs.size()) + " runs are in no input (" +
-                                (dropped.empty() ? std::string("a shard did not finish?")
-                                                 : std::to_string(dropped.size()) + " dropped as damaged") +
-                                "):" + listed + "\npass --allow-missing to merge what there is");
+                                std::to_string(runs.size()) + " runs are in no input (" + why + "):" + listed +
+                                "\npass --allow-missing to merge what there is");
   }
   write_merged(output, first, readers, runs, source, machines);
   std::vector<std::string> lines{"merged " + std::to_string(source.size()) + " runs of " + std::to_string(runs.size()) +

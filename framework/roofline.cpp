@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <iomanip>
 #include <sstream>
 #include <cstdio>
 #include <cstdlib>
@@ -22,9 +23,10 @@
 namespace writescope {
 namespace {
 
+/// Every digit a value needs to show which side of a bound it lies on.
 std::string format_number(double value) {
   std::ostringstream text;
-  text << value;
+  text << std::setprecision(15) << value;
   return text.str();
 }
 
@@ -72,8 +74,8 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
     p.pageable_h2d_gbps = rate(link, "pageable_h2d_gbps");
     p.pageable_d2h_gbps = rate(link, "pageable_d2h_gbps");
     p.link_latency_s = latency_micros(link, "latency_us");
-    p.link_chunk_bytes = link.get_or<std::uint64_t>("chunk_bytes", p.link_chunk_bytes);
-    if (p.link_chunk_bytes == 0) link.fail("chunk_bytes", "must be positive");
+    p.link_chunk_bytes = static_cast<std::uint64_t>(link.get_integer_or(
+        "chunk_bytes", static_cast<std::int64_t>(p.link_chunk_bytes), 1, std::int64_t{1} << 40));
   }
   const ConfigNode cpu = root.child("cpu");
   cpu.allow_only({"threads", "dram_read_gbps", "path", "decode_path", "streamed_decode_path", "next_pass_prefetch",

@@ -53,8 +53,9 @@ struct RunSetup {
 
 /// `run()`'s result, or nothing with `failure` saying why: "does_not_fit" for
 /// a budget error (ModelBudgetError, KVBudgetError) or memory the machine did
-/// not give (std::bad_alloc: "host memory: ..." or "device memory: ..."),
-/// "failed" for any other; reasons are one line.
+/// not give (std::bad_alloc, or Kokkos' allocation failure, a
+/// std::runtime_error: "host memory: ..." or "device memory: ..."), "failed"
+/// for any other; reasons are one line.
 std::optional<RunResult> attempt_run(const std::function<RunResult()>& run, RunFailure& failure);
 
 /// ModelBudgetError when the run cannot fit its budgets.

@@ -118,7 +118,8 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
             "field 'models[0].layers': must be in [1, 2] (the preset's layers), got 3"},
            {"{preset: tiny-mixtral}", "{preset: tiny-mixtral, layers: 4294967297}",
             "field 'models[0].layers': must be in [1, 2] (the preset's layers), got 4294967297"},
-           {"host: 1GiB", "host: 0", "field 'budgets.host': must be a positive byte size"}}) {
+           {"host: 1GiB", "host: 0", "field 'budgets.host': must be a positive byte size"},
+           {"name: x", "name: x\nseed: 0x10", "field 'seed': expected an integer in [0, 9223372036854775807], got '0x10'"}}) {
     const std::string bad = replaced(base, from, to);
     EXPECT_NE(error_of(bad).find(message), std::string::npos) << error_of(bad);
   }
@@ -436,7 +437,7 @@ TEST_F(HarnessTest, ARunThatCannotBeRemovedStopsResumeBeforeMeasuring) {
     merge_results(repaired, {output_}, drop_only);
     ADD_FAILURE() << "merged without the dropped run";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("runs are in no input (1 dropped as damaged)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("runs are in no input (dropped as damaged)"), std::string::npos) << e.what();
   }
   drop.drop_damaged = true;
   const std::vector<std::string> lines = merge_results(repaired, {output_}, drop);
@@ -470,6 +471,13 @@ TEST(AttemptRun, AnAllocationTheMachineRefusesDoesNotFit) {
             "following error: Allocation of size 6 G failed, likely due to insufficient memory.)");
   EXPECT_FALSE(impl::attempt_run([&]() -> impl::RunResult { throw std::runtime_error(kokkos_failure("Cuda")); }, failure));
   EXPECT_EQ(failure.reason.rfind("device memory: an allocation failed (", 0), 0u) << failure.reason;
+  EXPECT_FALSE(impl::attempt_run(
+      []() -> impl::RunResult {
+        throw std::runtime_error("Kokkos encountered an allocation failure, then another allocation failure while "
+                                 "trying to create the error message.");
+      },
+      failure));
+  EXPECT_EQ(failure.status, "does_not_fit");
   EXPECT_FALSE(impl::attempt_run([]() -> impl::RunResult { throw std::bad_alloc(); }, failure));
   EXPECT_EQ(failure.status, "does_not_fit");
   EXPECT_EQ(failure.reason.rfind("host memory: an allocation failed (", 0), 0u) << failure.reason;

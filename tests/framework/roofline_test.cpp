@@ -227,7 +227,8 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
   // Finite but absurd: a rate no machine has, a latency of hours, threads past Kokkos' pool.
   for (const auto& [from, to, field, reason] : std::vector<std::tuple<std::string, std::string, std::string, std::string>>{
            {"fma_glanes: 100", "fma_glanes: 1e-300", "cpu.fma_glanes", "must be a rate in [0.001, 100000] (G/s), got 1e-300"},
-           {"hbm_gbps: 1000", "hbm_gbps: 1e9", "gpu.hbm_gbps", "must be a rate in [0.001, 100000] (G/s), got 1e+09"},
+           {"hbm_gbps: 1000", "hbm_gbps: 1e9", "gpu.hbm_gbps", "must be a rate in [0.001, 100000] (G/s), got 1000000000"},
+           {"hbm_gbps: 1000", "hbm_gbps: 100000.3", "gpu.hbm_gbps", "must be a rate in [0.001, 100000] (G/s), got 100000.3"},
            {"hbm_gbps: 1000", "hbm_gbps: 1000, launch_latency_us: 1e30", "gpu.launch_latency_us",
             "must be a number of microseconds in [0, 1000000], got 1e+30"},
            {"threads: 4", "threads: 100000", "cpu.threads", "must be in [1, 512], got 100000"}}) {
