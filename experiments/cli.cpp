@@ -830,7 +830,7 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
   std::vector<std::string> strays;
   bool names_checked = true;
   try {
-    strays = runs_not_of_the_experiment(reader, file);
+    strays = runs_not_of_the_experiment(reader);
   } catch (const std::exception& e) {
     out << "cannot check which runs belong to the experiment: " << e.what() << "\n";
     names_checked = false;

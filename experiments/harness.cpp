@@ -995,6 +995,18 @@ std::string recorded_experiment(const ResultsReader& reader) {
   return reader.string_attribute("/", reader.has_attribute("/", "config_canonical") ? "config_canonical" : "config");
 }
 
+/// The experiment a results file records and the profile its runs were planned with: what expand_runs needs.
+struct RecordedExperiment {
+  ExperimentConfig config;
+  MachineProfile profile;
+};
+RecordedExperiment read_recorded_experiment(const ResultsReader& reader) {
+  return {ExperimentConfig::from_config(
+              ConfigNode::parse(recorded_experiment(reader), reader.path() + ": its experiment config"), true),
+          MachineProfile::from_config(
+              ConfigNode::parse(reader.string_attribute("/profile", "yaml"), reader.path() + ":/profile@yaml"))};
+}
+
 struct ResumeCheck {
   bool needs_attributes = false;  // the file holds no runs yet
   /// Where this process's machine setup is another than the file's
@@ -1085,14 +1097,11 @@ std::string run_damage(const ResultsReader& reader, const std::string& group) {
   }
 }
 
-std::vector<std::string> runs_not_of_the_experiment(const ResultsReader& reader, const std::string& file) {
+std::vector<std::string> runs_not_of_the_experiment(const ResultsReader& reader) {
   if (reader.has_attribute("/", "predicted") || !reader.exists("/runs")) return {};
-  const ExperimentConfig config = ExperimentConfig::from_config(
-      ConfigNode::parse(recorded_experiment(reader), file + ": its experiment config"), true);
-  const MachineProfile profile =
-      MachineProfile::from_config(ConfigNode::parse(reader.string_attribute("/profile", "yaml"), file + ":/profile@yaml"));
+  const RecordedExperiment recorded = read_recorded_experiment(reader);
   std::set<std::string> ids;
-  for (const RunSpec& run : expand_runs(config, profile)) ids.insert(run.id());
+  for (const RunSpec& run : expand_runs(recorded.config, recorded.profile)) ids.insert(run.id());
   std::vector<std::string> strays;
   for (const std::string& id : reader.list("/runs"))
     if (!ids.count(id)) strays.push_back(id);
@@ -1374,11 +1383,8 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
                                 "\npass --allow-different-machine to merge them (each run records its own)");
   }
   // The experiment's runs, in its order: every input run must be one of them.
-  const ExperimentConfig config = ExperimentConfig::from_config(
-      ConfigNode::parse(first.string_attribute("/", "config_canonical"), inputs[0] + ":/@config_canonical"), true);
-  const MachineProfile profile = MachineProfile::from_config(
-      ConfigNode::parse(first.string_attribute("/profile", "yaml"), inputs[0] + ":/profile@yaml"));
-  const std::vector<RunSpec> runs = expand_runs(config, profile);
+  const RecordedExperiment recorded = read_recorded_experiment(first);
+  const std::vector<RunSpec> runs = expand_runs(recorded.config, recorded.profile);
   std::map<std::string, std::size_t> source;  // run id -> input holding it
   std::vector<std::string> dropped;  // "dropped (damaged) from <input>: <run>"
   std::set<std::string> dropped_runs;

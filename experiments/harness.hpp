@@ -175,9 +175,9 @@ class ResultsReader;
 /// read); "" if it can, or if it predates checksums.
 std::string run_damage(const ResultsReader& reader, const std::string& group);
 
-/// The run groups of a measured results file (`file` names it in errors)
-/// that are no run of its recorded experiment (renamed, or added by hand).
-std::vector<std::string> runs_not_of_the_experiment(const ResultsReader& reader, const std::string& file);
+/// The run groups of a measured results file that are no run of its
+/// recorded experiment (renamed, or added by hand).
+std::vector<std::string> runs_not_of_the_experiment(const ResultsReader& reader);
 
 /// Why the file `reader` reads is not an experiment's results file of this
 /// format (what `writescope run` writes): "no 'config' attribute", "format

@@ -492,7 +492,7 @@ TEST_F(HarnessTest, RunsNotOfTheExperimentAreNamed) {
   std::ostringstream quiet;
   run_experiment(ExperimentConfig::from_config(ConfigNode::parse(yaml, "strays.yaml")), test::tiny_profile(), quiet,
                  false);
-  EXPECT_EQ(runs_not_of_the_experiment(ResultsReader(output_), output_), std::vector<std::string>{});
+  EXPECT_EQ(runs_not_of_the_experiment(ResultsReader(output_)), std::vector<std::string>{});
   const std::string run = ResultsReader(output_).list("/runs").front();
   {
     ResultsStore store(output_);
@@ -500,7 +500,7 @@ TEST_F(HarnessTest, RunsNotOfTheExperimentAreNamed) {
     txn.root().open_group("runs").copy_group(ResultsReader(output_), "/runs/" + run, "renamed");
     txn.commit();
   }
-  EXPECT_EQ(runs_not_of_the_experiment(ResultsReader(output_), output_), std::vector<std::string>{"renamed"});
+  EXPECT_EQ(runs_not_of_the_experiment(ResultsReader(output_)), std::vector<std::string>{"renamed"});
 }
 
 // Resume keeps a file honest: a comment-only edit is the same experiment and
