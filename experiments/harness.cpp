@@ -995,17 +995,16 @@ std::string recorded_experiment(const ResultsReader& reader) {
   return reader.string_attribute("/", reader.has_attribute("/", "config_canonical") ? "config_canonical" : "config");
 }
 
-/// The experiment a results file records and the profile its runs were planned with: what expand_runs needs.
-struct RecordedExperiment {
-  ExperimentConfig config;
-  MachineProfile profile;
-};
+}  // namespace
+
 RecordedExperiment read_recorded_experiment(const ResultsReader& reader) {
   return {ExperimentConfig::from_config(
               ConfigNode::parse(recorded_experiment(reader), reader.path() + ": its experiment config"), true),
           MachineProfile::from_config(
               ConfigNode::parse(reader.string_attribute("/profile", "yaml"), reader.path() + ":/profile@yaml"))};
 }
+
+namespace {
 
 struct ResumeCheck {
   bool needs_attributes = false;  // the file holds no runs yet

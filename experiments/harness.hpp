@@ -179,6 +179,15 @@ std::string run_damage(const ResultsReader& reader, const std::string& group);
 /// recorded experiment (renamed, or added by hand).
 std::vector<std::string> runs_not_of_the_experiment(const ResultsReader& reader);
 
+/// The experiment a measured results file records (its canonical config, or
+/// the config as written in files that predate it) and the profile its runs
+/// were planned with: what expand_runs needs to name the file's runs.
+struct RecordedExperiment {
+  ExperimentConfig config;
+  MachineProfile profile;
+};
+RecordedExperiment read_recorded_experiment(const ResultsReader& reader);
+
 /// Why the file `reader` reads is not an experiment's results file of this
 /// format (what `writescope run` writes): "no 'config' attribute", "format
 /// 'x', not 'writescope-results-1'"; "" when it is one.

@@ -613,11 +613,9 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
   if (reader.has_attribute("/", "predicted") && reader.int_attribute("/", "predicted") == 1)
     throw std::invalid_argument("predict --compare: " + results_file +
                                 " holds predicted runs; compare predictions with a file of measured runs");
-  const ExperimentConfig config =
-      ExperimentConfig::from_config(ConfigNode::parse(reader.string_attribute("/", "config"), results_file + ":/config"),
-                                    true);
-  const MachineProfile measured_with =
-      MachineProfile::from_config(ConfigNode::parse(reader.string_attribute("/profile", "yaml"), results_file + ":/profile"));
+  const RecordedExperiment recorded = read_recorded_experiment(reader);
+  const ExperimentConfig& config = recorded.config;
+  const MachineProfile& measured_with = recorded.profile;
   const MachineProfile profile = cpu_from ? with_cpu_of(measured_with, *cpu_from) : measured_with;
   warn_on_block_size(config);
   // The runs as measured: WriteScope's own expert policy was picked with the
