@@ -1217,6 +1217,8 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
         // Removed first, so that damage HDF5 cannot unlink stops here and not
         // after the measurement.
         try {
+          // Unlinking it would read it too.
+          if (reader.crashes_reading(g)) throw ResultsError("the HDF5 library crashes reading the run");
           auto txn = store.begin();
           txn.root().open_group("runs").remove(id);
           txn.commit();

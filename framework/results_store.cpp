@@ -1,8 +1,10 @@
 #include "framework/results_store.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,9 +14,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <csignal>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <optional>
+#include <set>
+#include <tuple>
 
 namespace writescope {
 namespace {
@@ -315,6 +322,163 @@ std::string group_checksum(const H5::Group& group) {
   return std::string("crc32:") + text;
 }
 
+// ------------------------------------------------- damage that crashes HDF5
+
+/// Where reading a file crashes the HDF5 library: libhdf5 1.10 (Debian 12)
+/// copies some lengths of damaged metadata unchecked (a global heap object's,
+/// a B-tree header's) and dies of a segmentation fault, which no error
+/// handler sees. So a reader first reads every object of the file in a child
+/// process, the way the readers do.
+struct CrashScan {
+  std::string file_level;            // a crash outside the root groups' members: where
+  std::vector<std::string> objects;  // members of the root's groups ("/runs/<run>") that crash it
+};
+
+/// Seconds without progress after which the scan's child counts as hung.
+constexpr int scan_stall_seconds = 120;
+
+void write_line(int fd, const std::string& text) {
+  const std::string line = text + '\n';
+  for (std::size_t written = 0; written < line.size();) {
+    const ssize_t n = ::write(fd, line.data() + written, line.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    written += static_cast<std::size_t>(n);
+  }
+}
+
+/// The child's walk: names each object on `fd` before reading it, reads it
+/// as checksums do, and says "done" at the end. HDF5 errors are left to the
+/// real reader; only where the process dies matters.
+void scan_in_child(const std::string& path, const std::set<std::string>& skip, int fd) {
+  auto attempt = [](auto&& body) {
+    try {
+      body();
+    } catch (...) {
+    }
+  };
+  attempt([&] {
+    write_line(fd, "/");
+    const H5::H5File file(path, H5F_ACC_RDONLY);
+    const H5::Group root = file.openGroup("/");
+    for (int i = 0; i < root.getNumAttrs(); ++i) attempt([&] { attribute_bytes(root.openAttribute(static_cast<unsigned>(i))); });
+    for (const std::string& name : list_members(root)) {
+      const std::string top = "/" + name;
+      write_line(fd, top);
+      attempt([&] {
+        if (root.childObjType(name) != H5O_TYPE_GROUP) {
+          dataset_bytes(root.openDataSet(name));
+          return;
+        }
+        const H5::Group group = root.openGroup(name);
+        for (int i = 0; i < group.getNumAttrs(); ++i)
+          attempt([&] { attribute_bytes(group.openAttribute(static_cast<unsigned>(i))); });
+        for (const std::string& member : list_members(group)) {
+          const std::string object = top + "/" + member;
+          if (skip.count(object) != 0) continue;
+          write_line(fd, object);
+          attempt([&] {
+            if (group.childObjType(member) == H5O_TYPE_GROUP) group_checksum(group.openGroup(member));
+            else dataset_bytes(group.openDataSet(member));
+          });
+          write_line(fd, top);
+        }
+      });
+    }
+  });
+  write_line(fd, "done");
+}
+
+/// One child's walk skipping `skip`: "" when it finished, else the last object
+/// it named (with why it stopped in `why`).
+std::string scan_once(const std::string& path, const std::set<std::string>& skip, std::string& why) {
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) return "";  // no scan: the reader reads as it did without one
+  const pid_t child = ::fork();
+  if (child < 0) {
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return "";
+  }
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    scan_in_child(path, skip, pipe_fds[1]);
+    ::_exit(0);  // no destructors, atexit handlers or flushes of the parent's state
+  }
+  ::close(pipe_fds[1]);
+  std::string received, last = "/";
+  bool done = false, stalled = false;
+  char buffer[4096];
+  for (;;) {
+    pollfd wait_for{pipe_fds[0], POLLIN, 0};
+    const int ready = ::poll(&wait_for, 1, scan_stall_seconds * 1000);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      stalled = true;
+      ::kill(child, SIGKILL);
+      break;
+    }
+    const ssize_t n = ::read(pipe_fds[0], buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    received.append(buffer, static_cast<std::size_t>(n));
+    for (std::size_t end; (end = received.find('\n')) != std::string::npos; received.erase(0, end + 1)) {
+      const std::string line = received.substr(0, end);
+      if (line == "done") done = true;
+      else last = line;
+    }
+  }
+  ::close(pipe_fds[0]);
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (done) return "";
+  if (stalled) why = "it stopped responding for " + std::to_string(scan_stall_seconds) + " s";
+  else if (WIFSIGNALED(status)) why = "signal " + std::to_string(WTERMSIG(status)) + ", " + ::strsignal(WTERMSIG(status));
+  else why = "it ended early";
+  return last;
+}
+
+CrashScan scan_for_crashes(const std::string& path) {
+  // At most this many crashing objects are looked for, one child each.
+  constexpr std::size_t most_objects = 64;
+  CrashScan scan;
+  std::set<std::string> skip;
+  for (;;) {
+    std::string why;
+    const std::string at = scan_once(path, skip, why);
+    if (at.empty()) return scan;
+    const bool member = std::count(at.begin(), at.end(), '/') == 2;
+    if (!member || skip.size() >= most_objects) {
+      scan.file_level = (member ? "more than " + std::to_string(most_objects) + " objects, the last " : std::string()) +
+                        (at == "/" ? std::string("its root group") : at) + " (" + why + ")";
+      return scan;
+    }
+    skip.insert(at);
+    scan.objects.push_back(at);
+  }
+}
+
+/// scan_for_crashes, once per version of a file in a process: a commit
+/// renames a new file over the old one (another inode), an edit changes its
+/// size or modification time.
+CrashScan cached_scan_for_crashes(const std::string& path) {
+  struct stat status {};
+  if (::stat(path.c_str(), &status) != 0) return scan_for_crashes(path);
+  using Version = std::tuple<std::string, dev_t, ino_t, off_t, std::int64_t>;
+  const Version version{fs::absolute(path).string(), status.st_dev, status.st_ino, status.st_size,
+                        std::int64_t{status.st_mtim.tv_sec} * 1'000'000'000 + status.st_mtim.tv_nsec};
+  static std::mutex mutex;
+  static std::map<Version, CrashScan> scans;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (const auto found = scans.find(version); found != scans.end()) return found->second;
+  }
+  CrashScan scan = scan_for_crashes(path);
+  const std::lock_guard<std::mutex> lock(mutex);
+  return scans.emplace(version, std::move(scan)).first->second;
+}
+
 void require_hdf5(const std::string& path) {
   if (!guarded(path, [&] { return H5::H5File::isHdf5(path); }))
     throw ResultsError(path + ": exists but is not an HDF5 file; refusing to touch it");
@@ -356,6 +520,7 @@ void ResultsGroup::remove(const std::string& name) {
 
 void ResultsGroup::copy_group(const ResultsReader& from, const std::string& group_path, const std::string& name) {
   if (has(name)) throw ResultsError(where(name) + ": already exists");
+  from.refuse_crashing(group_path, true);
   guarded(where(name) + " (from " + from.path_ + ": " + group_path + ")", [&] {
     if (H5Ocopy(from.file_.getId(), group_path.c_str(), group_.getId(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT) < 0)
       throw H5::GroupIException("H5Ocopy", "cannot copy the group");
@@ -607,6 +772,11 @@ ResultsReader::ResultsReader(const std::string& path) : path_(path) {
   if (!fs::exists(path_)) throw ResultsError(path_ + ": no such results file");
   if (fs::is_directory(path_)) throw ResultsError(path_ + ": is a folder, not a results file");
   require_hdf5(path_);
+  const CrashScan scan = cached_scan_for_crashes(path_);
+  if (!scan.file_level.empty())
+    throw ResultsError(path_ + ": is damaged so that the HDF5 library crashes reading " + scan.file_level +
+                       "; nothing in it can be read safely");
+  crashing_ = scan.objects;
   try {
     file_ = H5::H5File(path_, H5F_ACC_RDONLY);
   } catch (const H5::Exception& e) {
@@ -615,8 +785,30 @@ ResultsReader::ResultsReader(const std::string& path) : path_(path) {
   }
 }
 
+namespace {
+/// Whether `object_path` lies inside `object` (a member of it, at any depth).
+bool lies_inside(const std::string& object_path, const std::string& object) {
+  return object_path.size() > object.size() && object_path.compare(0, object.size(), object) == 0 &&
+         object_path[object.size()] == '/';
+}
+}  // namespace
+
+bool ResultsReader::crashes_reading(const std::string& object_path) const {
+  return std::any_of(crashing_.begin(), crashing_.end(), [&](const std::string& object) {
+    return object_path == object || lies_inside(object_path, object);
+  });
+}
+
+void ResultsReader::refuse_crashing(const std::string& object_path, bool whole) const {
+  for (const std::string& object : crashing_)
+    if (lies_inside(object_path, object) || (whole && object_path == object))
+      throw ResultsError(path_ + ": " + object + ": is damaged so that the HDF5 library crashes reading it; it "
+                         "cannot be read");
+}
+
 bool ResultsReader::exists(const std::string& object_path) const {
   if (object_path == "/") return true;
+  refuse_crashing(object_path, false);  // a link to it is in a group that reads
   // Each prefix must exist before H5Lexists may be asked about the next one.
   std::size_t end = 0;
   do {
@@ -628,6 +820,7 @@ bool ResultsReader::exists(const std::string& object_path) const {
 }
 
 bool ResultsReader::has_attribute(const std::string& object_path, const std::string& name) const {
+  refuse_crashing(object_path, true);
   return guarded(path_ + ": " + object_path + "@" + name, [&] {
     const htri_t found = H5Aexists_by_name(file_.getId(), object_path.c_str(), name.c_str(), H5P_DEFAULT);
     if (found < 0) throw H5::AttributeIException("H5Aexists_by_name", "cannot read the object's attributes");
@@ -640,10 +833,12 @@ bool ResultsReader::holds_nothing() const {
 }
 
 std::vector<std::string> ResultsReader::list(const std::string& group_path) const {
+  refuse_crashing(group_path, true);
   return guarded(path_ + ": " + group_path, [&] { return list_members(file_.openGroup(group_path)); });
 }
 
 std::vector<std::size_t> ResultsReader::shape(const std::string& dataset_path) const {
+  refuse_crashing(dataset_path, true);
   return guarded(path_ + ": " + dataset_path, [&] {
     const H5::DataSpace space = file_.openDataSet(dataset_path).getSpace();
     std::vector<hsize_t> dims(static_cast<std::size_t>(space.getSimpleExtentNdims()));
@@ -654,6 +849,7 @@ std::vector<std::size_t> ResultsReader::shape(const std::string& dataset_path) c
 
 template <class T>
 std::vector<T> ResultsReader::read(const std::string& dataset_path) const {
+  refuse_crashing(dataset_path, true);
   return guarded(path_ + ": " + dataset_path, [&] {
     const H5::DataSet dataset = file_.openDataSet(dataset_path);
     std::vector<T> values(static_cast<std::size_t>(dataset.getSpace().getSimpleExtentNpoints()));
@@ -669,10 +865,12 @@ template std::vector<std::int64_t> ResultsReader::read(const std::string&) const
 template std::vector<std::uint64_t> ResultsReader::read(const std::string&) const;
 
 std::string ResultsReader::checksum(const std::string& group_path) const {
+  refuse_crashing(group_path, true);
   return guarded(path_ + ": " + group_path, [&] { return group_checksum(file_.openGroup(group_path)); });
 }
 
 H5::Attribute ResultsReader::attribute(const std::string& object_path, const std::string& name) const {
+  refuse_crashing(object_path, true);
   const std::string context = path_ + ": " + object_path + "@" + name;
   return guarded(context, [&] {
     if (object_path == "/" || file_.childObjType(object_path) == H5O_TYPE_GROUP)

@@ -127,7 +127,8 @@ class ResultsStore {
 /// the results file `path` names, i.e. the file is being written.
 bool results_file_being_written(const std::string& path);
 
-/// Read-only access to a committed results file.
+/// Read-only access to a committed results file. Damage the HDF5 library
+/// would crash on is found when the file is opened (crashes_reading).
 class ResultsReader {
  public:
   explicit ResultsReader(const std::string& path);
@@ -152,11 +153,20 @@ class ResultsReader {
   /// ResultsGroup::checksum of a committed group, computed from what is in the
   /// file now; ResultsError when the group cannot be read at all.
   std::string checksum(const std::string& group_path) const;
+  /// Whether `object_path` is, or lies inside, a member of one of the root's
+  /// groups (a run, "/runs/<run>") that is damaged so that reading it crashes
+  /// the HDF5 library; the constructor finds them by reading the whole file
+  /// in a child process, and every read of them is a ResultsError instead.
+  /// (Damage that crashes it outside such members makes the constructor throw.)
+  bool crashes_reading(const std::string& object_path) const;
 
  private:
   friend class ResultsGroup;  // copy_group reads the file
   H5::Attribute attribute(const std::string& object_path, const std::string& name) const;
+  /// ResultsError where `object_path` lies inside a crashing object, or is one and `whole` (it is read, not only named).
+  void refuse_crashing(const std::string& object_path, bool whole) const;
   std::string path_;
+  std::vector<std::string> crashing_;
   H5::H5File file_;
 };
 

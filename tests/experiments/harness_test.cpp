@@ -451,6 +451,64 @@ TEST_F(HarnessTest, ARunThatCannotBeRemovedStopsResumeBeforeMeasuring) {
   EXPECT_EQ(run_damage(ResultsReader(repaired), "/runs/" + damaged), "");
 }
 
+// A run damaged so that reading it crashes the HDF5 library: verify names
+// it, resume stops before measuring (unlinking it would read it) with the
+// same way out, and merge --drop-damaged copies the other run.
+TEST_F(HarnessTest, ARunThatCrashesTheHdf5LibraryStopsResumeBeforeMeasuring) {
+  const std::string yaml = small_yaml("crashing");
+  const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(yaml, "crashing.yaml"));
+  std::ostringstream quiet;
+  ASSERT_EQ(run_experiment(experiment, test::tiny_profile(), quiet, false).complete, 2) << quiet.str();
+  const std::string damaged = ResultsReader(output_).list("/runs").front(), g = "/runs/" + damaged;
+  haddr_t header = HADDR_UNDEF;
+  {
+    const hid_t file = H5Fopen(output_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ASSERT_GE(file, 0);
+    H5O_info_t info;
+    ASSERT_GE(H5Oget_info_by_name(file, g.c_str(), &info, H5P_DEFAULT), 0);
+    header = info.addr;
+    H5Fclose(file);
+  }
+  std::string intact;
+  {
+    std::ifstream in(output_, std::ios::binary);
+    intact.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  // A 4-byte field of the run's object header or what it points to, made huge.
+  bool crashes = false;
+  for (std::size_t at = header; at + 4 <= std::min(intact.size(), header + 4096) && !crashes; at += 4) {
+    std::string damaged_bytes = intact;
+    damaged_bytes.replace(at, 4, "\xff\xff\xff\x7f");
+    std::ofstream(output_, std::ios::binary | std::ios::trunc) << damaged_bytes;
+    try {
+      crashes = ResultsReader(output_).crashes_reading(g);
+    } catch (const ResultsError&) {  // damage that crashes it outside the run
+    }
+  }
+  if (!crashes) GTEST_SKIP() << "this HDF5 library crashes on no damage of the run's header tried";
+  EXPECT_NE(run_damage(ResultsReader(output_), g).find("crashes reading it"), std::string::npos);
+  const auto size = fs::file_size(output_);
+  std::ostringstream progress;
+  try {
+    run_experiment(experiment, test::tiny_profile(), progress, false);
+    FAIL() << "resumed onto a run it cannot replace";
+  } catch (const ResultsError& e) {
+    EXPECT_NE(std::string(e.what()).find("the file cannot be changed around it (the HDF5 library crashes reading the "
+                                         "run); nothing was measured. Copy its intact runs into a new file with "
+                                         "`writescope merge NEW.h5 " + output_ + " --drop-damaged --allow-missing`"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(progress.str().find("run 1/2"), std::string::npos) << "measured before it stopped:\n" << progress.str();
+  EXPECT_EQ(fs::file_size(output_), size);
+  const std::string repaired = (dir_ / "repaired.h5").string();
+  MergeOptions drop;
+  drop.allow_missing = drop.drop_damaged = true;
+  const std::vector<std::string> lines = merge_results(repaired, {output_}, drop);
+  EXPECT_NE(std::find(lines.begin(), lines.end(), "dropped (damaged) from " + output_ + ": " + damaged), lines.end());
+  EXPECT_EQ(ResultsReader(repaired).list("/runs").size(), 1u);
+}
+
 // Memory the budgets allowed but the machine refused does not fit (and is
 // tried again on resume); reasons are one line, without Kokkos' traceback note.
 TEST(AttemptRun, AnAllocationTheMachineRefusesDoesNotFit) {
