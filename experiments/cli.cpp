@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -51,7 +52,7 @@ constexpr const char* usage_text =
     "  calibrate [--output FILE] [--name NAME] [--thread-counts 1,4,16] [--tokens N]\n"
     "                              measure this machine and write its profile (YAML; stdout\n"
     "                              without --output): bandwidths, latencies, CPU attention\n"
-    "                              per model shape and thread count, GEMV/GEMM throughput\n"
+    "                              per model shape and thread count, the bf16 expert kernel\n"
     "  generate --model NAME|CHECKPOINT_DIR --prompt 1,2,3|--prompt-file FILE --new-tokens N\n"
     "           [--layers N] [--hidden-scale S] [--seed S] [--block-tokens N] [--chunk-tokens N]\n"
     "           [--mla-form automatic|absorbed|decompressed] [--vram-budget BYTES]\n"
@@ -60,8 +61,13 @@ constexpr const char* usage_text =
     "                              greedy decoding, printing the generated token ids; a prompt\n"
     "                              file holds ids separated by commas or whitespace; KV fills\n"
     "                              VRAM then host memory, routed experts run on the CPU;\n"
-    "                              --logits stores every step's logits; --mla-form: how\n"
-    "                              DeepSeek's prompt chunks attend (automatic: by cost)\n"
+    "                              --logits stores every step's logits with the command, its\n"
+    "                              settings and the CPU attention path this process measured\n"
+    "                              (committed at least every minute and at the end; Ctrl-C\n"
+    "                              or a closed output stops it keeping what it made);\n"
+    "                              --mla-form (MLA models): how DeepSeek's prompt chunks\n"
+    "                              attend (automatic: by cost); --seed, --layers and\n"
+    "                              --hidden-scale: synthetic models only\n"
     "  make-checkpoint --model NAME --output DIR [--seed S] [--dtype bf16|f16|f32]\n"
     "                  [--config-format hub|transformers5]\n"
     "                              write a synthetic Hugging Face checkpoint (config.json +\n"
@@ -430,6 +436,72 @@ std::vector<int> prompt_tokens(std::map<std::string, std::string>& options, int 
   return ids.finish();
 }
 
+/// The signal that asked a generation to stop (SIGINT, SIGTERM), 0 while none did.
+volatile std::sig_atomic_t generation_stop_signal = 0;
+extern "C" void ask_generation_to_stop(int signal) { generation_stop_signal = signal; }
+
+/// While alive: SIGINT and SIGTERM ask the generation to stop after the
+/// step in progress, keeping its logits (a second one kills, as before), and
+/// SIGPIPE is ignored, so that a closed standard output shows as a failed
+/// write (`generate ... | head`) instead of killing the process with nothing
+/// committed.
+class GenerationSignals {
+ public:
+  GenerationSignals() {
+    generation_stop_signal = 0;
+    struct sigaction stop {};
+    stop.sa_handler = ask_generation_to_stop;
+    stop.sa_flags = SA_RESETHAND;
+    sigemptyset(&stop.sa_mask);
+    sigaction(SIGINT, &stop, &interrupt_);
+    sigaction(SIGTERM, &stop, &terminate_);
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, &pipe_);
+  }
+  ~GenerationSignals() {
+    sigaction(SIGINT, &interrupt_, nullptr);
+    sigaction(SIGTERM, &terminate_, nullptr);
+    sigaction(SIGPIPE, &pipe_, nullptr);
+  }
+  GenerationSignals(const GenerationSignals&) = delete;
+  GenerationSignals& operator=(const GenerationSignals&) = delete;
+
+ private:
+  struct sigaction interrupt_ {}, terminate_ {}, pipe_ {};
+};
+
+/// A generation stopped on request: `reason` says why, `exit_status` is the process's.
+struct GenerationStopped {
+  std::string reason;
+  int exit_status;
+};
+
+/// Throws GenerationStopped where a signal asked the generation to stop.
+void stop_if_asked() {
+  if (const int signal = generation_stop_signal; signal != 0)
+    throw GenerationStopped{std::string("stopped by ") + (signal == SIGINT ? "SIGINT" : "SIGTERM"), 128 + signal};
+}
+
+/// The command line as typed, each argument quoted where the shell would split or expand it.
+std::string command_line(const std::string& command, const std::vector<std::string>& args) {
+  std::string line = "writescope " + command;
+  for (const std::string& arg : args) {
+    const bool plain = !arg.empty() && std::all_of(arg.begin(), arg.end(), [](unsigned char c) {
+      return std::isalnum(c) || std::strchr("-_=.,/:+@%", c) != nullptr;
+    });
+    if (plain) {
+      line += " " + arg;
+      continue;
+    }
+    line += " '";
+    for (char c : arg) line += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    line += "'";
+  }
+  return line;
+}
+
 int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   auto options = parse_options("generate", args,
                                {"--model", "--prompt", "--prompt-file", "--new-tokens", "--layers", "--hidden-scale",
@@ -457,8 +529,9 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     if (parsed == 0 || parsed != text.size() || !(overrides.hidden_scale > 0 && overrides.hidden_scale <= 1))
       throw UsageError("generate: --hidden-scale must be a number in (0, 1], got '" + text + "'");
   }
-  if (from_checkpoint && (overrides.layers || overrides.hidden_scale != 1.0))
-    throw UsageError("generate: --layers and --hidden-scale apply to synthetic models, not to checkpoint " + model_name);
+  if (from_checkpoint && (overrides.layers || overrides.hidden_scale != 1.0 || options.count("--seed")))
+    throw UsageError("generate: --layers, --hidden-scale and --seed apply to synthetic models, not to checkpoint " +
+                     model_name);
   config = apply_overrides(config, overrides);
   const std::vector<int> prompt = prompt_tokens(options, config.vocab);
   // At most 8192: a chunk's experts' products are counted in int (Mixtral's: 28672 floats a token).
@@ -489,6 +562,8 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   model_options.max_rows = chunk_tokens;
   if (options.count("--mla-form")) {
     const std::string& form = options["--mla-form"];
+    if (!config.mla())
+      throw UsageError("generate: --mla-form applies to models with MLA attention (DeepSeek), not to " + config.name);
     if (form == "automatic") model_options.mla_prompt_form = MlaPromptForm::automatic;
     else if (form == "absorbed") model_options.mla_prompt_form = MlaPromptForm::absorbed;
     else if (form == "decompressed") model_options.mla_prompt_form = MlaPromptForm::decompressed;
@@ -528,8 +603,16 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     group.emplace(txn->root().create_group(group_name));
     group->write("prompt", std::vector<std::int32_t>(prompt.begin(), prompt.end()));
     group->set_attribute("model", config.name);
-    group->set_attribute("seed", static_cast<std::int64_t>(seed));
-    group->set_attribute("weights", from_checkpoint ? model_name : std::string("synthetic"));
+    group->set_attribute("command", command_line("generate", args));
+    if (!from_checkpoint) group->set_attribute("seed", static_cast<std::int64_t>(seed));
+    group->set_attribute("weights", from_checkpoint ? std::filesystem::absolute(model_name).lexically_normal().string()
+                                                    : std::string("synthetic"));
+    group->set_attribute("new_tokens", static_cast<std::int64_t>(new_tokens));
+    group->set_attribute("chunk_tokens", static_cast<std::int64_t>(chunk_tokens));
+    group->set_attribute("block_tokens", static_cast<std::int64_t>(block_tokens));
+    group->set_attribute("vram_budget", static_cast<std::int64_t>(vram_budget));
+    group->set_attribute("host_budget", static_cast<std::int64_t>(host_budget));
+    if (config.mla()) group->set_attribute("mla_form", options.count("--mla-form") ? options["--mla-form"] : "automatic");
     group->set_attribute("config_format", from_checkpoint ? config.config_format : std::string("preset"));
     group->set_attribute("math_settings", config.math_settings());
     auto machine = group->create_group("machine");
@@ -546,6 +629,18 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     log_info("generate: warning: the prompt and the new tokens reach ", positions,
              " positions, past the model's max_position_embeddings (", config.max_position,
              "): the positions beyond are outside what it was trained for");
+  // The host attention's paths, levels and passes are measured per process
+  // (the paths' steps can be within 3% of each other, so another process may
+  // take the other one and round differently): now, before the timed steps,
+  // and recorded with the logits.
+  const AttentionShape shape = config.attention();
+  const std::string cpu_decode_path = describe_decode_cpu_paths(shape);
+  log_info("generate: CPU attention: ", cpu_decode_path, " (WRITESCOPE_CPU_PATH pins it)");
+  if (group) {
+    group->set_attribute("cpu_decode_path", cpu_decode_path);
+    group->set_attribute("next_pass_prefetch", describe_next_pass_prefetch(shape));
+    group->set_attribute("token_major_pass", describe_token_major_pass(shape));
+  }
   model_options.check_finite = true;
   MoeModel model = [&] {
     try {
@@ -564,12 +659,17 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   }();
   const int sequence = model.add_sequence(static_cast<std::int64_t>(prompt.size()) + new_tokens);
   int steps = 0;  // tokens generated
-  auto commit = [&](const std::string& error) {
+  // status: "in progress" (a commit on the way), "complete", "failed" (with
+  // `error`) or "stopped" (with `stopped`: a signal, a closed output).
+  auto commit = [&](const std::string& status, const std::string& why) {
     group->set_attribute("steps", static_cast<std::int64_t>(steps));
-    group->set_attribute("complete", static_cast<std::int64_t>(error.empty() && steps == new_tokens));
-    if (!error.empty()) group->set_attribute("error", error);
+    group->set_attribute("complete", static_cast<std::int64_t>(status == "complete"));
+    group->set_attribute("status", status);
+    if (status == "failed") group->set_attribute("error", why);
+    if (status == "stopped") group->set_attribute("stopped", why);
     txn->commit();
   };
+  const GenerationSignals signals;
   const auto started = std::chrono::steady_clock::now();
   auto last_commit = started;
   // Each commit copies the file: commit at most every minute and at most a
@@ -587,21 +687,24 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
       last_report = now;
       const double seconds = std::chrono::duration<double>(now - started).count();
       log_info("generate: prefill ", done, "/", total, " tokens (", done / seconds, " tokens/s)");
+      stop_if_asked();
     });
     prefilled = std::chrono::steady_clock::now();
     prefilling = false;
     while (steps < new_tokens) {
       const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       out << (steps ? " " : "") << next << std::flush;
+      if (!out) throw GenerationStopped{"standard output closed", 1};
       if (group) {
         group->append("logits", logits, logits.size());
         group->append("generated", std::vector<std::int32_t>{next});
       }
       ++steps;
       // A killed process keeps what was committed.
+      stop_if_asked();
       if (group && steps < new_tokens && std::chrono::steady_clock::now() - last_commit > commit_interval) {
         const auto begin = std::chrono::steady_clock::now();
-        commit("");
+        commit("in progress", "");
         committed_steps = steps;
         txn.emplace(store->begin());
         group.emplace(txn->root().open_group(group_name));
@@ -611,19 +714,30 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
       }
       if (steps < new_tokens) logits = model.step({sequence}, {next}).front();
     }
+  } catch (const GenerationStopped& stopped) {
+    out << std::endl;
+    const std::string done = "generate: " + stopped.reason + " after " + std::to_string(steps) + " of " +
+                             std::to_string(new_tokens) + " tokens";
+    if (!group) {
+      log_info(done);
+      return stopped.exit_status;
+    }
+    commit("stopped", stopped.reason);
+    log_info(done, "; their logits are in ", options["--logits"], ":/", group_name);
+    return stopped.exit_status;
   } catch (const ResultsError& e) {
     // The logits file itself failed (e.g. no space): nothing more can be committed to it.
-    out << "\n";
+    out << std::endl;
     throw ResultsError(std::string(e.what()) + " (the logits file keeps the " + std::to_string(committed_steps) +
                        " tokens committed before)");
   } catch (const std::exception& e) {
-    out << "\n";
+    out << std::endl;
     const std::string error = "generate: " +
                               (prefilling ? std::string("prefill") : "decoding token " + std::to_string(steps + 1)) +
                               ": " + e.what();
     if (!group) throw std::runtime_error(error);
     try {
-      commit(error);
+      commit("failed", error);
     } catch (const ResultsError& stored) {
       throw std::runtime_error(error + "; and its logits could not be stored: " + stored.what() +
                                " (the logits file keeps the " + std::to_string(committed_steps) +
@@ -633,14 +747,14 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
                              options["--logits"] + ":/" + group_name + ")");
   }
   const double decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefilled).count();
-  out << "\n";
+  out << std::endl;  // before the log line on standard error, where both go to one file
   log_info("generate: prompt ", prompt.size(), " tokens in ",
            std::chrono::duration<double>(prefilled - started).count(), " s (",
            prompt.size() / std::chrono::duration<double>(prefilled - started).count(), " tokens/s); ",
            new_tokens - 1, " decode steps at ", new_tokens > 1 ? (new_tokens - 1) / decode_seconds : 0.0,
            " tokens/s");
   if (group) {
-    commit("");
+    commit("complete", "");
     log_info("generate: logits of ", steps, " steps in ", options["--logits"], ":/", group_name);
   }
   return 0;

@@ -33,4 +33,10 @@ execute_process(COMMAND ${COMMAND} generate --model ${FOLDER} --prompt 3,1,4,1,5
 if(NOT status EQUAL 0 OR NOT from_v5 STREQUAL synthetic OR NOT err MATCHES "in the transformers-5 format: rope_theta")
   message(FATAL_ERROR "generate from the transformers 5 checkpoint (${status}) gave '${from_v5}': ${err}")
 endif()
+# Options of synthetic models are refused for a checkpoint: its weights are what they are.
+execute_process(COMMAND ${COMMAND} generate --model ${FOLDER} --prompt 3 --new-tokens 2 --seed 7
+  RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT status EQUAL 2 OR NOT err MATCHES "generate: --layers, --hidden-scale and --seed apply to synthetic models, not to checkpoint")
+  message(FATAL_ERROR "--seed with a checkpoint (${status}): ${err}")
+endif()
 file(REMOVE_RECURSE "${FOLDER}")

@@ -18,8 +18,14 @@ import sys, h5py
 g = h5py.File(sys.argv[1], 'r')['generate_0']
 assert g['logits'].shape == (270, 256), g['logits'].shape
 assert list(g['generated'][:]) == [int(t) for t in sys.argv[2].split()], 'tokens differ from the printed ones'
-assert g.attrs['steps'] == 270 and g.attrs['complete'] == 0, dict(g.attrs)
+assert g.attrs['steps'] == 270 and g.attrs['complete'] == 0 and g.attrs['status'] == 'failed', dict(g.attrs)
 assert 'decoding token 271' in g.attrs['error'], g.attrs['error']
+# What reproduces it: the command and every setting that changes the logits, the CPU attention's path among them.
+assert g.attrs['command'].startswith('writescope generate --model tiny-mixtral --prompt 1,2,3 --new-tokens 300 '), g.attrs['command']
+settings = {k: int(g.attrs[k]) for k in ('new_tokens', 'block_tokens', 'chunk_tokens', 'vram_budget', 'host_budget', 'seed')}
+assert settings == dict(new_tokens=300, block_tokens=16, chunk_tokens=8, vram_budget=300 * 1024, host_budget=4096, seed=1), settings
+assert g.attrs['cpu_decode_path'].startswith('head-major: '), g.attrs['cpu_decode_path']
+assert 'mla_form' not in g.attrs
 assert g.file.attrs['format'] == 'writescope-logits-1', dict(g.file.attrs)
 " ${FOLDER}/logits.h5 "${out}" RESULT_VARIABLE status ERROR_VARIABLE err)
 if(NOT status EQUAL 0)
@@ -68,5 +74,34 @@ execute_process(COMMAND ${COMMAND} generate --model tiny-mixtral --prompt 1 --ne
   RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT status EQUAL 1 OR NOT err MATCHES "host memory: tiny-mixtral" OR EXISTS ${FOLDER}/unbuilt.h5)
   message(FATAL_ERROR "status ${status}, the empty logits file left: ${FOLDER}/unbuilt.h5; stderr:\n${err}")
+endif()
+file(REMOVE_RECURSE "${FOLDER}")
+
+# Asked to stop (SIGINT) or with its output closed (`| head`), a generation
+# stops after the step in progress and commits the tokens it made, saying why.
+find_program(TIMEOUT timeout REQUIRED)
+file(MAKE_DIRECTORY "${FOLDER}")
+execute_process(COMMAND ${TIMEOUT} --preserve-status -s INT 3 ${COMMAND} generate --model tiny-mixtral --prompt 1
+                        --new-tokens 200000 --logits ${FOLDER}/interrupted.h5
+  RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT status EQUAL 130 OR NOT err MATCHES "generate: stopped by SIGINT after [0-9]+ of 200000 tokens; their logits are in .*interrupted.h5:/generate_0")
+  message(FATAL_ERROR "status ${status}; stderr:\n${err}")
+endif()
+execute_process(COMMAND ${COMMAND} generate --model tiny-mixtral --prompt 1 --new-tokens 200000 --logits ${FOLDER}/closed.h5
+  COMMAND head -c 8
+  RESULTS_VARIABLE statuses OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT statuses STREQUAL "1;0" OR NOT err MATCHES "generate: standard output closed after [0-9]+ of 200000 tokens")
+  message(FATAL_ERROR "statuses ${statuses}; stderr:\n${err}")
+endif()
+execute_process(COMMAND ${PYTHON} -c "
+import sys, h5py
+for path, why in ((sys.argv[1], 'stopped by SIGINT'), (sys.argv[2], 'standard output closed')):
+    g = h5py.File(path, 'r')['generate_0']
+    steps = int(g.attrs['steps'])
+    assert g.attrs['status'] == 'stopped' and g.attrs['stopped'] == why and g.attrs['complete'] == 0, dict(g.attrs)
+    assert 0 < steps < 200000 and g['logits'].shape == (steps, 256) and len(g['generated']) == steps, (path, steps)
+" ${FOLDER}/interrupted.h5 ${FOLDER}/closed.h5 RESULT_VARIABLE status ERROR_VARIABLE err)
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "a stopped generation's logits file:\n${err}")
 endif()
 file(REMOVE_RECURSE "${FOLDER}")
