@@ -64,6 +64,7 @@ class Profile:
     pinned_h2d_gbps: float
     cpu_dram_read_gbps: float
     cpu_fma_glanes: float
+    sources: tuple = ()  # ((section, what its figures rest on), ...) where the profile says
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,13 @@ def checked_profile(group, profile):
     return profile
 
 
+def _yaml_scalar(text):
+    """A one-line YAML scalar as MachineProfile::to_yaml writes it: plain, or double-quoted with escapes."""
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        return re.sub(r'\\(.)', r"\1", text[1:-1])
+    return text
+
+
 def read_projection_profile(group):
     """A `/profiles/<name>` entry of a projection: only `name` and `yaml` (MachineProfile::to_yaml, whose
     sections are maps indented by two spaces), so the rates come from the YAML."""
@@ -286,6 +294,8 @@ def read_projection_profile(group):
             raise InputError(group.name, f"attribute 'yaml' gives no number for '{key}'") from None
 
     has_gpu = values.get("has_gpu") == "true"
+    sources = tuple((key.split(".", 1)[1], _yaml_scalar(value)) for key, value in values.items()
+                    if key.startswith("sources."))
     return checked_profile(group, Profile(
         name=attribute(group, "name", str),
         has_gpu=has_gpu,
@@ -293,6 +303,7 @@ def read_projection_profile(group):
         pinned_h2d_gbps=rate("link.pinned_h2d_gbps", has_gpu),
         cpu_dram_read_gbps=rate("cpu.dram_read_gbps", True),
         cpu_fma_glanes=rate("cpu.fma_glanes", True),
+        sources=sources,
     ))
 
 
@@ -967,7 +978,7 @@ def plot_alpha(model, runs, path):
             ax.plot(np.arange(1, steps + 1), mean, marker=".", label=f"context {context_label(context)}")
         ax.set_ylim(-0.03, 1.03)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("measured decode step")
+        ax.set_xlabel("decode step")
         ax.set_ylabel("α, mean over layers (0 = GPU, 1 = CPU)")
         ax.set_title(setting_title(setting), fontsize="medium")
         ax.legend(fontsize="small")
@@ -1177,7 +1188,7 @@ def summary_lines(results, min_context):
     counts = {status: sum(run.status == status for run in runs) for status in STATUSES}
     lines = [f"- {len(runs)} runs: {counts['complete']} complete, {counts['does_not_fit']} did not fit, "
              f"{counts['failed']} failed."]
-    missing = (results.planned_runs or 0) - len(runs) - len(results.damaged)
+    missing = missing_runs(results)
     if missing > 0:
         lines.append(f"- **{missing} of the {results.planned_runs} planned runs are not in the file** (a run "
                      "stopped before them, or `writescope merge --allow-missing` left them out): the tables and "
@@ -1241,17 +1252,29 @@ def prediction_section(runs):
     return table(("system", "median relative error", "steps"), rows)
 
 
-def not_run_section(runs):
+def missing_runs(results):
+    """Planned runs of the experiment that are not in the file (neither read nor left out as damaged)."""
+    return max(0, (results.planned_runs or 0) - len(results.runs) - len(results.damaged))
+
+
+def not_run_section(runs, absent=0):
+    """`absent`: planned runs that are not in the file at all (missing_runs)."""
     missing = [run for run in runs if not run.measured]
     if not missing:
-        return ["Every run completed."]
+        return [f"Every run in the file completed; {absent} planned runs are not in it (see the summary)."
+                if absent else "Every run completed."]
     return [f"- {cell(run.model_label)}, {run.label}, batch {run.batch}, context {context_label(run.context)}, "
             f"repetition {run.repetition}: {status_text(run.status)} — {cell(run.reason) or 'no reason given'}"
             for run in missing]
 
 
 def projected_section(runs, min_context):
-    rows = []
+    systems = {run.system for run in runs}
+    if SUBJECT not in systems:
+        return [f"The runs hold no {SUBJECT} runs: nothing to compare."]
+    if systems == {SUBJECT}:
+        return [f"{SUBJECT} is the only system in the runs: nothing to compare it with."]
+    rows, below = [], []
     by_profile = best_baseline_speedups(runs)
     for profile, points in by_profile.items():
         for model in sorted({setting[0] for setting, _, _ in points}):
@@ -1259,14 +1282,16 @@ def projected_section(runs, min_context):
             if values:
                 rows.append((profile, model, f"{math.exp(np.mean(np.log(values))):.2f}",
                              f"{min(values):.2f}–{max(values):.2f}", len(values), paper_headline(profile)))
-    contexts = sorted({context for points in by_profile.values() for _, context, _ in points})
-    if not rows and contexts:
-        return [f"{SUBJECT} and another system both fit only at contexts "
-                f"{', '.join(context_label(c) for c in contexts)}, all below `--min-context` {min_context} "
-                f"({context_label(min_context)}): give a smaller `--min-context` to include them."]
-    if not rows:
-        return ["No setting where WriteScope and another system both fit."]
-    return table(("profile", "model", "geomean speedup (×)", "range (×)", "points", "paper's headline"), rows)
+            else:
+                contexts = sorted({context for setting, context, _ in points if setting[0] == model})
+                below.append(f"- {cell(model)}: {SUBJECT} and another system both fit only at "
+                             f"contexts {', '.join(context_label(c) for c in contexts)}, below `--min-context` "
+                             f"({context_label(min_context)}); give a smaller `--min-context` to include them.")
+    if not rows and not below:
+        return [f"No setting where {SUBJECT} and another system both fit."]
+    lines = table(("profile", "model", "geomean speedup (×)", "range (×)", "points", "paper's headline"),
+                  rows) if rows else []
+    return lines + ([""] if rows and below else []) + below
 
 
 def counted(counts):
@@ -1339,7 +1364,7 @@ def report_markdown(results, figures, min_context):
     lines += table(("model", "system", "batch", "VRAM (GiB)", "context", "repetition", "status",
                     "tokens/s or reason", "pinned (GiB)", "host (GiB)"), run_rows(results.runs))
     lines += ["", "## Not run / did not fit", ""]
-    lines += not_run_section(results.runs)
+    lines += not_run_section(results.runs, missing_runs(results))
     if results.damaged:
         lines += ["", "## Damaged runs", ""]
         lines += [f"- `{name}`: {cell(why)}" for name, why in results.damaged]
@@ -1357,6 +1382,12 @@ def projected_markdown(results, figures, min_context):
              "",
              f"- Experiment: `{results.experiment}`",
              f"- Git revision: `{results.git_revision}`", "",
+             f"## {PROJECTED}: what the profiles' figures rest on", ""]
+    for name in sorted({run.profile for run in results.runs}):
+        profile = results.profiles.get(name)
+        sources = "; ".join(f"{section}: {text}" for section, text in profile.sources) if profile else ""
+        lines.append(f"- `{name}`: {sources or 'the profile states no sources'}")
+    lines += ["",
              f"## {PROJECTED}: speedup over the best baseline ({contexts})", "",
              f"{SUBJECT} with its own expert policy over the fastest other system at each setting and context, "
              "beside the paper's headline for that GPU.", ""]
@@ -1371,7 +1402,7 @@ def projected_markdown(results, figures, min_context):
     lines += table(("model", "system", "batch", "VRAM (GiB)", "context", "repetition", "status",
                     "projected tokens/s or reason", "pinned (GiB)", "host (GiB)"), run_rows(results.runs))
     lines += ["", f"## {PROJECTED}: did not fit", ""]
-    lines += not_run_section(results.runs)
+    lines += not_run_section(results.runs, missing_runs(results))
     return "\n".join(lines) + "\n"
 
 

@@ -427,6 +427,37 @@ class ProjectedReport(ReportOnFile, unittest.TestCase):
             self.assertAlmostEqual(float(cells[2]), self.expected_speedup(base, profile), places=2)
             self.assertEqual(cells[5], "1.5–2.5×" if profile.startswith("a100") else "1.4–1.7×")
 
+    def test_a_projection_without_writescope_or_with_only_it_says_so(self):
+        for kept, message in ((lambda system: system != "writescope", "The runs hold no writescope runs: nothing to "
+                                                                       "compare."),
+                              (lambda system: system == "writescope", "writescope is the only system in the runs: "
+                                                                       "nothing to compare it with.")):
+            with self.subTest(message=message), tempfile.TemporaryDirectory() as tmp:
+                path, output = os.path.join(tmp, "projected.h5"), os.path.join(tmp, "report")
+                write_results(path, [spec for spec in self.specs() if kept(spec["system"])], predicted=True)
+                result = run_report(path, output)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
+                    text = section(md.read(), f"{PROJECTED}: speedup over the best baseline")
+                self.assertIn(message, text)
+
+    def test_each_profile_says_what_its_figures_rest_on(self):
+        text = section(self.markdown, f"{PROJECTED}: what the profiles' figures rest on")
+        for profile in PROFILE_SCALE:
+            self.assertIn(f"- `{profile}`: cpu: assumed: dram_read_gbps: 1 fma_glanes: 2", text)
+
+    def test_no_figure_calls_a_projection_measured(self):
+        report = report_module()
+        with tempfile.TemporaryDirectory() as tmp:
+            figures = saved_figures(report, report.load(self.path), tmp)
+        for name, figure in figures.items():
+            texts = [figure._suptitle.get_text() if figure._suptitle else ""]
+            for ax in figure.axes:
+                texts += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel()]
+            for text in texts:
+                with self.subTest(figure=name, text=text):
+                    self.assertNotIn("measured", text.replace("not measured", ""))
+
     def test_one_projected_speedup_figure_per_profile_and_no_measurement_figures(self):
         for profile in PROFILE_SCALE:
             self.assertIsNotNone(png_size(os.path.join(self.output, f"projected_speedup_{profile}.png")))
@@ -440,8 +471,12 @@ class ProjectedReport(ReportOnFile, unittest.TestCase):
         with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
             text = section(md.read(), f"{PROJECTED}: speedup over the best baseline")
         self.assertNotIn("No setting where", text)
-        self.assertIn("writescope and another system both fit only at contexts 8K, 32K, all below `--min-context` "
-                      "65536 (64K): give a smaller `--min-context` to include them.", text)
+        # Each model left out of the table is named, on each profile.
+        for model in MODELS:
+            for profile in PROFILE_SCALE:
+                self.assertIn(f"- {model} (test) on {profile}: writescope and another system both "
+                              "fit only at contexts 8K, 32K, below `--min-context` (64K); give a smaller "
+                              "`--min-context` to include them.", text)
 
     def test_the_roofline_has_a_projected_panel_per_profile(self):
         report = report_module()
@@ -872,6 +907,19 @@ class Provenance(unittest.TestCase):
         markdown = self.report_of(complete)
         self.assertNotIn("planned runs are not in the file", markdown)
         self.assertNotIn("Shard", markdown)
+
+    def test_a_file_of_complete_runs_that_lacks_planned_ones_says_so_under_not_run(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path, output = os.path.join(tmp, "results.h5"), os.path.join(tmp, "report")
+            specs = [spec for spec in run_specs() if "tokens_per_second" in spec]
+            write_results(path, specs)
+            with h5py.File(path, "r+") as root:
+                root.attrs["planned_runs"] = np.int64(len(specs) + 2)
+            result = run_report(path, output)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
+                text = section(md.read(), "Not run")
+        self.assertIn("Every run in the file completed; 2 planned runs are not in it (see the summary).", text)
 
     def test_runs_of_two_setups_are_never_compared(self):
         """A merge with --allow-different-machine can hold WriteScope's runs from one setup and the baselines'
