@@ -213,6 +213,10 @@ class PlanningModel {
   }
 
   const VramUse& vram() const { return vram_; }
+  /// The pinned staging buffers MoeModel would have grown by now (HostUse::staging_pinned).
+  std::uint64_t staging_pinned_bytes() const {
+    return (2 * staged_cpu_experts_.span + staged_logits_.span) * sizeof(float);
+  }
   const InplaceKVCache<bf16>& cache() const { return cache_; }
 
   int add_sequence(std::int64_t expected) {
@@ -246,9 +250,12 @@ class PlanningModel {
         if (layer < c_.dense_layers) continue;
         const int moe_layer = layer - c_.dense_layers;
         const Routing routing = draw_routing(rows, c_.experts, c_.experts_per_token, random_);
-        apply(options_.experts->plan(moe_layer, routing, residency_).loads);
+        const ExpertPlan plan = options_.experts->plan(moe_layer, routing, residency_);
+        if (!plan.cpu.empty()) stage_cpu_experts(rows);
+        apply(plan.loads);
         apply(options_.experts->after_layer(moe_layer, routing, residency_));
       }
+      staged_logits_.need(static_cast<std::size_t>(c_.vocab));  // the chunk's last row
     }
   }
   /// As MoeModel::end_warmup: the prefetch stream is drained (untimed) before the policy places experts.
@@ -282,11 +289,23 @@ class PlanningModel {
       record.other = std::max(0.0, timeline.wall - record.attention - record.feed_forward);
       seconds += timeline.wall;
     }
+    staged_logits_.need(static_cast<std::size_t>(rows) * c_.vocab);
     const double logits = static_cast<double>(rows) * c_.vocab * sizeof(float);
     return seconds + rates_.dense(dense_.lm_head, rows) + logits / (rates_.d2h_gbps * 1e9) + step_launches * rates_.launch_s;
   }
 
  private:
+  /// The floats of a scratch buffer as impl::scratch grows it: to what is
+  /// wanted, at least doubling.
+  struct GrowingBuffer {
+    std::size_t span = 0;
+    void need(std::size_t wanted) {
+      if (span < wanted) span = std::max(wanted, 2 * span);
+    }
+  };
+  /// The CPU's experts of `rows` rows: their inputs and outputs staged in pinned memory.
+  void stage_cpu_experts(int rows) { staged_cpu_experts_.need(static_cast<std::size_t>(rows) * c_.hidden); }
+
   void apply(const std::vector<ExpertLoad>& loads) {
     for (const ExpertLoad& l : loads)
       if (l.slot >= 0) residency_.assign(l.slot, l.layer, l.expert);
@@ -332,6 +351,7 @@ class PlanningModel {
     const int moe_layer = layer - c_.dense_layers;
     const Routing routing = draw_routing(rows, c_.experts, c_.experts_per_token, random_);
     const ExpertPlan plan = options_.experts->plan(moe_layer, routing, residency_);
+    if (!plan.cpu.empty()) stage_cpu_experts(rows);
     double gpu = rates_.dense(dense_.shared[layer], rows), cpu = 0, copies = 0;
     const double loads = static_cast<double>(plan.loads.size()) * rates_.experts.transfer_seconds();
     apply(plan.loads);
@@ -389,6 +409,7 @@ class PlanningModel {
   std::mt19937_64 random_;
   std::vector<std::int64_t> expected_;
   double prefetch_wait_ = 0;  // prefetch copy seconds left at the next layer's start
+  GrowingBuffer staged_cpu_experts_, staged_logits_;  // MoeModel's x_pinned (as out_pinned) and logits_pinned
 };
 
 }  // namespace
@@ -446,7 +467,7 @@ PricedSteps price_decode(const ModelConfig& config, const ModelOptions& options,
   }
   const InplaceKVCache<bf16>& cache = model.cache();
   priced.host.experts = MoeModel::expert_store_bytes(config);
-  priced.host.staging_pinned = MoeModel::pinned_staging_bytes(config, options);
+  priced.host.staging_pinned = model.staging_pinned_bytes();
   priced.host.experts_pinned = options.pin_experts && options.experts->loads_experts();
   priced.host.kv_pinned = static_cast<std::uint64_t>(cache.capacity_blocks(Region::gpu_streamed)) * cache.block_bytes();
   priced.host.kv_host = static_cast<std::uint64_t>(cache.capacity_blocks(Region::cpu_resident)) * cache.block_bytes();

@@ -405,6 +405,16 @@ TEST_F(PredictFileTest, NeverOverwritesMeasuredRunsAndComparesOnlyMeasuredOnes) 
 
   const std::string projected = (dir_ / "projected.h5").string();
   predict_experiment(small, {round_profile()}, projected, progress);
+  {  // Memory as the runs held it: the pinned staging buffers only as far as they grew (none for a GPU-only run's experts).
+    const ResultsReader measured_runs(measured), projected_runs(projected);
+    for (const std::string& run : measured_runs.list("/runs")) {
+      if (measured_runs.string_attribute("/runs/" + run, "status") != "complete") continue;
+      const std::string priced = "/runs/" + group_name("test__" + run);
+      for (const char* field : {"pinned_bytes", "host_bytes"})
+        EXPECT_EQ(projected_runs.int_attribute(priced, field), measured_runs.int_attribute("/runs/" + run, field))
+            << run << ": " << field;
+    }
+  }
   try {
     compare_predictions(projected);
     FAIL() << "compared predictions with predictions";
