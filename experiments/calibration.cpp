@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -20,6 +21,7 @@
 #include "moe/experts.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/launch.hpp"
+#include "framework/machine.hpp"
 #include "framework/simd.hpp"
 #include "framework/timer.hpp"
 
@@ -574,8 +576,17 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
   gethostname(host, sizeof host - 1);
   p.name = options.name.empty() ? std::string(host) : options.name;
   p.has_gpu = has_gpu;
+  // How, so that a quick calibration (few --tokens: partly from cache) is told from a full one.
+  char date[32] = {};
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", &utc);
+  const std::string how = "measured by writescope calibrate on " + std::string(host) + " (build " + git_revision() +
+                          ", " + date + ", CPU attention over " + std::to_string(options.attention_tokens) +
+                          " tokens)";
   for (const char* section : {"gpu", "link", "cpu"})
-    if (has_gpu || std::string(section) == "cpu") p.sources[section] = "measured by writescope calibrate on " + p.name;
+    if (has_gpu || std::string(section) == "cpu") p.sources[section] = how;
   const HostExecSpace space;
   p.cpu_threads = space.concurrency();
   auto step = [&](const std::string& what, double& field, auto measure) {

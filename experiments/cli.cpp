@@ -253,6 +253,11 @@ void check_profile_output(const std::string& command, const std::string& path) {
       throw UsageError(command + ": --output " + path + " exists and is not a machine profile (" + why +
                        "); a profile replaces only an earlier profile: give another --output or remove the file");
   }
+  try {
+    create_output_folder(command + ": --output", path);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
   // A file beside it, as MachineProfile::save writes one: a name of its own
   // (mkstemp), so that no existing file is truncated or removed.
   std::string probe = path + ".partial.XXXXXX";

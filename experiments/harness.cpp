@@ -414,12 +414,57 @@ std::vector<std::filesystem::path> shipped_profile_folders() {
   return folders;
 }
 
+namespace {
+
+/// The profile in the file `path`, whose per-shape entries must name model
+/// presets' attention shapes (the shapes `calibrate` measures and configs
+/// run); a CPU attention rate above the DRAM read rate, which it reads its
+/// KV at, is worth a warning.
+MachineProfile load_profile_file(const std::string& path) {
+  MachineProfile profile = MachineProfile::load(path);
+  const std::vector<std::string> presets = model_preset_names();
+  auto check_shapes = [&](const std::string& field, const auto& by_shape) {
+    for (const auto& entry : by_shape)
+      if (std::find(presets.begin(), presets.end(), entry.first) == presets.end())
+        throw ConfigError(path, field + "." + entry.first,
+                          "no model preset has this attention shape (presets: " + joined(presets) + ")");
+  };
+  check_shapes("gpu.attention_gbps", profile.gpu_attention_gbps);
+  check_shapes("cpu.attention_gbps", profile.cpu_attention_gbps);
+  check_shapes("cpu.streamed_attention_gbps", profile.cpu_streamed_attention_gbps);
+  check_shapes("cpu.decode_path", profile.cpu_decode_path);
+  check_shapes("cpu.streamed_decode_path", profile.cpu_streamed_decode_path);
+  check_shapes("cpu.next_pass_prefetch", profile.cpu_next_pass_prefetch);
+  check_shapes("cpu.head_major_pass", profile.cpu_head_major_pass);
+  check_shapes("cpu.token_major_pass", profile.cpu_token_major_pass);
+  for (const auto* rates : {&profile.cpu_attention_gbps, &profile.cpu_streamed_attention_gbps})
+    for (const auto& [shape, by_threads] : *rates)
+      for (const auto& [threads, gbps] : by_threads)
+        if (gbps > profile.cpu_dram_read_gbps)
+          log_info("profile ", path, ": warning: CPU attention of ", shape, " at ", threads, " threads (", gbps,
+                   " GB/s) is faster than cpu.dram_read_gbps (", profile.cpu_dram_read_gbps,
+                   " GB/s), the rate it reads its KV at; check both");
+  return profile;
+}
+
+}  // namespace
+
+void create_output_folder(const std::string& option, const std::string& path) {
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) return;
+  std::error_code error;
+  std::filesystem::create_directories(parent, error);
+  if (error)
+    throw std::invalid_argument(option + " " + path + ": its folder " + parent.string() + " cannot be created (" +
+                                error.message() + ")");
+}
+
 MachineProfile find_profile(const std::string& name_or_path) {
-  if (std::filesystem::is_regular_file(name_or_path)) return MachineProfile::load(name_or_path);
+  if (std::filesystem::is_regular_file(name_or_path)) return load_profile_file(name_or_path);
   std::string searched;
   for (const std::filesystem::path& folder : shipped_profile_folders()) {
     const std::filesystem::path path = folder / (name_or_path + ".yaml");
-    if (std::filesystem::is_regular_file(path)) return MachineProfile::load(path.string());
+    if (std::filesystem::is_regular_file(path)) return load_profile_file(path.string());
     searched += (searched.empty() ? "" : ", ") + folder.string();
   }
   throw std::invalid_argument("profile '" + name_or_path + "' is neither a file nor a profile in " + searched +
@@ -1184,8 +1229,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     token_major_pass[model.label] = describe_token_major_pass(shape);
     for (const std::string& warning : attention_choice_mismatches(profile, shape)) log_info(warning);
   }
-  if (const auto parent = std::filesystem::path(config.output).parent_path(); !parent.empty())
-    std::filesystem::create_directories(parent);
+  create_output_folder("output", config.output);
   const MachineDescription machine = MachineDescription::detect();
   const std::string machine_yaml = machine.to_yaml();
   ResultsStore store(config.output);

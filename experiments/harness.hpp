@@ -168,6 +168,11 @@ struct MergeOptions {
 std::vector<std::string> merge_results(const std::string& output, const std::vector<std::string>& inputs,
                                        const MergeOptions& options = {});
 
+/// Creates the folder of the output file `path` where it is missing (`run`,
+/// `predict` and `calibrate` do); std::invalid_argument naming `option` and
+/// the system's reason where it cannot be.
+void create_output_folder(const std::string& option, const std::string& path);
+
 class ResultsReader;
 
 /// Why the run group `group` of the file `reader` reads cannot be trusted (its

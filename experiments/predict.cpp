@@ -600,21 +600,29 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
                                   (measured ? " holds measured runs; a projection never overwrites them"
                                             : " is not a projection's results file; a projection overwrites only one") +
                                   " (give another --output)");
-    // Projections take seconds to make again, so one replaces another; said where it is another experiment's.
-    if (projection && existing.has_attribute("/", "experiment") &&
-        existing.string_attribute("/", "experiment") != config.name)
-      progress << "predict: replacing " << output << "'s projection of experiment '"
-               << existing.string_attribute("/", "experiment") << "'" << std::endl;
+    // Projections take seconds to make again, so one replaces another, saying so.
+    if (projection) {
+      const std::string experiment =
+          existing.has_attribute("/", "experiment") ? existing.string_attribute("/", "experiment") : "";
+      const std::size_t runs = existing.exists("/runs") ? existing.list("/runs").size() : 0;
+      progress << "predict: replacing " << output << "'s projection"
+               << (experiment.empty() || experiment == config.name ? std::string()
+                                                                    : " of experiment '" + experiment + "'")
+               << " (" << runs << " runs)" << std::endl;
+    }
   }
   for (std::size_t p = 0; p < profiles.size(); ++p)
     for (std::size_t q = 0; q < p; ++q)
       if (profiles[p].name == profiles[q].name)
         throw std::invalid_argument("predict: --profile names profile '" + profiles[p].name + "' twice");
+      else if (group_name(profiles[p].name) == group_name(profiles[q].name))
+        throw std::invalid_argument("predict: --profile: profiles '" + profiles[q].name + "' and '" + profiles[p].name +
+                                    "' would be stored under one name ('" + group_name(profiles[p].name) +
+                                    "': '/' and '.' become '_'); rename one");
   // Every profile's runs first: a profile that cannot price the experiment fails before any file is written.
   std::vector<std::vector<RunSpec>> runs_of;
   for (const MachineProfile& profile : profiles) runs_of.push_back(expand_runs(config, profile));
-  if (const auto parent = std::filesystem::path(output).parent_path(); !parent.empty())
-    std::filesystem::create_directories(parent);
+  create_output_folder("predict: --output", output);
   const std::string machine_yaml = MachineDescription::detect().to_yaml();
   ResultsStore store(output);
   try {

@@ -58,6 +58,9 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
   MachineProfile p;
   p.name = root.get_text("name");
   p.has_gpu = root.get_or<bool>("has_gpu", true);
+  for (const char* section : {"gpu", "link"})
+    if (!p.has_gpu && root.has(section))
+      root.fail(section, "is given although has_gpu is false; remove it, or set has_gpu: true");
   if (p.has_gpu) {
     const ConfigNode gpu = root.child("gpu");
     gpu.allow_only({"hbm_gbps", "launch_latency_us", "attention_gbps"});

@@ -65,6 +65,39 @@ class HarnessTest : public ::testing::Test {
   const std::string output_ = (dir_ / "results.h5").string();
 };
 
+// A profile file's per-shape entries name presets' attention shapes (a typo
+// would price nothing); a CPU attention rate above the DRAM read it reads
+// its KV at is a warning.
+TEST_F(HarnessTest, AProfileFileNamesPresetShapesAndWarnsOfAttentionFasterThanDram) {
+  const std::string profile_text = R"(name: shapes
+has_gpu: false
+cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_gflops: 50,
+      attention_gbps: {qwen3-30b-a3b: {1: 4, 4: 25}}}
+)";
+  const std::string path = (dir_ / "shapes.yaml").string();
+  std::string typo = profile_text;
+  typo.replace(typo.find("qwen3-30b-a3b"), 13, "qwen4-99b");
+  std::ofstream(path) << typo;
+  try {
+    find_profile(path);
+    FAIL() << "a shape no preset has accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "cpu.attention_gbps.qwen4-99b");
+    EXPECT_NE(e.reason().find("no model preset has this attention shape (presets: deepseek-v2-lite, qwen3-30b-a3b"),
+              std::string::npos)
+        << e.reason();
+  }
+  std::ofstream(path) << profile_text;
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(find_profile(path).cpu_attention("qwen3-30b-a3b", 4), 25);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("warning: CPU attention of qwen3-30b-a3b at 4 threads (25 GB/s) is faster than "
+                     "cpu.dram_read_gbps (20 GB/s)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("at 1 threads"), std::string::npos) << log;
+}
+
 TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
   const std::string base =
       "name: x\noutput: x.h5\nprofile: p\nmodels: [{preset: tiny-mixtral}]\nbatch_sizes: [1]\ncontexts: [8]\n"

@@ -312,6 +312,24 @@ class PredictFileTest : public ::testing::Test {
   const fs::path dir_ = scratch_.path();
 };
 
+// Profiles whose names are stored under one group name ('/' and '.' become
+// '_') are one error naming both, before anything is written.
+TEST_F(PredictFileTest, ProfilesStoredUnderOneNameAreRefused) {
+  MachineProfile underscore = round_profile(), slash = round_profile();
+  underscore.name = "a_b";
+  slash.name = "a/b";
+  const std::string output = (dir_ / "projected.h5").string();
+  std::ostringstream progress;
+  try {
+    predict_experiment(config(), {underscore, slash}, output, progress);
+    FAIL() << "two profiles under one name accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "predict: --profile: profiles 'a_b' and 'a/b' would be stored under one name "
+                                     "('a_b': '/' and '.' become '_'); rename one");
+  }
+  EXPECT_FALSE(fs::exists(output));
+}
+
 TEST_F(PredictFileTest, WritesEveryRunOfEveryProfileMarkedPredicted) {
   MachineProfile other = round_profile();
   other.name = "slow-link";
@@ -355,8 +373,12 @@ TEST_F(PredictFileTest, WritesEveryRunOfEveryProfileMarkedPredicted) {
   { const ResultsStore empty(stopped); }
   predict_experiment(config(), {round_profile()}, stopped, progress);
   EXPECT_EQ(ResultsReader(stopped).list("/runs").size(), runs.size() / 2);
-  // Another experiment's projection is replaced, saying so; the same one's silently.
-  EXPECT_EQ(progress.str().find("replacing"), std::string::npos) << progress.str();
+  // A projection is replaced saying so (and whose, where it is another experiment's); an empty file silently.
+  EXPECT_NE(progress.str().find("predict: replacing " + output + "'s projection (" + std::to_string(runs.size()) +
+                                " runs)\n"),
+            std::string::npos)
+      << progress.str();
+  EXPECT_EQ(progress.str().find("replacing " + stopped), std::string::npos) << progress.str();
   ExperimentConfig another = config();
   another.name = "another";
   std::ostringstream replacing;

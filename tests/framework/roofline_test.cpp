@@ -250,6 +250,20 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
     EXPECT_EQ(e.field(), "name");
     EXPECT_EQ(e.reason(), "must not be empty");
   }
+  {  // A host-only profile's GPU and link sections would be dropped unread.
+    std::string host_only = "has_gpu: false\n" + base;
+    host_only.replace(host_only.find("pageable_d2h_gbps: -8"), 21, "pageable_d2h_gbps: 8");
+    for (const char* section : {"gpu", "link"}) {
+      try {
+        MachineProfile::load(write(host_only));
+        ADD_FAILURE() << "has_gpu: false with a " << section << " section accepted";
+      } catch (const ConfigError& e) {
+        EXPECT_EQ(e.field(), section);
+        EXPECT_EQ(e.reason(), "is given although has_gpu is false; remove it, or set has_gpu: true");
+      }
+      if (section == std::string("gpu")) host_only.erase(host_only.find("gpu: {hbm_gbps: 1000}\n"), 22);
+    }
+  }
   std::string zero_chunk = base;
   zero_chunk.replace(zero_chunk.find("pageable_d2h_gbps: -8"), 21, "pageable_d2h_gbps: 8, chunk_bytes: 0");
   try {
