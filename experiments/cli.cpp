@@ -67,7 +67,11 @@ constexpr const char* usage_text =
     "                              or a closed output stops it keeping what it made);\n"
     "                              --mla-form (MLA models): how DeepSeek's prompt chunks\n"
     "                              attend (automatic: by cost); --seed, --layers and\n"
-    "                              --hidden-scale: synthetic models only\n"
+    "                              --hidden-scale: synthetic models only. Presets:\n"
+    "                              deepseek-v2-lite, qwen3-30b-a3b, mixtral-8x7b and their\n"
+    "                              tiny-deepseek-v2, tiny-qwen3-moe, tiny-mixtral; defaults:\n"
+    "                              --block-tokens 256, --chunk-tokens 256, --vram-budget\n"
+    "                              4GiB, --host-budget 1GiB, --seed 1\n"
     "  make-checkpoint --model NAME --output DIR [--seed S] [--dtype bf16|f16|f32]\n"
     "                  [--config-format hub|transformers5]\n"
     "                              write a synthetic Hugging Face checkpoint (config.json +\n"
@@ -517,7 +521,21 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   const int new_tokens = positive_integer("generate", "--new-tokens", options["--new-tokens"]);
   const std::string& model_name = options["--model"];
   const bool from_checkpoint = std::filesystem::is_directory(model_name);
-  ModelConfig config = from_checkpoint ? load_hf_config(model_name + "/config.json") : model_preset(model_name);
+  ModelConfig config;
+  if (from_checkpoint) {
+    config = load_hf_config(model_name + "/config.json");
+  } else {
+    const std::vector<std::string> presets = model_preset_names();
+    if (std::find(presets.begin(), presets.end(), model_name) == presets.end()) {
+      std::string known;
+      for (const std::string& preset : presets) known += (known.empty() ? "" : ", ") + preset;
+      throw UsageError("generate: --model " + model_name + " is neither a preset (" + known +
+                       ") nor a checkpoint folder" +
+                       (std::filesystem::exists(model_name) ? " (it is a file; give the folder that holds config.json)"
+                                                             : " (no such folder)"));
+    }
+    config = model_preset(model_name);
+  }
   ModelOverrides overrides;
   // As a config's layers: at most the preset's.
   if (options.count("--layers"))
@@ -623,7 +641,8 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     auto machine = group->create_group("machine");
     MachineDescription::detect().store(machine);
   }
-  log_info("generate: ", config.name, " (", config.layers, " layers, hidden ", config.hidden, ", ",
+  log_info("generate: ", config.name, " (", config.layers, config.layers == 1 ? " layer" : " layers", ", hidden ",
+           config.hidden, ", ",
            from_checkpoint ? "checkpoint weights" : "synthetic weights", ")");
   if (from_checkpoint)
     log_info("generate: read ", model_name, "/config.json in the ", config.config_format, " format: rope_theta ",
@@ -633,7 +652,8 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
       config.max_position > 0 && positions > config.max_position)
     log_info("generate: warning: the prompt and the new tokens reach ", positions,
              " positions, past the model's max_position_embeddings (", config.max_position,
-             "): the positions beyond are outside what it was trained for");
+             from_checkpoint ? "): the positions beyond are outside what it was trained for"
+                             : "): a trained model of this shape would be past what it was trained for");
   // The host attention's paths, levels and passes are measured per process
   // (the paths' steps can be within 3% of each other, so another process may
   // take the other one and round differently): now, before the timed steps,
@@ -648,21 +668,48 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   }
   model_options.check_finite = true;
   MoeModel model = [&] {
+    // No step ran: a logits file this call created would hold nothing.
+    auto remove_new_logits_file = [&] {
+      if (!new_logits_file) return;
+      group.reset();
+      txn.reset();
+      store.reset();
+      std::filesystem::remove(options["--logits"]);
+    };
     try {
-      return from_checkpoint ? MoeModel::from_checkpoint(SafetensorsCheckpoint(model_name), config, model_options)
-                             : MoeModel::synthetic(config, seed, model_options);
+      if (!from_checkpoint) return MoeModel::synthetic(config, seed, model_options);
+      const SafetensorsCheckpoint checkpoint(model_name);
+      // As transformers warns: weights the config leaves out are most often a config.json that disagrees with them.
+      if (const std::vector<std::string> unused = unused_tensors(checkpoint, config); !unused.empty())
+        log_info("generate: warning: ", unused.size(), " tensors of ", model_name,
+                 " are not used by its config.json (", unused.front(), unused.size() > 1 ? ", ..." : "",
+                 "); check num_hidden_layers, tie_word_embeddings, n_shared_experts and the like");
+      return MoeModel::from_checkpoint(checkpoint, config, model_options);
+    } catch (const ModelBudgetError& e) {
+      remove_new_logits_file();
+      // Budgets are options here, not a config's fields.
+      const std::string message = e.what(), vram = "vram_budget: ";
+      if (message.rfind(vram, 0) == 0) throw ModelBudgetError("generate: --vram-budget " + message.substr(vram.size()));
+      if (message.rfind("host memory: ", 0) == 0)
+        throw ModelBudgetError("generate: " + message + " (--host-budget sets the host KV pool)");
+      throw;
     } catch (...) {
-      // No step ran: a logits file this call created would hold nothing.
-      if (new_logits_file) {
-        group.reset();
-        txn.reset();
-        store.reset();
-        std::filesystem::remove(options["--logits"]);
-      }
+      remove_new_logits_file();
       throw;
     }
   }();
-  const int sequence = model.add_sequence(static_cast<std::int64_t>(prompt.size()) + new_tokens);
+  // Known now, found otherwise only when the blocks run out: the budgets' KV blocks against the positions'.
+  const std::int64_t positions = static_cast<std::int64_t>(prompt.size()) + new_tokens;
+  const std::int64_t blocks_per_layer = (positions + block_tokens - 1) / block_tokens;
+  const InplaceKVCache<bf16>& kv = model.cache();
+  const std::int64_t blocks_held = kv.capacity_blocks(Region::gpu_resident) +
+                                   kv.capacity_blocks(Region::gpu_streamed) + kv.capacity_blocks(Region::cpu_resident);
+  if (blocks_per_layer * config.layers > blocks_held)
+    log_info("generate: warning: the prompt and the new tokens need ", blocks_per_layer * config.layers, " KV blocks (",
+             config.layers, " layers x ", blocks_per_layer, " of ", block_tokens,
+             " tokens) but --vram-budget and --host-budget hold ", blocks_held, ": it stops at about position ",
+             blocks_held / config.layers * block_tokens, " (give larger budgets or fewer --new-tokens)");
+  const int sequence = model.add_sequence(positions);
   int steps = 0;  // tokens generated
   // status: "in progress" (a commit on the way), "complete", "failed" (with
   // `error`) or "stopped" (with `stopped`: a signal, a closed output).

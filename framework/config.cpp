@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -11,6 +12,8 @@
 #include <sstream>
 #include <unordered_set>
 #include <utility>
+
+#include "framework/json.hpp"
 
 namespace writescope {
 namespace {
@@ -122,17 +125,34 @@ std::string format_byte_size(std::uint64_t bytes) {
 }
 
 std::optional<std::uint64_t> parse_byte_size(std::string_view text) {
-  std::string s(text);
-  s.erase(std::remove_if(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); }), s.end());
-  if (s.empty() || s[0] == '-' || s[0] == '+') return std::nullopt;
-  std::size_t number_end = 0;
-  double value = 0;
-  try {
-    value = std::stod(s, &number_end);
-  } catch (const std::exception&) {
-    return std::nullopt;
+  // A decimal number ("12", "1.5", "2e9"), then spaces and a unit, if any:
+  // no hexadecimal, no spaces inside the number or the unit.
+  const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  const auto is_digit = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; };
+  while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
+  while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
+  std::size_t end = 0;
+  const auto digits = [&] {
+    const std::size_t begin = end;
+    while (end < text.size() && is_digit(text[end])) ++end;
+    return end > begin;
+  };
+  if (!digits()) return std::nullopt;
+  if (end < text.size() && text[end] == '.') {
+    ++end;
+    if (!digits()) return std::nullopt;
   }
-  std::string suffix = s.substr(number_end);
+  if (end < text.size() && (text[end] == 'e' || text[end] == 'E') && end + 1 < text.size() &&
+      (is_digit(text[end + 1]) || ((text[end + 1] == '+' || text[end + 1] == '-') && end + 2 < text.size() &&
+                                   is_digit(text[end + 2])))) {
+    end += is_digit(text[end + 1]) ? 1 : 2;
+    digits();
+  }
+  const std::string number(text.substr(0, end));
+  const double value = std::strtod(number.c_str(), nullptr);
+  std::string_view unit = text.substr(end);
+  while (!unit.empty() && is_space(unit.front())) unit.remove_prefix(1);
+  std::string suffix(unit);
   std::transform(suffix.begin(), suffix.end(), suffix.begin(), [](unsigned char c) { return std::tolower(c); });
   static const std::pair<const char*, double> units[] = {
       {"", 1.0},      {"b", 1.0},     {"k", 1024.0},  {"kib", 1024.0},       {"kb", 1e3},
@@ -153,14 +173,26 @@ ConfigNode::ConfigNode(YAML::Node node, std::string path, std::shared_ptr<const 
                        std::shared_ptr<const std::string> text)
     : node_(std::move(node)), path_(std::move(path)), source_(std::move(source)), text_(std::move(text)) {}
 
-ConfigNode ConfigNode::load_file(const std::string& path) {
+namespace {
+/// The text of the config file `path`; ConfigError where it cannot be read.
+std::string config_file_text(const std::string& path) {
   std::error_code ignored;
   if (std::filesystem::is_directory(path, ignored)) throw ConfigError(path, "", "is a directory, not a config file");
   std::ifstream in(path);
   if (!in) throw ConfigError(path, "", "cannot open the file for reading");
   std::stringstream text;
   text << in.rdbuf();
-  return parse(text.str(), path);
+  return text.str();
+}
+}  // namespace
+
+ConfigNode ConfigNode::load_file(const std::string& path) { return parse(config_file_text(path), path); }
+
+ConfigNode ConfigNode::load_json_file(const std::string& path) {
+  const std::string text = config_file_text(path);
+  if (const std::string error = json_syntax_error(text); !error.empty())
+    throw ConfigError(path, "", "is not JSON: " + error);
+  return parse(text, path);
 }
 
 ConfigNode ConfigNode::parse(const std::string& text, const std::string& source) {

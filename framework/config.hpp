@@ -48,6 +48,9 @@ class ConfigNode {
  public:
   /// Throws ConfigError if the file cannot be read or is not valid YAML.
   static ConfigNode load_file(const std::string& path);
+  /// A JSON file (config.json): its syntax checked as JSON first, since the
+  /// YAML reader would take comments, trailing commas or `key: value` lines.
+  static ConfigNode load_json_file(const std::string& path);
   /// `source` names the text in error messages (e.g. "<command line>").
   static ConfigNode parse(const std::string& text, const std::string& source);
 

@@ -359,7 +359,7 @@ void require_supported(const ConfigNode& root, const char* key, T supported, con
 }  // namespace
 
 ModelConfig load_hf_config(const std::string& config_json) {
-  const ConfigNode root = ConfigNode::load_file(config_json);
+  const ConfigNode root = ConfigNode::load_json_file(config_json);
   const auto architectures = root.get_list<std::string>("architectures");
   const std::string& kind = architectures.front();
   ModelConfig c;

@@ -3,16 +3,19 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 #include <utility>
 #include <vector>
 
 #include "framework/config.hpp"
+#include "framework/json.hpp"
 
 namespace writescope {
 namespace {
@@ -110,12 +113,16 @@ namespace {
 template <class Integer>
 Integer header_integer(const YAML::Node& node, const std::string& where, const char* field) {
   Integer value{};
-  const bool read = node.IsScalar() && YAML::convert<Integer>::decode(node, value);
+  // A JSON string ("64", a quoted scalar: tag "!") is not a number.
+  const bool quoted = node.IsScalar() && node.Tag() == "!";
+  const bool read = node.IsScalar() && !quoted && YAML::convert<Integer>::decode(node, value);
   bool negative = false;
   if constexpr (std::is_signed_v<Integer>) negative = value < 0;
   if (!read || negative)
-    throw CheckpointError(where + ": " + field + " holds '" + (node.IsScalar() ? node.Scalar() : "a non-number") +
-                          "', not a non-negative integer");
+    throw CheckpointError(where + ": " + field + " holds " +
+                          (quoted ? "the string \"" + node.Scalar() + "\""
+                                  : "'" + (node.IsScalar() ? node.Scalar() : std::string("a non-number")) + "'") +
+                          ", not a non-negative integer");
   return value;
 }
 
@@ -127,7 +134,11 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& folder) : folder
   if (fs::exists(index)) {
     YAML::Node root;
     try {
-      root = YAML::LoadFile(index.string());
+      std::ifstream in(index, std::ios::binary);
+      const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+      if (const std::string error = json_syntax_error(text); !error.empty())
+        throw CheckpointError(index.string() + ": not JSON (" + error + ")");
+      root = YAML::Load(text);
     } catch (const YAML::Exception& e) {
       throw CheckpointError(index.string() + ": malformed JSON" + json_problem(e));
     }
@@ -173,6 +184,8 @@ void SafetensorsCheckpoint::add_file(const std::string& file_name) {
   if (header_length > size - 8) throw CheckpointError(path + ": truncated (header longer than the file)");
   std::string header(header_length, '\0');
   in.read(header.data(), static_cast<std::streamsize>(header_length));
+  if (const std::string error = json_syntax_error(header); !error.empty())
+    throw CheckpointError(path + ": the header is not JSON (" + error + ")");
   YAML::Node root;
   try {
     root = YAML::Load(header);
@@ -185,7 +198,14 @@ void SafetensorsCheckpoint::add_file(const std::string& file_name) {
   std::vector<std::pair<std::uint64_t, std::string>> in_file;  // (begin, name) of this file's tensors
   for (const auto& entry : root) {
     const std::string name = entry.first.IsScalar() ? entry.first.Scalar() : "?";
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      // The format's metadata: strings to strings.
+      bool strings = entry.second.IsMap();
+      for (const auto& item : entry.second)
+        strings = strings && item.second.IsScalar() && item.second.Tag() == "!";
+      if (!strings) throw CheckpointError(path + ": __metadata__ must map strings to strings");
+      continue;
+    }
     const std::string where = path + ": tensor '" + name + "'";
     const YAML::Node node = entry.second;
     if (!node.IsMap() || !node["dtype"] || !node["shape"] || !node["data_offsets"] ||
@@ -307,8 +327,11 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
   }
   header << "}";
   const std::string text = header.str();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw CheckpointError(path + ": cannot create the file");
+  // Written beside `path` and renamed over it when whole: a writer killed or
+  // out of space leaves no truncated file under the name readers take.
+  const std::string partial = path + ".partial";
+  std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+  if (!out) throw CheckpointError(partial + ": cannot create the file (" + std::strerror(errno) + ")");
   unsigned char length_bytes[8];
   for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xffu);
   out.write(reinterpret_cast<const char*>(length_bytes), 8);
@@ -323,7 +346,18 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
       }
     }
   }
-  if (!out.flush()) throw CheckpointError(path + ": write failed");
+  out.flush();
+  const int write_error = out ? 0 : errno;
+  out.close();
+  std::error_code renamed;
+  if (write_error == 0 && !out.fail()) std::filesystem::rename(partial, path, renamed);
+  if (write_error != 0 || out.fail() || renamed) {
+    std::error_code ignored;
+    std::filesystem::remove(partial, ignored);
+    throw CheckpointError(path + ": write failed (" +
+                          (renamed ? renamed.message() : std::string(std::strerror(write_error ? write_error : EIO))) +
+                          ")");
+  }
 }
 
 }  // namespace writescope

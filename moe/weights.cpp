@@ -5,10 +5,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "framework/hash.hpp"
 #include "framework/launch.hpp"
+#include "framework/machine.hpp"
 
 namespace writescope {
 namespace {
@@ -186,33 +188,64 @@ void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& co
   config.validate();
   const std::filesystem::path config_path = std::filesystem::path(folder) / "config.json",
                               weights_path = std::filesystem::path(folder) / "model.safetensors";
-  // A checkpoint is never overwritten: the folder may hold a real one.
-  for (const auto& path : {config_path, weights_path}) {
+  // A checkpoint is never overwritten: the folder may hold a real one (a
+  // sharded one's index included, which readers would take over the new file).
+  const std::filesystem::path index_path = std::filesystem::path(folder) / "model.safetensors.index.json";
+  for (const auto& path : {config_path, weights_path, index_path}) {
     std::error_code error;
     const auto type = std::filesystem::symlink_status(path, error).type();
     if (type == std::filesystem::file_type::not_found) continue;
     if (error) throw CheckpointError(path.string() + ": cannot tell whether it exists (" + error.message() + ")");
-    throw CheckpointError(path.string() + " already exists; a checkpoint is written only where neither "
-                          "config.json nor model.safetensors is");
+    throw CheckpointError(path.string() + " already exists; a checkpoint is written only where none of "
+                          "config.json, model.safetensors and model.safetensors.index.json is");
   }
+  // Every tensor is made in memory (fp32) before the file is written: a
+  // full-size preset needs tens of GiB, refused here rather than by the allocator.
+  std::uint64_t elements = 0;
+  for (const TensorSpec& spec : weight_specs(config)) elements += static_cast<std::uint64_t>(spec.elements());
+  const std::uint64_t memory = elements * sizeof(float), file = elements * dtype_bytes(dtype);
+  if (const std::uint64_t available = available_host_memory(); memory > available)
+    throw CheckpointError(folder + ": " + config.name + "'s synthetic weights take " + format_byte_size(memory) +
+                          " of memory while written, but this machine has " + format_byte_size(available) +
+                          " available (synthetic checkpoints are for the tiny presets and reduced models)");
   std::error_code error;
   std::filesystem::create_directories(folder, error);
   if (error) throw CheckpointError(folder + ": cannot create the folder (" + error.message() + ")");
+  if (const auto space = std::filesystem::space(folder, error); !error && space.available < file)
+    throw CheckpointError(folder + ": " + config.name + "'s model.safetensors takes " + format_byte_size(file) +
+                          " but its file system has " + format_byte_size(space.available) + " free");
+  // The weights first, config.json last: a folder with config.json is a
+  // checkpoint, and a writer stopped before it leaves none (only a .partial
+  // file, which the next try replaces).
   try {
-    std::ofstream config_file(config_path, std::ios::binary | std::ios::trunc);
-    if (!config_file) throw CheckpointError(config_path.string() + ": cannot create the file");
-    if (!(config_file << hf_config_json(config, format)) || !config_file.flush())
-      throw CheckpointError(config_path.string() + ": write failed");
     std::map<std::string, TensorToWrite> tensors;
     for (const TensorSpec& spec : weight_specs(config))
       tensors[spec.name] = TensorToWrite{dtype, spec.shape, synthetic_tensor<float>(spec, seed)};
     write_safetensors(weights_path.string(), tensors);
+    const std::filesystem::path partial = config_path.string() + ".partial";
+    std::ofstream config_file(partial, std::ios::binary | std::ios::trunc);
+    if (!config_file) throw CheckpointError(partial.string() + ": cannot create the file");
+    if (!(config_file << hf_config_json(config, format)) || !config_file.flush())
+      throw CheckpointError(partial.string() + ": write failed");
+    config_file.close();
+    std::error_code renamed;
+    std::filesystem::rename(partial, config_path, renamed);
+    if (renamed) throw CheckpointError(config_path.string() + ": write failed (" + renamed.message() + ")");
   } catch (...) {
     std::error_code ignored;  // no half checkpoint, which a second try would take for one
-    std::filesystem::remove(config_path, ignored);
+    std::filesystem::remove(config_path.string() + ".partial", ignored);
     std::filesystem::remove(weights_path, ignored);
     throw;
   }
+}
+
+std::vector<std::string> unused_tensors(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config) {
+  std::set<std::string> used;
+  for (const TensorSpec& spec : weight_specs(config)) used.insert(spec.name);
+  std::vector<std::string> unused;
+  for (const std::string& name : checkpoint.names())
+    if (used.count(name) == 0) unused.push_back(name);
+  return unused;
 }
 
 template <class Scalar>

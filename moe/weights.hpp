@@ -45,6 +45,11 @@ std::string hf_config_json(const ModelConfig& config, ConfigFormat format);
 void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& config, std::uint64_t seed,
                                 TensorDType dtype, ConfigFormat format = ConfigFormat::hub);
 
+/// The tensors of `checkpoint` that `config` does not use (a config.json that
+/// disagrees with its weights: fewer layers, tied embeddings beside an
+/// lm_head, no shared experts), by name.
+std::vector<std::string> unused_tensors(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config);
+
 /// Reads every tensor of weight_specs(config) from `checkpoint`, checking shapes.
 template <class Scalar>
 std::vector<std::vector<Scalar>> load_weights(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config);

@@ -235,6 +235,8 @@ TEST(ByteSize, ParsesBinaryAndDecimalSuffixes) {
   EXPECT_EQ(parse_byte_size("1.5 MiB"), 3ull << 19);
   EXPECT_EQ(parse_byte_size("64k"), 65536u);
   EXPECT_EQ(parse_byte_size("2T"), 2ull << 40);
+  EXPECT_EQ(parse_byte_size(" 2e9 "), 2'000'000'000ull);
+  EXPECT_EQ(parse_byte_size("3E+3 KiB"), 3000ull << 10);
 }
 
 TEST(ByteSize, FormatsWhatItParses) {
@@ -254,7 +256,9 @@ TEST(ByteSize, FormatsWhatItParses) {
 }
 
 TEST(ByteSize, RejectsMalformedValues) {
-  for (const char* bad : {"", "-1", "+5", "GiB", "12 parsecs", "0.5", "1e30", "nan", "inf GB"})
+  // Spaces inside the number or unit and hexadecimal are not sizes ("2 9 0 0 KiB" read as 2900KiB).
+  for (const char* bad : {"", "-1", "+5", "GiB", "12 parsecs", "0.5", "1e30", "nan", "inf GB", "2 9 0 0 KiB",
+                          "0x2f0000", "1 G iB", "1..5GiB", ".5GiB", "5.GiB", "1e", "1e+GiB"})
     EXPECT_FALSE(parse_byte_size(bad).has_value()) << bad;
 }
 

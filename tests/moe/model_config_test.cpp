@@ -149,6 +149,14 @@ TEST_F(HfConfigTest, ErrorsNameTheFileAndField) {
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.field(), "num_hidden_layers");
     EXPECT_EQ(e.reason(), "must be at least 1");
+  }  // Not JSON, though the YAML reader would take it: one error naming where.
+  const std::string with_comment = write("# my edit\n" + std::string(R"({"architectures": ["MixtralForCausalLM"]})"));
+  try {
+    load_hf_config(with_comment);
+    FAIL() << "a config.json with a comment accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.source(), with_comment);
+    EXPECT_EQ(e.reason(), "is not JSON: line 1, column 1: a comment (JSON has none)");
   }
 }
 

@@ -80,7 +80,8 @@ TEST_F(SafetensorsTest, ErrorsNameFileTensorAndExpectation) {
   expect_error([&] { SafetensorsCheckpoint truncated(dir_.string()); }, {file, "'w'", "beyond the end", "truncated"});
   // A header that is not JSON.
   std::ofstream(file, std::ios::binary) << std::string("\x05\x00\x00\x00\x00\x00\x00\x00{oops", 13);
-  expect_error([&] { SafetensorsCheckpoint broken(dir_.string()); }, {file, "malformed header"});
+  expect_error([&] { SafetensorsCheckpoint broken(dir_.string()); },
+               {file, "the header is not JSON (line 1, column 2: an object key not in double quotes)"});
   expect_error([&] { SafetensorsCheckpoint missing((dir_ / "nowhere").string()); }, {"no such folder"});
   fs::remove(file);
   expect_error([&] { SafetensorsCheckpoint empty(dir_.string()); }, {"neither model.safetensors"});
@@ -108,7 +109,19 @@ TEST_F(SafetensorsTest, DamagedValuesAndHeadersAreNamed) {
   write_header(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}})");
   expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "key 'w' (line 1) appears twice"});
   write_header(R"({"w": {"dtype": "F32", "shape": ["two"], "data_offsets": [0, 8]}})");
-  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "tensor 'w'", "shape holds 'two'"});
+  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "tensor 'w'", "shape holds the string \"two\""});
+  // Numbers in quotes are strings, a comment is no JSON, metadata maps strings to strings.
+  write_header(R"({"w": {"dtype": "F32", "shape": [1, "2"], "data_offsets": [0, 8]}})");
+  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "tensor 'w'", "shape holds the string \"2\""});
+  write_header(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": ["0", 8]}})");
+  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "data_offsets holds the string \"0\""});
+  write_header("{\"w\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}} # written by hand");
+  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; },
+               {file, "the header is not JSON (line 1, column 63: text after the JSON value)"});
+  write_header(R"({"__metadata__": {"format": 5}, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})");
+  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "__metadata__ must map strings to strings"});
+  write_header(R"({"__metadata__": {"format": "pt"}, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})");
+  EXPECT_NO_THROW(SafetensorsCheckpoint{dir_.string()});
   write_header(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, -8]}})");
   expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "tensor 'w'", "data_offsets holds '-8'"});
   // Two names over shared bytes, and a shape whose byte count wraps to the range given.

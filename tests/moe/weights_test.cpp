@@ -60,6 +60,14 @@ TEST(Weights, SyntheticCheckpointsLoadBackForEachArchitecture) {
     EXPECT_EQ(read.parameters(), config.parameters()) << name;
     EXPECT_EQ(read.name, config.name);
     const SafetensorsCheckpoint checkpoint(dir.string());
+    EXPECT_TRUE(unused_tensors(checkpoint, read).empty()) << name;
+    // A config that leaves weights out (one layer fewer) names them.
+    ModelConfig fewer_layers = read;
+    fewer_layers.layers -= 1;
+    const std::vector<std::string> unused = unused_tensors(checkpoint, fewer_layers);
+    const std::string last_layer = "model.layers." + std::to_string(fewer_layers.layers) + ".";
+    EXPECT_FALSE(unused.empty()) << name;
+    for (const std::string& tensor : unused) EXPECT_EQ(tensor.rfind(last_layer, 0), 0u) << name << ": " << tensor;
     const auto weights = load_weights<bf16>(checkpoint, read);
     const auto specs = weight_specs(config);
     ASSERT_EQ(weights.size(), specs.size());
@@ -78,7 +86,7 @@ TEST(Weights, SyntheticCheckpointsLoadBackForEachArchitecture) {
 TEST(Weights, ASyntheticCheckpointNeverOverwritesOne) {
   const fs::path dir = fs::path(::testing::TempDir()) / ("writescope_existing_" + std::to_string(::getpid()));
   const ModelConfig config = model_preset("tiny-mixtral");
-  for (const char* existing : {"config.json", "model.safetensors"}) {
+  for (const char* existing : {"config.json", "model.safetensors", "model.safetensors.index.json"}) {
     SCOPED_TRACE(existing);
     fs::remove_all(dir);
     fs::create_directories(dir);
