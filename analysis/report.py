@@ -581,6 +581,8 @@ def load(path):
     """Everything the report needs from the results file at `path`."""
     if not os.path.exists(path):
         raise InputError("", "no such file")
+    if os.path.isdir(path):
+        raise InputError("", "is a folder; give a results file written by `writescope run` or `predict`")
     if not os.path.isfile(path) or not h5py.is_hdf5(path):
         raise InputError("", "not an HDF5 file")
     crashing = crashing_objects(path)
@@ -1427,6 +1429,9 @@ def parse_arguments(argv):
 
 def main(argv=None):
     args = parse_arguments(argv)
+    if not args.output.strip():
+        print("report: -o must name the folder the report is written into", file=sys.stderr)
+        return 2
     try:
         results = load(args.results)
     except InputError as error:

@@ -1009,6 +1009,17 @@ class InvalidInput(unittest.TestCase):
     def test_missing_file(self):
         self.assert_rejected("no such file")
 
+    def test_a_folder_as_results_and_an_empty_output_are_named(self):
+        os.makedirs(self.path)
+        self.assert_rejected("is a folder; give a results file written by `writescope run` or `predict`")
+        os.rmdir(self.path)
+        write_results(self.path, run_specs())
+        env = dict(os.environ, MPLBACKEND="Agg", MPLCONFIGDIR=os.path.join(self.tmp.name, "mplconfig"))
+        result = subprocess.run([sys.executable, REPORT, self.path, "-o", ""], capture_output=True, text=True,
+                                env=env, timeout=300)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stderr.strip(), "report: -o must name the folder the report is written into")
+
     def test_output_is_a_file(self):
         write_results(self.path, run_specs())
         with open(self.output, "w") as text:
