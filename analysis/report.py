@@ -12,6 +12,7 @@ import math
 import os
 import re
 import select
+import signal
 import stat
 import struct
 import sys
@@ -515,14 +516,33 @@ def _scan_in_child(path, skip, out):
                         attempt(lambda member=member: _read_everything(obj[member]))
                         say(top)
                 attempt(walk_top)
+            say("/")  # closing the file: a crash there is the whole file's
     attempt(walk_root)
     say("done")
 
 
+CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE, signal.SIGILL}
+
+
 def _scan_once(path, skip):
-    """One child's walk skipping `skip`: None when it finished, else (the last object it named, why it stopped)."""
-    read_end, write_end = os.pipe()
-    child = os.fork()
+    """One child's walk skipping `skip`: None when it finished, or could not tell (it could not start, was
+    stopped from outside or hung: said on stderr), else (the last object it named, the signal it died of)."""
+    def unchecked(why):
+        print(f"report: {path}: not checked for damage that crashes the HDF5 library ({why}); read as it is",
+              file=sys.stderr)
+
+    try:
+        read_end, write_end = os.pipe()
+    except OSError as error:
+        unchecked(f"no pipe: {error.strerror}")
+        return None
+    try:
+        child = os.fork()
+    except OSError as error:
+        os.close(read_end)
+        os.close(write_end)
+        unchecked(f"no child process: {error.strerror}")
+        return None
     if child == 0:
         os.close(read_end)
         try:
@@ -531,32 +551,35 @@ def _scan_once(path, skip):
             os._exit(0)  # no atexit handlers or flushes of the parent's state
     os.close(write_end)
     received, last, done, stalled = b"", "/", False, False
-    while True:
-        ready, _, _ = select.select([read_end], [], [], SCAN_STALL_SECONDS)
-        if not ready:
-            stalled = True
-            os.kill(child, 9)
-            break
-        chunk = os.read(read_end, 4096)
-        if not chunk:
-            break
-        received += chunk
-        *lines, received = received.split(b"\n")
-        for line in lines:
-            text = line.decode("utf-8", "surrogateescape")
-            if text == "done":
-                done = True
-            else:
-                last = text
-    os.close(read_end)
-    _, status = os.waitpid(child, 0)
+    try:
+        while True:
+            ready, _, _ = select.select([read_end], [], [], SCAN_STALL_SECONDS)
+            if not ready:
+                stalled = True
+                os.kill(child, signal.SIGKILL)
+                break
+            chunk = os.read(read_end, 4096)
+            if not chunk:
+                break
+            received += chunk
+            *lines, received = received.split(b"\n")
+            for line in lines:
+                text = line.decode("utf-8", "surrogateescape")
+                if text == "done":
+                    done = True
+                else:
+                    last = text
+    finally:
+        os.close(read_end)
+        _, status = os.waitpid(child, 0)
     if done:
         return None
-    if stalled:
-        return last, f"it stopped responding for {SCAN_STALL_SECONDS} s"
-    if os.WIFSIGNALED(status):
-        return last, f"signal {os.WTERMSIG(status)}"
-    return last, "it ended early"
+    if not stalled and os.WIFSIGNALED(status) and os.WTERMSIG(status) in CRASH_SIGNALS:
+        return last, signal.Signals(os.WTERMSIG(status)).name
+    unchecked(f"its reading stopped responding for {SCAN_STALL_SECONDS} s" if stalled
+              else f"its reading was stopped by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+              else "its reading ended early")
+    return None
 
 
 def crashing_objects(path):

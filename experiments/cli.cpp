@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -445,9 +446,11 @@ std::vector<int> prompt_tokens(std::map<std::string, std::string>& options, int 
   return ids.finish();
 }
 
-/// The signal that asked a generation to stop (SIGINT, SIGTERM), 0 while none did.
-volatile std::sig_atomic_t generation_stop_signal = 0;
-extern "C" void ask_generation_to_stop(int signal) { generation_stop_signal = signal; }
+/// The signal that asked a generation to stop (SIGINT, SIGTERM), 0 while none
+/// did: lock-free, so the handler may set it and any thread read it.
+std::atomic<int> generation_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+extern "C" void ask_generation_to_stop(int signal) { generation_stop_signal.store(signal); }
 
 /// While alive: SIGINT and SIGTERM ask the generation to stop after the
 /// step in progress, keeping its logits (a second one kills, as before), and
@@ -457,10 +460,11 @@ extern "C" void ask_generation_to_stop(int signal) { generation_stop_signal = si
 class GenerationSignals {
  public:
   GenerationSignals() {
-    generation_stop_signal = 0;
+    generation_stop_signal.store(0);
     struct sigaction stop {};
     stop.sa_handler = ask_generation_to_stop;
-    stop.sa_flags = SA_RESETHAND;
+    // Writes blocked on a full pipe go on (no EINTR taken for a closed output).
+    stop.sa_flags = SA_RESETHAND | SA_RESTART;
     sigemptyset(&stop.sa_mask);
     sigaction(SIGINT, &stop, &interrupt_);
     sigaction(SIGTERM, &stop, &terminate_);
@@ -489,7 +493,7 @@ struct GenerationStopped {
 
 /// Throws GenerationStopped where a signal asked the generation to stop.
 void stop_if_asked() {
-  if (const int signal = generation_stop_signal; signal != 0)
+  if (const int signal = generation_stop_signal.load(); signal != 0)
     throw GenerationStopped{std::string("stopped by ") + (signal == SIGINT ? "SIGINT" : "SIGTERM"), 128 + signal};
 }
 
@@ -512,6 +516,8 @@ std::string command_line(const std::string& command, const std::vector<std::stri
 }
 
 int generate_command(const std::vector<std::string>& args, std::ostream& out) {
+  // From the start: a Ctrl-C while the model is built stops it at its first step.
+  const GenerationSignals signals;
   auto options = parse_options("generate", args,
                                {"--model", "--prompt", "--prompt-file", "--new-tokens", "--layers", "--hidden-scale",
                                 "--seed", "--block-tokens", "--chunk-tokens", "--mla-form", "--host-budget",
@@ -721,7 +727,6 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     if (status == "stopped") group->set_attribute("stopped", why);
     txn->commit();
   };
-  const GenerationSignals signals;
   const auto started = std::chrono::steady_clock::now();
   auto last_commit = started;
   // Each commit copies the file: commit at most every minute and at most a
@@ -734,26 +739,30 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     // A long prompt says how far it got, at most every 5 seconds.
     auto last_report = started;
     std::vector<float> logits = model.prefill(sequence, prompt, [&](std::int64_t done, std::int64_t total) {
+      stop_if_asked();
       const auto now = std::chrono::steady_clock::now();
       if (done == total || now - last_report < std::chrono::seconds(5)) return;
       last_report = now;
       const double seconds = std::chrono::duration<double>(now - started).count();
       log_info("generate: prefill ", done, "/", total, " tokens (", done / seconds, " tokens/s)");
-      stop_if_asked();
     });
     prefilled = std::chrono::steady_clock::now();
     prefilling = false;
     while (steps < new_tokens) {
       const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       out << (steps ? " " : "") << next << std::flush;
-      if (!out) throw GenerationStopped{"standard output closed", 1};
+      const bool output_closed = !out;
       if (group) {
         group->append("logits", logits, logits.size());
         group->append("generated", std::vector<std::int32_t>{next});
       }
       ++steps;
+      // Asked to stop, or no one reads the tokens: the steps made are kept (none once all are made).
+      if (steps < new_tokens) {
+        stop_if_asked();
+        if (output_closed) throw GenerationStopped{"standard output closed", 1};
+      }
       // A killed process keeps what was committed.
-      stop_if_asked();
       if (group && steps < new_tokens && std::chrono::steady_clock::now() - last_commit > commit_interval) {
         const auto begin = std::chrono::steady_clock::now();
         commit("in progress", "");

@@ -590,6 +590,7 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
   if (profiles.empty()) throw std::invalid_argument("predict: --profile must name at least one machine profile");
   warn_on_block_size(config);
   const bool created = !std::filesystem::exists(output);
+  std::string replacing;  // what is said when an earlier projection is replaced
   if (!created) {
     const ResultsReader existing(output);
     const bool projection = existing.has_attribute("/", "predicted") && existing.int_attribute("/", "predicted") == 1;
@@ -600,15 +601,15 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
                                   (measured ? " holds measured runs; a projection never overwrites them"
                                             : " is not a projection's results file; a projection overwrites only one") +
                                   " (give another --output)");
-    // Projections take seconds to make again, so one replaces another, saying so.
+    // Projections take seconds to make again, so one replaces another, saying so (once the call is checked).
     if (projection) {
       const std::string experiment =
           existing.has_attribute("/", "experiment") ? existing.string_attribute("/", "experiment") : "";
       const std::size_t runs = existing.exists("/runs") ? existing.list("/runs").size() : 0;
-      progress << "predict: replacing " << output << "'s projection"
-               << (experiment.empty() || experiment == config.name ? std::string()
-                                                                    : " of experiment '" + experiment + "'")
-               << " (" << runs << " runs)" << std::endl;
+      replacing = "predict: replacing " + output + "'s projection" +
+                  (experiment.empty() || experiment == config.name ? std::string()
+                                                                   : " of experiment '" + experiment + "'") +
+                  " (" + std::to_string(runs) + " runs)";
     }
   }
   for (std::size_t p = 0; p < profiles.size(); ++p)
@@ -622,6 +623,7 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
   // Every profile's runs first: a profile that cannot price the experiment fails before any file is written.
   std::vector<std::vector<RunSpec>> runs_of;
   for (const MachineProfile& profile : profiles) runs_of.push_back(expand_runs(config, profile));
+  if (!replacing.empty()) progress << replacing << std::endl;
   create_output_folder("predict: --output", output);
   const std::string machine_yaml = MachineDescription::detect().to_yaml();
   ResultsStore store(output);

@@ -1,6 +1,7 @@
 #include "framework/json.hpp"
 
 #include <cctype>
+#include <cstdio>
 
 namespace writescope {
 namespace {
@@ -11,6 +12,7 @@ class JsonChecker {
   explicit JsonChecker(std::string_view text) : text_(text) {}
 
   std::string check() {
+    if (text_.substr(0, 3) == "\xEF\xBB\xBF") at_ = 3;  // a UTF-8 byte order mark, which readers skip
     skip_space();
     value(0);
     skip_space();
@@ -23,7 +25,8 @@ class JsonChecker {
   static constexpr int deepest = 512;
 
   bool failed() const { return !error_.empty(); }
-  char peek() const { return at_ < text_.size() ? text_[at_] : '\0'; }
+  bool at_end() const { return at_ >= text_.size(); }
+  char peek() const { return at_end() ? '\0' : text_[at_]; }
 
   void fail(const std::string& why) {
     if (failed()) return;
@@ -53,10 +56,15 @@ class JsonChecker {
       case 't': return literal("true");
       case 'f': return literal("false");
       case 'n': return literal("null");
-      case '\0': return fail("the text ends where a value should be");
       default:
+        if (at_end()) return fail("the text ends where a value should be");
         if (peek() == '-' || std::isdigit(static_cast<unsigned char>(peek()))) return number();
         if (peek() == '/' || peek() == '#') return fail("a comment (JSON has none)");
+        if (!std::isprint(static_cast<unsigned char>(peek()))) {
+          char byte[8];
+          std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned char>(peek()));
+          return fail(std::string("byte ") + byte + " where a value should be");
+        }
         return fail(std::string("'") + peek() + "' where a value should be (strings are in double quotes)");
     }
   }
@@ -69,6 +77,7 @@ class JsonChecker {
       return;
     }
     for (;;) {
+      if (at_end()) return fail("the text ends inside an object");
       if (peek() != '"') return fail(peek() == '}' ? "a trailing comma before '}'" : "an object key not in double quotes");
       string();
       if (failed()) return;
@@ -97,6 +106,7 @@ class JsonChecker {
       return;
     }
     for (;;) {
+      if (at_end()) return fail("the text ends inside an array");
       if (peek() == ']') return fail("a trailing comma before ']'");
       value(depth + 1);
       if (failed()) return;
@@ -128,7 +138,7 @@ class JsonChecker {
             if (!std::isxdigit(static_cast<unsigned char>(at_ + i < text_.size() ? text_[at_ + i] : '\0')))
               return fail("'\\u' needs four hexadecimal digits");
           at_ += 4;
-        } else if (std::string_view("\"\\/bfnrt").find(escaped) == std::string_view::npos || escaped == '\0') {
+        } else if (at_end() || std::string_view("\"\\/bfnrt").find(escaped) == std::string_view::npos) {
           return fail("an unknown escape in a string");
         }
       }

@@ -1,6 +1,7 @@
 #include "framework/machine.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
@@ -126,13 +127,26 @@ std::uint64_t cgroup_room() {
   return room;
 }
 
+/// What the address-space limit (`ulimit -v`) leaves this process beyond
+/// what it has mapped: allocations past it fail however much memory is free.
+std::uint64_t address_space_room() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY)
+    return std::numeric_limits<std::uint64_t>::max();
+  std::ifstream statm("/proc/self/statm");
+  std::uint64_t pages = 0;
+  statm >> pages;
+  const std::uint64_t mapped = pages * static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+  return limit.rlim_cur > mapped ? limit.rlim_cur - mapped : 0;
+}
+
 }  // namespace
 
 std::uint64_t available_host_memory() {
   std::uint64_t available = std::numeric_limits<std::uint64_t>::max();
   const std::string mem_available = proc_field("/proc/meminfo", "MemAvailable");  // "20123456 kB"
   if (!mem_available.empty()) available = std::stoull(mem_available) * 1024;
-  return std::min(available, cgroup_room());
+  return std::min({available, cgroup_room(), address_space_room()});
 }
 
 MachineDescription MachineDescription::detect() {

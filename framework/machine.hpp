@@ -63,7 +63,8 @@ std::vector<std::string> machine_setup_differences(const std::string& then_yaml,
 
 /// Bytes of memory this process can still allocate without the kernel
 /// killing it: /proc/meminfo's MemAvailable, or less when a cgroup (a
-/// container, a batch job) limits the process to less. Only for checks made
+/// container, a batch job) or an address-space limit (`ulimit -v`) limits the
+/// process to less. Only for checks made
 /// before allocating; it changes as other processes run.
 std::uint64_t available_host_memory();
 

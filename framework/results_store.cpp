@@ -11,10 +11,10 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <csignal>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -22,6 +22,8 @@
 #include <optional>
 #include <set>
 #include <tuple>
+
+#include "framework/log.hpp"
 
 namespace writescope {
 namespace {
@@ -334,8 +336,24 @@ struct CrashScan {
   std::vector<std::string> objects;  // members of the root's groups ("/runs/<run>") that crash it
 };
 
-/// Seconds without progress after which the scan's child counts as hung.
+/// Seconds without progress after which the scan's child is stopped (the file is then not checked).
 constexpr int scan_stall_seconds = 120;
+
+/// Whether a child that died of `signal` crashed (rather than being stopped
+/// from outside: the OOM killer's SIGKILL, a terminal's SIGINT).
+bool is_crash(int signal) {
+  return signal == SIGSEGV || signal == SIGBUS || signal == SIGABRT || signal == SIGFPE || signal == SIGILL;
+}
+
+const char* signal_name(int signal) {
+  switch (signal) {
+    case SIGSEGV: return "SIGSEGV, a segmentation fault";
+    case SIGBUS: return "SIGBUS";
+    case SIGABRT: return "SIGABRT, an abort";
+    case SIGFPE: return "SIGFPE";
+    default: return "SIGILL";
+  }
+}
 
 void write_line(int fd, const std::string& text) {
   const std::string line = text + '\n';
@@ -385,17 +403,25 @@ void scan_in_child(const std::string& path, const std::set<std::string>& skip, i
         }
       });
     }
+    write_line(fd, "/");  // closing the file: a crash there is the whole file's
   });
   write_line(fd, "done");
 }
 
-/// One child's walk skipping `skip`: "" when it finished, else the last object
-/// it named (with why it stopped in `why`).
-std::string scan_once(const std::string& path, const std::set<std::string>& skip, std::string& why) {
+/// One child's walk skipping `skip`: "" when it finished (or could not
+/// tell: it could not start, was stopped from outside or hung, which
+/// `unchecked` then says), else the last object it named before it crashed
+/// (with the signal in `why`).
+std::string scan_once(const std::string& path, const std::set<std::string>& skip, std::string& why,
+                      std::string& unchecked) {
   int pipe_fds[2];
-  if (::pipe(pipe_fds) != 0) return "";  // no scan: the reader reads as it did without one
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    unchecked = std::string("no pipe (") + std::strerror(errno) + ")";
+    return "";
+  }
   const pid_t child = ::fork();
   if (child < 0) {
+    unchecked = std::string("no child process (") + std::strerror(errno) + ")";
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
     return "";
@@ -433,10 +459,14 @@ std::string scan_once(const std::string& path, const std::set<std::string>& skip
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   if (done) return "";
-  if (stalled) why = "it stopped responding for " + std::to_string(scan_stall_seconds) + " s";
-  else if (WIFSIGNALED(status)) why = "signal " + std::to_string(WTERMSIG(status)) + ", " + ::strsignal(WTERMSIG(status));
-  else why = "it ended early";
-  return last;
+  if (!stalled && WIFSIGNALED(status) && is_crash(WTERMSIG(status))) {
+    why = signal_name(WTERMSIG(status));
+    return last;
+  }
+  unchecked = stalled ? "its reading stopped responding for " + std::to_string(scan_stall_seconds) + " s"
+              : WIFSIGNALED(status) ? "its reading was stopped by signal " + std::to_string(WTERMSIG(status))
+                                    : "its reading ended early";
+  return "";
 }
 
 CrashScan scan_for_crashes(const std::string& path) {
@@ -445,8 +475,11 @@ CrashScan scan_for_crashes(const std::string& path) {
   CrashScan scan;
   std::set<std::string> skip;
   for (;;) {
-    std::string why;
-    const std::string at = scan_once(path, skip, why);
+    std::string why, unchecked;
+    const std::string at = scan_once(path, skip, why, unchecked);
+    if (!unchecked.empty())
+      log_warn("results: ", path, ": not checked for damage that crashes the HDF5 library (", unchecked,
+               "); read as it is");
     if (at.empty()) return scan;
     const bool member = std::count(at.begin(), at.end(), '/') == 2;
     if (!member || skip.size() >= most_objects) {
@@ -466,7 +499,8 @@ CrashScan cached_scan_for_crashes(const std::string& path) {
   struct stat status {};
   if (::stat(path.c_str(), &status) != 0) return scan_for_crashes(path);
   using Version = std::tuple<std::string, dev_t, ino_t, off_t, std::int64_t>;
-  const Version version{fs::absolute(path).string(), status.st_dev, status.st_ino, status.st_size,
+  std::error_code ignored;
+  const Version version{fs::absolute(path, ignored).string(), status.st_dev, status.st_ino, status.st_size,
                         std::int64_t{status.st_mtim.tv_sec} * 1'000'000'000 + status.st_mtim.tv_nsec};
   static std::mutex mutex;
   static std::map<Version, CrashScan> scans;
@@ -520,7 +554,7 @@ void ResultsGroup::remove(const std::string& name) {
 
 void ResultsGroup::copy_group(const ResultsReader& from, const std::string& group_path, const std::string& name) {
   if (has(name)) throw ResultsError(where(name) + ": already exists");
-  from.refuse_crashing(group_path, true);
+  from.refuse_crashing(group_path, ResultsReader::Reads::subtree);
   guarded(where(name) + " (from " + from.path_ + ": " + group_path + ")", [&] {
     if (H5Ocopy(from.file_.getId(), group_path.c_str(), group_.getId(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT) < 0)
       throw H5::GroupIException("H5Ocopy", "cannot copy the group");
@@ -745,9 +779,13 @@ ResultsStore::~ResultsStore() {
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
-std::vector<std::string> ResultsStore::groups() const { return ResultsReader(path_).list("/"); }
+// The store's own file lists its groups without a scan per call (one per run
+// of a resumed experiment): a reader of its runs scans it.
+std::vector<std::string> ResultsStore::groups() const { return ResultsReader(path_, false).list("/"); }
 
-bool ResultsStore::contains(const std::string& group) const { return ResultsReader(path_).exists("/" + group); }
+bool ResultsStore::contains(const std::string& group) const {
+  return ResultsReader(path_, false).exists("/" + group);
+}
 
 ResultsTransaction ResultsStore::begin() {
   std::string error;
@@ -767,16 +805,18 @@ ResultsTransaction ResultsStore::begin_replacement() {
 
 // --------------------------------------------------------------- ResultsReader
 
-ResultsReader::ResultsReader(const std::string& path) : path_(path) {
+ResultsReader::ResultsReader(const std::string& path) : ResultsReader(path, true) {}
+
+ResultsReader::ResultsReader(const std::string& path, bool scan) : path_(path) {
   record_hdf5_errors();
   if (!fs::exists(path_)) throw ResultsError(path_ + ": no such results file");
   if (fs::is_directory(path_)) throw ResultsError(path_ + ": is a folder, not a results file");
   require_hdf5(path_);
-  const CrashScan scan = cached_scan_for_crashes(path_);
-  if (!scan.file_level.empty())
-    throw ResultsError(path_ + ": is damaged so that the HDF5 library crashes reading " + scan.file_level +
+  const CrashScan found = scan ? cached_scan_for_crashes(path_) : CrashScan{};
+  if (!found.file_level.empty())
+    throw ResultsError(path_ + ": is damaged so that the HDF5 library crashes reading " + found.file_level +
                        "; nothing in it can be read safely");
-  crashing_ = scan.objects;
+  crashing_ = found.objects;
   try {
     file_ = H5::H5File(path_, H5F_ACC_RDONLY);
   } catch (const H5::Exception& e) {
@@ -799,16 +839,20 @@ bool ResultsReader::crashes_reading(const std::string& object_path) const {
   });
 }
 
-void ResultsReader::refuse_crashing(const std::string& object_path, bool whole) const {
-  for (const std::string& object : crashing_)
-    if (lies_inside(object_path, object) || (whole && object_path == object))
+void ResultsReader::refuse_crashing(const std::string& object_path, Reads reads) const {
+  for (const std::string& object : crashing_) {
+    const bool refused =
+        lies_inside(object_path, object) || (reads != Reads::link && object_path == object) ||
+        (reads == Reads::subtree && (object_path == "/" || lies_inside(object, object_path)));
+    if (refused)
       throw ResultsError(path_ + ": " + object + ": is damaged so that the HDF5 library crashes reading it; it "
                          "cannot be read");
+  }
 }
 
 bool ResultsReader::exists(const std::string& object_path) const {
   if (object_path == "/") return true;
-  refuse_crashing(object_path, false);  // a link to it is in a group that reads
+  refuse_crashing(object_path, Reads::link);
   // Each prefix must exist before H5Lexists may be asked about the next one.
   std::size_t end = 0;
   do {
@@ -820,7 +864,7 @@ bool ResultsReader::exists(const std::string& object_path) const {
 }
 
 bool ResultsReader::has_attribute(const std::string& object_path, const std::string& name) const {
-  refuse_crashing(object_path, true);
+  refuse_crashing(object_path, Reads::object);
   return guarded(path_ + ": " + object_path + "@" + name, [&] {
     const htri_t found = H5Aexists_by_name(file_.getId(), object_path.c_str(), name.c_str(), H5P_DEFAULT);
     if (found < 0) throw H5::AttributeIException("H5Aexists_by_name", "cannot read the object's attributes");
@@ -833,12 +877,12 @@ bool ResultsReader::holds_nothing() const {
 }
 
 std::vector<std::string> ResultsReader::list(const std::string& group_path) const {
-  refuse_crashing(group_path, true);
+  refuse_crashing(group_path, Reads::object);
   return guarded(path_ + ": " + group_path, [&] { return list_members(file_.openGroup(group_path)); });
 }
 
 std::vector<std::size_t> ResultsReader::shape(const std::string& dataset_path) const {
-  refuse_crashing(dataset_path, true);
+  refuse_crashing(dataset_path, Reads::object);
   return guarded(path_ + ": " + dataset_path, [&] {
     const H5::DataSpace space = file_.openDataSet(dataset_path).getSpace();
     std::vector<hsize_t> dims(static_cast<std::size_t>(space.getSimpleExtentNdims()));
@@ -849,7 +893,7 @@ std::vector<std::size_t> ResultsReader::shape(const std::string& dataset_path) c
 
 template <class T>
 std::vector<T> ResultsReader::read(const std::string& dataset_path) const {
-  refuse_crashing(dataset_path, true);
+  refuse_crashing(dataset_path, Reads::object);
   return guarded(path_ + ": " + dataset_path, [&] {
     const H5::DataSet dataset = file_.openDataSet(dataset_path);
     std::vector<T> values(static_cast<std::size_t>(dataset.getSpace().getSimpleExtentNpoints()));
@@ -865,12 +909,12 @@ template std::vector<std::int64_t> ResultsReader::read(const std::string&) const
 template std::vector<std::uint64_t> ResultsReader::read(const std::string&) const;
 
 std::string ResultsReader::checksum(const std::string& group_path) const {
-  refuse_crashing(group_path, true);
+  refuse_crashing(group_path, Reads::subtree);
   return guarded(path_ + ": " + group_path, [&] { return group_checksum(file_.openGroup(group_path)); });
 }
 
 H5::Attribute ResultsReader::attribute(const std::string& object_path, const std::string& name) const {
-  refuse_crashing(object_path, true);
+  refuse_crashing(object_path, Reads::object);
   const std::string context = path_ + ": " + object_path + "@" + name;
   return guarded(context, [&] {
     if (object_path == "/" || file_.childObjType(object_path) == H5O_TYPE_GROUP)

@@ -162,9 +162,15 @@ class ResultsReader {
 
  private:
   friend class ResultsGroup;  // copy_group reads the file
+  friend class ResultsStore;  // lists the groups of the file it wrote, unscanned
+  /// Opens `path` without the scan (`scan` false): only to list the groups of a file this process committed.
+  ResultsReader(const std::string& path, bool scan);
   H5::Attribute attribute(const std::string& object_path, const std::string& name) const;
-  /// ResultsError where `object_path` lies inside a crashing object, or is one and `whole` (it is read, not only named).
-  void refuse_crashing(const std::string& object_path, bool whole) const;
+  /// What a read of an object takes in: the link naming it (in its group),
+  /// the object itself, or it and everything under it.
+  enum class Reads { link, object, subtree };
+  /// ResultsError where the read touches a crashing object.
+  void refuse_crashing(const std::string& object_path, Reads reads) const;
   std::string path_;
   std::vector<std::string> crashing_;
   H5::H5File file_;

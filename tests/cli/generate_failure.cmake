@@ -82,7 +82,7 @@ file(REMOVE_RECURSE "${FOLDER}")
 # stops after the step in progress and commits the tokens it made, saying why.
 find_program(TIMEOUT timeout REQUIRED)
 file(MAKE_DIRECTORY "${FOLDER}")
-execute_process(COMMAND ${TIMEOUT} --preserve-status -s INT 3 ${COMMAND} generate --model tiny-mixtral --prompt 1
+execute_process(COMMAND ${TIMEOUT} --preserve-status -s INT 5 ${COMMAND} generate --model tiny-mixtral --prompt 1
                         --new-tokens 200000 --logits ${FOLDER}/interrupted.h5
   RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT status EQUAL 130 OR NOT err MATCHES "generate: stopped by SIGINT after [0-9]+ of 200000 tokens; their logits are in .*interrupted.h5:/generate_0")

@@ -51,6 +51,31 @@ class HarnessTest : public ::testing::Test {
            "budgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\nsteps: {warmup: 1, measured: 2}\nblock_tokens: 8\n";
   }
 
+  /// Where the object header of `object` lies in output_.
+  haddr_t object_header(const std::string& object) const {
+    const hid_t file = H5Fopen(output_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    H5O_info_t info;
+    const bool found = file >= 0 && H5Oget_info_by_name(file, object.c_str(), &info, H5P_DEFAULT) >= 0;
+    if (file >= 0) H5Fclose(file);
+    return found ? info.addr : HADDR_UNDEF;
+  }
+
+  /// Resuming `experiment` stops before measuring with an error holding
+  /// each of `expected`, and leaves output_ as it was.
+  void expect_resume_stops_before_measuring(const ExperimentConfig& experiment,
+                                            const std::vector<std::string>& expected) const {
+    const auto size = fs::file_size(output_);
+    std::ostringstream progress;
+    try {
+      run_experiment(experiment, test::tiny_profile(), progress, false);
+      ADD_FAILURE() << "resumed onto a run it cannot replace";
+    } catch (const ResultsError& e) {
+      for (const std::string& part : expected) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(progress.str().find("run 1/2"), std::string::npos) << "measured before it stopped:\n" << progress.str();
+    EXPECT_EQ(fs::file_size(output_), size);
+  }
+
   static std::string error_of(const std::string& yaml) {
     try {
       ExperimentConfig::from_config(ConfigNode::parse(yaml, "bad.yaml"));
@@ -425,35 +450,18 @@ TEST_F(HarnessTest, ARunThatCannotBeRemovedStopsResumeBeforeMeasuring) {
   std::ostringstream quiet;
   ASSERT_EQ(run_experiment(experiment, test::tiny_profile(), quiet, false).complete, 2) << quiet.str();
   const std::string damaged = ResultsReader(output_).list("/runs").front();
-  haddr_t header = HADDR_UNDEF;
-  {
-    const hid_t file = H5Fopen(output_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    ASSERT_GE(file, 0);
-    H5O_info_t info;
-    ASSERT_GE(H5Oget_info_by_name(file, ("/runs/" + damaged).c_str(), &info, H5P_DEFAULT), 0);
-    header = info.addr;
-    H5Fclose(file);
-  }
+  const haddr_t header = object_header("/runs/" + damaged);
+  ASSERT_NE(header, HADDR_UNDEF);
   {  // The header's version byte zeroed: the group neither reads nor unlinks.
     std::fstream bytes(output_, std::ios::in | std::ios::out | std::ios::binary);
     bytes.seekp(static_cast<std::streamoff>(header));
     bytes.put('\0');
   }
   ASSERT_NE(run_damage(ResultsReader(output_), "/runs/" + damaged), "");
-  const auto size = fs::file_size(output_);
-  std::ostringstream progress;
-  try {
-    run_experiment(experiment, test::tiny_profile(), progress, false);
-    FAIL() << "resumed onto a run it cannot replace";
-  } catch (const ResultsError& e) {
-    EXPECT_NE(std::string(e.what()).find("run '" + damaged + "' is unreadable"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("nothing was measured. Copy its intact runs into a new file with `writescope "
-                                         "merge NEW.h5 " + output_ + " --drop-damaged --allow-missing`"),
-              std::string::npos)
-        << e.what();
-  }
-  EXPECT_EQ(progress.str().find("run 1/2"), std::string::npos) << "measured before it stopped:\n" << progress.str();
-  EXPECT_EQ(fs::file_size(output_), size);
+  expect_resume_stops_before_measuring(
+      experiment, {"run '" + damaged + "' is unreadable", "nothing was measured. Copy its intact runs into a new file "
+                                                          "with `writescope merge NEW.h5 " + output_ +
+                                                              " --drop-damaged --allow-missing`"});
   // Without --drop-damaged merge refuses the file and says how to go on.
   const std::string repaired = (dir_ / "repaired.h5").string();
   MergeOptions drop;
@@ -493,15 +501,8 @@ TEST_F(HarnessTest, ARunThatCrashesTheHdf5LibraryStopsResumeBeforeMeasuring) {
   std::ostringstream quiet;
   ASSERT_EQ(run_experiment(experiment, test::tiny_profile(), quiet, false).complete, 2) << quiet.str();
   const std::string damaged = ResultsReader(output_).list("/runs").front(), g = "/runs/" + damaged;
-  haddr_t header = HADDR_UNDEF;
-  {
-    const hid_t file = H5Fopen(output_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    ASSERT_GE(file, 0);
-    H5O_info_t info;
-    ASSERT_GE(H5Oget_info_by_name(file, g.c_str(), &info, H5P_DEFAULT), 0);
-    header = info.addr;
-    H5Fclose(file);
-  }
+  const haddr_t header = object_header(g);
+  ASSERT_NE(header, HADDR_UNDEF);
   std::string intact;
   {
     std::ifstream in(output_, std::ios::binary);
@@ -520,20 +521,10 @@ TEST_F(HarnessTest, ARunThatCrashesTheHdf5LibraryStopsResumeBeforeMeasuring) {
   }
   if (!crashes) GTEST_SKIP() << "this HDF5 library crashes on no damage of the run's header tried";
   EXPECT_NE(run_damage(ResultsReader(output_), g).find("crashes reading it"), std::string::npos);
-  const auto size = fs::file_size(output_);
-  std::ostringstream progress;
-  try {
-    run_experiment(experiment, test::tiny_profile(), progress, false);
-    FAIL() << "resumed onto a run it cannot replace";
-  } catch (const ResultsError& e) {
-    EXPECT_NE(std::string(e.what()).find("the file cannot be changed around it (the HDF5 library crashes reading the "
-                                         "run); nothing was measured. Copy its intact runs into a new file with "
-                                         "`writescope merge NEW.h5 " + output_ + " --drop-damaged --allow-missing`"),
-              std::string::npos)
-        << e.what();
-  }
-  EXPECT_EQ(progress.str().find("run 1/2"), std::string::npos) << "measured before it stopped:\n" << progress.str();
-  EXPECT_EQ(fs::file_size(output_), size);
+  expect_resume_stops_before_measuring(
+      experiment, {"the file cannot be changed around it (the HDF5 library crashes reading the run); nothing was "
+                   "measured. Copy its intact runs into a new file with `writescope merge NEW.h5 " + output_ +
+                   " --drop-damaged --allow-missing`"});
   const std::string repaired = (dir_ / "repaired.h5").string();
   MergeOptions drop;
   drop.allow_missing = drop.drop_damaged = true;

@@ -11,7 +11,8 @@ namespace {
 
 TEST(JsonSyntax, TakesJson) {
   for (const char* text : {R"({"a": [1, -2.5e3, 0, true, false, null], "b": {"c": "\"\u00e9\n"}})", "  []\n", "3",
-                           R"({"architectures": ["Qwen3MoeForCausalLM"], "rms_norm_eps": 1e-06})"})
+                           R"({"architectures": ["Qwen3MoeForCausalLM"], "rms_norm_eps": 1e-06})",
+                           "\xEF\xBB\xBF{\"a\": 1}"})  // a byte order mark, as readers take it
     EXPECT_EQ(json_syntax_error(text), "") << text;
 }
 
@@ -34,6 +35,10 @@ TEST(JsonSyntax, NamesWhatIsNotJsonAndWhere) {
       {"", "line 1, column 1: the text ends where a value should be"},
       {"{\"a\": 'b'}", "line 1, column 7: ''' where a value should be (strings are in double quotes)"},
       {"[\"\\x\"]", "line 1, column 4: an unknown escape in a string"},
+      {"{", "line 1, column 2: the text ends inside an object"},
+      {"[1,", "line 1, column 4: the text ends inside an array"},
+      {std::string("[\x01]"), "line 1, column 2: byte 0x01 where a value should be"},
+      {std::string("[\0]", 3), "line 1, column 2: byte 0x00 where a value should be"},
   };
   for (const auto& [text, error] : cases) EXPECT_EQ(json_syntax_error(text), error) << text;
   EXPECT_EQ(json_syntax_error(std::string(600, '[') + std::string(600, ']')).find("nested deeper than 512"),

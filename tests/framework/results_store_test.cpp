@@ -376,6 +376,10 @@ TEST_F(ResultsStoreTest, DamageThatCrashesTheHdf5LibraryIsAnError) {
         }
       }
       EXPECT_LE(refused, 1) << "damage at byte " << at;  // none: these reads do not crash on it
+      if (refused == 1) {  // a group holding it reads as a whole no more than it does; its names still list
+        EXPECT_THROW(reader.checksum("/runs"), ResultsError);
+        EXPECT_EQ(reader.list("/runs").size(), 2u);
+      }
       in_a_run += refused;
     } catch (const ResultsError& e) {
       EXPECT_NE(std::string(e.what()).find("is damaged so that the HDF5 library crashes reading"), std::string::npos)
