@@ -450,7 +450,13 @@ std::vector<int> prompt_tokens(std::map<std::string, std::string>& options, int 
 /// did: lock-free, so the handler may set it and any thread read it.
 std::atomic<int> generation_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free);
-extern "C" void ask_generation_to_stop(int signal) { generation_stop_signal.store(signal); }
+extern "C" void ask_generation_to_stop(int signal) {
+  generation_stop_signal.store(signal);
+  // write(2) is safe in a handler; the log is not.
+  static const char said[] = "\ngenerate: stopping after the step in progress (again to stop at once)\n";
+  const ssize_t ignored = ::write(STDERR_FILENO, said, sizeof said - 1);
+  (void)ignored;
+}
 
 /// While alive: SIGINT and SIGTERM ask the generation to stop after the
 /// step in progress, keeping its logits (a second one kills, as before), and
@@ -502,7 +508,7 @@ std::string command_line(const std::string& command, const std::vector<std::stri
   std::string line = "writescope " + command;
   for (const std::string& arg : args) {
     const bool plain = !arg.empty() && std::all_of(arg.begin(), arg.end(), [](unsigned char c) {
-      return std::isalnum(c) || std::strchr("-_=.,/:+@%", c) != nullptr;
+      return std::isalnum(c) || (c != 0 && std::strchr("-_=.,/:+@%", c) != nullptr);
     });
     if (plain) {
       line += " " + arg;
