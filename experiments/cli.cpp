@@ -672,7 +672,7 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   // and recorded with the logits.
   const AttentionShape shape = config.attention();
   const std::string cpu_decode_path = describe_decode_cpu_paths(shape);
-  log_info("generate: CPU attention: ", cpu_decode_path, " (WRITESCOPE_CPU_PATH pins it)");
+  log_info("generate: CPU attention: ", cpu_decode_path, " (setting WRITESCOPE_CPU_PATH pins a path)");
   if (group) {
     group->set_attribute("cpu_decode_path", cpu_decode_path);
     group->set_attribute("next_pass_prefetch", describe_next_pass_prefetch(shape));

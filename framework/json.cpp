@@ -78,6 +78,7 @@ class JsonChecker {
     }
     for (;;) {
       if (at_end()) return fail("the text ends inside an object");
+      if (peek() == '/' || peek() == '#') return fail("a comment (JSON has none)");
       if (peek() != '"') return fail(peek() == '}' ? "a trailing comma before '}'" : "an object key not in double quotes");
       string();
       if (failed()) return;

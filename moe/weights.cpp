@@ -207,7 +207,7 @@ void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& co
   if (const std::uint64_t available = available_host_memory(); memory > available)
     throw CheckpointError(folder + ": " + config.name + "'s synthetic weights take " + format_byte_size(memory) +
                           " of memory while written, but this machine has " + format_byte_size(available) +
-                          " available (synthetic checkpoints are for the tiny presets and reduced models)");
+                          " available (synthetic checkpoints are for the tiny presets)");
   std::error_code error;
   std::filesystem::create_directories(folder, error);
   if (error) throw CheckpointError(folder + ": cannot create the folder (" + error.message() + ")");

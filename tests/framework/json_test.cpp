@@ -36,6 +36,7 @@ TEST(JsonSyntax, NamesWhatIsNotJsonAndWhere) {
       {"{\"a\": 'b'}", "line 1, column 7: ''' where a value should be (strings are in double quotes)"},
       {"[\"\\x\"]", "line 1, column 4: an unknown escape in a string"},
       {"{", "line 1, column 2: the text ends inside an object"},
+      {"{\"a\": 1,\n  // mine\n  \"b\": 2}", "line 2, column 3: a comment (JSON has none)"},
       {"[1,", "line 1, column 4: the text ends inside an array"},
       {std::string("[\x01]"), "line 1, column 2: byte 0x01 where a value should be"},
       {std::string("[\0]", 3), "line 1, column 2: byte 0x00 where a value should be"},
