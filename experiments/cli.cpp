@@ -539,9 +539,7 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   } else {
     const std::vector<std::string> presets = model_preset_names();
     if (std::find(presets.begin(), presets.end(), model_name) == presets.end()) {
-      std::string known;
-      for (const std::string& preset : presets) known += (known.empty() ? "" : ", ") + preset;
-      throw UsageError("generate: --model " + model_name + " is neither a preset (" + known +
+      throw UsageError("generate: --model " + model_name + " is neither a preset (" + model_preset_list() +
                        ") nor a checkpoint folder" +
                        (std::filesystem::exists(model_name) ? " (it is a file; give the folder that holds config.json)"
                                                              : " (no such folder)"));

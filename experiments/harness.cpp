@@ -427,7 +427,7 @@ MachineProfile load_profile_file(const std::string& path) {
     for (const auto& entry : by_shape)
       if (std::find(presets.begin(), presets.end(), entry.first) == presets.end())
         throw ConfigError(path, field + "." + entry.first,
-                          "no model preset has this attention shape (presets: " + joined(presets) + ")");
+                          "no model preset has this attention shape (presets: " + model_preset_list() + ")");
   };
   check_shapes("gpu.attention_gbps", profile.gpu_attention_gbps);
   check_shapes("cpu.attention_gbps", profile.cpu_attention_gbps);

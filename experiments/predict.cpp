@@ -215,7 +215,7 @@ class PlanningModel {
   const VramUse& vram() const { return vram_; }
   /// The pinned staging buffers MoeModel would have grown by now (HostUse::staging_pinned).
   std::uint64_t staging_pinned_bytes() const {
-    return (2 * staged_cpu_experts_.span + staged_logits_.span) * sizeof(float);
+    return (2 * staged_cpu_experts_ + staged_logits_) * sizeof(float);
   }
   const InplaceKVCache<bf16>& cache() const { return cache_; }
 
@@ -255,7 +255,7 @@ class PlanningModel {
         apply(plan.loads);
         apply(options_.experts->after_layer(moe_layer, routing, residency_));
       }
-      staged_logits_.need(static_cast<std::size_t>(c_.vocab));  // the chunk's last row
+      stage_logits(1);  // the chunk's last row
     }
   }
   /// As MoeModel::end_warmup: the prefetch stream is drained (untimed) before the policy places experts.
@@ -289,22 +289,20 @@ class PlanningModel {
       record.other = std::max(0.0, timeline.wall - record.attention - record.feed_forward);
       seconds += timeline.wall;
     }
-    staged_logits_.need(static_cast<std::size_t>(rows) * c_.vocab);
+    stage_logits(rows);
     const double logits = static_cast<double>(rows) * c_.vocab * sizeof(float);
     return seconds + rates_.dense(dense_.lm_head, rows) + logits / (rates_.d2h_gbps * 1e9) + step_launches * rates_.launch_s;
   }
 
  private:
-  /// The floats of a scratch buffer as impl::scratch grows it: to what is
-  /// wanted, at least doubling.
-  struct GrowingBuffer {
-    std::size_t span = 0;
-    void need(std::size_t wanted) {
-      if (span < wanted) span = std::max(wanted, 2 * span);
-    }
-  };
   /// The CPU's experts of `rows` rows: their inputs and outputs staged in pinned memory.
-  void stage_cpu_experts(int rows) { staged_cpu_experts_.need(static_cast<std::size_t>(rows) * c_.hidden); }
+  void stage_cpu_experts(int rows) {
+    staged_cpu_experts_ = scratch_span_after(staged_cpu_experts_, static_cast<std::size_t>(rows) * c_.hidden);
+  }
+  /// The logits of `rows` rows, copied to the host through pinned memory.
+  void stage_logits(int rows) {
+    staged_logits_ = scratch_span_after(staged_logits_, static_cast<std::size_t>(rows) * c_.vocab);
+  }
 
   void apply(const std::vector<ExpertLoad>& loads) {
     for (const ExpertLoad& l : loads)
@@ -409,7 +407,8 @@ class PlanningModel {
   std::mt19937_64 random_;
   std::vector<std::int64_t> expected_;
   double prefetch_wait_ = 0;  // prefetch copy seconds left at the next layer's start
-  GrowingBuffer staged_cpu_experts_, staged_logits_;  // MoeModel's x_pinned (as out_pinned) and logits_pinned
+  // Floats of MoeModel's x_pinned (as of out_pinned) and logits_pinned, grown as impl::scratch grows them.
+  std::size_t staged_cpu_experts_ = 0, staged_logits_ = 0;
 };
 
 }  // namespace

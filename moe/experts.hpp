@@ -7,6 +7,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstddef>
 #include <vector>
 
 #include "moe/layer_kernels.hpp"
@@ -21,6 +22,14 @@ struct ExpertWeights {
   int hidden() const { return static_cast<int>(gate.extent(1)); }
   int intermediate() const { return static_cast<int>(gate.extent(0)); }
 };
+
+/// The elements a scratch buffer of `span` holds after a request for `wanted`:
+/// as many, at least doubling when it grows, so that buffers serving many
+/// shapes are allocated a few times per run (impl::scratch; the projection
+/// sizes the runtime's pinned staging by it).
+constexpr std::size_t scratch_span_after(std::size_t span, std::size_t wanted) {
+  return span >= wanted ? span : (wanted > 2 * span ? wanted : 2 * span);
+}
 
 /// Intermediate activations of swiglu_expert, (rows, intermediate) each; they
 /// grow as needed and are reused across calls.

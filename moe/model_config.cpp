@@ -252,9 +252,13 @@ ModelConfig model_preset(const std::string& name) {
   if (name == "tiny-deepseek-v2") return tiny(deepseek_v2_lite(), name);
   if (name == "tiny-qwen3-moe") return tiny(qwen3_30b_a3b(), name);
   if (name == "tiny-mixtral") return tiny(mixtral_8x7b(), name);
-  std::string known;
-  for (const auto& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("unknown model '" + name + "' (known: " + known + ")");
+  throw std::invalid_argument("unknown model '" + name + "' (known: " + model_preset_list() + ")");
+}
+
+std::string model_preset_list() {
+  std::string list;
+  for (const auto& n : model_preset_names()) list += (list.empty() ? "" : ", ") + n;
+  return list;
 }
 
 ModelConfig apply_overrides(ModelConfig c, const ModelOverrides& overrides) {

@@ -105,6 +105,8 @@ struct ModelConfig {
 /// "tiny-mixtral". std::invalid_argument lists the names otherwise.
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
+/// The preset names for messages: "deepseek-v2-lite, qwen3-30b-a3b, ...".
+std::string model_preset_list();
 
 /// Scaled-down variants: fewer layers, and hidden / intermediate sizes scaled
 /// (rounded to multiples of 16; head counts and head dims stay).

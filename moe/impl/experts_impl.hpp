@@ -76,16 +76,17 @@ Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>> rows_by_columns(const ExecSpac
   return rows_by_columns_policy(space, rows, columns, 1024);
 }
 
-/// A (rows, columns) matrix over `m`'s storage, which grows geometrically
-/// when rows * columns exceeds it: scratch buffers are allocated a few times
-/// per run, never per layer or step, whatever mix of shapes they serve (the
-/// shared and routed experts' widths differ). The matrix does not own its
-/// storage: use it before the next call on the same `m`.
+/// A (rows, columns) matrix over `m`'s storage, which grows by
+/// scratch_span_after when rows * columns exceeds it: scratch buffers are
+/// allocated a few times per run, never per layer or step, whatever mix of
+/// shapes they serve (the shared and routed experts' widths differ). The
+/// matrix does not own its storage: use it before the next call on the same `m`.
 template <class View>
 View scratch(View& m, const char* label, int rows, int columns) {
   const std::size_t wanted = static_cast<std::size_t>(rows) * static_cast<std::size_t>(columns);
   if (m.span() < wanted)
-    m = View(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), 1, std::max(wanted, 2 * m.span()));
+    m = View(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), 1,
+             scratch_span_after(m.span(), wanted));
   return View(m.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(columns));
 }
 
