@@ -537,8 +537,16 @@ CpuPath decode_product_path(const AttentionShape& shape, BlockOrder order) {
 }
 
 std::string describe_decode_cpu_path(const AttentionShape& shape, BlockOrder order) {
-  const std::string path = cpu_path_name(active_decode_cpu_path(shape, order));
-  if (const char* by = cpu_path_pinned_by(); *by != '\0') return path + " (" + by + ")";
+  const CpuPath asked = active_decode_cpu_path(shape, order), runs = decode_product_path(shape, order);
+  const std::string path = cpu_path_name(runs);
+  const char* by = cpu_path_pinned_by();
+  // The path the products run leads: products that do not take the shape
+  // fall back (impl::host_product_path), and a shape no product path
+  // measures runs the machine's path.
+  if (runs != asked)
+    return path + " (" + cpu_path_name(asked) + (*by != '\0' ? std::string(", from ") + by : ", the machine's path") +
+           ", does not take " + probe_name(shape, order) + ")";
+  if (*by != '\0') return path + " (" + by + ")";
   if (!impl::measures_product_path(active_cpu_path())) return path + " (this machine's; no other path is measured)";
   const ProductPathMeasurement& m = product_path_measurement(shape, order);
   if (!m.measured) return path + " (" + m.probe + ": not both AVX-512 products take it)";

@@ -215,7 +215,9 @@ CpuPath decode_product_path(const AttentionShape& shape, BlockOrder order);
 /// avx512_bf16 and avx512_fma, mixtral-8x7b (32 query / 8 KV heads),
 /// head-major, 256 MiB a step over 512 MiB, medians of 7: avx512_bf16 5.911
 /// ms, avx512_fma 5.502 ms; the machine's avx512_bf16)", "avx2
-/// (WRITESCOPE_CPU_PATH)".
+/// (WRITESCOPE_CPU_PATH)"; it names the path the products run, and the one
+/// asked where they do not take the shape: "avx2 (avx512_bf16, the machine's
+/// path, does not take tiny-qwen3-moe (4 query / 2 KV heads), head-major)".
 std::string describe_decode_cpu_path(const AttentionShape& shape, BlockOrder order);
 /// Both orders' for results: "head-major: <describe_decode_cpu_path>;
 /// token-major: <describe_decode_cpu_path>".

@@ -676,5 +676,37 @@ TEST(ProductPath, DecodeTakesThePathMeasuredForItsShapeUnlessOneIsPinned) {
   }
 }
 
+// A shape no AVX-512 product takes (2 query heads a KV head) runs a plainer
+// path: results and `writescope info` name the path a launch runs, and the
+// one asked (the machine's, or a pinned one) where it falls back.
+TEST(ProductPath, TheDescriptionNamesThePathTheProductsRun) {
+  AttentionShape shape = qwen3_30b_a3b_attention();
+  shape.name = "two-query-heads";
+  shape.q_heads = 8, shape.kv_heads = 4;
+  for (BlockOrder order : {BlockOrder::head_major, BlockOrder::token_major}) {
+    const std::string probe =
+        std::string("two-query-heads (8 query / 4 KV heads), ") + (order == BlockOrder::head_major ? "head-major" : "token-major");
+    SCOPED_TRACE(probe);
+    const HostDecode decode(shape, order);
+    const auto expect_described = [&](CpuPath asked, const std::string& source) {
+      DecodeWorkspace<HostMemSpace> workspace;
+      decode.attend(workspace);
+      EXPECT_EQ(decode_product_path(shape, order), workspace.host_path);
+      const std::string runs = cpu_path_name(workspace.host_path);
+      if (workspace.host_path == asked) {
+        EXPECT_EQ(describe_decode_cpu_path(shape, order).rfind(runs + " (", 0), 0u);
+      } else {
+        EXPECT_EQ(describe_decode_cpu_path(shape, order),
+                  runs + " (" + cpu_path_name(asked) + ", " + source + ", does not take " + probe + ")");
+      }
+    };
+    expect_described(active_cpu_path(), "the machine's path");
+    if (vector_path(active_cpu_path()) >= CpuPath::avx512_fma) {
+      EXPECT_NE(decode_product_path(shape, order), active_cpu_path()) << "the machine's AVX-512 path fell back";
+    }
+    test::for_each_cpu_path([&](CpuPath path) { expect_described(path, "from set_cpu_path"); });
+  }
+}
+
 }  // namespace
 }  // namespace writescope
