@@ -153,6 +153,9 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
 
 std::string MachineProfile::to_yaml() const {
   YAML::Emitter out;
+  // 15 digits: a latency's seconds as microseconds (7.9e-6 * 1e6) prints as
+  // 7.9, not 7.9000000000000004, and the text reads back to itself.
+  out.SetDoublePrecision(15);
   out << YAML::BeginMap << YAML::Key << "name" << YAML::Value << name << YAML::Key << "has_gpu" << YAML::Value
       << has_gpu;
   if (has_gpu) {

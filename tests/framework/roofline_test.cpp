@@ -182,6 +182,22 @@ TEST_F(ProfileTest, SaveAndLoadRoundTrip) {
   EXPECT_DOUBLE_EQ(ModelRates::from_profile(with_gpu_rate, "mixtral-8x7b", 16).hbm_gbps, with_gpu_rate.hbm_gbps);
 }
 
+// Latencies are kept in seconds and written in microseconds: the text shows
+// the figure as given, and a saved profile saves to the same text.
+TEST_F(ProfileTest, LatenciesPrintAsGiven) {
+  const std::string path = write("");
+  MachineProfile profile = find_profile("h200-pcie5");
+  profile.gpu_launch_latency_s = 7.9e-6;
+  profile.cpu_launch_latency_s = 2.3e-6;
+  profile.link_latency_s = 11.1e-6;
+  const std::string text = profile.to_yaml();
+  for (const char* line : {"launch_latency_us: 7.9\n", "launch_latency_us: 2.3\n", "latency_us: 11.1\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line << " in\n" << text;
+  profile.save(path);
+  EXPECT_EQ(MachineProfile::load(path).to_yaml(), text);
+  EXPECT_NEAR(MachineProfile::load(path).gpu_launch_latency_s, 7.9e-6, 1e-20);
+}
+
 // A profile is written through a name of its own: a file beside it named
 // like a partial copy (a user's, or another writer's) is left as it was.
 TEST_F(ProfileTest, SavingLeavesAFileNamedLikeItsPartialCopy) {
