@@ -520,13 +520,14 @@ std::string cpu_attention_child_command(const std::string& executable, const Att
                                         BlockOrder order, int threads, std::int64_t tokens) {
   const bool head_major = order == BlockOrder::head_major;
   std::ostringstream command;
-  command << "OMP_NUM_THREADS=" << threads << " OMP_PROC_BIND=spread OMP_PLACES=threads WRITESCOPE_CPU_PATH="
+  // KOKKOS_NUM_THREADS as well: where the parent's environment sets it, Kokkos takes it over OMP_NUM_THREADS.
+  command << "KOKKOS_NUM_THREADS=" << threads << " OMP_NUM_THREADS=" << threads << " OMP_PROC_BIND=spread OMP_PLACES=threads WRITESCOPE_CPU_PATH="
           << cpu_path_name(active_decode_cpu_path(shape, order))
           << " WRITESCOPE_NEXT_PASS_PREFETCH=" << prefetch_level_name(active_next_pass_prefetch(shape));
   const int pass = head_major ? active_head_major_pass(shape) : active_token_major_pass(shape);
   if (pass > 0) command << (head_major ? " WRITESCOPE_HEAD_MAJOR_PASS=" : " WRITESCOPE_TOKEN_MAJOR_PASS=") << pass;
   command << " '" << executable << "' calibrate-attention --shape " << shape.name << " --order "
-          << (head_major ? "head-major" : "token-major") << " --tokens " << tokens;
+          << (head_major ? "head-major" : "token-major") << " --tokens " << tokens << " --thread-count " << threads;
   return command.str();
 }
 

@@ -30,8 +30,10 @@
 #include "experiments/calibration.hpp"
 #include "experiments/harness.hpp"
 #include "experiments/predict.hpp"
+#include "framework/concurrent.hpp"
 #include "framework/config.hpp"
 #include "framework/cpu_path.hpp"
+#include "framework/files.hpp"
 #include "framework/log.hpp"
 #include "framework/machine.hpp"
 #include "framework/results_store.hpp"
@@ -235,7 +237,10 @@ void progress_line(const std::string& line) { log_info("calibrate: ", line); }
 /// Refuses an --output `path` that a file cannot be written to (a folder, a
 /// missing or read-only folder) before minutes of measuring go into it.
 void check_profile_output(const std::string& command, const std::string& path) {
-  if (std::filesystem::is_directory(path)) throw UsageError(command + ": --output " + path + " is a folder");
+  // A device, pipe or socket: its reading below could wait forever, and the
+  // rename would replace it (/dev/null) with a file.
+  if (const std::string why = not_a_file_reason(path); !why.empty())
+    throw UsageError(command + ": --output " + path + " " + why + "; give a file name for the profile");
   // Calibrating again replaces a profile, an outdated one included (a YAML
   // mapping with a name and a cpu section), or an empty file; any other file
   // (results, a config) is kept.
@@ -265,7 +270,7 @@ void check_profile_output(const std::string& command, const std::string& path) {
   }
   // A file beside it, as MachineProfile::save writes one: a name of its own
   // (mkstemp), so that no existing file is truncated or removed.
-  std::string probe = path + ".partial.XXXXXX";
+  std::string probe = followed_symlinks(path) + ".partial.XXXXXX";
   const int fd = ::mkstemp(probe.data());
   if (fd < 0)
     throw UsageError(command + ": --output " + path + " cannot be written (" + std::strerror(errno) + ")");
@@ -280,15 +285,24 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
     calibration.name = options["--name"];
     if (std::all_of(calibration.name.begin(), calibration.name.end(), [](unsigned char c) { return std::isspace(c); }))
       throw UsageError("calibrate: --name must not be blank");
+    // The name goes into logs, reports' tables and HDF5 group names, a line each.
+    if (calibration.name.front() == '-') throw UsageError("calibrate: --name must not start with '-'");
+    if (!std::all_of(calibration.name.begin(), calibration.name.end(), [](unsigned char c) { return c >= 0x20 && c < 0x7f; }))
+      throw UsageError("calibrate: --name must be printable ASCII (letters, digits, punctuation and spaces)");
   }
   // At most 2^24: far past any context a profile prices, and a KV pool the machine can hold.
+  // At least one block: fewer tokens time a step's fixed costs, not its reading (0.1 GB/s at 1 token).
   if (options.count("--tokens"))
-    calibration.attention_tokens =
-        positive_integer<std::int64_t>("calibrate", "--tokens", options["--tokens"], 1, std::int64_t{1} << 24);
+    calibration.attention_tokens = positive_integer<std::int64_t>("calibrate", "--tokens", options["--tokens"],
+                                                                  calibration_block_tokens, std::int64_t{1} << 24);
   if (options.count("--thread-counts")) {
     std::stringstream list(options["--thread-counts"]);
     for (std::string item; std::getline(list, item, ',');) {
       const int threads = positive_integer("calibrate", "--thread-counts", item, 1, max_host_threads);
+      // More threads than CPUs would record an oversubscribed rate under that count.
+      if (const int cpus = static_cast<int>(startup_cpus().size()); threads > cpus)
+        throw UsageError("calibrate: --thread-counts names " + std::to_string(threads) + " threads, more than the " +
+                         std::to_string(cpus) + " CPUs this process may run on");
       if (std::find(calibration.thread_counts.begin(), calibration.thread_counts.end(), threads) !=
           calibration.thread_counts.end())
         throw UsageError("calibrate: --thread-counts names " + std::to_string(threads) + " twice in '" +
@@ -317,7 +331,14 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
 }
 
 int calibrate_attention_command(const std::vector<std::string>& args, std::ostream& out) {
-  auto options = parse_options("calibrate-attention", args, {"--shape", "--order", "--tokens"});
+  auto options = parse_options("calibrate-attention", args, {"--shape", "--order", "--tokens", "--thread-count"});
+  // The thread count its rate is recorded under, checked against the one it runs.
+  if (options.count("--thread-count")) {
+    const int threads = positive_integer("calibrate-attention", "--thread-count", options["--thread-count"]);
+    if (const int running = HostExecSpace().concurrency(); running != threads)
+      throw std::runtime_error("calibrate-attention: runs " + std::to_string(running) + " host threads, not the " +
+                               std::to_string(threads) + " of --thread-count (KOKKOS_NUM_THREADS or --kokkos-threads)");
+  }
   if (!options.count("--shape")) throw UsageError("calibrate-attention: --shape is required");
   const std::int64_t tokens =
       options.count("--tokens") ? positive_integer<std::int64_t>("calibrate-attention", "--tokens", options["--tokens"]) : 32768;
@@ -944,8 +965,13 @@ int predict_command(const std::vector<std::string>& args, std::ostream& out) {
     if (std::count(names.begin(), names.end(), name))
       throw UsageError("predict: --profile names '" + name + "' twice in '" + listed + "'");
     names.push_back(name);
-    const MachineProfile profile = profile_named_by("predict: --profile", name);
-    profiles.push_back(cpu ? with_cpu_of(profile, *cpu) : profile);
+    const MachineProfile loaded = profile_named_by("predict: --profile", name);
+    const MachineProfile profile = cpu ? with_cpu_of(loaded, *cpu) : loaded;
+    for (std::size_t q = 0; q < profiles.size(); ++q)
+      if (profiles[q].name == profile.name)
+        throw UsageError("predict: --profile: '" + names[q] + "' and '" + name + "' are both profile '" + loaded.name +
+                         "' (the name in a profile's file); rename one");
+    profiles.push_back(profile);
   }
   std::string output = options.count("--output") ? options["--output"] : "";
   if (output.empty()) {
@@ -1025,9 +1051,14 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
 
 int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
   // Help before Kokkos starts: it would print its own for --help.
+  // "-h" after an option without "=" is that option's value (--name -h), as parse_options takes it.
   const std::vector<std::string> given(argv + 1, argv + argc);
-  if (!given.empty() && (given.front() == "help" || std::count(given.begin(), given.end(), "--help") ||
-                         std::count(given.begin(), given.end(), "-h"))) {
+  bool help = !given.empty() && given.front() == "help";
+  for (std::size_t i = 0; i < given.size(); ++i)
+    help = help || given[i] == "--help" ||
+           (given[i] == "-h" && (i == 0 || given[i - 1].rfind("--", 0) != 0 ||
+                                 given[i - 1].find('=') != std::string::npos));
+  if (help) {
     out << usage_text;
     return 0;
   }
@@ -1037,17 +1068,29 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     if (args.empty()) throw UsageError("no command given", UsageError::Usage::whole);
     const std::string& command = args.front();
     const std::vector<std::string> rest(args.begin() + 1, args.end());
-    if (command == "info") return info_command(rest, out);
-    if (command == "calibrate") return calibrate_command(rest, out);
-    if (command == "predict") return predict_command(rest, out);
-    if (command == "generate") return generate_command(rest, out);
-    if (command == "make-checkpoint") return make_checkpoint_command(rest);
-    if (command == "run") return run_command(rest, out);
-    if (command == "verify") return verify_command(rest, out);
-    if (command == "merge") return merge_command(rest, out);
-    // Internal: one CPU attention measurement at this process' thread count.
-    if (command == "calibrate-attention") return calibrate_attention_command(rest, out);
-    throw UsageError("unknown command '" + command + "'", UsageError::Usage::whole);
+    const auto dispatch = [&] {
+      if (command == "info") return info_command(rest, out);
+      if (command == "calibrate") return calibrate_command(rest, out);
+      if (command == "predict") return predict_command(rest, out);
+      if (command == "generate") return generate_command(rest, out);
+      if (command == "make-checkpoint") return make_checkpoint_command(rest);
+      if (command == "run") return run_command(rest, out);
+      if (command == "verify") return verify_command(rest, out);
+      if (command == "merge") return merge_command(rest, out);
+      // Internal: one CPU attention measurement at this process' thread count.
+      if (command == "calibrate-attention") return calibrate_attention_command(rest, out);
+      throw UsageError("unknown command '" + command + "'", UsageError::Usage::whole);
+    };
+    const int status = dispatch();
+    // What went to the output must have arrived (a full disk, a closed
+    // descriptor): a profile or listing lost is a failure, not status 0.
+    errno = 0;
+    if (!out.flush()) {
+      err << "writescope: " << command << ": the output could not be written"
+          << (errno != 0 ? std::string(" (") + std::strerror(errno) + ")" : std::string()) << "\n";
+      return 1;
+    }
+    return status;
   } catch (const UsageError& e) {
     err << "writescope: " << e.what() << "\n";
     if (e.whole_usage()) err << "\n" << usage_text;

@@ -23,6 +23,7 @@
 #include <set>
 #include <tuple>
 
+#include "framework/files.hpp"
 #include "framework/log.hpp"
 
 namespace writescope {
@@ -151,12 +152,11 @@ class MemoryFileAccess {
 /// file and the link stays a link), in a folder that exists, not a folder itself.
 std::string writable_results_path(const std::string& path) {
   std::error_code error;
-  fs::path real = path;
-  // Follow the chain of links by hand: the last target need not exist yet.
-  for (int links = 0; fs::is_symlink(real, error); ++links) {
-    const fs::path target = fs::read_symlink(real, error);
-    if (error || links == 40) throw ResultsError(path + ": cannot resolve the symbolic link");
-    real = target.is_absolute() ? target : real.parent_path() / target;
+  fs::path real;
+  try {
+    real = followed_symlinks(path);
+  } catch (const std::runtime_error& e) {
+    throw ResultsError(e.what());
   }
   if (fs::is_directory(real, error))
     throw ResultsError(path + ": is a folder; give a results file name such as " + (fs::path(path) / "results.h5").string());

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "framework/files.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/runtime.hpp"
 
@@ -210,7 +211,12 @@ std::string MachineProfile::to_yaml() const {
   return std::string(out.c_str()) + "\n";
 }
 
-void MachineProfile::save(const std::string& path) const {
+void MachineProfile::save(const std::string& given) const {
+  // Through its links, so that a link stays a link; a device or pipe is not
+  // replaced by a file.
+  const std::string path = followed_symlinks(given);
+  if (const std::string why = not_a_file_reason(path); !why.empty())
+    throw std::runtime_error(given + ": cannot hold the machine profile: it " + why);
   // A name of its own (mkstemp): a file that happens to have one is never
   // truncated, and a leftover of a killed run is never in the way.
   std::string partial = path + ".partial.XXXXXX";

@@ -85,7 +85,9 @@ struct MachineProfile {
   static MachineProfile load(const std::string& path);
   static MachineProfile from_config(const ConfigNode& root);
   std::string to_yaml() const;
-  /// Writes atomically (temporary file + rename), so a profile is never half written.
+  /// Writes atomically (temporary file + rename), so a profile is never half
+  /// written; through symbolic links to their target. A device, pipe or folder
+  /// at `path` is an error, not replaced.
   void save(const std::string& path) const;
 
   /// CPU attention GB/s for `shape` at `threads` (the largest measured thread

@@ -1350,7 +1350,7 @@ TEST(CalibrationCommand, ChildProcessesTakeTheParentsChoices) {
       const bool head_major = order == BlockOrder::head_major;
       const std::string command = cpu_attention_child_command("/opt/ws/writescope", shape, order, 1, 4096);
       const auto has = [&](const std::string& part) { return command.find(part) != std::string::npos; };
-      EXPECT_TRUE(has("OMP_NUM_THREADS=1 ")) << command;
+      EXPECT_EQ(command.rfind("KOKKOS_NUM_THREADS=1 OMP_NUM_THREADS=1 ", 0), 0u) << command;
       EXPECT_TRUE(has(std::string(" WRITESCOPE_CPU_PATH=") + cpu_path_name(active_decode_cpu_path(shape, order)) + " "))
           << command;
       EXPECT_TRUE(has(std::string(" WRITESCOPE_NEXT_PASS_PREFETCH=") +
@@ -1364,7 +1364,7 @@ TEST(CalibrationCommand, ChildProcessesTakeTheParentsChoices) {
                 !head_major && token_major_pass > 0)
           << command;
       EXPECT_TRUE(has(" '/opt/ws/writescope' calibrate-attention --shape " + shape.name + " --order " +
-                      (head_major ? "head-major" : "token-major") + " --tokens 4096"))
+                      (head_major ? "head-major" : "token-major") + " --tokens 4096 --thread-count 1"))
           << command;
     }
 }
