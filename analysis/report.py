@@ -106,7 +106,7 @@ class Machine:
     def describe(self):
         gpu = ("GPU not recorded" if self.gpu_name is None else
                f"GPU {self.gpu_name}" if self.gpu_name else "no GPU (a host-only build)")
-        return f"{self.cpu_model or 'CPU not recorded'}, {self.host_threads or '?'} host threads, {gpu}"
+        return f"{self.cpu_model or 'CPU not recorded'}, {self.host_threads or '?'} host thread{'' if self.host_threads == 1 else 's'}, {gpu}"
 
 
 def read_machine(text):

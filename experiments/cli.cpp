@@ -885,6 +885,7 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
     throw UsageError("run: the experiment config comes first (run CONFIG.yaml [options]), got '" + args.front() + "'");
   std::vector<std::string> rest(args.begin() + 1, args.end());
   RunOptions run_options;
+  run_options.command = command_line("run", args);
   if (const auto flag = std::find(rest.begin(), rest.end(), "--allow-different-machine"); flag != rest.end()) {
     run_options.allow_different_machine = true;
     rest.erase(flag);
@@ -997,11 +998,18 @@ int merge_command(const std::vector<std::string>& args, std::ostream& out) {
                return file == arg || std::filesystem::equivalent(file, arg, error);
              });
              same != files.end())
-      throw UsageError("merge: " + arg + " given twice" + (*same == arg ? "" : " (as " + *same + ")"));
+      throw UsageError("merge: " + arg + " given twice" + (*same == arg ? "" : " (as " + *same + ")") +
+                       (same == files.begin() ? "; the first file is the output, the rest the inputs" : ""));
     else files.push_back(arg);
   }
   if (files.size() < 2) throw UsageError("merge: give the output file and at least one input file");
   const std::vector<std::string> inputs(files.begin() + 1, files.end());
+  // As run and predict do: the output's folder is made (after its name is checked).
+  try {
+    create_output_folder("merge: output", files.front());
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
   for (const std::string& line : merge_results(files.front(), inputs, merge)) out << line << "\n";
   return 0;
 }
@@ -1032,7 +1040,7 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
     }
   }
   // A recorded config or profile this build no longer reads leaves the checksums' verdict standing.
-  std::vector<std::string> strays;
+  std::map<std::string, std::string> strays;
   bool names_checked = true;
   try {
     strays = runs_not_of_the_experiment(reader);
@@ -1040,10 +1048,17 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
     out << "cannot check which runs belong to the experiment: " << e.what() << "\n";
     names_checked = false;
   }
-  for (const std::string& run : strays) out << "STRAY " << run << ": not a run of the file's experiment\n";
+  for (const auto& [run, why] : strays) out << "STRAY " << run << ": " << why << "\n";
   out << file << ": " << runs.size() << " runs, " << runs.size() - damaged - unverified << " verified, " << damaged
       << " damaged, " << unverified << " without a checksum"
-      << (strays.empty() ? "" : ", " + std::to_string(strays.size()) + " not of the experiment") << "\n";
+      << (strays.empty() ? "" : ", " + std::to_string(strays.size()) + " not of the experiment");
+  // A run stopped part-way (or a shard) holds fewer runs than it planned: complete as far as it goes.
+  if (reader.has_attribute("/", "planned_runs"))
+    if (const std::int64_t planned = reader.int_attribute("/", "planned_runs");
+        planned > static_cast<std::int64_t>(runs.size() - strays.size()))
+      out << "; " << planned - static_cast<std::int64_t>(runs.size() - strays.size()) << " of its " << planned
+          << " planned runs not in the file (writescope run resumes them)";
+  out << "\n";
   return damaged > 0 || !strays.empty() || !names_checked ? 1 : 0;
 }
 

@@ -25,6 +25,7 @@
 
 #include "attention/decode.hpp"
 #include "attention/host_prefetch.hpp"
+#include "framework/files.hpp"
 #include "framework/log.hpp"
 #include "framework/cpu_path.hpp"
 #include "framework/machine.hpp"
@@ -92,16 +93,20 @@ ModelSpec parse_model(const ConfigNode& node) {
   spec.overrides.hidden_scale = node.get_or<double>("hidden_scale", 1.0);
   if (!(spec.overrides.hidden_scale > 0 && spec.overrides.hidden_scale <= 1))
     node.fail("hidden_scale", "must be in (0, 1]");
+  const ModelConfig preset = spec.config;
   try {
     spec.config = apply_overrides(spec.config, spec.overrides);
   } catch (const std::invalid_argument& e) {
     node.fail(e.what());
   }
+  // The model as it runs names it: overrides that change nothing (the
+  // preset's own layers) leave the preset's name, so that one model listed
+  // two ways is refused as a repeat instead of measured twice.
   std::ostringstream label;
   label << spec.preset;
-  if (spec.overrides.layers || spec.overrides.hidden_scale != 1.0) {
+  if (spec.config.layers != preset.layers || spec.config.hidden != preset.hidden) {
     label << " (" << spec.config.layers << " layers";
-    if (spec.overrides.hidden_scale != 1.0) label << ", hidden " << spec.config.hidden;
+    if (spec.config.hidden != preset.hidden) label << ", hidden " << spec.config.hidden;
     label << ")";
   }
   spec.label = label.str();
@@ -187,6 +192,19 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
     if (fewest > c.max_total_tokens)
       root.fail("max_total_tokens", "leaves no run: the smallest batch x context is " + std::to_string(fewest) +
                                         " tokens, over " + std::to_string(c.max_total_tokens));
+    // A batch size or context left without any run is most likely a slip: said, not silently dropped.
+    const std::int64_t smallest_batch = *std::min_element(c.batch_sizes.begin(), c.batch_sizes.end()),
+                       shortest = *std::min_element(c.contexts.begin(), c.contexts.end());
+    std::string batches, contexts;
+    for (int batch : c.batch_sizes)
+      if (batch * shortest > c.max_total_tokens) batches += (batches.empty() ? "" : ", ") + std::to_string(batch);
+    for (std::int64_t context : c.contexts)
+      if (smallest_batch * context > c.max_total_tokens)
+        contexts += (contexts.empty() ? "" : ", ") + std::to_string(context);
+    if (!batches.empty() || !contexts.empty())
+      log_warn("config '", c.name, "': max_total_tokens ", c.max_total_tokens, " leaves no run of",
+               batches.empty() ? "" : " batch sizes " + batches, batches.empty() || contexts.empty() ? "" : " and",
+               contexts.empty() ? "" : " contexts " + contexts);
   }
   const ConfigNode budgets = root.child("budgets");
   budgets.allow_only({"vram", "pinned", "host"});
@@ -231,6 +249,12 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
       "max_sequence_tokens", longest, longest, most_batch_tokens / largest_batch,
       "from the longest context plus the warm-up and measured steps to 2^44 tokens over the largest batch, " +
           std::to_string(largest_batch));
+  // The profiling prompt is a sequence the systems hold too: past the planned maximum it would not fit the plan.
+  if (const auto steps = root.optional_child("steps");
+      steps && steps->has("profile_tokens") && c.profile_tokens > c.max_sequence_tokens)
+    steps->fail("profile_tokens", "the profiling prompt (" + std::to_string(c.profile_tokens) +
+                                      " tokens) must fit max_sequence_tokens (" +
+                                      std::to_string(c.max_sequence_tokens) + "), the longest sequence planned for");
   c.repetitions = static_cast<int>(root.get_integer_or("repetitions", 1, 1, 1000));
   c.seed = static_cast<std::uint64_t>(root.get_integer_or("seed", 1, 0, std::numeric_limits<std::int64_t>::max()));
   c.block_tokens = static_cast<int>(root.get_integer_or("block_tokens", 64, 1, 4096));
@@ -391,7 +415,9 @@ std::vector<RunSpec> shard_runs(const std::vector<RunSpec>& runs, const Experime
   for (std::size_t s = 0; s < by_cost.size(); ++s) by_cost[s] = s;
   std::stable_sort(by_cost.begin(), by_cost.end(),
                    [&](std::size_t a, std::size_t b) { return setting_cost[a] > setting_cost[b]; });
-  std::vector<double> load(static_cast<std::size_t>(shard.count), 0.0);
+  // Shards past the settings' count get none (the first least-loaded shard is
+  // always among the first `settings`): no allocation as large as the count.
+  std::vector<double> load(std::max<std::size_t>(1, std::min<std::size_t>(shard.count, setting_cost.size())), 0.0);
   std::vector<bool> mine(setting_cost.size(), false);
   for (std::size_t s : by_cost) {
     const auto least = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
@@ -450,6 +476,10 @@ MachineProfile load_profile_file(const std::string& path) {
 }  // namespace
 
 void create_output_folder(const std::string& option, const std::string& path) {
+  // Checked before any folder is made: "out/" would make out and then be
+  // refused. An existing folder is left to the writer, which names a file to give.
+  if (const std::string why = not_a_file_reason(path); !why.empty() && !std::filesystem::is_directory(path))
+    throw std::invalid_argument(option + " " + path + " " + why + "; give a file name");
   const auto parent = std::filesystem::path(path).parent_path();
   if (parent.empty()) return;
   std::error_code error;
@@ -1141,14 +1171,24 @@ std::string run_damage(const ResultsReader& reader, const std::string& group) {
   }
 }
 
-std::vector<std::string> runs_not_of_the_experiment(const ResultsReader& reader) {
+std::string stray_run_reason(const ResultsReader& reader, const std::string& id, const ExperimentConfig& config,
+                             const std::vector<RunSpec>& runs) {
+  const auto run = std::find_if(runs.begin(), runs.end(), [&](const RunSpec& r) { return r.id() == id; });
+  if (run == runs.end()) return "not a run of the file's experiment";
+  // The settings resume matches runs by: a run edited or copied from another experiment would be measured again.
+  const std::string group = "/runs/" + id;
+  if (reader.has_attribute(group, "config") && reader.string_attribute(group, "config") != run_yaml(config, *run))
+    return "its recorded settings (its 'config') are not those the file's experiment gives this run";
+  return "";
+}
+
+std::map<std::string, std::string> runs_not_of_the_experiment(const ResultsReader& reader) {
   if (reader.has_attribute("/", "predicted") || !reader.exists("/runs")) return {};
   const RecordedExperiment recorded = read_recorded_experiment(reader);
-  std::set<std::string> ids;
-  for (const RunSpec& run : expand_runs(recorded.config, recorded.profile)) ids.insert(run.id());
-  std::vector<std::string> strays;
+  const std::vector<RunSpec> runs = expand_runs(recorded.config, recorded.profile);
+  std::map<std::string, std::string> strays;
   for (const std::string& id : reader.list("/runs"))
-    if (!ids.count(id)) strays.push_back(id);
+    if (std::string why = stray_run_reason(reader, id, recorded.config, runs); !why.empty()) strays[id] = std::move(why);
   return strays;
 }
 
@@ -1286,6 +1326,7 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
       }
     }
     progress.start_run(i, run);
+    const std::string started_utc = utc_time_now();
     const auto started = std::chrono::steady_clock::now();
     RunFailure failure;
     const std::optional<RunResult> result =
@@ -1301,6 +1342,10 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
       written.set_attribute("cpu_decode_path", decode_cpu_path.at(run.model->label));
       written.set_attribute("next_pass_prefetch", next_pass_prefetch.at(run.model->label));
       written.set_attribute("token_major_pass", token_major_pass.at(run.model->label));
+      // When and by which command: runs compared in one file may come from several processes.
+      written.set_attribute("started", started_utc);
+      written.set_attribute("finished", utc_time_now());
+      if (!options.command.empty()) written.set_attribute("command", options.command);
       written.set_attribute("checksum", written.checksum());
       txn.commit();
       resume.another_setup = 0;
@@ -1448,6 +1493,8 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
                                     "; run its shard again (it measures damaged runs again), or pass --drop-damaged "
                                     "to leave it out");
       }
+      if (const std::string why = stray_run_reason(readers[i], id, recorded.config, runs); !why.empty())
+        throw std::invalid_argument("merge: " + inputs[i] + ": run '" + id + "': " + why);
       const auto [at, added] = source.emplace(id, i);
       if (!added && text(readers[at->second], group, "checksum") != text(readers[i], group, "checksum"))
         throw std::invalid_argument("merge: run '" + id + "' is in " + inputs[at->second] + " and " + inputs[i] +

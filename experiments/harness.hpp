@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <iosfwd>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -130,6 +131,9 @@ struct RunOptions {
   Shard shard;
   /// Off a terminal, the least time between two progress lines within a run.
   double progress_line_seconds = 30;
+  /// The command line that runs the experiment, recorded with each run it
+  /// measures (a resumed file's runs come from several).
+  std::string command;
 };
 
 /// A warning where this process runs `host_threads` host threads and
@@ -169,8 +173,9 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
                                        const MergeOptions& options = {});
 
 /// Creates the folder of the output file `path` where it is missing (`run`,
-/// `predict` and `calibrate` do); std::invalid_argument naming `option` and
-/// the system's reason where it cannot be.
+/// `predict`, `merge` and `calibrate` do); std::invalid_argument naming
+/// `option` and the system's reason where it cannot be, or, before making
+/// anything, where `path` cannot be a file (ends in '/', a pipe or device).
 void create_output_folder(const std::string& option, const std::string& path);
 
 class ResultsReader;
@@ -180,9 +185,15 @@ class ResultsReader;
 /// read); "" if it can, or if it predates checksums.
 std::string run_damage(const ResultsReader& reader, const std::string& group);
 
+/// Why run group `id` of `reader` is no run of `config`, whose runs are
+/// `runs` (expand_runs), or "" where it is one: no run has its id (renamed,
+/// added by hand), or its recorded settings, which resume matches runs by,
+/// are not those the experiment gives it (edited, or of another experiment).
+std::string stray_run_reason(const ResultsReader& reader, const std::string& id, const ExperimentConfig& config,
+                             const std::vector<RunSpec>& runs);
 /// The run groups of a measured results file that are no run of its
-/// recorded experiment (renamed, or added by hand).
-std::vector<std::string> runs_not_of_the_experiment(const ResultsReader& reader);
+/// recorded experiment, each with stray_run_reason.
+std::map<std::string, std::string> runs_not_of_the_experiment(const ResultsReader& reader);
 
 /// The experiment a measured results file records (its canonical config, or
 /// the config as written in files that predate it) and the profile its runs

@@ -51,6 +51,15 @@ LogLevel parse_log_level(std::string_view name) {
 void set_log_level(LogLevel level) { current_level().store(level); }
 LogLevel log_level() { return current_level().load(); }
 
+std::string utc_time_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32] = {};
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
 void log_message(LogLevel level, std::string_view message) {
   const auto now = std::chrono::system_clock::now();
   const std::time_t seconds = std::chrono::system_clock::to_time_t(now);

@@ -18,6 +18,8 @@ LogLevel parse_log_level(std::string_view name);
 void set_log_level(LogLevel level);
 LogLevel log_level();
 void log_message(LogLevel level, std::string_view message);
+/// Now in UTC, ISO 8601 to the second ("2026-12-07T01:23:45Z"): results' time stamps.
+std::string utc_time_now();
 
 namespace impl {
 template <class... Args>

@@ -5,7 +5,8 @@
 #   scripts/gpu_check.sh           on the GPU machine, over a carried gpu-bundle.tar.xz
 #                                  (scripts/gpu_bundle.sh builds it here)
 #   scripts/gpu_check.sh --host    the same stages on this machine's host build
-#                                  (build/host, or $WRITESCOPE_BUILD), in about a minute
+#                                  (build/host, or $WRITESCOPE_BUILD), in 5-10 minutes
+#                                  on a 2-core host
 #
 # Stages: 1 smoke   `writescope info` and the attention and execution-space
 #                   tests on the accelerator's space alone (Cuda; OpenMP with
@@ -35,8 +36,10 @@
 # this tree's sources (sources.sha256 in the bundle); a stale one measures
 # other code.
 # WRITESCOPE_GPU_CHECK_STAGES (e.g. "smoke,tests,benchmarks") runs a subset, in
-# order; WRITESCOPE_BENCHMARK_FILTER and WRITESCOPE_HOST_KERNEL_FILTER replace
-# stages 5 and 6's benchmark regexes. WRITESCOPE_GPU_CHECK_SECONDS (default
+# order (a name that is no stage is an error, before anything runs);
+# WRITESCOPE_BENCHMARK_FILTER and WRITESCOPE_HOST_KERNEL_FILTER replace
+# stages 5 and 6's benchmark regexes (a stage whose filter matches no
+# benchmark fails). WRITESCOPE_GPU_CHECK_SECONDS (default
 # 540; 1200 with --host) bounds the whole check: a stage's limit is cut to
 # what is left of it and a stage with under 15 s left is skipped, so that the
 # results are packed before the device tool's 600 s per call run out.
@@ -47,11 +50,22 @@
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mode=gpu
+usage() { echo "usage: scripts/gpu_check.sh [--host]" >&2; exit 2; }
+[ $# -le 1 ] || usage
 case "${1:-}" in
   --host) mode=host ;;
   "") ;;
-  *) echo "usage: scripts/gpu_check.sh [--host]" >&2; exit 2 ;;
+  *) usage ;;
 esac
+# Stage names checked before anything runs: a typo would cost device time and pass with nothing run.
+all_stages=smoke,tests,calibrate,slice,benchmarks,host_kernels
+stages=${WRITESCOPE_GPU_CHECK_STAGES:-$all_stages}
+for stage in ${stages//,/ }; do
+  case ",$all_stages," in
+    *",$stage,"*) ;;
+    *) echo "gpu_check: WRITESCOPE_GPU_CHECK_STAGES names '$stage', not a stage; stages: $all_stages" >&2; exit 2 ;;
+  esac
+done
 # The host build's stages have longer limits (a 2-core CI machine).
 budget=${WRITESCOPE_GPU_CHECK_SECONDS:-$([ "$mode" = gpu ] && echo 540 || echo 1200)}
 case $budget in
@@ -60,8 +74,7 @@ case $budget in
 esac
 check_started=$(date +%s)
 out=${OUT:-$repo/gpu-results}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+mkdir -p "$out" && out=$(cd "$out" && pwd) || { echo "gpu_check: OUT=$out cannot be made a folder" >&2; exit 2; }
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 work=$scratch/gpu-check
@@ -151,21 +164,31 @@ stage_calibrate() {
   [ -n "$threads" ] && [ "$threads" -gt 1 ] && counts="--thread-counts 1,$threads"
   "$writescope" calibrate --output "$work/profile.yaml" $counts
 }
+# Whether $1 (a benchmark run's JSON) holds a run: a filter that matches
+# nothing exits 0 with no runs, which is no measurement.
+benchmarks_ran() {
+  grep -q '"run_name"' "$1" 2>/dev/null && return 0
+  echo "gpu_check: no benchmark in $(basename "$1") (the filter '$2' matched none)"
+  return 1
+}
 stage_benchmarks() {
   libraries_found "$benchmarks" || return 1
   "$benchmarks" --benchmark_filter="$bench_filter" --benchmark_min_time=0.1 \
-    --benchmark_out="$work/benchmarks.json" --benchmark_out_format=json
+    --benchmark_out="$work/benchmarks.json" --benchmark_out_format=json || return 1
+  benchmarks_ran "$work/benchmarks.json" "$bench_filter"
 }
 stage_host_kernels() {
   libraries_found "$benchmarks" || return 1
   "$benchmarks" --benchmark_filter="$host_kernel_filter" --benchmark_min_time=0.1 \
     --benchmark_out="$work/host_kernels.json" --benchmark_out_format=json || return 1
+  benchmarks_ran "$work/host_kernels.json" "$host_kernel_filter" || return 1
   # Where the tiles run, their kernels again on the vector path: the tiles' gain in one run.
   local vector
   vector=$(sed -n 's/^ *amx_bf16: .* the other kernels on \([a-z0-9_]*\)$/\1/p' "$work/info.txt")
   [ -n "$vector" ] || return 0
   WRITESCOPE_CPU_PATH=$vector "$benchmarks" --benchmark_filter="$vector_kernel_filter" --benchmark_min_time=0.1 \
-    --benchmark_out="$work/host_kernels_vector.json" --benchmark_out_format=json
+    --benchmark_out="$work/host_kernels_vector.json" --benchmark_out_format=json || return 1
+  benchmarks_ran "$work/host_kernels_vector.json" "$vector_kernel_filter"
 }
 stage_slice() {
   # The host build drives its "GPU" share from a thread of its own, as a CUDA build does.
@@ -180,13 +203,13 @@ stage_slice() {
   done
   echo "gpu_check: no Python 3 with h5py, matplotlib and numpy: report skipped (slice.h5 is in the archive)"
 }
-export -f libraries_found stage_smoke stage_tests stage_calibrate stage_benchmarks stage_host_kernels stage_slice
+export -f libraries_found benchmarks_ran stage_smoke stage_tests stage_calibrate stage_benchmarks stage_host_kernels stage_slice
 
 : >"$work/stages.txt"
 failed=
 for entry in "${limits[@]}"; do
   name=${entry%%:*} limit=${entry##*:}
-  case ",${WRITESCOPE_GPU_CHECK_STAGES:-smoke,tests,calibrate,benchmarks,host_kernels,slice}," in
+  case ",$stages," in
     *",$name,"*) ;;
     *) continue ;;
   esac

@@ -20,11 +20,27 @@ import sys
 import xml.etree.ElementTree as ElementTree
 
 
+def stage_outcome(folder, stage):
+    """Why a stage left no file: its line in stages.txt (`name result seconds limit ...`), or that it did not run."""
+    try:
+        with open(os.path.join(folder, "stages.txt")) as stages:
+            for line in stages:
+                fields = line.split()
+                if fields and fields[0] == stage:
+                    return f"the stage {fields[1]}" if len(fields) > 1 and fields[1] != "passed" else "the stage passed"
+    except OSError:
+        pass
+    return "the stage did not run"
+
+
 def tests_section(folder, name):
     path = os.path.join(folder, name + ".xml")
     if not os.path.exists(path):
-        return [f"{name}: no {name}.xml (the stage did not finish)"]
-    root = ElementTree.parse(path).getroot()
+        return [f"{name}: no {name}.xml ({stage_outcome(folder, name)})"]
+    try:
+        root = ElementTree.parse(path).getroot()
+    except ElementTree.ParseError as error:
+        return [f"{name}: {name}.xml could not be read ({error}; {stage_outcome(folder, name)})"]
     failed = [f"{case.get('classname')}.{case.get('name')}" for case in root.iter("testcase")
               if case.find("failure") is not None or case.find("error") is not None]
     lines = [f"{name}: {root.get('tests')} tests, {len(failed)} failed, {root.get('disabled', 0)} disabled, "
@@ -60,16 +76,36 @@ def profile_section(folder):
     keys = ("hbm_gbps", "pinned_h2d_gbps", "pageable_h2d_gbps", "chunk_bytes", "dram_read_gbps", "fma_glanes",
             "gemv_gbps", "threads", "path")
     return matching_lines(os.path.join(folder, "profile.yaml"), "profile (writescope calibrate):",
-                          tuple(key + ":" for key in keys), "profile: no profile.yaml (calibrate did not finish)")
+                          tuple(key + ":" for key in keys),
+                          f"profile: no profile.yaml ({stage_outcome(folder, 'calibrate')})")
 
 
 def benchmark_runs(folder, name):
-    """The iteration runs of FOLDER/name.json, or None where it is missing."""
+    """(The iteration runs of FOLDER/name.json, lines on what was left out), or None where it is missing.
+
+    A stage cut short leaves the file without its end: the runs written
+    before the cut are read. Runs that report an error (no counters) are
+    named and left out."""
     path = os.path.join(folder, name + ".json")
     if not os.path.exists(path):
         return None
     with open(path) as source:
-        return [b for b in json.load(source).get("benchmarks", []) if b.get("run_type") == "iteration"]
+        text = source.read()
+    notes = []
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        # Google Benchmark writes each run as it ends, as "    {...}" in the "benchmarks" list.
+        end = text.rfind("\n    }")
+        try:
+            document = json.loads(text[:end + len("\n    }")] + "\n  ]\n}")
+        except json.JSONDecodeError:
+            raise ValueError(f"{name}.json is not JSON ({error})") from None
+        notes.append(f"  {name}.json was cut short ({error}): the runs before the cut are read")
+    runs = [b for b in document.get("benchmarks", []) if b.get("run_type") == "iteration"]
+    failed = [b for b in runs if b.get("error_occurred")]
+    notes += [f"  ERROR {b['name']}: {b.get('error_message', '?')}" for b in failed]
+    return [b for b in runs if not b.get("error_occurred")], notes
 
 
 def host_roofline_line(name, b):
@@ -87,11 +123,12 @@ def l2_context(b):
 
 
 def benchmark_section(folder):
-    runs = benchmark_runs(folder, "benchmarks")
-    if runs is None:
-        return ["benchmarks: no benchmarks.json"]
+    read = benchmark_runs(folder, "benchmarks")
+    if read is None:
+        return [f"benchmarks: no benchmarks.json ({stage_outcome(folder, 'benchmarks')})"]
+    runs, notes = read
     by_name = {b["name"]: b for b in runs}
-    lines = ["bounds (GB/s, this run):"]
+    lines = notes + ["bounds (GB/s, this run):"]
     for name in ("pcie/pinned_h2d/1024/manual_time", "pcie/pinned_d2h/1024/manual_time",
                  "pcie/pageable_h2d/1024/manual_time", "hbm/device_to_device/1024/manual_time",
                  "host_dram/read/1024/manual_time"):
@@ -127,12 +164,14 @@ def benchmark_section(folder):
 
 
 def host_kernel_section(folder):
-    runs = benchmark_runs(folder, "host_kernels")
-    if runs is None:
-        return ["host kernels: no host_kernels.json"]
-    lines = ["host kernels (GB/s; CPU decode from the last-level cache against its compute roof alone):"]
+    read = benchmark_runs(folder, "host_kernels")
+    if read is None:
+        return [f"host kernels: no host_kernels.json ({stage_outcome(folder, 'host_kernels')})"]
+    runs, notes = read
     # Where decode ran on AMX tiles, the stage ran those kernels again on the vector path.
-    vector_runs = benchmark_runs(folder, "host_kernels_vector") or []
+    vector_runs, vector_notes = benchmark_runs(folder, "host_kernels_vector") or ([], [])
+    lines = notes + vector_notes + [
+        "host kernels (GB/s; CPU decode from the last-level cache against its compute roof alone):"]
     for b in runs + vector_runs:
         name = b["name"].replace("/manual_time", "")
         if name.startswith(("expert_linear/", "cpu_experts/", "cpu_decode/")):
@@ -152,7 +191,7 @@ def host_kernel_section(folder):
 def slice_section(folder):
     path = os.path.join(folder, "slice.h5")
     if not os.path.exists(path):
-        return ["slice: no slice.h5"]
+        return [f"slice: no slice.h5 ({stage_outcome(folder, 'slice')})"]
     try:
         import h5py
         import numpy
@@ -211,13 +250,18 @@ def main():
     if len(sys.argv) != 2:
         sys.exit("usage: gpu_check_summary.py FOLDER")
     folder = sys.argv[1]
-    sections = [info_section, lambda f: tests_section(f, "smoke"), lambda f: tests_section(f, "tests"),
-                profile_section, benchmark_section, host_kernel_section, slice_section]
-    for section in sections:
+    if not os.path.isdir(folder):
+        print(f"gpu_check_summary.py: {folder} is not a folder (a gpu_check folder: scripts/gpu_check.sh)",
+              file=sys.stderr)
+        sys.exit(2)
+    sections = [("machine", info_section), ("smoke", lambda f: tests_section(f, "smoke")),
+                ("tests", lambda f: tests_section(f, "tests")), ("profile", profile_section),
+                ("benchmarks", benchmark_section), ("host kernels", host_kernel_section), ("slice", slice_section)]
+    for title, section in sections:
         try:
             lines = section(folder)
         except Exception as error:  # one damaged file must not hide the others' figures
-            lines = [f"{getattr(section, '__name__', 'section')}: could not be read: {error!r}"]
+            lines = [f"{title}: could not be read: {error!r}"]
         print("\n".join(lines))
 
 

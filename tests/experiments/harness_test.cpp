@@ -10,6 +10,8 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <limits>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -150,6 +152,11 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
       replaced(base, "[{preset: tiny-mixtral}]", "[{preset: tiny-mixtral}, {preset: tiny-mixtral}]");
   EXPECT_NE(error_of(same_model).find("field 'models': entries 1 and 2 are both 'tiny-mixtral'"), std::string::npos)
       << error_of(same_model);
+  const std::string same_model_two_ways =
+      replaced(base, "[{preset: tiny-mixtral}]", "[{preset: tiny-mixtral}, {preset: tiny-mixtral, layers: 2}]");
+  EXPECT_NE(error_of(same_model_two_ways).find("field 'models': entries 1 and 2 are both 'tiny-mixtral'"),
+            std::string::npos)
+      << error_of(same_model_two_ways);
   std::string bad_batch = base;
   bad_batch.replace(bad_batch.find("batch_sizes: [1]"), 16, "batch_sizes: [0]");
   EXPECT_NE(error_of(bad_batch + "systems: [gpu-only]\n").find("batch_sizes"), std::string::npos);
@@ -199,6 +206,22 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
             std::string::npos)
       << error_of(base + "systems: [gpu-only]\nmax_total_tokens: 7\n");
   EXPECT_EQ(error_of(base + "systems: [gpu-only]\nmax_total_tokens: 8\n"), "no error");
+  // A batch size or context that max_total_tokens leaves without a run is said.
+  ::testing::internal::CaptureStderr();
+  std::string dropping = base;
+  dropping.replace(dropping.find("batch_sizes: [1]"), 16, "batch_sizes: [1, 4, 8]");
+  dropping.replace(dropping.find("contexts: [8]"), 13, "contexts: [8, 16, 40]");
+  EXPECT_EQ(error_of(dropping + "systems: [gpu-only]\nmax_total_tokens: 32\n"), "no error");
+  const std::string dropped = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(dropped.find("config 'x': max_total_tokens 32 leaves no run of batch sizes 8 and contexts 40"),
+            std::string::npos)
+      << dropped;
+  // The profiling prompt is a sequence of the plan: at most max_sequence_tokens.
+  EXPECT_NE(error_of(base + "systems: [fiddler]\nsteps: {profile_tokens: 65}\n")
+                .find("field 'steps.profile_tokens': the profiling prompt (65 tokens) must fit max_sequence_tokens (64)"),
+            std::string::npos)
+      << error_of(base + "systems: [fiddler]\nsteps: {profile_tokens: 65}\n");
+  EXPECT_EQ(error_of(base + "systems: [fiddler]\nsteps: {profile_tokens: 64}\n"), "no error");
   EXPECT_NE(error_of(base + "systems: [fiddler]\nsteps: {profile_tokens: 0}\n").find("profile_tokens"),
             std::string::npos);
   const std::string past_int = base + "systems: [gpu-only]\nsteps: {measured: 99999999999}\n";
@@ -252,7 +275,9 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
                           [](const RunSpec& r) { return r.system == "writescope" && r.system_comparison; }),
             4);
   std::ostringstream progress;
-  const ExperimentSummary first = run_experiment(experiment, test::tiny_profile(), progress, false);
+  RunOptions options;
+  options.command = "writescope run 'test experiment.yaml'";
+  const ExperimentSummary first = run_experiment(experiment, test::tiny_profile(), progress, false, options);
   EXPECT_EQ(first.failed, 0) << progress.str();
   EXPECT_GT(first.complete, 0);
   EXPECT_NE(progress.str().find("run 1/" + std::to_string(runs.size()) + ": tiny-mixtral ktransformers b2 24"),
@@ -279,6 +304,13 @@ TEST_F(HarnessTest, WritesTheSchemaAndResumes) {
     EXPECT_EQ(reader.string_attribute(g, "cpu_decode_path"), path_of_run.at(name)) << g;
     EXPECT_EQ(reader.string_attribute(g, "next_pass_prefetch"), next_pass_of_run.at(name)) << g;
     EXPECT_EQ(reader.string_attribute(g, "token_major_pass"), token_major_pass_of_run.at(name)) << g;
+    // When and by which command each run was measured.
+    EXPECT_EQ(reader.string_attribute(g, "command"), options.command) << g;
+    const std::regex utc("20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]Z");
+    const std::string started = reader.string_attribute(g, "started"), finished = reader.string_attribute(g, "finished");
+    EXPECT_TRUE(std::regex_match(started, utc)) << started;
+    EXPECT_TRUE(std::regex_match(finished, utc)) << finished;
+    EXPECT_LE(started, finished) << g;
     const std::string status = reader.string_attribute(g, "status");
     if (status != "complete") {
       EXPECT_EQ(status, "does_not_fit") << g;
@@ -568,21 +600,32 @@ TEST(AttemptRun, AnAllocationTheMachineRefusesDoesNotFit) {
   EXPECT_EQ(failure.reason, "two lines");
 }
 
-// A run group renamed by hand is no run of the experiment: verify names it.
+// A run group renamed by hand is no run of the experiment, nor is one whose
+// recorded settings are not the experiment's (which resume would measure
+// again): verify names both.
 TEST_F(HarnessTest, RunsNotOfTheExperimentAreNamed) {
-  const std::string yaml = small_yaml("strays", "[gpu-only]");
+  const std::string yaml = small_yaml("strays");
   std::ostringstream quiet;
   run_experiment(ExperimentConfig::from_config(ConfigNode::parse(yaml, "strays.yaml")), test::tiny_profile(), quiet,
                  false);
-  EXPECT_EQ(runs_not_of_the_experiment(ResultsReader(output_)), std::vector<std::string>{});
-  const std::string run = ResultsReader(output_).list("/runs").front();
+  using Strays = std::map<std::string, std::string>;
+  EXPECT_EQ(runs_not_of_the_experiment(ResultsReader(output_)), Strays{});
+  const std::vector<std::string> runs = ResultsReader(output_).list("/runs");
+  ASSERT_GE(runs.size(), 2u);
   {
     ResultsStore store(output_);
     auto txn = store.begin();
-    txn.root().open_group("runs").copy_group(ResultsReader(output_), "/runs/" + run, "renamed");
+    txn.root().open_group("runs").copy_group(ResultsReader(output_), "/runs/" + runs[0], "renamed");
+    const std::string settings = ResultsReader(output_).string_attribute("/runs/" + runs[1], "config");
+    const std::size_t seed = settings.find("seed: 1");
+    ASSERT_NE(seed, std::string::npos) << settings;
+    txn.root().open_group("runs").open_group(runs[1]).set_attribute(
+        "config", settings.substr(0, seed) + "seed: 5" + settings.substr(seed + 7));
     txn.commit();
   }
-  EXPECT_EQ(runs_not_of_the_experiment(ResultsReader(output_)), std::vector<std::string>{"renamed"});
+  EXPECT_EQ(runs_not_of_the_experiment(ResultsReader(output_)),
+            (Strays{{"renamed", "not a run of the file's experiment"},
+                    {runs[1], "its recorded settings (its 'config') are not those the file's experiment gives this run"}}));
 }
 
 // Resume keeps a file honest: a comment-only edit is the same experiment and
@@ -911,6 +954,20 @@ TEST(Shard, SharesAreDisjointCoverTheRunsAndBalanceTheirPredictedCost) {
     // Greedy by cost: no share exceeds another by more than one setting's cost.
     EXPECT_LE(*std::max_element(load.begin(), load.end()) - *std::min_element(load.begin(), load.end()), largest);
   }
+  // More shards than settings: the first shards take a setting each, the rest
+  // none; a count as large as --shard takes (2^31 - 1) costs nothing per shard.
+  std::set<std::string> settings;
+  for (const RunSpec& run : runs) settings.insert(setting(run));
+  const int count = static_cast<int>(settings.size());
+  for (int index = 0; index < count; ++index) {
+    std::vector<std::string> few, many;
+    for (const RunSpec& run : shard_runs(runs, config, profile, Shard{index, count})) few.push_back(run.id());
+    for (const RunSpec& run : shard_runs(runs, config, profile, Shard{index, std::numeric_limits<int>::max()}))
+      many.push_back(run.id());
+    EXPECT_FALSE(few.empty()) << index;
+    EXPECT_EQ(many, few) << index;
+  }
+  EXPECT_TRUE(shard_runs(runs, config, profile, Shard{count, std::numeric_limits<int>::max()}).empty());
   // Cost, not count: a 64K-token run predicts more than a 1K one.
   RunSpec small = runs.front(), large = runs.front();
   small.context = 1024;

@@ -82,7 +82,7 @@ two_files "$out" || fail "expected 2 files after a check out of time"
 amx=$scratch/amx
 stand_in_build "$amx" 'case "$1" in info) echo "  amx_bf16: decode attention and the bf16 linear layer on AMX tiles; the other kernels on avx512_fma" ;; esac
 for arg; do case "$arg" in --benchmark_out=*)
-  printf "{\"context\": {\"cpu_path\": \"%s\", \"filter\": \"%s\"}, \"benchmarks\": []}\n" "${WRITESCOPE_CPU_PATH:-}" "$1" >"${arg#--benchmark_out=}" ;;
+  printf "{\"context\": {\"cpu_path\": \"%s\", \"filter\": \"%s\"}, \"benchmarks\": [{\"name\": \"stand-in\", \"run_name\": \"stand-in\", \"run_type\": \"iteration\"}]}\n" "${WRITESCOPE_CPU_PATH:-}" "$1" >"${arg#--benchmark_out=}" ;;
 esac; done'
 out=$scratch/out-amx
 OUT=$out WRITESCOPE_BUILD=$amx WRITESCOPE_GPU_CHECK_STAGES=smoke,host_kernels "$repo/scripts/gpu_check.sh" --host \
@@ -137,4 +137,37 @@ fi
 grep -q "WRITESCOPE_GPU_CHECK_SECONDS must be a whole number of seconds, not '5m'" <<<"$message" ||
   fail "the bad budget's error does not name it: $message"
 [ -e "$scratch/out-bad" ] && fail "a check with a bad budget wrote $scratch/out-bad"
+# Mistakes that would cost a device call are refused before anything runs:
+# a stage name that is no stage, a second argument, an OUT that cannot be a folder.
+for mistake in "STAGES=smoke,bench" "ARGUMENT=--host extra" "OUT=$scratch/two_files_of_out/sub"; do
+  stages=smoke arguments=--host out=$scratch/out-mistake
+  case $mistake in
+    STAGES=*) stages=${mistake#STAGES=} ;;
+    ARGUMENT=*) arguments=${mistake#ARGUMENT=} ;;
+    OUT=*) out=${mistake#OUT=} ;;
+  esac
+  touch "$scratch/two_files_of_out"
+  # shellcheck disable=SC2086 # the arguments split as a shell gives them
+  message=$(OUT=$out WRITESCOPE_BUILD=$slow WRITESCOPE_GPU_CHECK_STAGES=$stages "$repo/scripts/gpu_check.sh" $arguments 2>&1)
+  status=$?
+  [ "$status" -eq 2 ] || fail "$mistake: exit status $status, not 2: $message"
+  [ -e "$scratch/out-mistake" ] && fail "$mistake: it wrote $scratch/out-mistake"
+  grep -q "sleep\|stage smoke" <<<"$message" && fail "$mistake: a stage ran: $message"
+done
+grep -q "names 'bench', not a stage; stages: smoke,tests" <<<"$(OUT=$scratch/out-mistake WRITESCOPE_GPU_CHECK_STAGES=bench \
+  "$repo/scripts/gpu_check.sh" --host 2>&1)" || fail "an unknown stage's error does not name it"
+# A benchmark filter that matches nothing: Google Benchmark exits 0 with no
+# runs; the stage fails, and the summary says the file holds none.
+empty=$scratch/empty
+stand_in_build "$empty" 'for arg; do case "$arg" in --benchmark_out=*) echo "{\"benchmarks\": []}" >"${arg#--benchmark_out=}" ;; esac; done'
+out=$scratch/out-empty
+if OUT=$out WRITESCOPE_BUILD=$empty WRITESCOPE_GPU_CHECK_STAGES=smoke,benchmarks "$repo/scripts/gpu_check.sh" --host \
+     >"$scratch/empty.log" 2>&1; then
+  fail "a benchmarks stage that ran no benchmark exited 0"
+fi
+grep -q "^  benchmarks failed " "$out/summary.txt" || fail "the benchmarks stage without runs is not reported failed"
+tar -xzOf "$out/gpu-check.tar.gz" gpu-check/benchmarks.log | grep -q "no benchmark in benchmarks.json (the filter" ||
+  fail "the benchmarks stage does not say its filter matched none"
+grep -q "^profile: no profile.yaml (the stage did not run)" "$out/summary.txt" ||
+  fail "the summary does not say calibrate did not run"
 echo "gpu_check_host: passed"
