@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "framework/concurrent.hpp"
+#include "framework/spaces.hpp"
 
 #ifdef KOKKOS_ENABLE_CUDA
 #include <cuda_runtime.h>
@@ -25,6 +26,10 @@ namespace writescope {
 namespace {
 
 std::string placement = "OpenMP placement from the environment";
+/// Where place_openmp_threads pinned OpenMP thread t: placed_cpus[t % size]
+/// (empty: not placed here), beside the GPU driver's CPU (-1: none).
+std::vector<int> placed_cpus;
+int placed_driver_cpu = -1;
 
 /// Gives OpenMP every start-up CPU but the GPU driver's (-1: none), one
 /// thread pinned to each, before Kokkos starts its thread pool (which then
@@ -41,8 +46,8 @@ void place_openmp_threads(int driver_cpu) {
     CPU_SET(cpus[static_cast<std::size_t>(omp_get_thread_num()) % cpus.size()], &set);
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
   }
-  placement = "OpenMP threads pinned by WriteScope to " + openmp_places_without(startup_cpus(), driver_cpu);
-  if (driver_cpu >= 0) placement = "GPU driver on CPU " + std::to_string(driver_cpu) + "; " + placement;
+  placed_cpus = cpus;
+  placed_driver_cpu = driver_cpu;
 }
 
 /// `text` as an integer in [least, most], or nullopt.
@@ -119,8 +124,18 @@ void check_kokkos_arguments(int argc, char* argv[]) {
 }  // namespace
 
 std::string thread_placement() {
+  std::string text = placement;
+  if (!placed_cpus.empty()) {
+    // The CPUs of the threads Kokkos runs: --kokkos-threads may take fewer than were pinned.
+    const std::size_t threads =
+        Kokkos::is_initialized() ? static_cast<std::size_t>(HostExecSpace().concurrency()) : placed_cpus.size();
+    const std::vector<int> used(placed_cpus.begin(),
+                                placed_cpus.begin() + static_cast<std::ptrdiff_t>(std::min(threads, placed_cpus.size())));
+    text = "OpenMP threads pinned by WriteScope to " + openmp_places_without(used, -1);
+    if (placed_driver_cpu >= 0) text = "GPU driver on CPU " + std::to_string(placed_driver_cpu) + "; " + text;
+  }
   // The GPU's share on a worker in a host build runs its kernels serially on that worker (concurrent.hpp).
-  return placement + (!has_gpu && gpu_worker_thread() ? "; the GPU's share of a step on a worker thread" : "");
+  return text + (!has_gpu && gpu_worker_thread() ? "; the GPU's share of a step on a worker thread" : "");
 }
 
 Runtime::Runtime(int& argc, char* argv[]) {
