@@ -469,29 +469,33 @@ std::vector<int> prompt_tokens(std::map<std::string, std::string>& options, int 
   return ids.finish();
 }
 
-/// The signal that asked a generation to stop (SIGINT, SIGTERM), 0 while none
-/// did: lock-free, so the handler may set it and any thread read it.
-std::atomic<int> generation_stop_signal{0};
+/// The signal that asked a generation or an experiment to stop (SIGINT,
+/// SIGTERM), 0 while none did: lock-free, so the handler may set it and any
+/// thread read it.
+std::atomic<int> stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free);
-extern "C" void ask_generation_to_stop(int signal) {
-  generation_stop_signal.store(signal);
+/// What the handler writes when asked: set before the handler is installed.
+const char* volatile stop_notice = "";
+extern "C" void ask_to_stop(int signal) {
+  stop_signal.store(signal);
   // write(2) is safe in a handler; the log is not.
-  static const char said[] = "\ngenerate: stopping after the step in progress (again to stop at once)\n";
-  const ssize_t ignored = ::write(STDERR_FILENO, said, sizeof said - 1);
+  const char* notice = stop_notice;
+  const ssize_t ignored = ::write(STDERR_FILENO, notice, std::strlen(notice));
   (void)ignored;
 }
 
-/// While alive: SIGINT and SIGTERM ask the generation to stop after the
-/// step in progress, keeping its logits (a second one kills, as before), and
-/// SIGPIPE is ignored, so that a closed standard output shows as a failed
-/// write (`generate ... | head`) instead of killing the process with nothing
-/// committed.
-class GenerationSignals {
+/// While alive: SIGINT and SIGTERM set stop_signal and write `notice` (the
+/// command stops at its next step or run, keeping what it wrote; a second
+/// one kills, as before), and SIGPIPE is ignored, so that a closed standard
+/// output shows as a failed write (`generate ... | head`) instead of killing
+/// the process with nothing committed.
+class StopSignals {
  public:
-  GenerationSignals() {
-    generation_stop_signal.store(0);
+  explicit StopSignals(const char* notice) {
+    stop_signal.store(0);
+    stop_notice = notice;
     struct sigaction stop {};
-    stop.sa_handler = ask_generation_to_stop;
+    stop.sa_handler = ask_to_stop;
     // Writes blocked on a full pipe go on (no EINTR taken for a closed output).
     stop.sa_flags = SA_RESETHAND | SA_RESTART;
     sigemptyset(&stop.sa_mask);
@@ -502,13 +506,13 @@ class GenerationSignals {
     sigemptyset(&ignore.sa_mask);
     sigaction(SIGPIPE, &ignore, &pipe_);
   }
-  ~GenerationSignals() {
+  ~StopSignals() {
     sigaction(SIGINT, &interrupt_, nullptr);
     sigaction(SIGTERM, &terminate_, nullptr);
     sigaction(SIGPIPE, &pipe_, nullptr);
   }
-  GenerationSignals(const GenerationSignals&) = delete;
-  GenerationSignals& operator=(const GenerationSignals&) = delete;
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
 
  private:
   struct sigaction interrupt_ {}, terminate_ {}, pipe_ {};
@@ -522,7 +526,7 @@ struct GenerationStopped {
 
 /// Throws GenerationStopped where a signal asked the generation to stop.
 void stop_if_asked() {
-  if (const int signal = generation_stop_signal.load(); signal != 0)
+  if (const int signal = stop_signal.load(); signal != 0)
     throw GenerationStopped{std::string("stopped by ") + (signal == SIGINT ? "SIGINT" : "SIGTERM"), 128 + signal};
 }
 
@@ -546,7 +550,7 @@ std::string command_line(const std::string& command, const std::vector<std::stri
 
 int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   // From the start: a Ctrl-C while the model is built stops it at its first step.
-  const GenerationSignals signals;
+  const StopSignals signals("\ngenerate: stopping after the step in progress (again to stop at once)\n");
   auto options = parse_options("generate", args,
                                {"--model", "--prompt", "--prompt-file", "--new-tokens", "--layers", "--hidden-scale",
                                 "--seed", "--block-tokens", "--chunk-tokens", "--mla-form", "--host-budget",
@@ -886,8 +890,12 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
   if (args.front().rfind("--", 0) == 0)
     throw UsageError("run: the experiment config comes first (run CONFIG.yaml [options]), got '" + args.front() + "'");
   std::vector<std::string> rest(args.begin() + 1, args.end());
+  // From the start: a Ctrl-C while the first run is set up stops the experiment after it.
+  const StopSignals signals(
+      "\nrun: stopping after the run in progress; the runs written are kept (again to stop at once)\n");
   RunOptions run_options;
   run_options.command = command_line("run", args);
+  run_options.stop = &stop_signal;
   if (const auto flag = std::find(rest.begin(), rest.end(), "--allow-different-machine"); flag != rest.end()) {
     run_options.allow_different_machine = true;
     rest.erase(flag);
@@ -925,7 +933,11 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
            config.output, " (profile ", profile.name, ")");
   const ExperimentSummary summary = run_experiment(config, profile, std::cerr, isatty(STDERR_FILENO) != 0, run_options);
   out << config.output << ": " << summary.complete << " complete, " << summary.did_not_fit << " did not fit, "
-      << summary.failed << " failed, " << summary.skipped << " already in the file\n";
+      << summary.failed << " failed, " << summary.skipped << " already in the file"
+      << (summary.stopped_by != 0 ? std::string(", stopped by ") + (summary.stopped_by == SIGINT ? "SIGINT" : "SIGTERM")
+                                  : std::string())
+      << "\n";
+  if (summary.stopped_by != 0) return 128 + summary.stopped_by;
   return summary.failed > 0 ? 1 : 0;
 }
 

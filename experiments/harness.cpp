@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -1289,6 +1290,12 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
   ExpertCache expert_cache;
   ExperimentSummary summary;
   for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (const int signal = options.stop ? options.stop->load() : 0; signal != 0) {
+      summary.stopped_by = signal;
+      progress_out << "run: stopped by " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << " before run " << i + 1 << "/"
+                   << runs.size() << "; the file keeps the runs written: the same command resumes it" << std::endl;
+      break;
+    }
     const RunSpec& run = runs[i];
     const std::string id = run.id();
     // Resume: a run already in the file with the same definition is kept,

@@ -6,6 +6,7 @@
 // (schema in analysis/README.md), committed on its own so that a killed
 // experiment leaves every completed run readable and a re-run resumes.
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -99,6 +100,7 @@ MachineProfile find_profile(const std::string& name_or_path);
 
 struct ExperimentSummary {
   int complete = 0, did_not_fit = 0, failed = 0, skipped = 0;  // skipped: already in the file
+  int stopped_by = 0;  // the signal (RunOptions::stop) that stopped it before its last run; 0: none
 };
 
 /// Share `index` (0-based, as a Slurm array task id) of `count` shares of an
@@ -134,6 +136,8 @@ struct RunOptions {
   /// The command line that runs the experiment, recorded with each run it
   /// measures (a resumed file's runs come from several).
   std::string command;
+  /// Set (to a signal number) when the experiment is to stop: no run starts after it.
+  const std::atomic<int>* stop = nullptr;
 };
 
 /// A warning where this process runs `host_threads` host threads and

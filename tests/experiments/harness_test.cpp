@@ -6,6 +6,8 @@
 #include <map>
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -598,6 +600,26 @@ TEST(AttemptRun, AnAllocationTheMachineRefusesDoesNotFit) {
   EXPECT_FALSE(impl::attempt_run([]() -> impl::RunResult { throw std::runtime_error("two\nlines\n"); }, failure));
   EXPECT_EQ(failure.status, "failed");
   EXPECT_EQ(failure.reason, "two lines");
+}
+
+// A stop asked (a signal, RunOptions::stop) ends the experiment before its
+// next run, saying so; the file keeps what was written and resumes.
+TEST_F(HarnessTest, AStopEndsTheExperimentBeforeItsNextRun) {
+  const ExperimentConfig config = ExperimentConfig::from_config(ConfigNode::parse(small_yaml("stop"), "stop.yaml"));
+  std::atomic<int> stop{SIGINT};
+  RunOptions options;
+  options.stop = &stop;
+  std::ostringstream progress;
+  const ExperimentSummary stopped = run_experiment(config, test::tiny_profile(), progress, false, options);
+  EXPECT_EQ(stopped.stopped_by, SIGINT);
+  EXPECT_EQ(stopped.complete + stopped.did_not_fit + stopped.failed + stopped.skipped, 0);
+  EXPECT_NE(progress.str().find("run: stopped by SIGINT before run 1/2; the file keeps the runs written"),
+            std::string::npos)
+      << progress.str();
+  stop = 0;
+  const ExperimentSummary resumed = run_experiment(config, test::tiny_profile(), progress, false, options);
+  EXPECT_EQ(resumed.stopped_by, 0);
+  EXPECT_EQ(resumed.complete + resumed.did_not_fit, 2);
 }
 
 // A run group renamed by hand is no run of the experiment, nor is one whose
