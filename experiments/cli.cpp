@@ -23,6 +23,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "attention/decode.hpp"
@@ -85,7 +86,8 @@ constexpr const char* usage_text =
     "                              run an experiment (experiments/configs/*.yaml) into an\n"
     "                              HDF5 results file; runs already in the file are skipped\n"
     "                              (damaged ones measured again); a file of another machine\n"
-    "                              setup is refused unless --allow-different-machine\n"
+    "                              setup is refused unless --allow-different-machine; Ctrl-C\n"
+    "                              or SIGTERM stops it after the run in progress (exit 130/143)\n"
     "      [--shard K/N]           run share K (0-based) of N shares balanced by predicted cost,\n"
     "                              into CONFIG's output with .shard-K-of-N before .h5\n"
     "  predict CONFIG.yaml --profile NAME|FILE[,NAME|FILE...] [--cpu-from PROFILE] [--output FILE.h5]\n"
@@ -193,8 +195,12 @@ std::map<std::string, std::string> parse_options(const std::string& command, con
     } else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
       value = args[++i];
     }
-    if (std::find(known.begin(), known.end(), name) == known.end())
-      throw UsageError(command + ": unknown option '" + name + "'", UsageError::Usage::whole);
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      // The command's own options, not the whole help: the one line that matters stays in view.
+      std::string listed;
+      for (const std::string& option : known) listed += (listed.empty() ? "" : ", ") + option;
+      throw UsageError(command + ": unknown option '" + name + "' (its options: " + listed + ")");
+    }
     if (value.empty()) throw UsageError(command + ": " + name + " needs a value");
     if (options.count(name))
       throw UsageError(command + ": " + name + " given twice ('" + options[name] + "' and '" + value +
@@ -282,6 +288,11 @@ void check_profile_output(const std::string& command, const std::string& path) {
 
 int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
   auto options = parse_options("calibrate", args, {"--output", "--name", "--thread-counts", "--tokens"});
+  // Its own thread count is the profile's (and the default sweep's last): oversubscribed, every rate would be.
+  if (const int threads = HostExecSpace().concurrency(), cpus = static_cast<int>(startup_cpus().size()); threads > cpus)
+    throw UsageError("calibrate: this process runs " + std::to_string(threads) + " host threads on " +
+                     std::to_string(cpus) + " CPUs (OMP_NUM_THREADS, KOKKOS_NUM_THREADS or --kokkos-threads); run "
+                     "it with at most " + std::to_string(cpus));
   CalibrationOptions calibration;
   if (options.count("--name")) {
     calibration.name = options["--name"];
@@ -499,8 +510,11 @@ class StopSignals {
     // Writes blocked on a full pipe go on (no EINTR taken for a closed output).
     stop.sa_flags = SA_RESETHAND | SA_RESTART;
     sigemptyset(&stop.sa_mask);
-    sigaction(SIGINT, &stop, &interrupt_);
-    sigaction(SIGTERM, &stop, &terminate_);
+    for (const auto& [number, saved] : {std::pair{SIGINT, &interrupt_}, std::pair{SIGTERM, &terminate_}}) {
+      sigaction(number, nullptr, saved);
+      // A signal the shell ignores for this process (a background job's SIGINT) stays ignored.
+      if (saved->sa_handler != SIG_IGN) sigaction(number, &stop, nullptr);
+    }
     struct sigaction ignore {};
     ignore.sa_handler = SIG_IGN;
     sigemptyset(&ignore.sa_mask);
@@ -902,7 +916,7 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
     if (std::find(rest.begin(), rest.end(), "--allow-different-machine") != rest.end())
       throw UsageError("run: --allow-different-machine given twice; give it once");
   }
-  auto options = parse_options("run", rest, {"--output", "--profile", "--shard"});
+  auto options = parse_options("run", rest, {"--output", "--profile", "--shard", "--allow-different-machine"});
   ExperimentConfig config = ExperimentConfig::load(args.front());
   if (options.count("--shard")) {
     try {
@@ -1006,7 +1020,9 @@ int merge_command(const std::vector<std::string>& args, std::ostream& out) {
     if (arg == "--allow-different-machine") merge.allow_different_machine = true;
     else if (arg == "--allow-missing") merge.allow_missing = true;
     else if (arg == "--drop-damaged") merge.drop_damaged = true;
-    else if (arg.rfind("--", 0) == 0) throw UsageError("merge: unknown option '" + arg + "'", UsageError::Usage::whole);
+    else if (arg.rfind("--", 0) == 0)
+      throw UsageError("merge: unknown option '" + arg +
+                       "' (its options: --allow-different-machine, --allow-missing, --drop-damaged)");
     else if (const auto same = std::find_if(files.begin(), files.end(), [&](const std::string& file) {
                std::error_code error;  // a file that does not exist is only itself
                return file == arg || std::filesystem::equivalent(file, arg, error);
@@ -1034,7 +1050,7 @@ int merge_command(const std::vector<std::string>& args, std::ostream& out) {
 /// experiment's runs cannot be listed.
 int verify_command(const std::vector<std::string>& args, std::ostream& out) {
   for (const std::string& arg : args)
-    if (arg.rfind("--", 0) == 0) throw UsageError("verify: unknown option '" + arg + "'", UsageError::Usage::whole);
+    if (arg.rfind("--", 0) == 0) throw UsageError("verify: unknown option '" + arg + "' (it takes none)");
   if (args.size() != 1) throw UsageError("verify: give one results file");
   const std::string& file = args.front();
   const ResultsReader reader(file);
@@ -1071,7 +1087,7 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
     if (const std::int64_t planned = reader.int_attribute("/", "planned_runs");
         planned > static_cast<std::int64_t>(runs.size() - strays.size()))
       out << "; " << planned - static_cast<std::int64_t>(runs.size() - strays.size()) << " of its " << planned
-          << " planned runs not in the file (writescope run resumes them)";
+          << " planned runs not in the file";
   out << "\n";
   return damaged > 0 || !strays.empty() || !names_checked ? 1 : 0;
 }
@@ -1080,13 +1096,16 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
 
 int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
   // Help before Kokkos starts: it would print its own for --help.
-  // "-h" after an option without "=" is that option's value (--name -h), as parse_options takes it.
+  // "-h" after an option that takes a value and has no "=" is that value
+  // (--name -h), as parse_options takes it.
   const std::vector<std::string> given(argv + 1, argv + argc);
+  const auto takes_a_value = [](const std::string& arg) {
+    return arg.rfind("--", 0) == 0 && arg.find('=') == std::string::npos && arg != "--allow-different-machine" &&
+           arg != "--allow-missing" && arg != "--drop-damaged";
+  };
   bool help = !given.empty() && given.front() == "help";
   for (std::size_t i = 0; i < given.size(); ++i)
-    help = help || given[i] == "--help" ||
-           (given[i] == "-h" && (i == 0 || given[i - 1].rfind("--", 0) != 0 ||
-                                 given[i - 1].find('=') != std::string::npos));
+    help = help || given[i] == "--help" || (given[i] == "-h" && (i == 0 || !takes_a_value(given[i - 1])));
   if (help) {
     out << usage_text;
     return 0;
@@ -1114,7 +1133,8 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     // What went to the output must have arrived (a full disk, a closed
     // descriptor): a profile or listing lost is a failure, not status 0.
     errno = 0;
-    if (!out.flush()) {
+    // A closed pipe (`| head`) is the reader's choice, and generate says so itself.
+    if (!out.flush() && errno != EPIPE) {
       err << "writescope: " << command << ": the output could not be written"
           << (errno != 0 ? std::string(" (") + std::strerror(errno) + ")" : std::string()) << "\n";
       return 1;

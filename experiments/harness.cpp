@@ -52,11 +52,12 @@ namespace {
 constexpr char results_format[] = "writescope-results-1";
 
 /// ", " between the entries of `items`.
-std::string joined(const std::vector<std::string>& items) {
+std::string join_with(const std::vector<std::string>& items, const std::string& separator) {
   std::string text;
-  for (const std::string& item : items) text += (text.empty() ? "" : ", ") + item;
+  for (const std::string& item : items) text += (text.empty() ? "" : separator) + item;
   return text;
 }
+std::string joined(const std::vector<std::string>& items) { return join_with(items, ", "); }
 
 /// "32GiB", "256MiB", or the exact byte count: run ids must not round.
 std::string exact_size(std::uint64_t bytes) {
@@ -105,9 +106,9 @@ ModelSpec parse_model(const ConfigNode& node) {
   // two ways is refused as a repeat instead of measured twice.
   std::ostringstream label;
   label << spec.preset;
-  if (spec.config.layers != preset.layers || spec.config.hidden != preset.hidden) {
+  if (spec.config.math_settings() != preset.math_settings()) {
     label << " (" << spec.config.layers << " layers";
-    if (spec.config.hidden != preset.hidden) label << ", hidden " << spec.config.hidden;
+    if (spec.overrides.hidden_scale != 1.0) label << ", hidden " << spec.config.hidden;
     label << ")";
   }
   spec.label = label.str();
@@ -202,7 +203,7 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
     for (std::int64_t context : c.contexts)
       if (smallest_batch * context > c.max_total_tokens)
         contexts += (contexts.empty() ? "" : ", ") + std::to_string(context);
-    if (!batches.empty() || !contexts.empty())
+    if (!recorded && (!batches.empty() || !contexts.empty()))
       log_warn("config '", c.name, "': max_total_tokens ", c.max_total_tokens, " leaves no run of",
                batches.empty() ? "" : " batch sizes " + batches, batches.empty() || contexts.empty() ? "" : " and",
                contexts.empty() ? "" : " contexts " + contexts);
@@ -250,9 +251,12 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
       "max_sequence_tokens", longest, longest, most_batch_tokens / largest_batch,
       "from the longest context plus the warm-up and measured steps to 2^44 tokens over the largest batch, " +
           std::to_string(largest_batch));
-  // The profiling prompt is a sequence the systems hold too: past the planned maximum it would not fit the plan.
+  // The profiling prompt is a sequence the systems hold too: a stated one
+  // past the planned maximum would not fit the plan (the default, 256, is
+  // exempt, as configs before this check ran with it; a recorded config is
+  // read as it was written).
   if (const auto steps = root.optional_child("steps");
-      steps && steps->has("profile_tokens") && c.profile_tokens > c.max_sequence_tokens)
+      !recorded && steps && steps->has("profile_tokens") && c.profile_tokens > c.max_sequence_tokens)
     steps->fail("profile_tokens", "the profiling prompt (" + std::to_string(c.profile_tokens) +
                                       " tokens) must fit max_sequence_tokens (" +
                                       std::to_string(c.max_sequence_tokens) + "), the longest sequence planned for");
@@ -479,7 +483,13 @@ MachineProfile load_profile_file(const std::string& path) {
 void create_output_folder(const std::string& option, const std::string& path) {
   // Checked before any folder is made: "out/" would make out and then be
   // refused. An existing folder is left to the writer, which names a file to give.
-  if (const std::string why = not_a_file_reason(path); !why.empty() && !std::filesystem::is_directory(path))
+  std::string why;
+  try {
+    why = not_a_file_reason(path);
+  } catch (const std::runtime_error& e) {  // a loop of symbolic links
+    throw std::invalid_argument(option + " " + e.what());
+  }
+  if (!why.empty() && !std::filesystem::is_directory(path))
     throw std::invalid_argument(option + " " + path + " " + why + "; give a file name");
   const auto parent = std::filesystem::path(path).parent_path();
   if (parent.empty()) return;
@@ -717,7 +727,9 @@ std::optional<RunResult> attempt_run(const std::function<RunResult()>& run, RunF
   try {
     return run();
   } catch (const ModelBudgetError& e) {
-    failure = {"does_not_fit", e.what()};
+    // The budget as the experiment's config names it, not as the model's options do.
+    const std::string message = e.what(), option = "vram_budget: ";
+    failure = {"does_not_fit", message.rfind(option, 0) == 0 ? "budgets.vram: " + message.substr(option.size()) : message};
   } catch (const KVBudgetError& e) {
     failure = {"does_not_fit", e.what()};
   } catch (const std::bad_alloc& e) {
@@ -1041,13 +1053,15 @@ std::string canonical_yaml(const YAML::Node& node, bool byte_sizes) {
 }
 
 /// The top-level fields in which a recorded experiment config (YAML) and
-/// `current` differ, in the order they first appear. Where the results go
-/// (`output`) and where the profile was read from (`profile`) do not identify
-/// the experiment: the profile's own content is compared by itself. Values
-/// compare as canonical_yaml spells them. The sources name each text in a
-/// ConfigError where it is not a YAML mapping.
+/// `current` differ, in the order they first appear, each with both values
+/// ("seed: 1 in the file, 2 here": `recorded_name`, `current_name`). Where
+/// the results go (`output`) and where the profile was read from (`profile`)
+/// do not identify the experiment: the profile's own content is compared by
+/// itself. Values compare as canonical_yaml spells them. The sources name
+/// each text in a ConfigError where it is not a YAML mapping.
 std::vector<std::string> experiment_differences(const std::string& recorded, const std::string& recorded_source,
-                                                const std::string& current, const std::string& current_source) {
+                                                const std::string& current, const std::string& current_source,
+                                                const std::string& recorded_name, const std::string& current_name) {
   const YAML::Node a = ConfigNode::parse(recorded, recorded_source).yaml(),
                    b = ConfigNode::parse(current, current_source).yaml();
   std::vector<std::string> keys, differing;
@@ -1060,7 +1074,16 @@ std::vector<std::string> experiment_differences(const std::string& recorded, con
     auto text = [&](const YAML::Node& node) {
       return node[key] ? canonical_yaml(node[key], key == "budgets") : std::string("(absent)");
     };
-    if (text(a) != text(b)) differing.push_back(key);
+    // Each side's value on one line, as written (cut short past 60 characters).
+    auto shown = [&](const YAML::Node& node) {
+      if (!node[key]) return std::string("(absent)");
+      YAML::Emitter line;
+      line << YAML::Flow << node[key];
+      const std::string value = line.c_str();
+      return value.size() > 60 ? value.substr(0, 57) + "..." : value;
+    };
+    if (text(a) != text(b))
+      differing.push_back(key + ": " + shown(a) + " " + recorded_name + ", " + shown(b) + " " + current_name);
   }
   return differing;
 }
@@ -1112,11 +1135,13 @@ ResumeCheck check_resume(const ExperimentConfig& config, const MachineProfile& p
   if (const std::string problem = results_file_problem(reader); !problem.empty())
     throw std::invalid_argument(config.output + " holds runs but is not a complete results file (" + problem +
                                 "); write to another --output");
-  if (const auto differing = experiment_differences(recorded_experiment(reader), config.output + ": its experiment config",
-                                                   config.canonical, "the experiment config");
+  if (const auto differing =
+          experiment_differences(recorded_experiment(reader), config.output + ": its experiment config",
+                                 config.canonical, "the experiment config", "in the file", "here");
       !differing.empty())
     throw std::invalid_argument(config.output + " holds runs of another experiment config (it differs in " +
-                                joined(differing) + "); write to another --output, or remove the file to start over");
+                                join_with(differing, "; ") +
+                                "); write to another --output, or remove the file to start over");
   if (reader.string_attribute("/profile", "yaml") != profile.to_yaml())
     throw std::invalid_argument(config.output + " holds runs of another machine profile; write to another --output, "
                                 "or remove the file to start over");
@@ -1176,9 +1201,12 @@ std::string stray_run_reason(const ResultsReader& reader, const std::string& id,
                              const std::vector<RunSpec>& runs) {
   const auto run = std::find_if(runs.begin(), runs.end(), [&](const RunSpec& r) { return r.id() == id; });
   if (run == runs.end()) return "not a run of the file's experiment";
-  // The settings resume matches runs by: a run edited or copied from another experiment would be measured again.
+  // The settings resume matches runs by: a run edited or copied from another
+  // experiment would be measured again. Only a file of this build spells
+  // them as run_yaml does here.
   const std::string group = "/runs/" + id;
-  if (reader.has_attribute(group, "config") && reader.string_attribute(group, "config") != run_yaml(config, *run))
+  if (reader.has_attribute("/", "git_revision") && reader.string_attribute("/", "git_revision") == git_revision() &&
+      reader.has_attribute(group, "config") && reader.string_attribute(group, "config") != run_yaml(config, *run))
     return "its recorded settings (its 'config') are not those the file's experiment gives this run";
   return "";
 }
@@ -1459,11 +1487,13 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
                                     (std::string(name) == "git_revision" || std::string(name) == "format"
                                          ? " ('" + text(r, object, name) + "' and '" + text(first, object, name) + "')"
                                          : std::string()));
-    if (const auto differing = experiment_differences(recorded_experiment(first), inputs[0] + ": its experiment config",
-                                                   recorded_experiment(r), inputs[i] + ": its experiment config");
+    if (const auto differing =
+            experiment_differences(recorded_experiment(first), inputs[0] + ": its experiment config",
+                                   recorded_experiment(r), inputs[i] + ": its experiment config", "in " + inputs[0],
+                                   "in " + inputs[i]);
         !differing.empty())
       throw std::invalid_argument("merge: " + inputs[i] + " and " + inputs[0] + " differ in their experiment config (" +
-                                  joined(differing) + ")");
+                                  join_with(differing, "; ") + ")");
   }
   // Every machine setup of the inputs, once.
   std::vector<std::string> machines;
@@ -1488,8 +1518,7 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
   for (std::size_t i = 0; i < readers.size(); ++i) {
     for (const std::string& id : readers[i].list("/runs")) {
       const std::string group = "/runs/" + id;
-      if (std::none_of(runs.begin(), runs.end(), [&](const RunSpec& run) { return run.id() == id; }))
-        throw std::invalid_argument("merge: " + inputs[i] + ": run '" + id + "' is not a run of the experiment");
+      // Damage first: a damaged run's attributes may not read.
       if (const std::string damage = run_damage(readers[i], group); !damage.empty()) {
         if (options.drop_damaged) {
           dropped.push_back("dropped (damaged) from " + inputs[i] + ": " + id);

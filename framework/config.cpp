@@ -269,12 +269,19 @@ std::vector<ConfigNode> ConfigNode::elements(const std::string& key) const {
   return out;
 }
 
+namespace {
+/// A string by its writer's word: quoted ("64", '7') or tagged (!!str 64).
+bool string_scalar(const YAML::Node& node) {
+  return node.IsScalar() && (node.Tag() == "!" || node.Tag() == "tag:yaml.org,2002:str");
+}
+}  // namespace
+
 template <class T>
 T ConfigNode::as() const {
   if (!node_.IsScalar()) fail("expected " + expected_value<T>(node_) + ", got " + describe(node_));
-  // A quoted scalar is a string ("64" in JSON, '7' in YAML), never a number or a truth value.
+  // A quoted or tagged scalar is a string ("64" in JSON, '7' or !!str 7 in YAML), never a number or a truth value.
   if constexpr (!std::is_same_v<T, std::string>)
-    if (node_.Tag() == "!") fail(std::string("expected ") + type_name<T>() + ", got the string " + describe(node_));
+    if (string_scalar(node_)) fail(std::string("expected ") + type_name<T>() + ", got the string " + describe(node_));
   T value{};
   if (!YAML::convert<T>::decode(node_, value))
     fail("expected " + expected_value<T>(node_) + ", got " + describe(node_));
@@ -304,7 +311,7 @@ std::vector<T> ConfigNode::get_list(const std::string& key) const {
 std::int64_t ConfigNode::as_integer(std::int64_t least, std::int64_t most, const std::string& range_note) const {
   const std::string range =
       "[" + std::to_string(least) + ", " + std::to_string(most) + "]" + (range_note.empty() ? "" : " (" + range_note + ")");
-  if (node_.IsScalar() && node_.Tag() == "!")
+  if (string_scalar(node_))
     fail("expected an integer in " + range + ", got the string " + describe(node_));
   // Decimal digits only: YAML's reader takes 010 as octal 8 and 0x10 as 16.
   if (!integer_text(node_)) fail("expected an integer in " + range + ", got " + describe(node_));

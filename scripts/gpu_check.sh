@@ -60,11 +60,14 @@ esac
 # Stage names checked before anything runs: a typo would cost device time and pass with nothing run.
 all_stages=smoke,tests,calibrate,slice,benchmarks,host_kernels
 stages=${WRITESCOPE_GPU_CHECK_STAGES:-$all_stages}
-for stage in ${stages//,/ }; do
+# Exact comma-separated names: "smoke, tests" would otherwise skip tests unsaid.
+IFS=, read -ra listed <<<"$stages"
+for stage in "${listed[@]}"; do
   case ",$all_stages," in
-    *",$stage,"*) ;;
-    *) echo "gpu_check: WRITESCOPE_GPU_CHECK_STAGES names '$stage', not a stage; stages: $all_stages" >&2; exit 2 ;;
+    *",$stage,"*) [ -n "$stage" ] && continue ;;
   esac
+  echo "gpu_check: WRITESCOPE_GPU_CHECK_STAGES names '$stage', not a stage (comma-separated, no spaces); stages: $all_stages" >&2
+  exit 2
 done
 # The host build's stages have longer limits (a 2-core CI machine).
 budget=${WRITESCOPE_GPU_CHECK_SECONDS:-$([ "$mode" = gpu ] && echo 540 || echo 1200)}

@@ -128,7 +128,7 @@ def benchmark_section(folder):
         return [f"benchmarks: no benchmarks.json ({stage_outcome(folder, 'benchmarks')})"]
     runs, notes = read
     by_name = {b["name"]: b for b in runs}
-    lines = notes + ["bounds (GB/s, this run):"]
+    lines = ["bounds (GB/s, this run):"] + notes
     for name in ("pcie/pinned_h2d/1024/manual_time", "pcie/pinned_d2h/1024/manual_time",
                  "pcie/pageable_h2d/1024/manual_time", "hbm/device_to_device/1024/manual_time",
                  "host_dram/read/1024/manual_time"):
@@ -170,8 +170,8 @@ def host_kernel_section(folder):
     runs, notes = read
     # Where decode ran on AMX tiles, the stage ran those kernels again on the vector path.
     vector_runs, vector_notes = benchmark_runs(folder, "host_kernels_vector") or ([], [])
-    lines = notes + vector_notes + [
-        "host kernels (GB/s; CPU decode from the last-level cache against its compute roof alone):"]
+    lines = ["host kernels (GB/s; CPU decode from the last-level cache against its compute roof alone):"] + notes + \
+        vector_notes
     for b in runs + vector_runs:
         name = b["name"].replace("/manual_time", "")
         if name.startswith(("expert_linear/", "cpu_experts/", "cpu_decode/")):

@@ -105,7 +105,7 @@ with h5py.File(sys.argv[1], 'r+') as f:
 " ${FOLDER}/edited.h5 RESULT_VARIABLE status)
 execute_process(COMMAND ${COMMAND} verify ${FOLDER}/edited.h5 RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
 # The renamed run's own id is one of the 32 planned runs, and no longer in the file.
-if(NOT status EQUAL 1 OR NOT out MATCHES "STRAY renamed: not a run of the file's experiment.*32 runs, 32 verified, 0 damaged, 0 without a checksum, 1 not of the experiment. 1 of its 32 planned runs not in the file \\(writescope run resumes them\\)")
+if(NOT status EQUAL 1 OR NOT out MATCHES "STRAY renamed: not a run of the file's experiment.*32 runs, 32 verified, 0 damaged, 0 without a checksum, 1 not of the experiment. 1 of its 32 planned runs not in the file")
   message(FATAL_ERROR "verify of a renamed run (${status}): ${out}\n${err}")
 endif()
 execute_process(COMMAND ${PYTHON} -c "

@@ -600,6 +600,12 @@ TEST(AttemptRun, AnAllocationTheMachineRefusesDoesNotFit) {
   EXPECT_FALSE(impl::attempt_run([]() -> impl::RunResult { throw std::runtime_error("two\nlines\n"); }, failure));
   EXPECT_EQ(failure.status, "failed");
   EXPECT_EQ(failure.reason, "two lines");
+  // A budget too small is named as the experiment's config names it.
+  EXPECT_FALSE(impl::attempt_run(
+      []() -> impl::RunResult { throw ModelBudgetError("vram_budget: 1.0MiB cannot hold tiny-mixtral's weights"); },
+      failure));
+  EXPECT_EQ(failure.status, "does_not_fit");
+  EXPECT_EQ(failure.reason, "budgets.vram: 1.0MiB cannot hold tiny-mixtral's weights");
 }
 
 // A stop asked (a signal, RunOptions::stop) ends the experiment before its
@@ -676,14 +682,17 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
     }
     return std::string("resumed");
   };
-  EXPECT_NE(resume_error(yaml + "seed: 2\n").find("holds runs of another experiment config (it differs in seed)"),
+  EXPECT_NE(resume_error(yaml + "seed: 2\n")
+                .find("holds runs of another experiment config (it differs in seed: (absent) in the file, 2 here)"),
             std::string::npos)
       << resume_error(yaml + "seed: 2\n");
   auto replaced = [](std::string text, const std::string& from, const std::string& to) {
     return text.replace(text.find(from), from.size(), to);
   };
   const std::string more_contexts = replaced(yaml, "contexts: [16]", "contexts: [8, 16]") + "seed: 2\n";
-  EXPECT_NE(resume_error(more_contexts).find("(it differs in contexts, seed)"), std::string::npos)
+  EXPECT_NE(resume_error(more_contexts)
+                .find("(it differs in contexts: [16] in the file, [8, 16] here; seed: (absent) in the file, 2 here)"),
+            std::string::npos)
       << resume_error(more_contexts);
   EXPECT_EQ(fs::file_size(output_), size) << "resuming grew the file";
   // Keys in another order and a budget spelled in bytes are the same experiment.
@@ -1098,7 +1107,9 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
   RunOptions first_share;
   first_share.shard = Shard{0, 3};
   run_experiment(another, test::tiny_profile(), progress, false, first_share);
-  EXPECT_NE(merge_error({shards[1], another.output}).find("differ in their experiment config (seed)"),
+  EXPECT_NE(merge_error({shards[1], another.output})
+                .find("differ in their experiment config (seed: (absent) in " + shards[1] + ", 5 in " + another.output +
+                      ")"),
             std::string::npos)
       << merge_error({shards[1], another.output});
   {  // Shard 2 measured with another thread count.
@@ -1135,7 +1146,8 @@ TEST_F(HarnessTest, FailedRunsAreRecordedAndTheExperimentGoesOn) {
   EXPECT_EQ(summary.did_not_fit, 2);
   const ResultsReader reader(output_);
   for (const std::string& name : reader.list("/runs"))
-    EXPECT_NE(reader.string_attribute("/runs/" + name, "reason").find("vram_budget"), std::string::npos);
+    EXPECT_EQ(reader.string_attribute("/runs/" + name, "reason").rfind("budgets.vram: ", 0), 0u)
+        << reader.string_attribute("/runs/" + name, "reason");
 }
 
 // One memory contract: whatever each system pins (experts, KV band, staging)

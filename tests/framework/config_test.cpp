@@ -198,6 +198,11 @@ TEST(Config, QuotedScalarsAreStrings) {
   EXPECT_EQ(expect_config_error([&] { config.get_integer("seed", 0, 9); }).reason(),
             "expected an integer in [0, 9], got the string '7'");
   EXPECT_EQ(config.get<std::string>("name"), "64");
+  // So is a scalar tagged as one.
+  const auto tagged = ConfigNode::parse("contexts: [!!str 512, 1024]\nlayers: !!str 2\n", "experiment.yaml");
+  EXPECT_EQ(expect_config_error([&] { tagged.get_integer_list("contexts", 1, 4096); }).reason(),
+            "expected an integer in [1, 4096], got the string '512'");
+  EXPECT_EQ(expect_config_error([&] { tagged.get<int>("layers"); }).reason(), "expected an integer, got the string '2'");
 }
 
 TEST(Config, ABinaryFileIsNotAConfigFile) {

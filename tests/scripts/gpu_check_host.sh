@@ -6,7 +6,9 @@
 # (WRITESCOPE_GPU_CHECK_SECONDS) it skips the stages left and still packs;
 # where MLA runs on AMX it also runs MLA on the vector path; over a carried
 # bundle (the GPU machine's flow) it says whether the bundle is stale; a
-# budget that is not a number is one error.
+# budget that is not a number is one error, and so are a stage name that is
+# no stage, a second argument and an OUT that cannot be a folder (before
+# anything runs); a benchmark stage whose filter matches none fails.
 #   gpu_check_host.sh REPO BUILD SCRATCH
 set -uo pipefail
 repo=$1 build=$2 scratch=$3
@@ -139,7 +141,7 @@ grep -q "WRITESCOPE_GPU_CHECK_SECONDS must be a whole number of seconds, not '5m
 [ -e "$scratch/out-bad" ] && fail "a check with a bad budget wrote $scratch/out-bad"
 # Mistakes that would cost a device call are refused before anything runs:
 # a stage name that is no stage, a second argument, an OUT that cannot be a folder.
-for mistake in "STAGES=smoke,bench" "ARGUMENT=--host extra" "OUT=$scratch/two_files_of_out/sub"; do
+for mistake in "STAGES=smoke,bench" "STAGES=smoke, tests" "ARGUMENT=--host extra" "OUT=$scratch/two_files_of_out/sub"; do
   stages=smoke arguments=--host out=$scratch/out-mistake
   case $mistake in
     STAGES=*) stages=${mistake#STAGES=} ;;
@@ -154,7 +156,7 @@ for mistake in "STAGES=smoke,bench" "ARGUMENT=--host extra" "OUT=$scratch/two_fi
   [ -e "$scratch/out-mistake" ] && fail "$mistake: it wrote $scratch/out-mistake"
   grep -q "sleep\|stage smoke" <<<"$message" && fail "$mistake: a stage ran: $message"
 done
-grep -q "names 'bench', not a stage; stages: smoke,tests" <<<"$(OUT=$scratch/out-mistake WRITESCOPE_GPU_CHECK_STAGES=bench \
+grep -q "names 'bench', not a stage (comma-separated, no spaces); stages: smoke,tests" <<<"$(OUT=$scratch/out-mistake WRITESCOPE_GPU_CHECK_STAGES=bench \
   "$repo/scripts/gpu_check.sh" --host 2>&1)" || fail "an unknown stage's error does not name it"
 # A benchmark filter that matches nothing: Google Benchmark exits 0 with no
 # runs; the stage fails, and the summary says the file holds none.
