@@ -245,10 +245,17 @@ void progress_line(const std::string& line) { log_info("calibrate: ", line); }
 /// Refuses an --output `path` that a file cannot be written to (a folder, a
 /// missing or read-only folder) before minutes of measuring go into it.
 void check_profile_output(const std::string& command, const std::string& path) {
+  if (path == "-") throw UsageError(command + ": --output - is no file name; without --output the profile goes to stdout");
   // A device, pipe or socket: its reading below could wait forever, and the
   // rename would replace it (/dev/null) with a file.
-  if (const std::string why = not_a_file_reason(path); !why.empty())
-    throw UsageError(command + ": --output " + path + " " + why + "; give a file name for the profile");
+  std::string not_a_file;
+  try {
+    not_a_file = not_a_file_reason(path);
+  } catch (const std::runtime_error& e) {  // a loop of symbolic links
+    throw UsageError(command + ": --output " + e.what());
+  }
+  if (!not_a_file.empty())
+    throw UsageError(command + ": --output " + path + " " + not_a_file + "; give a file name for the profile");
   // Calibrating again replaces a profile, an outdated one included (a YAML
   // mapping with a name and a cpu section), or an empty file; any other file
   // (results, a config) is kept.
@@ -917,6 +924,8 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
       throw UsageError("run: --allow-different-machine given twice; give it once");
   }
   auto options = parse_options("run", rest, {"--output", "--profile", "--shard", "--allow-different-machine"});
+  if (options.count("--allow-different-machine"))
+    throw UsageError("run: --allow-different-machine takes no value, got '" + options["--allow-different-machine"] + "'");
   ExperimentConfig config = ExperimentConfig::load(args.front());
   if (options.count("--shard")) {
     try {
@@ -1059,10 +1068,12 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
                              "); verify checks files that `writescope run` wrote");
   const std::vector<std::string> runs = reader.exists("/runs") ? reader.list("/runs") : std::vector<std::string>{};
   int damaged = 0, unverified = 0;
+  std::vector<std::string> damaged_runs;
   for (const std::string& run : runs) {
     const std::string group = "/runs/" + run;
     if (const std::string damage = run_damage(reader, group); !damage.empty()) {
       out << "DAMAGED " << run << ": " << damage << "\n";
+      damaged_runs.push_back(run);
       ++damaged;
     } else if (!reader.has_attribute(group, "checksum")) {
       out << "unverified " << run << ": written before runs carried checksums\n";
@@ -1078,6 +1089,8 @@ int verify_command(const std::vector<std::string>& args, std::ostream& out) {
     out << "cannot check which runs belong to the experiment: " << e.what() << "\n";
     names_checked = false;
   }
+  // A damaged run is said once: its settings are part of what its checksum failed on.
+  for (const std::string& run : damaged_runs) strays.erase(run);
   for (const auto& [run, why] : strays) out << "STRAY " << run << ": " << why << "\n";
   out << file << ": " << runs.size() << " runs, " << runs.size() - damaged - unverified << " verified, " << damaged
       << " damaged, " << unverified << " without a checksum"
@@ -1108,6 +1121,10 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     help = help || given[i] == "--help" || (given[i] == "-h" && (i == 0 || !takes_a_value(given[i - 1])));
   if (help) {
     out << usage_text;
+    if (!out.flush()) {
+      err << "writescope: help: the output could not be written\n";
+      return 1;
+    }
     return 0;
   }
   try {
@@ -1138,6 +1155,14 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
       err << "writescope: " << command << ": the output could not be written"
           << (errno != 0 ? std::string(" (") + std::strerror(errno) + ")" : std::string()) << "\n";
       return 1;
+    }
+    // Stopped by a signal it caught: dies of it after its output, so that a
+    // calling shell script stops too (bash goes on after a child that merely
+    // exits 130).
+    if (const int signal = stop_signal.load(); signal != 0 && status == 128 + signal) {
+      std::fflush(nullptr);
+      std::signal(signal, SIG_DFL);
+      std::raise(signal);
     }
     return status;
   } catch (const UsageError& e) {

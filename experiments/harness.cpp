@@ -1403,6 +1403,12 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     }
     progress.finish_run(seconds, outcome.str());
   }
+  // Asked during the last run: every run is written, and the stop is still said (a calling script stops too).
+  if (const int signal = options.stop ? options.stop->load() : 0; signal != 0 && summary.stopped_by == 0) {
+    summary.stopped_by = signal;
+    progress_out << "run: " << (signal == SIGINT ? "SIGINT" : "SIGTERM")
+                 << " came during the last run; every run is written" << std::endl;
+  }
   return summary;
 }
 

@@ -95,6 +95,20 @@ execute_process(COMMAND ${COMMAND} predict ${config} --profile h200-pcie5 --cpu-
 if(NOT status EQUAL 1 OR NOT err MATCHES "tiny.h5 holds measured runs; a projection never overwrites them")
   message(FATAL_ERROR "predict over measured runs (${status}): ${out}\n${err}")
 endif()
+# A run whose recorded settings were edited fails its checksum: said once, as damaged.
+file(COPY_FILE ${FOLDER}/tiny.h5 ${FOLDER}/settings.h5)
+execute_process(COMMAND ${PYTHON} -c "
+import sys, h5py
+with h5py.File(sys.argv[1], 'r+') as f:
+    run = f['runs'][sorted(f['runs'])[1]]
+    settings = run.attrs['config']
+    settings = settings.decode() if isinstance(settings, bytes) else settings
+    run.attrs['config'] = settings.replace('seed: 1', 'seed: 2')
+" ${FOLDER}/settings.h5 RESULT_VARIABLE status)
+execute_process(COMMAND ${COMMAND} verify ${FOLDER}/settings.h5 RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT status EQUAL 1 OR out MATCHES "STRAY" OR NOT out MATCHES "DAMAGED .*32 runs, 31 verified, 1 damaged, 0 without a checksum\n")
+  message(FATAL_ERROR "verify of a run with edited settings (${status}): ${out}\n${err}")
+endif()
 # verify names a run group that is no run of the experiment, and where the
 # recorded profile no longer reads, says so and still gives the checksums' count.
 file(COPY_FILE ${FOLDER}/tiny.h5 ${FOLDER}/edited.h5)

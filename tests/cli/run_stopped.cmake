@@ -1,6 +1,6 @@
-# cmake -DCOMMAND=<writescope> -DSOURCE=<repo> -DFOLDER=<dir> -P run_stopped.cmake
+# cmake -DCOMMAND=<writescope> -DPYTHON=<python3> -DSOURCE=<repo> -DFOLDER=<dir> -P run_stopped.cmake
 # SIGTERM (or Ctrl-C's SIGINT) during `writescope run` stops the experiment
-# after the run in progress, saying so, with exit status 128 + the signal;
+# after the run in progress, saying so, and then dies of that signal;
 # verify counts the runs still to measure, and the same command resumes them.
 # A SIGINT the shell has the process ignore (a background job's) stays ignored.
 file(REMOVE_RECURSE "${FOLDER}")
@@ -12,22 +12,34 @@ file(WRITE ${FOLDER}/slow.yaml "name: cli-slow\noutput: slow.h5\nprofile: tiny_p
   "steps: {warmup: 1, measured: 5000}\nblock_tokens: 16\n")
 set(run ${COMMAND} run ${FOLDER}/slow.yaml --profile ${SOURCE}/tests/cli/tiny_profile.yaml --output ${FOLDER}/slow.h5)
 string(REPLACE ";" " " run_line "${run}")
-# A background job of a shell without job control: SIGINT ignored, SIGTERM not.
-execute_process(COMMAND sh -c "${run_line} >'${FOLDER}/out.txt' 2>'${FOLDER}/err.txt' & pid=$!
-  tries=0
-  until grep -q 'run 2/4' '${FOLDER}/err.txt' || [ $tries -ge 12000 ]; do sleep 0.05; tries=$((tries + 1)); done
-  kill -INT $pid
-  sleep 0.5
-  grep -q 'stopping after' '${FOLDER}/err.txt' && echo taken >'${FOLDER}/sigint.txt'
-  kill -TERM $pid
-  wait $pid"
-  RESULT_VARIABLE status)
-if(EXISTS ${FOLDER}/sigint.txt)
-  message(FATAL_ERROR "a SIGINT ignored for the background job stopped it")
+# Started as a background job of a shell without job control is (SIGINT
+# ignored): SIGINT changes nothing, SIGTERM stops it after the run in
+# progress, and it then dies of SIGTERM itself, so that a calling script stops.
+execute_process(COMMAND ${PYTHON} -c "
+import signal, subprocess, sys, time
+folder, run = sys.argv[1], sys.argv[2:]
+with open(folder + '/out.txt', 'w') as out, open(folder + '/err.txt', 'w') as err:
+    child = subprocess.Popen(run, stdout=out, stderr=err,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    deadline = time.time() + 600
+    while 'run 2/4' not in open(folder + '/err.txt').read() and time.time() < deadline:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    if 'stopping after' in open(folder + '/err.txt').read():
+        sys.exit('a SIGINT ignored for the background job stopped it')
+    child.send_signal(signal.SIGTERM)
+    status = child.wait()
+    if status != -signal.SIGTERM:
+        sys.exit(f'status {status}, not death by SIGTERM')
+" ${FOLDER} ${run}
+  RESULT_VARIABLE status ERROR_VARIABLE python_err)
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "${python_err}")
 endif()
 file(READ ${FOLDER}/out.txt out)
 file(READ ${FOLDER}/err.txt err)
-if(NOT status EQUAL 143 OR NOT out MATCHES "slow.h5: 2 complete, 0 did not fit, 0 failed, 0 already in the file, stopped by SIGTERM"
+if(NOT out MATCHES "slow.h5: 2 complete, 0 did not fit, 0 failed, 0 already in the file, stopped by SIGTERM"
    OR NOT err MATCHES "run: stopping after the run in progress.*run: stopped by SIGTERM before run 3/4. the file keeps the runs written")
   message(FATAL_ERROR "run stopped by SIGTERM (${status}): ${out}\n${err}")
 endif()

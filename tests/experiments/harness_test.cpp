@@ -628,6 +628,38 @@ TEST_F(HarnessTest, AStopEndsTheExperimentBeforeItsNextRun) {
   EXPECT_EQ(resumed.complete + resumed.did_not_fit, 2);
 }
 
+/// Progress text that sets `stop` to SIGTERM once `mark` has been written.
+class StopWhenWritten : public std::stringbuf {
+ public:
+  StopWhenWritten(std::atomic<int>& stop, std::string mark) : stop_(stop), mark_(std::move(mark)) {}
+
+ protected:
+  int sync() override {
+    if (str().find(mark_) != std::string::npos) stop_ = SIGTERM;
+    return 0;
+  }
+
+ private:
+  std::atomic<int>& stop_;
+  std::string mark_;
+};
+
+// A stop asked during the last run: every run is written, and the stop is
+// still said, so that the command dies of its signal and a calling script stops.
+TEST_F(HarnessTest, AStopDuringTheLastRunIsStillSaid) {
+  const ExperimentConfig config = ExperimentConfig::from_config(ConfigNode::parse(small_yaml("last"), "last.yaml"));
+  std::atomic<int> stop{0};
+  RunOptions options;
+  options.stop = &stop;
+  StopWhenWritten text(stop, "run 2/2");
+  std::ostream progress(&text);
+  const ExperimentSummary summary = run_experiment(config, test::tiny_profile(), progress, false, options);
+  EXPECT_EQ(summary.complete + summary.did_not_fit, 2) << text.str();
+  EXPECT_EQ(summary.stopped_by, SIGTERM);
+  EXPECT_NE(text.str().find("run: SIGTERM came during the last run; every run is written"), std::string::npos)
+      << text.str();
+}
+
 // A run group renamed by hand is no run of the experiment, nor is one whose
 // recorded settings are not the experiment's (which resume would measure
 // again): verify names both.
