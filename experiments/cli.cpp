@@ -87,7 +87,7 @@ constexpr const char* usage_text =
     "                              HDF5 results file; runs already in the file are skipped\n"
     "                              (damaged ones measured again); a file of another machine\n"
     "                              setup is refused unless --allow-different-machine; Ctrl-C\n"
-    "                              or SIGTERM stops it after the run in progress (exit 130/143)\n"
+    "                              or SIGTERM stops it after the run in progress\n"
     "      [--shard K/N]           run share K (0-based) of N shares balanced by predicted cost,\n"
     "                              into CONFIG's output with .shard-K-of-N before .h5\n"
     "  predict CONFIG.yaml --profile NAME|FILE[,NAME|FILE...] [--cpu-from PROFILE] [--output FILE.h5]\n"
