@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -494,28 +495,47 @@ std::atomic<int> stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free);
 /// What the handler writes when asked: set before the handler is installed.
 const char* volatile stop_notice = "";
+/// When the first request came (CLOCK_MONOTONIC, ns; 0: none yet).
+std::atomic<long long> first_stop_ns{0};
+static_assert(std::atomic<long long>::is_always_lock_free);
 extern "C" void ask_to_stop(int signal) {
-  stop_signal.store(signal);
-  // write(2) is safe in a handler; the log is not.
-  const char* notice = stop_notice;
-  const ssize_t ignored = ::write(STDERR_FILENO, notice, std::strlen(notice));
-  (void)ignored;
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  const long long ns = now.tv_sec * 1000000000LL + now.tv_nsec;
+  long long first = 0;
+  if (first_stop_ns.compare_exchange_strong(first, ns)) {
+    stop_signal.store(signal);
+    // write(2) is safe in a handler; the log is not.
+    const char* notice = stop_notice;
+    const ssize_t ignored = ::write(STDERR_FILENO, notice, std::strlen(notice));
+    (void)ignored;
+    return;
+  }
+  // One request can come twice at once (timeout(1) signals the process and
+  // then its process group): only one a second or more later stops at once.
+  if (ns - first < 1000000000LL) return;
+  struct sigaction default_action {};
+  default_action.sa_handler = SIG_DFL;
+  sigemptyset(&default_action.sa_mask);
+  ::sigaction(signal, &default_action, nullptr);
+  ::raise(signal);
 }
 
 /// While alive: SIGINT and SIGTERM set stop_signal and write `notice` (the
-/// command stops at its next step or run, keeping what it wrote; a second
-/// one kills, as before), and SIGPIPE is ignored, so that a closed standard
+/// command stops at its next step or run, keeping what it wrote; another,
+/// a second or more later, stops it at once), and SIGPIPE is ignored, so that a closed standard
 /// output shows as a failed write (`generate ... | head`) instead of killing
 /// the process with nothing committed.
 class StopSignals {
  public:
   explicit StopSignals(const char* notice) {
     stop_signal.store(0);
+    first_stop_ns.store(0);
     stop_notice = notice;
     struct sigaction stop {};
     stop.sa_handler = ask_to_stop;
     // Writes blocked on a full pipe go on (no EINTR taken for a closed output).
-    stop.sa_flags = SA_RESETHAND | SA_RESTART;
+    stop.sa_flags = SA_RESTART;
     sigemptyset(&stop.sa_mask);
     for (const auto& [number, saved] : {std::pair{SIGINT, &interrupt_}, std::pair{SIGTERM, &terminate_}}) {
       sigaction(number, nullptr, saved);
