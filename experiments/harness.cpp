@@ -197,16 +197,15 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
     // A batch size or context left without any run is most likely a slip: said, not silently dropped.
     const std::int64_t smallest_batch = *std::min_element(c.batch_sizes.begin(), c.batch_sizes.end()),
                        shortest = *std::min_element(c.contexts.begin(), c.contexts.end());
-    std::string batches, contexts;
+    std::vector<std::string> batches, contexts;
     for (int batch : c.batch_sizes)
-      if (batch * shortest > c.max_total_tokens) batches += (batches.empty() ? "" : ", ") + std::to_string(batch);
+      if (batch * shortest > c.max_total_tokens) batches.push_back(std::to_string(batch));
     for (std::int64_t context : c.contexts)
-      if (smallest_batch * context > c.max_total_tokens)
-        contexts += (contexts.empty() ? "" : ", ") + std::to_string(context);
+      if (smallest_batch * context > c.max_total_tokens) contexts.push_back(std::to_string(context));
     if (!recorded && (!batches.empty() || !contexts.empty()))
       log_warn("config '", c.name, "': max_total_tokens ", c.max_total_tokens, " leaves no run of",
-               batches.empty() ? "" : " batch sizes " + batches, batches.empty() || contexts.empty() ? "" : " and",
-               contexts.empty() ? "" : " contexts " + contexts);
+               batches.empty() ? "" : " batch sizes " + joined(batches), batches.empty() || contexts.empty() ? "" : " and",
+               contexts.empty() ? "" : " contexts " + joined(contexts));
   }
   const ConfigNode budgets = root.child("budgets");
   budgets.allow_only({"vram", "pinned", "host"});
