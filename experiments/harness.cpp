@@ -1051,18 +1051,58 @@ std::string canonical_yaml(const YAML::Node& node, bool byte_sizes) {
   return YAML::Dump(node);
 }
 
+/// The top-level fields of `c` whose defaults can be written out, as its runs
+/// take them (defaults filled in, numbers exact): `seed: 1` written out is
+/// the seed left out. Every field such a key holds is here, so that equal
+/// strings mean the same runs.
+std::map<std::string, std::string> resolved_fields(const ExperimentConfig& c) {
+  auto exact = [](double value) {
+    std::ostringstream out;
+    out << std::setprecision(std::numeric_limits<double>::max_digits10) << value;
+    return out.str();
+  };
+  std::string models;
+  for (const ModelSpec& model : c.models)
+    models += model.preset + " layers " + std::to_string(model.config.layers) + " hidden_scale " +
+              exact(model.overrides.hidden_scale) + "; ";
+  const SystemOptions& o = c.system_options;
+  return {{"models", models},
+          {"max_total_tokens", std::to_string(c.max_total_tokens)},
+          {"max_sequence_tokens", std::to_string(c.max_sequence_tokens)},
+          {"steps", "warmup " + std::to_string(c.warmup_steps) + " measured " + std::to_string(c.measured_steps) +
+                        " profile_tokens " + std::to_string(c.profile_tokens)},
+          {"repetitions", std::to_string(c.repetitions)},
+          {"seed", std::to_string(c.seed)},
+          {"block_tokens", std::to_string(c.block_tokens)},
+          {"context_fill", c.context_fill},
+          {"options", "expert_vram_share " + exact(o.expert_vram_share) + " score_decay " + exact(o.score_decay) +
+                          " prefetch_experts " + std::to_string(o.prefetch_experts) + " writescope_experts " +
+                          (c.auto_writescope_experts ? std::string("auto") : o.writescope_experts)}};
+}
+
 /// The top-level fields in which a recorded experiment config (YAML) and
 /// `current` differ, in the order they first appear, each with both values
 /// ("seed: 1 in the file, 2 here": `recorded_name`, `current_name`). Where
 /// the results go (`output`) and where the profile was read from (`profile`)
 /// do not identify the experiment: the profile's own content is compared by
-/// itself. Values compare as canonical_yaml spells them. The sources name
-/// each text in a ConfigError where it is not a YAML mapping.
+/// itself. Values compare as canonical_yaml spells them, and those with
+/// defaults as the runs take them (resolved_fields). The sources name each
+/// text in a ConfigError where it is not a valid experiment config.
 std::vector<std::string> experiment_differences(const std::string& recorded, const std::string& recorded_source,
                                                 const std::string& current, const std::string& current_source,
                                                 const std::string& recorded_name, const std::string& current_name) {
-  const YAML::Node a = ConfigNode::parse(recorded, recorded_source).yaml(),
-                   b = ConfigNode::parse(current, current_source).yaml();
+  const ConfigNode recorded_root = ConfigNode::parse(recorded, recorded_source),
+                   current_root = ConfigNode::parse(current, current_source);
+  const YAML::Node a = recorded_root.yaml(), b = current_root.yaml();
+  // A config this build cannot read (another revision's) compares as written.
+  auto resolved_or_none = [](const ConfigNode& root) {
+    try {
+      return resolved_fields(ExperimentConfig::from_config(root, true));
+    } catch (const std::exception&) {
+      return std::map<std::string, std::string>{};
+    }
+  };
+  const auto resolved_a = resolved_or_none(recorded_root), resolved_b = resolved_or_none(current_root);
   std::vector<std::string> keys, differing;
   for (const YAML::Node* node : {&a, &b})
     for (const auto& entry : *node)
@@ -1081,7 +1121,9 @@ std::vector<std::string> experiment_differences(const std::string& recorded, con
       const std::string value = line.c_str();
       return value.size() > 60 ? value.substr(0, 57) + "..." : value;
     };
-    if (text(a) != text(b))
+    const auto resolved = resolved_a.find(key), other = resolved_b.find(key);
+    if (text(a) != text(b) &&
+        (resolved == resolved_a.end() || other == resolved_b.end() || resolved->second != other->second))
       differing.push_back(key + ": " + shown(a) + " " + recorded_name + ", " + shown(b) + " " + current_name);
   }
   return differing;

@@ -732,6 +732,19 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
       replaced(yaml, "budgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}", "budgets: {host: 25165824, vram: 12MiB, pinned: 8MiB}");
   ASSERT_NE(respelled, yaml);
   EXPECT_EQ(resume_error(respelled), "resumed");
+  // Defaults written out are the same experiment; another value is not.
+  const std::string defaults_written_out =
+      replaced(replaced(yaml, "{preset: tiny-mixtral}",
+                        "{preset: tiny-mixtral, layers: " + std::to_string(model_preset("tiny-mixtral").layers) +
+                            ", hidden_scale: 1.0}"),
+               "steps: {warmup: 1, measured: 2}", "steps: {measured: 2, warmup: 1}") +
+      "seed: 1\nrepetitions: 1\ncontext_fill: synthetic\nmax_total_tokens: 0\n"
+      "options: {score_decay: 0.8, expert_vram_share: 0.5, prefetch_experts: 0, writescope_experts: auto}\n";
+  EXPECT_EQ(resume_error(defaults_written_out), "resumed");
+  EXPECT_NE(resume_error(yaml + "options: {score_decay: 0.5}\n")
+                .find("(it differs in options: (absent) in the file, {score_decay: 0.5} here)"),
+            std::string::npos)
+      << resume_error(yaml + "options: {score_decay: 0.5}\n");
   // Where the results go and where the profile was read from do not identify
   // the experiment: a file moved along with its config's output resumes.
   const std::string moved = output_ + ".moved.h5";
