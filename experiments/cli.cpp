@@ -317,6 +317,9 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
     calibration.attention_tokens = positive_integer<std::int64_t>("calibrate", "--tokens", options["--tokens"],
                                                                   calibration_block_tokens, std::int64_t{1} << 24);
   if (options.count("--thread-counts")) {
+    // getline drops a trailing empty entry: "1," would calibrate 1 alone, silently.
+    if (const std::string& text = options["--thread-counts"]; text.empty() || text.back() == ',')
+      throw UsageError("calibrate: --thread-counts '" + text + "' ends in an empty entry (a list such as 1,2,4)");
     std::stringstream list(options["--thread-counts"]);
     for (std::string item; std::getline(list, item, ',');) {
       const int threads = positive_integer("calibrate", "--thread-counts", item, 1, max_host_threads);

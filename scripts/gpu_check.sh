@@ -36,7 +36,7 @@
 # this tree's sources (sources.sha256 in the bundle); a stale one measures
 # other code.
 # WRITESCOPE_GPU_CHECK_STAGES (e.g. "smoke,tests,benchmarks") runs a subset, in
-# order (a name that is no stage is an error, before anything runs);
+# order (a name that is no stage, or none, is an error, before anything runs);
 # WRITESCOPE_BENCHMARK_FILTER and WRITESCOPE_HOST_KERNEL_FILTER replace
 # stages 5 and 6's benchmark regexes (a stage whose filter matches no
 # benchmark fails). WRITESCOPE_GPU_CHECK_SECONDS (default
@@ -59,7 +59,10 @@ case "${1:-}" in
 esac
 # Stage names checked before anything runs: a typo would cost device time and pass with nothing run.
 all_stages=smoke,tests,calibrate,slice,benchmarks,host_kernels
-stages=${WRITESCOPE_GPU_CHECK_STAGES:-$all_stages}
+stages=${WRITESCOPE_GPU_CHECK_STAGES-$all_stages}
+# Set but empty is a slip (a variable that expanded to nothing), not "all".
+[ -n "$stages" ] || { echo "gpu_check: WRITESCOPE_GPU_CHECK_STAGES is set but empty; name stages ($all_stages) or unset it to run them all" >&2
+                      exit 2; }
 # Exact comma-separated names: "smoke, tests" would otherwise skip tests unsaid.
 IFS=, read -ra listed <<<"$stages"
 for stage in "${listed[@]}"; do

@@ -140,8 +140,8 @@ grep -q "WRITESCOPE_GPU_CHECK_SECONDS must be a whole number of seconds, not '5m
   fail "the bad budget's error does not name it: $message"
 [ -e "$scratch/out-bad" ] && fail "a check with a bad budget wrote $scratch/out-bad"
 # Mistakes that would cost a device call are refused before anything runs:
-# a stage name that is no stage, a second argument, an OUT that cannot be a folder.
-for mistake in "STAGES=smoke,bench" "STAGES=smoke, tests" "ARGUMENT=--host extra" "OUT=$scratch/two_files_of_out/sub"; do
+# a stage name that is no stage, no stage named, a second argument, an OUT that cannot be a folder.
+for mistake in "STAGES=smoke,bench" "STAGES=smoke, tests" "STAGES=" "ARGUMENT=--host extra" "OUT=$scratch/two_files_of_out/sub"; do
   stages=smoke arguments=--host out=$scratch/out-mistake
   case $mistake in
     STAGES=*) stages=${mistake#STAGES=} ;;
