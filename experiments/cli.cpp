@@ -243,20 +243,27 @@ T positive_integer(const std::string& command, const std::string& option, const 
 
 void progress_line(const std::string& line) { log_info("calibrate: ", line); }
 
+/// An output file named on the command line, refused as a usage error (exit
+/// status 2, for every command alike) before any work where it cannot be a
+/// file (a folder included) or its folder cannot be made; the folder is made
+/// otherwise.
+void prepare_output_option(const std::string& option, const std::string& path) {
+  if (const std::string why = not_a_file_reason(path); !why.empty())
+    throw UsageError(option + " " + path + " " + why + "; give a file name");
+  try {
+    create_output_folder(option, path);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
 /// Refuses an --output `path` that a file cannot be written to (a folder, a
 /// missing or read-only folder) before minutes of measuring go into it.
 void check_profile_output(const std::string& command, const std::string& path) {
   if (path == "-") throw UsageError(command + ": --output - is no file name; without --output the profile goes to stdout");
   // A device, pipe or socket: its reading below could wait forever, and the
   // rename would replace it (/dev/null) with a file.
-  std::string not_a_file;
-  try {
-    not_a_file = not_a_file_reason(path);
-  } catch (const std::runtime_error& e) {  // a loop of symbolic links
-    throw UsageError(command + ": --output " + e.what());
-  }
-  if (!not_a_file.empty())
-    throw UsageError(command + ": --output " + path + " " + not_a_file + "; give a file name for the profile");
+  prepare_output_option(command + ": --output", path);
   // Calibrating again replaces a profile, an outdated one included (a YAML
   // mapping with a name and a cpu section), or an empty file; any other file
   // (results, a config) is kept.
@@ -278,11 +285,6 @@ void check_profile_output(const std::string& command, const std::string& path) {
     if (!why.empty())
       throw UsageError(command + ": --output " + path + " exists and is not a machine profile (" + why +
                        "); a profile replaces only an earlier profile: give another --output or remove the file");
-  }
-  try {
-    create_output_folder(command + ": --output", path);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
   }
   // A file beside it, as MachineProfile::save writes one: a name of its own
   // (mkstemp), so that no existing file is truncated or removed.
@@ -683,12 +685,13 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   std::optional<ResultsTransaction> txn;
   std::optional<ResultsGroup> group;
   std::string group_name;
+  if (options.count("--logits")) prepare_output_option("generate: --logits", options["--logits"]);
   const bool new_logits_file = options.count("--logits") && !std::filesystem::exists(options["--logits"]);
   if (options.count("--logits")) {
     // Generations go only beside others: a results file or another program's
     // is left as it is (no lock file beside it either). Files from before the
     // format attribute hold only generate_N groups.
-    if (!new_logits_file && !std::filesystem::is_directory(options["--logits"])) {
+    if (!new_logits_file) {
       const ResultsReader reader(options["--logits"]);
       const std::string format = reader.has_attribute("/", "format") ? reader.string_attribute("/", "format") : "";
       const std::vector<std::string> groups = reader.list("/");
@@ -962,7 +965,10 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
                                              "-of-" + std::to_string(run_options.shard.count) + output.extension().string()))
                         .string();
   }
-  if (options.count("--output")) config.output = options["--output"];
+  if (options.count("--output")) {
+    prepare_output_option("run: --output", options["--output"]);
+    config.output = options["--output"];
+  }
   std::string profile_source = "--profile";
   if (options.count("--profile")) {
     config.profile = options["--profile"];
@@ -1035,6 +1041,7 @@ int predict_command(const std::vector<std::string>& args, std::ostream& out) {
     profiles.push_back(profile);
   }
   std::string output = options.count("--output") ? options["--output"] : "";
+  if (!output.empty()) prepare_output_option("predict: --output", output);
   if (output.empty()) {
     const std::filesystem::path measured = config.output;
     output = (measured.parent_path() / (measured.stem().string() + "-predicted" + measured.extension().string())).string();
@@ -1066,12 +1073,14 @@ int merge_command(const std::vector<std::string>& args, std::ostream& out) {
   }
   if (files.size() < 2) throw UsageError("merge: give the output file and at least one input file");
   const std::vector<std::string> inputs(files.begin() + 1, files.end());
-  // As run and predict do: the output's folder is made (after its name is checked).
-  try {
-    create_output_folder("merge: output", files.front());
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
+  // Inputs that are not there are named before the output's folder is made.
+  for (const std::string& input : inputs) {
+    std::error_code error;
+    if (!std::filesystem::exists(input, error))
+      throw UsageError("merge: input " + input + " does not exist" +
+                       (error && error != std::errc::no_such_file_or_directory ? " (" + error.message() + ")" : ""));
   }
+  prepare_output_option("merge: output", files.front());
   for (const std::string& line : merge_results(files.front(), inputs, merge)) out << line << "\n";
   return 0;
 }

@@ -482,17 +482,11 @@ MachineProfile load_profile_file(const std::string& path) {
 void create_output_folder(const std::string& option, const std::string& path) {
   // Checked before any folder is made: "out/" would make out and then be
   // refused. An existing folder is left to the writer, which names a file to give.
-  std::string why;
-  try {
-    why = not_a_file_reason(path);
-  } catch (const std::runtime_error& e) {  // a loop of symbolic links
-    throw std::invalid_argument(option + " " + e.what());
-  }
-  if (!why.empty() && !std::filesystem::is_directory(path))
+  std::error_code error;
+  if (const std::string why = not_a_file_reason(path); !why.empty() && !std::filesystem::is_directory(path, error))
     throw std::invalid_argument(option + " " + path + " " + why + "; give a file name");
   const auto parent = std::filesystem::path(path).parent_path();
   if (parent.empty()) return;
-  std::error_code error;
   std::filesystem::create_directories(parent, error);
   if (error)
     throw std::invalid_argument(option + " " + path + ": its folder " + parent.string() + " cannot be created (" +

@@ -21,8 +21,14 @@ std::string followed_symlinks(const std::string& path) {
 
 std::string not_a_file_reason(const std::string& path) {
   if (!path.empty() && path.back() == '/') return "ends in '/', as a folder does";
+  std::string real;
+  try {
+    real = followed_symlinks(path);
+  } catch (const std::runtime_error&) {
+    return "is a symbolic link that cannot be resolved (a loop, or more than 40 links)";
+  }
   std::error_code error;
-  const fs::file_status status = fs::status(followed_symlinks(path), error);
+  const fs::file_status status = fs::status(real, error);
   switch (status.type()) {
     case fs::file_type::not_found:
     case fs::file_type::none:

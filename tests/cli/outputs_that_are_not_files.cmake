@@ -10,7 +10,7 @@ if(NOT status EQUAL 0)
 endif()
 execute_process(COMMAND ${COMMAND} calibrate --output ${FOLDER}/pipe --tokens 256 --thread-counts 1
   TIMEOUT 60 RESULT_VARIABLE status ERROR_VARIABLE err)
-if(NOT status EQUAL 2 OR NOT err MATCHES "calibrate: --output .*/pipe is a pipe, not a file. give a file name for the profile")
+if(NOT status EQUAL 2 OR NOT err MATCHES "calibrate: --output .*/pipe is a pipe, not a file. give a file name")
   message(FATAL_ERROR "a pipe as --output: status ${status}; stderr:\n${err}")
 endif()
 execute_process(COMMAND sh -c "test -p \"$0\"" ${FOLDER}/pipe RESULT_VARIABLE status)
