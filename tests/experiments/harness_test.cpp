@@ -1319,20 +1319,25 @@ TEST_F(HarnessTest, WriteScopesHostPoolKeepsWhatItsWritePolicyFixesThereWhenHost
 // they decide; WriteScope's own expert policy comes from its roofline before
 // the run, whichever baselines run beside it.
 TEST_F(HarnessTest, PoliciesPlanForTheConfiguredLengthNotTheRunsFinal) {
-  auto regions_of = [&](int measured, const std::string& name) {
+  // A machine with a GPU (the host build's GPU space), whose roofline splits
+  // spilled KV between the devices: there the planned length moves blocks
+  // (without one every spilled byte goes to the CPU, whatever the plan).
+  MachineProfile profile = test::tiny_profile();
+  profile.has_gpu = true;
+  profile.gpu_launch_latency_s = profile.link_latency_s = profile.cpu_launch_latency_s = 0;
+  auto regions_of = [&](int measured, const std::string& name, int planned) {
     const std::string output = (dir_ / (name + ".h5")).string();
     const std::string yaml = "name: plan\noutput: " + output +
                              "\nprofile: test\nmodels: [{preset: tiny-mixtral}]\nsystems: [writescope]\n"
-                             "batch_sizes: [2]\ncontexts: [60]\nmax_sequence_tokens: 400\n"
-                             "budgets: {vram: 3MiB, pinned: 8MiB, host: 64MiB}\nsteps: {warmup: 0, measured: " +
+                             "batch_sizes: [2]\ncontexts: [200]\nmax_sequence_tokens: " + std::to_string(planned) +
+                             "\nbudgets: {vram: 512KiB, pinned: 8MiB, host: 64MiB}\nsteps: {warmup: 0, measured: " +
                              std::to_string(measured) + "}\nblock_tokens: 8\n";
     std::ostringstream progress;
-    run_experiment(ExperimentConfig::from_config(ConfigNode::parse(yaml, "plan.yaml")), test::tiny_profile(),
-                   progress, false);
+    run_experiment(ExperimentConfig::from_config(ConfigNode::parse(yaml, "plan.yaml")), profile, progress, false);
     const ResultsReader reader(output);
     const std::string g = "/runs/" + reader.list("/runs").front();
     EXPECT_EQ(reader.string_attribute(g, "status"), "complete") << progress.str();
-    EXPECT_EQ(reader.int_attribute(g, "planned_sequence_tokens"), 400);
+    EXPECT_EQ(reader.int_attribute(g, "planned_sequence_tokens"), planned);
     std::vector<double> first_step;
     for (const char* region : {"gpu_resident", "gpu_streamed", "cpu_resident", "cpu_streamed"})
       first_step.push_back(reader.read<double>(g + "/region_bytes/" + region).front());
@@ -1340,7 +1345,10 @@ TEST_F(HarnessTest, PoliciesPlanForTheConfiguredLengthNotTheRunsFinal) {
     first_step.push_back(static_cast<double>(reader.int_attribute(g, "host_bytes")));
     return first_step;
   };
-  EXPECT_EQ(regions_of(1, "short"), regions_of(200, "long"));
+  const std::vector<double> planned_far = regions_of(1, "short", 400);
+  EXPECT_EQ(planned_far, regions_of(200, "long", 400));
+  // The control: the plan itself does move them, so the equality above could fail.
+  EXPECT_NE(planned_far, regions_of(1, "planned_near", 201));
 }
 
 TEST_F(HarnessTest, WriteScopesExpertPolicyIsFixedBeforeTheRun) {
