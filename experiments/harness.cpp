@@ -868,7 +868,11 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
   const auto steps_begin = std::chrono::steady_clock::now();
   for (int step = 0; step < steps; ++step) {
     const bool measured = step >= config.warmup_steps;
-    if (step == config.warmup_steps && !profiles) model.end_warmup();
+    // Policies that place experts by what they profile end their warm-up
+    // after the profiling prompt; for the rest it ends before the first step,
+    // so that warm-up flows into the measured steps as the steps flow into
+    // each other (ended between them, it drained the prefetch stream untimed).
+    if (step == 0 && !profiles) model.end_warmup();
     std::optional<double> seconds_left;  // the steps left at the mean step's time so far
     if (step > 0)
       seconds_left = std::chrono::duration<double>(std::chrono::steady_clock::now() - steps_begin).count() / step *

@@ -258,7 +258,7 @@ class PlanningModel {
       stage_logits(1);  // the chunk's last row
     }
   }
-  /// As MoeModel::end_warmup: the prefetch stream is drained (untimed) before the policy places experts.
+  /// As MoeModel::end_warmup: the prefetch stream is drained before the policy places experts.
   void end_warmup() {
     prefetch_wait_ = 0;
     apply(options_.experts->end_warmup(residency_));
@@ -458,7 +458,7 @@ PricedSteps price_decode(const ModelConfig& config, const ModelOptions& options,
   priced.vram = model.vram();
   std::vector<LayerRecord> records;
   for (int step = 0; step < workload.warmup_steps + workload.measured_steps; ++step) {
-    if (step == workload.warmup_steps && workload.profile_tokens == 0) model.end_warmup();
+    if (step == 0 && workload.profile_tokens == 0) model.end_warmup();  // as the harness: before the first step
     const double seconds = model.step(sequences, records);
     if (step < workload.warmup_steps) continue;
     priced.step_seconds.push_back(seconds);

@@ -257,7 +257,7 @@ TEST(PredictTest, PredictedSplitEqualsTheSchedulersPlan) {
   std::vector<int> tokens{1, 2};
   bool split = false;
   for (int step = 0; step < workload.warmup_steps + workload.measured_steps; ++step) {
-    if (step == workload.warmup_steps) model.end_warmup();
+    if (step == 0) model.end_warmup();  // as price_decode: before the first step
     model.step(sequences, tokens);
     if (step < workload.warmup_steps) continue;
     const auto& predicted = priced.layers.at(static_cast<std::size_t>(step - workload.warmup_steps));
