@@ -229,7 +229,12 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
                                format_byte_size(c.host_budget) + ")");
   if (const auto steps = root.optional_child("steps")) {
     steps->allow_only({"warmup", "measured", "profile_tokens"});
-    c.warmup_steps = static_cast<int>(steps->get_integer_or("warmup", c.warmup_steps, 0, most_steps));
+    // A system's first step grows its buffers (a profiling prompt grows them
+    // before it): measured, it would time allocations for some systems only.
+    // Recorded configs of files from before this check may hold 0.
+    c.warmup_steps = static_cast<int>(steps->get_integer_or(
+        "warmup", c.warmup_steps, recorded ? 0 : 1, most_steps,
+        recorded ? std::string() : "a first step grows buffers, and measured it would time their allocation"));
     c.measured_steps = static_cast<int>(steps->get_integer_or("measured", c.measured_steps, 1, most_steps));
     c.profile_tokens = static_cast<int>(steps->get_integer_or("profile_tokens", c.profile_tokens, 1, most_int));
   }
