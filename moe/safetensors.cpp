@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "framework/config.hpp"
+#include "framework/files.hpp"
 #include "framework/json.hpp"
 
 namespace writescope {
@@ -128,10 +129,34 @@ Integer header_integer(const YAML::Node& node, const std::string& where, const c
 
 }  // namespace
 
+namespace {
+
+/// Whether the checkpoint's file `path` is there; CheckpointError where a
+/// name is taken by something no file can be read from (a folder, a device,
+/// a link to nothing), which would otherwise fail as a stream or file-system error.
+bool checkpoint_file_present(const fs::path& path) {
+  std::error_code error;
+  if (fs::is_symlink(path, error) && !fs::exists(path, error))
+    throw CheckpointError(path.string() + ": a symbolic link to " + fs::read_symlink(path, error).string() +
+                          ", which does not exist");
+  if (!fs::exists(path, error)) return false;
+  if (const std::string why = not_a_file_reason(path.string()); !why.empty())
+    throw CheckpointError(path.string() + ": " + why + "; a checkpoint's weights and index are files");
+  return true;
+}
+
+}  // namespace
+
 SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& folder) : folder_(folder) {
   if (!fs::is_directory(folder_)) throw CheckpointError("checkpoint " + folder_ + ": no such folder");
   const fs::path index = fs::path(folder_) / "model.safetensors.index.json";
-  if (fs::exists(index)) {
+  const bool indexed = checkpoint_file_present(index),
+             single = checkpoint_file_present(fs::path(folder_) / "model.safetensors");
+  // Which weights would load is not the user's to guess.
+  if (indexed && single)
+    throw CheckpointError("checkpoint " + folder_ + ": holds both model.safetensors and model.safetensors.index.json "
+                          "(which weights load is unclear); remove one");
+  if (indexed) {
     YAML::Node root;
     try {
       std::ifstream in(index, std::ios::binary);
@@ -164,7 +189,12 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& folder) : folder
         throw CheckpointError(index.string() + ": tensor '" + name + "' is listed in " +
                               entry.second.as<std::string>() + " but that file does not hold it");
     }
-  } else if (fs::exists(fs::path(folder_) / "model.safetensors")) {
+    // A shard's tensor the index does not list: the index and its shards disagree.
+    for (const auto& [name, info] : tensors_)
+      if (!map[name])
+        throw CheckpointError(index.string() + ": " + info.file + " holds tensor '" + name +
+                              "', which weight_map does not list");
+  } else if (single) {
     add_file("model.safetensors");
   } else {
     throw CheckpointError("checkpoint " + folder_ + ": neither model.safetensors nor model.safetensors.index.json");
@@ -222,9 +252,9 @@ void SafetensorsCheckpoint::add_file(const std::string& file_name) {
       throw CheckpointError(where + ": data_offsets [" + std::to_string(offsets[0]) + ", " +
                             std::to_string(offsets[1]) + "] run backwards");
     if (offsets[1] > size - data_start)  // compared before adding data_start: no wrap-around
-      throw CheckpointError(where + ": data [" + std::to_string(data_start + offsets[0]) + ", " +
-                            std::to_string(data_start + offsets[1]) + ") lies beyond the end of the file (" +
-                            std::to_string(size) + " bytes): truncated");
+      throw CheckpointError(where + ": data_offsets [" + std::to_string(offsets[0]) + ", " +
+                            std::to_string(offsets[1]) + "] lie beyond the end of the file's " +
+                            std::to_string(size - data_start) + " bytes of data: truncated, or wrong offsets");
     info.begin = data_start + offsets[0];
     info.end = data_start + offsets[1];
     // The shape's bytes, checked: a product beyond 63 bits would wrap to a size that matches.
@@ -253,6 +283,19 @@ void SafetensorsCheckpoint::add_file(const std::string& file_name) {
                             std::to_string(after.begin - data_start) + ", " + std::to_string(after.end - data_start) +
                             ")");
   }
+  // The data is the tensors' and nothing else's, as the reference reader
+  // requires: bytes between or after them are a damaged or foreign file.
+  std::uint64_t covered = 0;
+  for (const auto& [begin, name] : in_file) {
+    if (begin - data_start != covered)
+      throw CheckpointError(path + ": bytes [" + std::to_string(covered) + ", " + std::to_string(begin - data_start) +
+                            ") of the data belong to no tensor (before tensor '" + name + "')");
+    covered = tensors_.at(name).end - data_start;
+  }
+  if (covered != size - data_start)
+    throw CheckpointError(path + ": " + std::to_string(size - data_start - covered) +
+                          " bytes after the last tensor's data belong to no tensor (its tensors end at byte " +
+                          std::to_string(data_start + covered) + " of " + std::to_string(size) + ")");
 }
 
 const TensorInfo& SafetensorsCheckpoint::info(const std::string& tensor) const {

@@ -101,10 +101,10 @@ TEST_F(SafetensorsTest, DamagedValuesAndHeadersAreNamed) {
                    {file, "'layers.3.w'", std::string("element 7 is ") + (std::isnan(bad) ? "NaN" : "Inf")});
     }
   }
-  auto write_header = [&](const std::string& header) {
+  auto write_header = [&](const std::string& header, std::size_t data_bytes = 8) {
     std::string bytes(8, '\0');
     for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-    std::ofstream(file, std::ios::binary) << bytes << header << std::string(64, '\0');
+    std::ofstream(file, std::ios::binary) << bytes << header << std::string(data_bytes, '\0');
   };
   write_header(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}})");
   expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "key 'w' (line 1) appears twice"});
@@ -125,13 +125,42 @@ TEST_F(SafetensorsTest, DamagedValuesAndHeadersAreNamed) {
   write_header(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, -8]}})");
   expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "tensor 'w'", "data_offsets holds '-8'"});
   // Two names over shared bytes, and a shape whose byte count wraps to the range given.
-  write_header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})");
+  write_header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 12);
   expect_error([&] { SafetensorsCheckpoint{dir_.string()}; },
                {file, "tensors 'a' and 'b' overlap: data_offsets [0, 8) and [4, 12)"});
   write_header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}})");
   EXPECT_NO_THROW(SafetensorsCheckpoint{dir_.string()});
   write_header(R"({"w": {"dtype": "BF16", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})");
   expect_error([&] { SafetensorsCheckpoint{dir_.string()}; }, {file, "tensor 'w'", "holds more bytes than any file"});
+  // The data is the tensors' alone (as the reference reader requires): no bytes after or between them.
+  write_header(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 24);
+  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; },
+               {file, "16 bytes after the last tensor's data belong to no tensor"});
+  write_header(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})", 12);
+  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; },
+               {file, "bytes [4, 8) of the data belong to no tensor (before tensor 'b')"});
+  // Offsets past the data are named as written, not as file positions.
+  write_header(R"({"w": {"dtype": "F32", "shape": [0], "data_offsets": [99999999, 99999999]}})");
+  expect_error([&] { SafetensorsCheckpoint{dir_.string()}; },
+               {file, "data_offsets [99999999, 99999999] lie beyond the end of the file's 8 bytes of data"});
+}
+
+// What stands at a checkpoint file's name must be a file, and one layout at a time.
+TEST_F(SafetensorsTest, NamesTakenByOtherThanOneLayoutsFiles) {
+  const fs::path single = dir_ / "model.safetensors", index = dir_ / "model.safetensors.index.json";
+  write_safetensors(single.string(), {{"x", {TensorDType::f32, {1}, {1}}}});
+  fs::create_directory(index);
+  expect_error([&] { SafetensorsCheckpoint checkpoint(dir_.string()); },
+               {index.string(), "is a folder; a checkpoint's weights and index are files"});
+  fs::remove(index);
+  std::ofstream(index) << R"({"weight_map": {"x": "model.safetensors"}})";
+  expect_error([&] { SafetensorsCheckpoint checkpoint(dir_.string()); },
+               {"holds both model.safetensors and model.safetensors.index.json", "remove one"});
+  fs::remove(index);
+  fs::remove(single);
+  fs::create_symlink("gone.safetensors", single);
+  expect_error([&] { SafetensorsCheckpoint checkpoint(dir_.string()); },
+               {single.string(), "a symbolic link to gone.safetensors, which does not exist"});
 }
 
 TEST_F(SafetensorsTest, IndexMustMatchTheShards) {
@@ -146,6 +175,12 @@ TEST_F(SafetensorsTest, IndexMustMatchTheShards) {
   }
   std::ofstream(dir_ / "model.safetensors.index.json") << R"({"weight_map": {"x": 5}})";
   expect_error([&] { SafetensorsCheckpoint checkpoint(dir_.string()); }, {"to a file name (a string)"});
+  // A shard's tensor the index leaves out.
+  write_safetensors((dir_ / "a.safetensors").string(),
+                    {{"x", {TensorDType::f32, {1}, {1}}}, {"z", {TensorDType::f32, {1}, {2}}}});
+  std::ofstream(dir_ / "model.safetensors.index.json") << R"({"weight_map": {"x": "a.safetensors"}})";
+  expect_error([&] { SafetensorsCheckpoint checkpoint(dir_.string()); },
+               {"a.safetensors holds tensor 'z', which weight_map does not list"});
 }
 
 }  // namespace
