@@ -382,15 +382,19 @@ int calibrate_attention_command(const std::vector<std::string>& args, std::ostre
 /// presets' positions, and read before any memory for the model is taken.
 constexpr std::int64_t most_prompt_tokens = std::int64_t{1} << 24;
 
-/// Token ids separated by commas or whitespace (or both; a trailing comma is
-/// fine, two commas with nothing between them are not), each in [0, vocab),
+/// Token ids separated by commas or whitespace (or both; two commas with
+/// nothing between them are refused, and so is a trailing comma but at the
+/// end of a file), each in [0, vocab),
 /// at most most_prompt_tokens; given piece by piece, so that a file is read
 /// only as far as it is good. Errors are std::invalid_argument naming
 /// `source` and quoting the bad item (cut short, bytes other than printable
 /// ASCII escaped).
 class TokenIds {
  public:
-  TokenIds(int vocab, std::string source) : vocab_(vocab), source_(std::move(source)) {}
+  /// `file`: a comma may end the text (programs write lists so); on the
+  /// command line a trailing comma, as a doubled one, leaves an id out.
+  TokenIds(int vocab, std::string source, bool file)
+      : vocab_(vocab), source_(std::move(source)), file_(file) {}
 
   /// Parses `text`'s items up to its last separator (all of it when `last`);
   /// returns how much of `text` it took.
@@ -431,6 +435,7 @@ class TokenIds {
 
   std::vector<int> finish() {
     if (tokens_.empty()) throw std::invalid_argument("generate: " + source_ + " holds no token");
+    if (after_comma_ && !file_) fail("");
     return std::move(tokens_);
   }
 
@@ -457,6 +462,7 @@ class TokenIds {
 
   int vocab_;
   std::string source_;
+  bool file_;
   std::vector<int> tokens_;
   bool after_comma_ = true;  // at the start, or since the last comma no id came
 };
@@ -466,7 +472,7 @@ std::vector<int> prompt_tokens(std::map<std::string, std::string>& options, int 
   if (options.count("--prompt") == options.count("--prompt-file"))
     throw UsageError("generate: give the prompt with exactly one of --prompt and --prompt-file");
   if (options.count("--prompt")) {
-    TokenIds ids(vocab, "--prompt");
+    TokenIds ids(vocab, "--prompt", false);
     try {
       ids.add(options["--prompt"], true);
       return ids.finish();
@@ -481,7 +487,7 @@ std::vector<int> prompt_tokens(std::map<std::string, std::string>& options, int 
     throw UsageError("generate: --prompt-file " + path + " cannot be read (" +
                      (std::filesystem::is_directory(path) ? std::string("it is a folder") : std::strerror(errno)) +
                      ")");
-  TokenIds ids(vocab, "--prompt-file " + path);
+  TokenIds ids(vocab, "--prompt-file " + path, true);
   std::string pending;
   std::vector<char> block(1 << 20);
   while (file.read(block.data(), static_cast<std::streamsize>(block.size())) || file.gcount() > 0) {
@@ -606,6 +612,11 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   const int new_tokens = positive_integer("generate", "--new-tokens", options["--new-tokens"]);
   const std::string& model_name = options["--model"];
   const bool from_checkpoint = std::filesystem::is_directory(model_name);
+  // A folder named as a preset would silently stand for it (or the preset for it).
+  if (const std::vector<std::string> presets = model_preset_names();
+      from_checkpoint && std::find(presets.begin(), presets.end(), model_name) != presets.end())
+    throw UsageError("generate: --model " + model_name + " names both a preset and a folder here; give ./" +
+                     model_name + " for the checkpoint folder, or run elsewhere for the preset");
   ModelConfig config;
   if (from_checkpoint) {
     config = load_hf_config(model_name + "/config.json");
