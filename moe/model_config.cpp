@@ -230,7 +230,9 @@ void ModelConfig::validate() const {
           "must be positive (it scales the routed experts' sum)");
   if (rope_scaling.type == "yarn") {
     // YaRN divides by the factor and takes logarithms of the others.
-    require(std::isfinite(rope_scaling.factor) && rope_scaling.factor > 0, "rope_scaling.factor", "must be positive");
+    // A factor under 1 would shrink the context YaRN stretches (transformers warns of it).
+    require(std::isfinite(rope_scaling.factor) && rope_scaling.factor >= 1, "rope_scaling.factor",
+            "must be at least 1 (YaRN stretches the original context by it)");
     require(rope_scaling.original_max_position >= 1, "rope_scaling.original_max_position_embeddings",
             "must be positive");
     require(rope_scaling.beta_slow > 0, "rope_scaling.beta_slow", "must be positive");
@@ -365,7 +367,20 @@ void require_supported(const ConfigNode& root, const char* key, T supported, con
 ModelConfig load_hf_config(const std::string& config_json) {
   const ConfigNode root = ConfigNode::load_json_file(config_json);
   const auto architectures = root.get_list<std::string>("architectures");
+  // Which one the weights are would be a guess.
+  if (architectures.size() != 1)
+    root.fail("architectures", "must name one architecture, not " + std::to_string(architectures.size()));
   const std::string& kind = architectures.front();
+  // model_type, where given, is the same architecture's (transformers picks the class by it).
+  if (root.has("model_type")) {
+    const std::string model_type = root.get<std::string>("model_type");
+    const std::string expected = kind == "DeepseekV2ForCausalLM" ? "deepseek_v2"
+                                 : kind == "Qwen3MoeForCausalLM" ? "qwen3_moe"
+                                 : kind == "MixtralForCausalLM"  ? "mixtral"
+                                                                 : model_type;
+    if (model_type != expected)
+      root.fail("model_type", "'" + model_type + "' is not " + kind + "'s ('" + expected + "')");
+  }
   ModelConfig c;
   c.name = root.get_or<std::string>("_name_or_path", config_json);
   c.layers = root.get<int>("num_hidden_layers");

@@ -131,14 +131,20 @@ std::vector<Scalar> synthetic_tensor(const TensorSpec& spec, std::uint64_t seed)
 template std::vector<float> synthetic_tensor<float>(const TensorSpec&, std::uint64_t);
 template std::vector<bf16> synthetic_tensor<bf16>(const TensorSpec&, std::uint64_t);
 
-std::string hf_config_json(const ModelConfig& c, ConfigFormat format) {
+std::string hf_config_json(const ModelConfig& c, ConfigFormat format, TensorDType dtype) {
   const bool v5 = format == ConfigFormat::transformers5;
   std::ostringstream j;
   j.precision(17);
   const char* kind = c.architecture == Architecture::deepseek_v2 ? "DeepseekV2ForCausalLM"
                      : c.architecture == Architecture::qwen3_moe ? "Qwen3MoeForCausalLM"
                                                                  : "MixtralForCausalLM";
-  j << "{\n  \"architectures\": [\"" << kind << "\"],\n  \"_name_or_path\": \"" << c.name << "\",\n"
+  const char* model_type = c.architecture == Architecture::deepseek_v2 ? "deepseek_v2"
+                           : c.architecture == Architecture::qwen3_moe ? "qwen3_moe"
+                                                                       : "mixtral";
+  const char* torch_dtype = dtype == TensorDType::bf16 ? "bfloat16" : dtype == TensorDType::f16 ? "float16" : "float32";
+  j << "{\n  \"architectures\": [\"" << kind << "\"],\n  \"model_type\": \"" << model_type << "\",\n  \""
+    << (v5 ? "dtype" : "torch_dtype") << "\": \"" << torch_dtype << "\",\n  \"_name_or_path\": \"" << c.name
+    << "\",\n"
     << "  \"hidden_size\": " << c.hidden << ",\n  \"num_hidden_layers\": " << c.layers << ",\n"
     << "  \"num_attention_heads\": " << c.q_heads << ",\n  \"num_key_value_heads\": " << c.kv_heads << ",\n"
     << "  \"vocab_size\": " << c.vocab << ",\n  \"max_position_embeddings\": " << c.max_position << ",\n"
@@ -225,7 +231,7 @@ void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& co
     const std::filesystem::path partial = config_path.string() + ".partial";
     std::ofstream config_file(partial, std::ios::binary | std::ios::trunc);
     if (!config_file) throw CheckpointError(partial.string() + ": cannot create the file");
-    if (!(config_file << hf_config_json(config, format)) || !config_file.flush())
+    if (!(config_file << hf_config_json(config, format, dtype)) || !config_file.flush())
       throw CheckpointError(partial.string() + ": write failed");
     config_file.close();
     std::error_code renamed;

@@ -36,8 +36,9 @@ std::vector<Scalar> synthetic_tensor(const TensorSpec& spec, std::uint64_t seed)
 /// (rope_parameters with rope_type, Qwen3's num_local_experts).
 enum class ConfigFormat { hub, transformers5 };
 
-/// `config` as a config.json of `format` (load_hf_config reads it back).
-std::string hf_config_json(const ModelConfig& config, ConfigFormat format);
+/// `config` as a config.json of `format` (load_hf_config reads it back), with
+/// the model_type transformers picks its class by and `dtype`, the weights'.
+std::string hf_config_json(const ModelConfig& config, ConfigFormat format, TensorDType dtype);
 
 /// Writes a complete synthetic checkpoint (config.json + model.safetensors) of a
 /// small model, e.g. for tests and examples; the values equal synthetic_tensor.

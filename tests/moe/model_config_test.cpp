@@ -168,9 +168,9 @@ TEST_F(HfConfigTest, HubAndTransformers5FormatsReadAlike) {
                            "tiny-mixtral"}) {
     SCOPED_TRACE(name);
     const ModelConfig preset = model_preset(name);
-    const ModelConfig hub = load_hf_config(write(hf_config_json(preset, ConfigFormat::hub)));
+    const ModelConfig hub = load_hf_config(write(hf_config_json(preset, ConfigFormat::hub, TensorDType::bf16)));
     EXPECT_EQ(hub.config_format, "hub");
-    const ModelConfig v5 = load_hf_config(write(hf_config_json(preset, ConfigFormat::transformers5)));
+    const ModelConfig v5 = load_hf_config(write(hf_config_json(preset, ConfigFormat::transformers5, TensorDType::bf16)));
     EXPECT_EQ(v5.config_format, "transformers-5");
     EXPECT_EQ(hub.math_settings(), preset.math_settings());
     EXPECT_EQ(v5.math_settings(), preset.math_settings());
@@ -257,9 +257,9 @@ TEST_F(HfConfigTest, RotarySpellingsAndDefaultsAreExplicit) {
 // naming the field, not silently another model (cross-check against the
 // architectures' reference code, moe/README.md).
 TEST_F(HfConfigTest, UnimplementedVariantsAreRefused) {
-  const std::string deepseek = hf_config_json(model_preset("tiny-deepseek-v2"), ConfigFormat::hub);
-  const std::string qwen = hf_config_json(model_preset("tiny-qwen3-moe"), ConfigFormat::hub);
-  const std::string mixtral = hf_config_json(model_preset("tiny-mixtral"), ConfigFormat::hub);
+  const std::string deepseek = hf_config_json(model_preset("tiny-deepseek-v2"), ConfigFormat::hub, TensorDType::bf16);
+  const std::string qwen = hf_config_json(model_preset("tiny-qwen3-moe"), ConfigFormat::hub, TensorDType::bf16);
+  const std::string mixtral = hf_config_json(model_preset("tiny-mixtral"), ConfigFormat::hub, TensorDType::bf16);
   // One more field after the opening brace.
   auto with = [](const std::string& json, const std::string& field) { return "{" + field + "," + json.substr(1); };
   auto error_of = [&](const std::string& json) -> std::string {
@@ -315,6 +315,34 @@ TEST_F(HfConfigTest, UnimplementedVariantsAreRefused) {
   const std::string no_q_lora = std::regex_replace(deepseek, std::regex(R"("q_lora_rank": [a-z0-9]+,)"), "");
   ASSERT_NE(no_q_lora, deepseek);
   EXPECT_EQ(load_hf_config(write(no_q_lora)).q_lora_rank, 1536);
+  // One architecture, and a model_type of that architecture (transformers picks its class by model_type).
+  const std::string llama = std::regex_replace(qwen, std::regex(R"("model_type": "qwen3_moe")"), R"("model_type": "llama")");
+  ASSERT_NE(llama, qwen);
+  EXPECT_EQ(error_of(llama), "model_type: 'llama' is not Qwen3MoeForCausalLM's ('qwen3_moe')");
+  const std::string two = std::regex_replace(qwen, std::regex(R"(\["Qwen3MoeForCausalLM"\])"),
+                                             R"(["Qwen3MoeForCausalLM", "MixtralForCausalLM"])");
+  ASSERT_NE(two, qwen);
+  EXPECT_EQ(error_of(two), "architectures: must name one architecture, not 2");
+  // YaRN stretches a context: a factor under 1 is no YaRN.
+  const std::string lite = hf_config_json(model_preset("deepseek-v2-lite"), ConfigFormat::hub, TensorDType::bf16);
+  const std::string shrinking = std::regex_replace(lite, std::regex(R"("factor": [0-9.e+]+)"), R"("factor": 0.5)");
+  ASSERT_NE(shrinking, lite);
+  EXPECT_EQ(error_of(shrinking), "rope_scaling.factor: must be at least 1 (YaRN stretches the original context by it)");
+}
+
+// A written config.json says what transformers needs to load it: the
+// model_type its class is picked by, and the weights' dtype in each format's key.
+TEST_F(HfConfigTest, WrittenConfigsNameTheirModelTypeAndDtype) {
+  const ModelConfig qwen = model_preset("tiny-qwen3-moe");
+  const std::string hub = hf_config_json(qwen, ConfigFormat::hub, TensorDType::f16);
+  EXPECT_NE(hub.find(R"("model_type": "qwen3_moe")"), std::string::npos) << hub;
+  EXPECT_NE(hub.find(R"("torch_dtype": "float16")"), std::string::npos) << hub;
+  const std::string v5 = hf_config_json(model_preset("tiny-deepseek-v2"), ConfigFormat::transformers5, TensorDType::f32);
+  EXPECT_NE(v5.find(R"("model_type": "deepseek_v2")"), std::string::npos) << v5;
+  EXPECT_NE(v5.find(R"("dtype": "float32")"), std::string::npos) << v5;
+  const std::string mixtral = hf_config_json(model_preset("tiny-mixtral"), ConfigFormat::hub, TensorDType::bf16);
+  EXPECT_NE(mixtral.find(R"("model_type": "mixtral")"), std::string::npos) << mixtral;
+  EXPECT_NE(mixtral.find(R"("torch_dtype": "bfloat16")"), std::string::npos) << mixtral;
 }
 
 // Memory plans use closed forms; they must count what the tensor list holds.
