@@ -1,6 +1,7 @@
 #include "experiments/cli.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -499,6 +501,32 @@ std::vector<int> prompt_tokens(std::map<std::string, std::string>& options, int 
   return ids.finish();
 }
 
+/// Which weights a checkpoint folder holds, short of reading their data
+/// again: each file the model loads (shards, index) with its bytes and
+/// modification time (UTC), then the dtypes its tensors are stored in.
+std::pair<std::string, std::string> checkpoint_files(const std::string& folder) {
+  const SafetensorsCheckpoint checkpoint(folder);
+  std::set<std::string> files, dtypes;
+  for (const std::string& name : checkpoint.names()) {
+    const TensorInfo& info = checkpoint.info(name);
+    files.insert(info.file);
+    dtypes.insert(dtype_name(info.dtype));
+  }
+  if (const auto index = std::filesystem::path(folder) / "model.safetensors.index.json";
+      std::filesystem::exists(index))
+    files.insert(index.string());
+  std::string described, stored;
+  for (const std::string& file : files) {
+    struct stat status {};
+    if (::stat(file.c_str(), &status) != 0)
+      throw CheckpointError(file + ": cannot be examined (" + std::strerror(errno) + ")");
+    described += (described.empty() ? "" : "; ") + std::filesystem::path(file).filename().string() + ": " +
+                 std::to_string(status.st_size) + " bytes, modified " + utc_time(status.st_mtime);
+  }
+  for (const std::string& dtype : dtypes) stored += (stored.empty() ? "" : ", ") + dtype;
+  return {described, stored};
+}
+
 /// The signal that asked a generation or an experiment to stop (SIGINT,
 /// SIGTERM), 0 while none did: lock-free, so the handler may set it and any
 /// thread read it.
@@ -583,8 +611,8 @@ void stop_if_asked() {
 }
 
 /// The command line as typed, each argument quoted where the shell would split or expand it.
-std::string command_line(const std::string& command, const std::vector<std::string>& args) {
-  std::string line = "writescope " + command;
+std::string command_line(const std::vector<std::string>& args) {
+  std::string line = "writescope";
   for (const std::string& arg : args) {
     const bool plain = !arg.empty() && std::all_of(arg.begin(), arg.end(), [](unsigned char c) {
       return std::isalnum(c) || (c != 0 && std::strchr("-_=.,/:+@%", c) != nullptr);
@@ -599,6 +627,10 @@ std::string command_line(const std::string& command, const std::vector<std::stri
   }
   return line;
 }
+
+/// This process's command line as typed (run_cli sets it before Kokkos takes
+/// its options out of argv): what a run or a generation records.
+std::string command_as_typed;
 
 int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   // From the start: a Ctrl-C while the model is built stops it at its first step.
@@ -721,10 +753,18 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     group.emplace(txn->root().create_group(group_name));
     group->write("prompt", std::vector<std::int32_t>(prompt.begin(), prompt.end()));
     group->set_attribute("model", config.name);
-    group->set_attribute("command", command_line("generate", args));
+    group->set_attribute("command", command_as_typed);
     if (!from_checkpoint) group->set_attribute("seed", static_cast<std::int64_t>(seed));
     group->set_attribute("weights", from_checkpoint ? std::filesystem::absolute(model_name).lexically_normal().string()
                                                     : std::string("synthetic"));
+    if (from_checkpoint) {
+      const auto [files, dtypes] = checkpoint_files(model_name);
+      group->set_attribute("weights_files", files);
+      group->set_attribute("weights_dtypes", dtypes);
+      std::ifstream config_json(model_name + "/config.json", std::ios::binary);
+      group->set_attribute("weights_config",
+                           std::string(std::istreambuf_iterator<char>(config_json), std::istreambuf_iterator<char>()));
+    }
     group->set_attribute("new_tokens", static_cast<std::int64_t>(new_tokens));
     group->set_attribute("chunk_tokens", static_cast<std::int64_t>(chunk_tokens));
     group->set_attribute("block_tokens", static_cast<std::int64_t>(block_tokens));
@@ -952,7 +992,7 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
   const StopSignals signals(
       "\nrun: stopping after the run in progress; the runs written are kept (again to stop at once)\n");
   RunOptions run_options;
-  run_options.command = command_line("run", args);
+  run_options.command = command_as_typed;
   run_options.stop = &stop_signal;
   if (const auto flag = std::find(rest.begin(), rest.end(), "--allow-different-machine"); flag != rest.end()) {
     run_options.allow_different_machine = true;
@@ -1171,6 +1211,7 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     return 0;
   }
   try {
+    command_as_typed = command_line(given);  // Kokkos' options too, which it takes out of argv
     Runtime runtime(argc, argv);
     const std::vector<std::string> args(argv + 1, argv + argc);
     if (args.empty()) throw UsageError("no command given", UsageError::Usage::whole);

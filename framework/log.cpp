@@ -51,10 +51,11 @@ LogLevel parse_log_level(std::string_view name) {
 void set_log_level(LogLevel level) { current_level().store(level); }
 LogLevel log_level() { return current_level().load(); }
 
-std::string utc_time_now() {
-  const std::time_t now = std::time(nullptr);
+std::string utc_time_now() { return utc_time(std::time(nullptr)); }
+
+std::string utc_time(std::time_t when) {
   std::tm utc{};
-  gmtime_r(&now, &utc);
+  gmtime_r(&when, &utc);
   char text[32] = {};
   std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
   return text;

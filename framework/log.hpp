@@ -5,6 +5,7 @@
 // info) or set_log_level(). Messages are written whole, one line each, so
 // concurrent threads never interleave within a line.
 
+#include <ctime>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -20,6 +21,8 @@ LogLevel log_level();
 void log_message(LogLevel level, std::string_view message);
 /// Now in UTC, ISO 8601 to the second ("2026-12-07T01:23:45Z"): results' time stamps.
 std::string utc_time_now();
+/// `when` in the same form.
+std::string utc_time(std::time_t when);
 
 namespace impl {
 template <class... Args>

@@ -1,4 +1,4 @@
-# cmake -DCOMMAND=<writescope> -DFOLDER=<dir> -P generate_checkpoint.cmake
+# cmake -DCOMMAND=<writescope> -DPYTHON=<python3 with h5py> -DFOLDER=<dir> -P generate_checkpoint.cmake
 # make-checkpoint writes a synthetic checkpoint; generate from it must print the
 # same tokens as generate from the same synthetic preset and seed.
 # make_checkpoint([options]): a fresh tiny-qwen3-moe checkpoint of seed 7 in FOLDER.
@@ -38,5 +38,24 @@ execute_process(COMMAND ${COMMAND} generate --model ${FOLDER} --prompt 3 --new-t
   RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT status EQUAL 2 OR NOT err MATCHES "generate: --layers, --hidden-scale and --seed apply to synthetic models, not to checkpoint")
   message(FATAL_ERROR "--seed with a checkpoint (${status}): ${err}")
+endif()
+# A logits file says which weights ran: the files with their sizes and times,
+# the dtypes stored, and config.json itself (f16 and bf16 files of one seed
+# give other logits).
+make_checkpoint(--dtype f16)
+execute_process(COMMAND ${COMMAND} generate --model ${FOLDER} --prompt 3,1 --new-tokens 2 --logits ${FOLDER}.h5
+  RESULT_VARIABLE status ERROR_VARIABLE err)
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "generate --logits from the f16 checkpoint failed (${status}): ${err}")
+endif()
+execute_process(COMMAND ${PYTHON} -c "
+import sys, h5py
+g = h5py.File(sys.argv[1], 'r')['generate_0']
+print(g.attrs['weights_dtypes'], '|', g.attrs['weights_files'], '|', 'torch_dtype' in g.attrs['weights_config'])
+" ${FOLDER}.h5 RESULT_VARIABLE status OUTPUT_VARIABLE described ERROR_VARIABLE err)
+file(REMOVE ${FOLDER}.h5 ${FOLDER}.h5.lock)
+if(NOT status EQUAL 0 OR NOT described MATCHES
+   "^F16 [|] model.safetensors: [0-9]+ bytes, modified 20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9:]+Z [|] True")
+  message(FATAL_ERROR "the logits file's weights (${status}): ${described}${err}")
 endif()
 file(REMOVE_RECURSE "${FOLDER}")

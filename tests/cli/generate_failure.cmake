@@ -6,6 +6,7 @@ file(REMOVE_RECURSE "${FOLDER}")
 file(MAKE_DIRECTORY "${FOLDER}")
 execute_process(COMMAND ${COMMAND} generate --model tiny-mixtral --prompt 1,2,3 --new-tokens 300 --block-tokens 16
                         --vram-budget 300KiB --host-budget 4KiB --chunk-tokens 8 --logits ${FOLDER}/logits.h5
+                        --kokkos-threads=2
   RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
 string(REGEX MATCHALL "[0-9]+" tokens "${out}")
 list(LENGTH tokens printed)
@@ -22,7 +23,9 @@ assert list(g['generated'][:]) == [int(t) for t in sys.argv[2].split()], 'tokens
 assert g.attrs['steps'] == 270 and g.attrs['complete'] == 0 and g.attrs['status'] == 'failed', dict(g.attrs)
 assert 'decoding token 271' in g.attrs['error'], g.attrs['error']
 # What reproduces it: the command and every setting that changes the logits, the CPU attention's path among them.
+# The command as typed, Kokkos' options (which Kokkos takes out of argv) included.
 assert g.attrs['command'].startswith('writescope generate --model tiny-mixtral --prompt 1,2,3 --new-tokens 300 '), g.attrs['command']
+assert g.attrs['command'].endswith(' --kokkos-threads=2'), g.attrs['command']
 settings = {k: int(g.attrs[k]) for k in ('new_tokens', 'block_tokens', 'chunk_tokens', 'vram_budget', 'host_budget', 'seed')}
 assert settings == dict(new_tokens=300, block_tokens=16, chunk_tokens=8, vram_budget=300 * 1024, host_budget=4096, seed=1), settings
 assert g.attrs['cpu_decode_path'].startswith('head-major: '), g.attrs['cpu_decode_path']
