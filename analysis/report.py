@@ -40,6 +40,7 @@ SUBJECT = "writescope"
 FALLBACK_BASELINE = "gpu-only"
 EXPERT_BASELINES = ("fiddler", "ktransformers", "hybrimoe")  # the baselines whose expert policy WriteScope can run
 STATUSES = ("complete", "does_not_fit", "failed")
+SYSTEMS = (SUBJECT, "fiddler", "ktransformers", "moe-lightning", "hybrimoe", "gpu-only")  # experiments/systems.hpp
 NOT_RUN_MARKERS = {"does_not_fit": "x", "failed": "v"}
 COMPONENT_ORDER = ("attention_gpu", "attention_cpu", "experts_gpu", "experts_cpu", "transfers", "other")
 PROJECTED = "Projected (not measured)"  # the title of every figure and table of a `writescope predict` file
@@ -316,8 +317,18 @@ def read_projection_profiles(root):
     return {profile.name: profile for profile in profiles}
 
 
-def read_measurements(group):
-    """The attributes and datasets only complete runs have."""
+def seconds(group, name, shape, positive=False):
+    """dataset() of seconds: finite, and positive (or at least 0)."""
+    values = dataset(group, name, shape)
+    if not np.all(np.isfinite(values) & ((values > 0) if positive else (values >= 0))):
+        raise InputError(f"{group.name}/{name}",
+                         f"holds values that are not {'positive' if positive else 'non-negative'} finite seconds")
+    return values
+
+
+def read_measurements(group, batch):
+    """The attributes and datasets only complete runs have, checked against each other (a run whose checksum
+    matches may still hold numbers no measurement gives)."""
     steps_dataset = member(group, "attention_seconds", h5py.Dataset)
     if len(steps_dataset.shape) != 1 or steps_dataset.shape[0] == 0:
         raise InputError(steps_dataset.name, f"has shape {steps_dataset.shape}, expected (steps) with steps > 0")
@@ -325,16 +336,24 @@ def read_measurements(group):
     layers = attribute(group, "layers", int)
     components = member(group, "components", h5py.Group)
     tokens_per_second = attribute(group, "tokens_per_second", float)
-    if not tokens_per_second > 0:
-        raise InputError(group.name, "attribute 'tokens_per_second' must be positive")
-    components_read = {name: dataset(components, name, (steps, layers)) for name in components}
+    if not (math.isfinite(tokens_per_second) and tokens_per_second > 0):
+        raise InputError(group.name, "attribute 'tokens_per_second' must be positive and finite")
+    step_seconds = seconds(group, "step_seconds", (steps,), positive=True)
+    from_steps = batch * steps / step_seconds.sum()
+    if not math.isclose(tokens_per_second, from_steps, rel_tol=1e-6):
+        raise InputError(group.name, f"attribute 'tokens_per_second' is {tokens_per_second:.6g}, but batch x steps / "
+                                     f"the sum of step_seconds is {from_steps:.6g}")
+    alpha = dataset(group, "alpha", (steps, layers))
+    if not np.all((alpha >= 0) & (alpha <= 1)):  # NaN fails both
+        raise InputError(f"{group.name}/alpha", "holds CPU shares outside [0, 1]")
+    components_read = {name: seconds(components, name, (steps, layers)) for name in components}
     return Measurements(
         tokens_per_second=tokens_per_second,
         attention_fmas_per_byte=attribute(group, "attention_fmas_per_byte", float),
         cpu_attention_gbps=attribute(group, "cpu_attention_gbps", float),
-        predicted_attention_seconds=dataset(group, "predicted_attention_seconds", (steps,)),
-        attention_seconds=dataset(group, "attention_seconds", (steps,)),
-        alpha=dataset(group, "alpha", (steps, layers)),
+        predicted_attention_seconds=seconds(group, "predicted_attention_seconds", (steps,)),
+        attention_seconds=seconds(group, "attention_seconds", (steps,)),
+        alpha=alpha,
         components=components_read,
         achieved_cpu_gbps=achieved_cpu_rate(group, steps, components_read),
         pinned_bytes=optional_attribute(group, "pinned_bytes", int, None),
@@ -359,6 +378,13 @@ def read_run(group, file_revision, file_machine, file_profile):
     if status not in STATUSES:
         raise InputError(group.name, f"attribute 'status' is '{status}', expected one of {', '.join(STATUSES)}")
     system = attribute(group, "system", str)
+    if system not in SYSTEMS:
+        raise InputError(group.name, f"attribute 'system' is '{system}', expected one of {', '.join(SYSTEMS)}")
+    settings = {name: attribute(group, name, int) for name in ("batch", "context", "vram_budget_bytes", "repetition")}
+    for name, value in settings.items():
+        if value < (0 if name == "repetition" else 1):
+            raise InputError(group.name, f"attribute '{name}' is {value}, expected "
+                                         f"{'at least 0' if name == 'repetition' else 'a positive integer'}")
     system_comparison = optional_attribute(group, "system_comparison", int, 1)
     if system_comparison not in (0, 1):
         raise InputError(group.name, f"attribute 'system_comparison' is {system_comparison}, expected 0 or 1")
@@ -374,15 +400,15 @@ def read_run(group, file_revision, file_machine, file_profile):
         model=attribute(group, "model", str) + on,
         model_label=attribute(group, "model_label", str) + on,
         system=system,
-        batch=attribute(group, "batch", int),
-        context=attribute(group, "context", int),
-        vram_budget_bytes=attribute(group, "vram_budget_bytes", int),
-        repetition=attribute(group, "repetition", int),
+        batch=settings["batch"],
+        context=settings["context"],
+        vram_budget_bytes=settings["vram_budget_bytes"],
+        repetition=settings["repetition"],
         status=status,
         reason=attribute(group, "reason", str),
         expert_policy=expert_policy,
         system_comparison=system_comparison == 1,
-        measured=read_measurements(group) if status == "complete" else None,
+        measured=read_measurements(group, settings["batch"]) if status == "complete" else None,
         predicted=predicted,
         profile=profile,
         git_revision=optional_attribute(group, "git_revision", str, file_revision),

@@ -670,6 +670,33 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
       comparison.unpriced.push_back(group + ": its settings are not a run of the file's experiment");
       continue;
     }
+    // The seconds as measured, checksum or not: a run whose seconds are
+    // missing, empty or not finite is named, never averaged into an error.
+    std::string unusable;
+    auto measured_seconds = [&](const std::string& dataset, bool positive) {
+      std::vector<double> values;
+      if (!reader.exists(g + "/" + dataset)) {
+        if (unusable.empty()) unusable = "it has no " + dataset;
+        return values;
+      }
+      values = reader.read<double>(g + "/" + dataset);
+      const bool good = !values.empty() && std::all_of(values.begin(), values.end(), [&](double v) {
+        return std::isfinite(v) && (positive ? v > 0 : v >= 0);
+      });
+      if (!good && unusable.empty())
+        unusable = "its " + dataset + " (" + std::to_string(values.size()) + " values) are not all " +
+                   (positive ? "positive" : "non-negative") + " finite seconds";
+      return values;
+    };
+    const std::vector<double> step_seconds = measured_seconds("step_seconds", true),
+                              attention_seconds = measured_seconds("attention_seconds", false);
+    std::map<std::string, std::vector<double>> component_seconds;
+    for (const char* name : impl::component_names)
+      component_seconds[name] = measured_seconds(std::string("components/") + name, false);
+    if (!unusable.empty()) {
+      comparison.unpriced.push_back(group + ": " + unusable);
+      continue;
+    }
     impl::RunFailure failure;
     const std::optional<impl::RunResult> priced =
         impl::attempt_run([&] { return predict_run(config, found->second, profile); }, failure);
@@ -688,7 +715,7 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
                                (reader.string_attribute(g, "system") == "writescope"
                                     ? "[" + reader.string_attribute(g, "expert_policy") + "]"
                                     : "");
-    const double measured_step = mean(reader.read<double>(g + "/step_seconds"));
+    const double measured_step = mean(step_seconds);
     const double step_error = error_of(mean(predicted.step_seconds), measured_step);
     step_errors.push_back(step_error);
     errors[{system, "step"}].push_back(step_error);
@@ -697,12 +724,10 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
     auto compare = [&](const std::string& name, double predicted_seconds, double measured_seconds) {
       if (measured_seconds >= 0.05 * measured_step) errors[{system, name}].push_back(error_of(predicted_seconds, measured_seconds));
     };
-    compare("attention", mean(predicted.attention), mean(reader.read<double>(g + "/attention_seconds")));
+    compare("attention", mean(predicted.attention), mean(attention_seconds));
     const auto layers = static_cast<double>(reader.int_attribute(g, "layers"));
-    for (const char* name : impl::component_names) {
-      const double measured = mean(reader.read<double>(g + "/components/" + name)) * layers;
-      compare(name, mean(predicted.components.at(name)) * layers, measured);
-    }
+    for (const char* name : impl::component_names)
+      compare(name, mean(predicted.components.at(name)) * layers, mean(component_seconds.at(name)) * layers);
   }
   comparison.runs = static_cast<int>(step_errors.size());
   if (step_errors.empty())

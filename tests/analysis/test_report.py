@@ -7,6 +7,7 @@ Run with Debian's Python: /usr/bin/python3 tests/analysis/test_report.py
 import importlib.util
 import math
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -1058,6 +1059,29 @@ class InvalidInput(unittest.TestCase):
         with h5py.File(self.path, "a") as root:
             root["runs/r2"].attrs["context"] = "long"
         self.assert_rejected("/runs/r2: attribute 'context' must be an integer")
+
+    # Numbers no measurement gives, whether or not a checksum covers them: one line naming the run and the field.
+    def test_impossible_settings_and_measurements(self):
+        for change, fragments in [
+                (lambda run: run.attrs.__setitem__("batch", np.int64(-4)),
+                 ("attribute 'batch' is -4, expected a positive integer",)),
+                (lambda run: run.attrs.__setitem__("system", "vllm"),
+                 ("attribute 'system' is 'vllm', expected one of writescope, fiddler",)),
+                (lambda run: run.attrs.__setitem__("tokens_per_second", 1e6),
+                 ("attribute 'tokens_per_second' is 1e+06, but batch x steps / the sum of step_seconds is",)),
+                (lambda run: run.attrs.__setitem__("tokens_per_second", math.inf),
+                 ("attribute 'tokens_per_second' must be positive and finite",)),
+                (lambda run: run["step_seconds"].__setitem__(0, np.nan),
+                 ("/step_seconds: holds values that are not positive finite seconds",)),
+                (lambda run: run["alpha"].__setitem__((0, 0), 2.0), ("/alpha: holds CPU shares outside [0, 1]",)),
+                (lambda run: run["components/transfers"].__setitem__((0, 0), -1.0),
+                 ("/components/transfers: holds values that are not non-negative finite seconds",))]:
+            with self.subTest(fragments[0]):
+                shutil.rmtree(self.output, ignore_errors=True)  # a report a failed case wrote
+                write_results(self.path, run_specs())
+                with h5py.File(self.path, "a") as root:
+                    change(root["runs/r1"])
+                self.assert_rejected("/runs/r1", *fragments)
 
 
 if __name__ == "__main__":

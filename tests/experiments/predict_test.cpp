@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 
@@ -548,6 +549,26 @@ TEST_F(PredictFileTest, ComparesEveryMeasuredRunWithTheCpuOfAnotherProfile) {
   EXPECT_NE(text.find("not compared: " + runs[1] + ": its settings are not a run of the file's experiment"),
             std::string::npos)
       << text;
+  // Seconds that are no measurement (NaN, none at all) under a matching checksum: named, not averaged.
+  auto rewritten = [&](const std::vector<double>* step_seconds) {
+    ResultsStore store(automatic.output);
+    auto txn = store.begin();
+    ResultsGroup run = txn.root().open_group("runs").open_group(runs[0]);
+    run.remove("step_seconds");
+    if (step_seconds) run.write("step_seconds", *step_seconds);
+    run.set_attribute("checksum", run.checksum());
+    txn.commit();
+    return format_comparison(compare_predictions(automatic.output, &fast_cpu));
+  };
+  const std::vector<double> not_a_number{0.1, std::nan(""), 0.1};
+  const std::string nan_text = rewritten(&not_a_number);
+  EXPECT_NE(nan_text.find("not compared: " + runs[0] +
+                          ": its step_seconds (3 values) are not all positive finite seconds"),
+            std::string::npos)
+      << nan_text;
+  EXPECT_EQ(nan_text.find("nan%"), std::string::npos) << nan_text;
+  const std::string none_text = rewritten(nullptr);
+  EXPECT_NE(none_text.find("not compared: " + runs[0] + ": it has no step_seconds"), std::string::npos) << none_text;
 }
 
 TEST(PredictProfileTest, CpuFromAnotherProfileKeepsTheGpuAndSaysWhere) {
