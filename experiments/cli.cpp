@@ -734,19 +734,25 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     // Generations go only beside others: a results file or another program's
     // is left as it is (no lock file beside it either). Files from before the
     // format attribute hold only generate_N groups.
-    if (!new_logits_file) {
-      const ResultsReader reader(options["--logits"]);
-      const std::string format = reader.has_attribute("/", "format") ? reader.string_attribute("/", "format") : "";
-      const std::vector<std::string> groups = reader.list("/");
-      const bool earlier_logits =
-          format.empty() && !groups.empty() &&
-          std::all_of(groups.begin(), groups.end(), [](const std::string& g) { return g.rfind("generate_", 0) == 0; });
-      if (format != logits_format && !earlier_logits && !reader.holds_nothing())
-        throw std::invalid_argument("generate: --logits " + options["--logits"] +
-                                    " is not a logits file of writescope generate (format '" +
-                                    (format.empty() ? std::string("none") : format) + "'); name another file");
+    // The store's own refusals (not HDF5, another writer) name the file; the option is said too.
+    try {
+      if (!new_logits_file) {
+        const ResultsReader reader(options["--logits"]);
+        const std::string format = reader.has_attribute("/", "format") ? reader.string_attribute("/", "format") : "";
+        const std::vector<std::string> groups = reader.list("/");
+        const bool earlier_logits =
+            format.empty() && !groups.empty() &&
+            std::all_of(groups.begin(), groups.end(),
+                        [](const std::string& g) { return g.rfind("generate_", 0) == 0; });
+        if (format != logits_format && !earlier_logits && !reader.holds_nothing())
+          throw std::invalid_argument("generate: --logits " + options["--logits"] +
+                                      " is not a logits file of writescope generate (format '" +
+                                      (format.empty() ? std::string("none") : format) + "'); name another file");
+      }
+      store.emplace(options["--logits"]);
+    } catch (const ResultsError& e) {
+      throw ResultsError(std::string("generate: --logits ") + e.what());
     }
-    store.emplace(options["--logits"]);
     for (int n = 0; group_name.empty() || store->contains(group_name); ++n) group_name = "generate_" + std::to_string(n);
     txn.emplace(store->begin());
     txn->root().set_attribute("format", logits_format);
@@ -1066,7 +1072,11 @@ int predict_command(const std::vector<std::string>& args, std::ostream& out) {
                            option + " is for predict CONFIG.yaml (--cpu-from swaps the CPU figures)");
     auto options = parse_options("predict", std::vector<std::string>(rest.begin() + 1, rest.end()), {"--cpu-from"});
     if (options.count("--cpu-from")) cpu = profile_named_by("predict: --cpu-from", options["--cpu-from"]);
-    out << format_comparison(compare_predictions(file, cpu ? &*cpu : nullptr));
+    try {
+      out << format_comparison(compare_predictions(file, cpu ? &*cpu : nullptr));
+    } catch (const ResultsError& e) {  // the store's refusals name the file; the option is said too
+      throw ResultsError(std::string("predict --compare ") + e.what());
+    }
     return 0;
   }
   auto options = parse_options("predict", rest, {"--profile", "--cpu-from", "--output"});
@@ -1097,7 +1107,13 @@ int predict_command(const std::vector<std::string>& args, std::ostream& out) {
     const std::filesystem::path measured = config.output;
     output = (measured.parent_path() / (measured.stem().string() + "-predicted" + measured.extension().string())).string();
   }
-  const ExperimentSummary summary = predict_experiment(config, profiles, output, std::cerr);
+  const ExperimentSummary summary = [&] {
+    try {
+      return predict_experiment(config, profiles, output, std::cerr);
+    } catch (const ResultsError& e) {  // its one results file is the output
+      throw ResultsError(std::string("predict: --output ") + e.what());
+    }
+  }();
   out << output << ": " << summary.complete << " predicted, " << summary.did_not_fit << " do not fit, "
       << summary.failed << " failed (projected, not measured)\n";
   return summary.failed > 0 ? 1 : 0;
