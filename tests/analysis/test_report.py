@@ -878,6 +878,12 @@ class Provenance(unittest.TestCase):
         self.assertIn(f"`0123abcd` ({len(run_specs()) - 3} runs)", markdown)
         self.assertIn("**Built from a modified tree**", markdown)
 
+    def test_a_profile_without_gpu_says_what_its_runs_cannot_show(self):
+        markdown = self.report_of(lambda root: root["profile"].attrs.update(has_gpu=np.int64(0)))
+        self.assertIn("**The machine profile has no GPU**", markdown)
+        self.assertIn("**WriteScope does not split here**", markdown)
+        self.assertIn("**The budgets are not equal here**", markdown)
+
     def test_a_host_only_build_is_flagged_although_the_profile_has_a_gpu(self):
         def edit(root):
             root.attrs["machine"] = 'cpu_model: Test CPU\nhost_threads: 2\ngpu_name: ""\n'
