@@ -768,8 +768,9 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
       group->set_attribute("weights_files", files);
       group->set_attribute("weights_dtypes", dtypes);
       std::ifstream config_json(model_name + "/config.json", std::ios::binary);
-      group->set_attribute("weights_config",
-                           std::string(std::istreambuf_iterator<char>(config_json), std::istreambuf_iterator<char>()));
+      std::string config_text(std::istreambuf_iterator<char>(config_json), std::istreambuf_iterator<char>{});
+      if (!config_json) throw CheckpointError(model_name + "/config.json: cannot be read again for the logits file");
+      group->set_attribute("weights_config", config_text);
     }
     group->set_attribute("new_tokens", static_cast<std::int64_t>(new_tokens));
     group->set_attribute("chunk_tokens", static_cast<std::int64_t>(chunk_tokens));
@@ -1022,10 +1023,7 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
                                              "-of-" + std::to_string(run_options.shard.count) + output.extension().string()))
                         .string();
   }
-  if (options.count("--output")) {
-    prepare_output_option("run: --output", options["--output"]);
-    config.output = options["--output"];
-  }
+  if (options.count("--output")) config.output = options["--output"];
   std::string profile_source = "--profile";
   if (options.count("--profile")) {
     config.profile = options["--profile"];
@@ -1037,6 +1035,9 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
       config.profile = beside.string();
   }
   const MachineProfile profile = profile_named_by("run: " + profile_source, config.profile);
+  // The output's folder once nothing else refuses the run: no folder left behind by a bad profile.
+  check_profile_prices(config, profile);
+  if (options.count("--output")) prepare_output_option("run: --output", options["--output"]);
   log_info("run: ", config.name, ": ", expand_runs(config, profile).size(), " runs", 
            run_options.shard.count > 1 ? " (shard " + run_options.shard.text() + " of them)" : std::string(), " into ",
            config.output, " (profile ", profile.name, ")");
@@ -1102,6 +1103,8 @@ int predict_command(const std::vector<std::string>& args, std::ostream& out) {
     profiles.push_back(profile);
   }
   std::string output = options.count("--output") ? options["--output"] : "";
+  // As run: the output's folder once the profiles price the experiment.
+  for (const MachineProfile& profile : profiles) check_profile_prices(config, profile);
   if (!output.empty()) prepare_output_option("predict: --output", output);
   if (output.empty()) {
     const std::filesystem::path measured = config.output;
@@ -1111,7 +1114,9 @@ int predict_command(const std::vector<std::string>& args, std::ostream& out) {
     try {
       return predict_experiment(config, profiles, output, std::cerr);
     } catch (const ResultsError& e) {  // its one results file is the output
-      throw ResultsError(std::string("predict: --output ") + e.what());
+      throw ResultsError((options.count("--output") ? std::string("predict: --output ")
+                                                    : "predict: output (the config's, -predicted) ") +
+                         e.what());
     }
   }();
   out << output << ": " << summary.complete << " predicted, " << summary.did_not_fit << " do not fit, "

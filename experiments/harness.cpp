@@ -322,7 +322,7 @@ SystemContext expert_choice_context(const ExperimentConfig& config, const RunSpe
 
 }  // namespace
 
-std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachineProfile& profile) {
+void check_profile_prices(const ExperimentConfig& config, const MachineProfile& profile) {
   // Every system plans with the CPU's attention rate: a profile without the
   // model's shape would fail every run one by one.
   for (const ModelSpec& model : config.models) {
@@ -333,6 +333,10 @@ std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachinePr
                                   "calibrate (projections with writescope predict can take the CPU figures of a profile that "
                                   "has it: --cpu-from)");
   }
+}
+
+std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachineProfile& profile) {
+  check_profile_prices(config, profile);
   std::vector<std::string> baselines, shared_policies;
   for (const std::string& s : config.systems)
     if (s != "writescope") baselines.push_back(s);

@@ -80,6 +80,10 @@ struct RunSpec {
   std::string id() const;
 };
 
+/// std::invalid_argument where `profile` has no CPU attention rate for a
+/// model's attention shape (every run would fail): checked before outputs are made.
+void check_profile_prices(const ExperimentConfig& config, const MachineProfile& profile);
+
 /// Every run of the experiment in execution order: within a setting the
 /// baselines, then WriteScope once with each listed baseline's expert policy
 /// (fiddler, ktransformers, hybrimoe: the same-expert-policy comparison) and

@@ -11,12 +11,14 @@
 #include <iterator>
 #include <set>
 #include <sstream>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "framework/config.hpp"
 #include "framework/files.hpp"
 #include "framework/json.hpp"
+#include "framework/log.hpp"
 
 namespace writescope {
 namespace {
@@ -189,11 +191,24 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& folder) : folder
         throw CheckpointError(index.string() + ": tensor '" + name + "' is listed in " +
                               entry.second.as<std::string>() + " but that file does not hold it");
     }
-    // A shard's tensor the index does not list: the index and its shards disagree.
-    for (const auto& [name, info] : tensors_)
-      if (!map[name])
-        throw CheckpointError(index.string() + ": " + info.file + " holds tensor '" + name +
-                              "', which weight_map does not list");
+    // A shard's tensors the index leaves out are not the checkpoint's: the
+    // Hub's repositories reuse shards that carry others (vLLM and
+    // transformers load by the index too). Dropped, and said.
+    std::unordered_set<std::string> listed;
+    for (const auto& entry : map) listed.insert(entry.first.Scalar());
+    std::size_t unlisted = 0;
+    std::string first_unlisted;
+    for (auto tensor = tensors_.begin(); tensor != tensors_.end();) {
+      if (listed.count(tensor->first)) {
+        ++tensor;
+        continue;
+      }
+      if (unlisted++ == 0) first_unlisted = "'" + tensor->first + "' of " + tensor->second.file;
+      tensor = tensors_.erase(tensor);
+    }
+    if (unlisted > 0)
+      log_warn("checkpoint ", folder_, ": ", unlisted, " tensors of its shards are not in ", index.string(),
+               "'s weight_map and are not loaded (the first: ", first_unlisted, ")");
   } else if (single) {
     add_file("model.safetensors");
   } else {

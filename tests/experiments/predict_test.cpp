@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "attention/kv_policy.hpp"
+#include "experiments/impl/run_record.hpp"
 #include "framework/results_store.hpp"
 #include "scratch_dir.hpp"
 #include "test_profile.hpp"
@@ -272,6 +273,41 @@ TEST(PredictTest, PredictedSplitEqualsTheSchedulersPlan) {
     }
   }
   EXPECT_TRUE(split) << "the budgets should make the scheduler split the attention between the devices";
+}
+
+// Where the warm-up ends moves no step: a policy that does not profile
+// routing ends it before the first step, so the steps priced after two
+// warm-up steps are the third to fifth of five priced with none. (Ended
+// between them, it drained what the warm-up left in flight; the tiny
+// models here leave no copy in flight across steps, so this pins the rule,
+// not that drain.)
+TEST(PredictTest, WarmUpStepsAreStepsLikeTheOthers) {
+  MachineProfile profile = round_profile();
+  profile.pinned_h2d_gbps = profile.pageable_h2d_gbps = 0.01;  // slow expert copies
+  const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(
+      "name: warm-up\noutput: unused.h5\nprofile: test\nmodels: [{preset: tiny-mixtral}]\n"
+      "systems: [hybrimoe, moe-lightning]\nbatch_sizes: [4]\ncontexts: [64]\nmax_sequence_tokens: 128\n"
+      "budgets: {vram: 4MiB, pinned: 8MiB, host: 24MiB}\nsteps: {warmup: 2, measured: 3}\nblock_tokens: 8\n",
+      "warm-up.yaml"));
+  for (const RunSpec& run : expand_runs(experiment, profile)) {
+    SCOPED_TRACE(run.id());
+    // A fresh system each time: its expert policy keeps state.
+    const auto priced = [&](const DecodeWorkload& workload) {
+      const impl::RunSetup setup = impl::prepare_run(experiment, run, profile);
+      EXPECT_FALSE(setup.profiles);
+      return price_decode(run.model->config, setup.options, profile, workload).step_seconds;
+    };
+    DecodeWorkload workload;
+    workload.batch = run.batch;
+    workload.context = run.context;
+    workload.planned_tokens = experiment.max_sequence_tokens;
+    workload.warmup_steps = 0;
+    workload.measured_steps = 5;
+    const std::vector<double> all = priced(workload);
+    workload.warmup_steps = 2;
+    workload.measured_steps = 3;
+    EXPECT_EQ(priced(workload), std::vector<double>(all.begin() + 2, all.end()));
+  }
 }
 
 // More VRAM keeps more KV off the link: the prediction of a system whose
