@@ -218,6 +218,7 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& folder) : folder
 
 void SafetensorsCheckpoint::add_file(const std::string& file_name) {
   const std::string path = (fs::path(folder_) / file_name).string();
+  checkpoint_file_present(path);  // a shard that is a pipe would be waited on forever
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError(path + ": cannot open the file");
   const std::uint64_t size = fs::file_size(path);

@@ -1,6 +1,7 @@
 #include "moe/safetensors.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <filesystem>
@@ -161,6 +162,12 @@ TEST_F(SafetensorsTest, NamesTakenByOtherThanOneLayoutsFiles) {
   fs::create_symlink("gone.safetensors", single);
   expect_error([&] { SafetensorsCheckpoint checkpoint(dir_.string()); },
                {single.string(), "a symbolic link to gone.safetensors, which does not exist"});
+  fs::remove(single);
+  // A shard the index names that is a pipe: refused, not opened (which would wait for a writer).
+  ASSERT_EQ(::mkfifo((dir_ / "pipe.safetensors").c_str(), 0600), 0);
+  std::ofstream(index) << R"({"weight_map": {"x": "pipe.safetensors"}})";
+  expect_error([&] { SafetensorsCheckpoint checkpoint(dir_.string()); },
+               {(dir_ / "pipe.safetensors").string(), "is a pipe, not a file"});
 }
 
 TEST_F(SafetensorsTest, IndexMustMatchTheShards) {
