@@ -255,6 +255,13 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
       "max_sequence_tokens", longest, longest, most_batch_tokens / largest_batch,
       "from the longest context plus the warm-up and measured steps to 2^44 tokens over the largest batch, " +
           std::to_string(largest_batch));
+  // Allowed, but then the longest runs' plan is their final length, which a
+  // server planning for its own maximum would not know: said.
+  if (!recorded && c.max_sequence_tokens == longest)
+    log_warn("config '", c.name, "': max_sequence_tokens ", longest, " is where the longest runs end (context ",
+             longest - c.warmup_steps - c.measured_steps, " + ", c.warmup_steps + c.measured_steps,
+             " steps): their write policies plan for exactly their final length; give the servers' configured "
+             "maximum");
   // The profiling prompt is a sequence the systems hold too: a stated one
   // past the planned maximum would not fit the plan (the default, 256, is
   // exempt, as configs before this check ran with it; a recorded config is

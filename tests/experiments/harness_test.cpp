@@ -224,6 +224,14 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
   EXPECT_NE(dropped.find("config 'x': max_total_tokens 32 leaves no run of batch sizes 8 and contexts 40"),
             std::string::npos)
       << dropped;
+  // A plan of exactly the longest runs' final length is allowed, and said.
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(error_of(replaced(base, "max_sequence_tokens: 64", "max_sequence_tokens: 18")), "no error");
+  const std::string exact_plan = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(exact_plan.find("config 'x': max_sequence_tokens 18 is where the longest runs end (context 8 + 10 "
+                            "steps): their write policies plan for exactly their final length"),
+            std::string::npos)
+      << exact_plan;
   // The profiling prompt is a sequence of the plan: at most max_sequence_tokens.
   EXPECT_NE(error_of(base + "systems: [fiddler]\nsteps: {profile_tokens: 65}\n")
                 .find("field 'steps.profile_tokens': the profiling prompt (65 tokens) must fit max_sequence_tokens (64)"),
