@@ -504,8 +504,8 @@ std::vector<int> prompt_tokens(std::map<std::string, std::string>& options, int 
 /// Which weights a checkpoint folder holds, short of reading their data
 /// again: each file the model loads (shards, index) with its bytes and
 /// modification time (UTC), then the dtypes its tensors are stored in.
-std::pair<std::string, std::string> checkpoint_files(const std::string& folder) {
-  const SafetensorsCheckpoint checkpoint(folder);
+std::pair<std::string, std::string> checkpoint_files(const SafetensorsCheckpoint& checkpoint,
+                                                     const std::string& folder) {
   std::set<std::string> files, dtypes;
   for (const std::string& name : checkpoint.names()) {
     const TensorInfo& info = checkpoint.info(name);
@@ -728,12 +728,24 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   std::optional<ResultsTransaction> txn;
   std::optional<ResultsGroup> group;
   std::string group_name;
+  // The checkpoint's headers, read once: a damaged one is refused before any output is made.
+  std::optional<SafetensorsCheckpoint> checkpoint;
+  if (from_checkpoint) checkpoint.emplace(model_name);
   if (options.count("--logits")) prepare_output_option("generate: --logits", options["--logits"]);
   const bool new_logits_file = options.count("--logits") && !std::filesystem::exists(options["--logits"]);
   if (options.count("--logits")) {
     // Generations go only beside others: a results file or another program's
     // is left as it is (no lock file beside it either). Files from before the
     // format attribute hold only generate_N groups.
+    // What the group records of a checkpoint, gathered before the file is touched.
+    std::pair<std::string, std::string> weights;
+    std::string config_text;
+    if (checkpoint) {
+      weights = checkpoint_files(*checkpoint, model_name);
+      std::ifstream config_json(model_name + "/config.json", std::ios::binary);
+      config_text.assign(std::istreambuf_iterator<char>(config_json), std::istreambuf_iterator<char>{});
+      if (!config_json) throw CheckpointError(model_name + "/config.json: cannot be read again for the logits file");
+    }
     // The store's own refusals (not HDF5, another writer) name the file; the option is said too.
     try {
       if (!new_logits_file) {
@@ -763,13 +775,9 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     if (!from_checkpoint) group->set_attribute("seed", static_cast<std::int64_t>(seed));
     group->set_attribute("weights", from_checkpoint ? std::filesystem::absolute(model_name).lexically_normal().string()
                                                     : std::string("synthetic"));
-    if (from_checkpoint) {
-      const auto [files, dtypes] = checkpoint_files(model_name);
-      group->set_attribute("weights_files", files);
-      group->set_attribute("weights_dtypes", dtypes);
-      std::ifstream config_json(model_name + "/config.json", std::ios::binary);
-      std::string config_text(std::istreambuf_iterator<char>(config_json), std::istreambuf_iterator<char>{});
-      if (!config_json) throw CheckpointError(model_name + "/config.json: cannot be read again for the logits file");
+    if (checkpoint) {
+      group->set_attribute("weights_files", weights.first);
+      group->set_attribute("weights_dtypes", weights.second);
       group->set_attribute("weights_config", config_text);
     }
     group->set_attribute("new_tokens", static_cast<std::int64_t>(new_tokens));
@@ -820,13 +828,12 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     };
     try {
       if (!from_checkpoint) return MoeModel::synthetic(config, seed, model_options);
-      const SafetensorsCheckpoint checkpoint(model_name);
       // As transformers warns: weights the config leaves out are most often a config.json that disagrees with them.
-      if (const std::vector<std::string> unused = unused_tensors(checkpoint, config); !unused.empty())
+      if (const std::vector<std::string> unused = unused_tensors(*checkpoint, config); !unused.empty())
         log_info("generate: warning: ", unused.size(), " tensors of ", model_name,
                  " are not used by its config.json (", unused.front(), unused.size() > 1 ? ", ..." : "",
                  "); check num_hidden_layers, tie_word_embeddings, n_shared_experts and the like");
-      return MoeModel::from_checkpoint(checkpoint, config, model_options);
+      return MoeModel::from_checkpoint(*checkpoint, config, model_options);
     } catch (const ModelBudgetError& e) {
       remove_new_logits_file();
       // Budgets are options here, not a config's fields.

@@ -58,4 +58,12 @@ if(NOT status EQUAL 0 OR NOT described MATCHES
    "^F16 [|] model.safetensors: [0-9]+ bytes, modified 20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9:]+Z [|] True")
   message(FATAL_ERROR "the logits file's weights (${status}): ${described}${err}")
 endif()
+# A damaged checkpoint is refused before a new logits file is made (no empty file left behind).
+execute_process(COMMAND truncate -s -10 ${FOLDER}/model.safetensors)
+execute_process(COMMAND ${COMMAND} generate --model ${FOLDER} --prompt 3,1 --new-tokens 2 --logits ${FOLDER}.h5
+  RESULT_VARIABLE status ERROR_VARIABLE err)
+if(NOT status EQUAL 1 OR NOT err MATCHES "checkpoint error: .*model.safetensors: .*truncated" OR EXISTS ${FOLDER}.h5)
+  message(FATAL_ERROR "generate --logits from a damaged checkpoint (${status}): ${err}")
+endif()
+file(REMOVE ${FOLDER}.h5.lock)
 file(REMOVE_RECURSE "${FOLDER}")
