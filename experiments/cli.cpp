@@ -262,7 +262,8 @@ void prepare_output_option(const std::string& option, const std::string& path) {
 /// Refuses an --output `path` that a file cannot be written to (a folder, a
 /// missing or read-only folder) before minutes of measuring go into it.
 void check_profile_output(const std::string& command, const std::string& path) {
-  if (path == "-") throw UsageError(command + ": --output - is no file name; without --output the profile goes to stdout");
+  if (path == "-")
+    throw UsageError(command + ": --output - is no file name; without --output the profile goes to stdout");
   // A device, pipe or socket: its reading below could wait forever, and the
   // rename would replace it (/dev/null) with a file.
   prepare_output_option(command + ": --output", path);
@@ -385,9 +386,9 @@ int calibrate_attention_command(const std::vector<std::string>& args, std::ostre
 constexpr std::int64_t most_prompt_tokens = std::int64_t{1} << 24;
 
 /// Token ids separated by commas or whitespace (or both; two commas with
-/// nothing between them are refused, and so is a trailing comma but at the
-/// end of a file), each in [0, vocab),
-/// at most most_prompt_tokens; given piece by piece, so that a file is read
+/// nothing between them are refused, and so is a trailing comma except at the
+/// end of a file), each in [0, vocab), at most most_prompt_tokens; given
+/// piece by piece, so that a file is read
 /// only as far as it is good. Errors are std::invalid_argument naming
 /// `source` and quoting the bad item (cut short, bytes other than printable
 /// ASCII escaped).
@@ -1016,7 +1017,8 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
   }
   auto options = parse_options("run", rest, {"--output", "--profile", "--shard", "--allow-different-machine"});
   if (options.count("--allow-different-machine"))
-    throw UsageError("run: --allow-different-machine takes no value, got '" + options["--allow-different-machine"] + "'");
+    throw UsageError("run: --allow-different-machine takes no value, got '" + options["--allow-different-machine"] +
+                     "'");
   ExperimentConfig config = ExperimentConfig::load(args.front());
   if (options.count("--shard")) {
     try {
@@ -1042,10 +1044,10 @@ int run_command(const std::vector<std::string>& args, std::ostream& out) {
       config.profile = beside.string();
   }
   const MachineProfile profile = profile_named_by("run: " + profile_source, config.profile);
-  // The output's folder once nothing else refuses the run: no folder left behind by a bad profile.
-  check_profile_prices(config, profile);
+  // The output's folder once nothing else refuses the run (expand_runs refuses a profile that cannot price it).
+  const std::size_t run_count = expand_runs(config, profile).size();
   if (options.count("--output")) prepare_output_option("run: --output", options["--output"]);
-  log_info("run: ", config.name, ": ", expand_runs(config, profile).size(), " runs", 
+  log_info("run: ", config.name, ": ", run_count, " runs",
            run_options.shard.count > 1 ? " (shard " + run_options.shard.text() + " of them)" : std::string(), " into ",
            config.output, " (profile ", profile.name, ")");
   const ExperimentSummary summary = run_experiment(config, profile, std::cerr, isatty(STDERR_FILENO) != 0, run_options);
@@ -1156,8 +1158,7 @@ int merge_command(const std::vector<std::string>& args, std::ostream& out) {
   for (const std::string& input : inputs) {
     std::error_code error;
     if (!std::filesystem::exists(input, error))
-      throw UsageError("merge: input " + input + " does not exist" +
-                       (error && error != std::errc::no_such_file_or_directory ? " (" + error.message() + ")" : ""));
+      throw UsageError("merge: input " + input + " does not exist" + (error ? " (" + error.message() + ")" : ""));
   }
   prepare_output_option("merge: output", files.front());
   for (const std::string& line : merge_results(files.front(), inputs, merge)) out << line << "\n";

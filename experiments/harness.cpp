@@ -204,7 +204,8 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
       if (smallest_batch * context > c.max_total_tokens) contexts.push_back(std::to_string(context));
     if (!recorded && (!batches.empty() || !contexts.empty()))
       log_warn("config '", c.name, "': max_total_tokens ", c.max_total_tokens, " leaves no run of",
-               batches.empty() ? "" : " batch sizes " + joined(batches), batches.empty() || contexts.empty() ? "" : " and",
+               batches.empty() ? "" : " batch sizes " + joined(batches),
+               batches.empty() || contexts.empty() ? "" : " and",
                contexts.empty() ? "" : " contexts " + joined(contexts));
   }
   const ConfigNode budgets = root.child("budgets");
@@ -738,7 +739,8 @@ std::optional<RunResult> attempt_run(const std::function<RunResult()>& run, RunF
   } catch (const ModelBudgetError& e) {
     // The budget as the experiment's config names it, not as the model's options do.
     const std::string message = e.what(), option = "vram_budget: ";
-    failure = {"does_not_fit", message.rfind(option, 0) == 0 ? "budgets.vram: " + message.substr(option.size()) : message};
+    failure = {"does_not_fit",
+               message.rfind(option, 0) == 0 ? "budgets.vram: " + message.substr(option.size()) : message};
   } catch (const KVBudgetError& e) {
     failure = {"does_not_fit", e.what()};
   } catch (const std::bad_alloc& e) {

@@ -281,10 +281,8 @@ ModelConfig apply_overrides(ModelConfig c, const ModelOverrides& overrides) {
 std::string ModelConfig::math_settings() const {
   std::ostringstream out;
   out.precision(17);
-  out << "architecture: " << (architecture == Architecture::deepseek_v2 ? "deepseek_v2"
-                              : architecture == Architecture::qwen3_moe ? "qwen3_moe"
-                                                                        : "mixtral")
-      << "\nlayers: " << layers << "\nhidden: " << hidden << "\nvocab: " << vocab
+  out << "architecture: " << architecture_name(architecture) << "\nlayers: " << layers << "\nhidden: " << hidden
+      << "\nvocab: " << vocab
       << "\ntied_embeddings: " << tied_embeddings << "\nrms_eps: " << rms_eps << "\nrope_theta: " << rope_theta
       << "\nrope_type: " << rope_scaling.type;
   if (rope_scaling.type == "yarn")
@@ -371,16 +369,6 @@ ModelConfig load_hf_config(const std::string& config_json) {
   if (architectures.size() != 1)
     root.fail("architectures", "must name one architecture, not " + std::to_string(architectures.size()));
   const std::string& kind = architectures.front();
-  // model_type, where given, is the same architecture's (transformers picks the class by it).
-  if (root.has("model_type")) {
-    const std::string model_type = root.get<std::string>("model_type");
-    const std::string expected = kind == "DeepseekV2ForCausalLM" ? "deepseek_v2"
-                                 : kind == "Qwen3MoeForCausalLM" ? "qwen3_moe"
-                                 : kind == "MixtralForCausalLM"  ? "mixtral"
-                                                                 : model_type;
-    if (model_type != expected)
-      root.fail("model_type", "'" + model_type + "' is not " + kind + "'s ('" + expected + "')");
-  }
   ModelConfig c;
   c.name = root.get_or<std::string>("_name_or_path", config_json);
   c.layers = root.get<int>("num_hidden_layers");
@@ -461,6 +449,12 @@ ModelConfig load_hf_config(const std::string& config_json) {
     root.fail("architectures", "unsupported architecture '" + kind +
                                    "' (expected DeepseekV2ForCausalLM, Qwen3MoeForCausalLM or MixtralForCausalLM)");
   }
+  // model_type, where given, is the same architecture's (transformers picks the class by it).
+  if (root.has("model_type"))
+    if (const std::string model_type = root.get<std::string>("model_type");
+        model_type != architecture_name(c.architecture))
+      root.fail("model_type", "'" + model_type + "' is not " + kind + "'s ('" + architecture_name(c.architecture) +
+                                  "')");
   // validate() names ModelConfig's fields; errors name the config.json key read.
   auto key_of = [&](const std::string& field) -> std::string {
     const bool deepseek = c.architecture == Architecture::deepseek_v2, mixtral = c.architecture == Architecture::mixtral;

@@ -138,13 +138,10 @@ std::string hf_config_json(const ModelConfig& c, ConfigFormat format, TensorDTyp
   const char* kind = c.architecture == Architecture::deepseek_v2 ? "DeepseekV2ForCausalLM"
                      : c.architecture == Architecture::qwen3_moe ? "Qwen3MoeForCausalLM"
                                                                  : "MixtralForCausalLM";
-  const char* model_type = c.architecture == Architecture::deepseek_v2 ? "deepseek_v2"
-                           : c.architecture == Architecture::qwen3_moe ? "qwen3_moe"
-                                                                       : "mixtral";
   const char* torch_dtype = dtype == TensorDType::bf16 ? "bfloat16" : dtype == TensorDType::f16 ? "float16" : "float32";
-  j << "{\n  \"architectures\": [\"" << kind << "\"],\n  \"model_type\": \"" << model_type << "\",\n  \""
-    << (v5 ? "dtype" : "torch_dtype") << "\": \"" << torch_dtype << "\",\n  \"_name_or_path\": \"" << c.name
-    << "\",\n"
+  j << "{\n  \"architectures\": [\"" << kind << "\"],\n  \"model_type\": \"" << architecture_name(c.architecture)
+    << "\",\n  \"" << (v5 ? "dtype" : "torch_dtype") << "\": \"" << torch_dtype << "\",\n  \"_name_or_path\": \""
+    << c.name << "\",\n"
     << "  \"hidden_size\": " << c.hidden << ",\n  \"num_hidden_layers\": " << c.layers << ",\n"
     << "  \"num_attention_heads\": " << c.q_heads << ",\n  \"num_key_value_heads\": " << c.kv_heads << ",\n"
     << "  \"vocab_size\": " << c.vocab << ",\n  \"max_position_embeddings\": " << c.max_position << ",\n"

@@ -169,8 +169,8 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
   EXPECT_NE(error_of(base + "systems: [gpu-only]\nsteps: {measured: 0}\n").find("measured"), std::string::npos);
   // A measured first step would time the buffers it grows (a profiling system's grew before it).
   EXPECT_NE(error_of(base + "systems: [gpu-only]\nsteps: {warmup: 0}\n")
-                .find("field 'steps.warmup': must be in [1, 1048576] (a first step grows buffers, and measured it would "
-                      "time their allocation), got 0"),
+                .find("field 'steps.warmup': must be in [1, 1048576] (a first step grows buffers, and measured it "
+                      "would time their allocation), got 0"),
             std::string::npos)
       << error_of(base + "systems: [gpu-only]\nsteps: {warmup: 0}\n");
   // Names and paths must say something; sizes stop short of overflowing the budgets' arithmetic.
@@ -205,7 +205,8 @@ TEST_F(HarnessTest, BadConfigsNameTheFieldAndTheReason) {
       << error_of(large_batch);
   EXPECT_NE(error_of(base + "systems: [gpu-only]\nrepetitions: 1001\n").find("field 'repetitions': must be in [1, 1000]"),
             std::string::npos);
-  EXPECT_NE(error_of(base + "systems: [gpu-only]\nsteps: {warmup: 1048577}\n").find("field 'steps.warmup': must be in [1, 1048576]"),
+  EXPECT_NE(error_of(base + "systems: [gpu-only]\nsteps: {warmup: 1048577}\n")
+                .find("field 'steps.warmup': must be in [1, 1048576]"),
             std::string::npos);
   EXPECT_EQ(error_of(replaced(base, "pinned: 1GiB", "pinned: 0")), "no error");  // no page-locked memory at all
   EXPECT_NE(error_of(base + "systems: [gpu-only]\ncontext_fill: random\n").find("context_fill"), std::string::npos);

@@ -170,7 +170,8 @@ TEST_F(HfConfigTest, HubAndTransformers5FormatsReadAlike) {
     const ModelConfig preset = model_preset(name);
     const ModelConfig hub = load_hf_config(write(hf_config_json(preset, ConfigFormat::hub, TensorDType::bf16)));
     EXPECT_EQ(hub.config_format, "hub");
-    const ModelConfig v5 = load_hf_config(write(hf_config_json(preset, ConfigFormat::transformers5, TensorDType::bf16)));
+    const ModelConfig v5 =
+        load_hf_config(write(hf_config_json(preset, ConfigFormat::transformers5, TensorDType::bf16)));
     EXPECT_EQ(v5.config_format, "transformers-5");
     EXPECT_EQ(hub.math_settings(), preset.math_settings());
     EXPECT_EQ(v5.math_settings(), preset.math_settings());
@@ -316,7 +317,8 @@ TEST_F(HfConfigTest, UnimplementedVariantsAreRefused) {
   ASSERT_NE(no_q_lora, deepseek);
   EXPECT_EQ(load_hf_config(write(no_q_lora)).q_lora_rank, 1536);
   // One architecture, and a model_type of that architecture (transformers picks its class by model_type).
-  const std::string llama = std::regex_replace(qwen, std::regex(R"("model_type": "qwen3_moe")"), R"("model_type": "llama")");
+  const std::string llama =
+      std::regex_replace(qwen, std::regex(R"("model_type": "qwen3_moe")"), R"("model_type": "llama")");
   ASSERT_NE(llama, qwen);
   EXPECT_EQ(error_of(llama), "model_type: 'llama' is not Qwen3MoeForCausalLM's ('qwen3_moe')");
   const std::string two = std::regex_replace(qwen, std::regex(R"(\["Qwen3MoeForCausalLM"\])"),
@@ -337,7 +339,8 @@ TEST_F(HfConfigTest, WrittenConfigsNameTheirModelTypeAndDtype) {
   const std::string hub = hf_config_json(qwen, ConfigFormat::hub, TensorDType::f16);
   EXPECT_NE(hub.find(R"("model_type": "qwen3_moe")"), std::string::npos) << hub;
   EXPECT_NE(hub.find(R"("torch_dtype": "float16")"), std::string::npos) << hub;
-  const std::string v5 = hf_config_json(model_preset("tiny-deepseek-v2"), ConfigFormat::transformers5, TensorDType::f32);
+  const std::string v5 =
+      hf_config_json(model_preset("tiny-deepseek-v2"), ConfigFormat::transformers5, TensorDType::f32);
   EXPECT_NE(v5.find(R"("model_type": "deepseek_v2")"), std::string::npos) << v5;
   EXPECT_NE(v5.find(R"("dtype": "float32")"), std::string::npos) << v5;
   const std::string mixtral = hf_config_json(model_preset("tiny-mixtral"), ConfigFormat::hub, TensorDType::bf16);
