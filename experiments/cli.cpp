@@ -29,6 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include <yaml-cpp/yaml.h>
+
 #include "attention/decode.hpp"
 #include "attention/host_prefetch.hpp"
 #include "experiments/calibration.hpp"
@@ -181,6 +183,51 @@ void print_text(std::ostream& out, const MachineDescription& machine) {
   out << "\nKokkos configuration\n" << machine.kokkos_configuration;
 }
 
+/// print_text's facts for scripts: the machine's fields (as results store
+/// them), then the spaces and where each CPU decode product runs and why.
+void print_yaml(std::ostream& out, const MachineDescription& machine) {
+  YAML::Emitter yaml;
+  yaml << YAML::BeginMap;
+  yaml << YAML::Key << "spaces" << YAML::Value << YAML::BeginMap;
+  yaml << YAML::Key << "gpu_execution_space" << YAML::Value << space_name<GpuExecSpace>();
+  yaml << YAML::Key << "gpu_memory_space" << YAML::Value << space_name<GpuMemSpace>();
+  yaml << YAML::Key << "pinned_memory_space" << YAML::Value << space_name<PinnedMemSpace>();
+  yaml << YAML::Key << "host_memory_space" << YAML::Value << space_name<HostMemSpace>();
+  yaml << YAML::EndMap;
+  yaml << YAML::Key << "cpu_decode" << YAML::Value << YAML::BeginMap;
+  for (const AttentionShape& shape : supported_attention_shapes()) {
+    yaml << YAML::Key << shape.name << YAML::Value << YAML::BeginMap;
+    for (Region region : {Region::cpu_resident, Region::cpu_streamed}) {
+      const BlockOrder order = block_order(region);
+      yaml << YAML::Key << region_name(region) << YAML::Value << YAML::BeginMap;
+      yaml << YAML::Key << "path" << YAML::Value << cpu_path_name(decode_product_path(shape, order));
+      yaml << YAML::Key << "chosen" << YAML::Value << describe_decode_cpu_path(shape, order);
+      yaml << YAML::EndMap;
+    }
+    yaml << YAML::Key << "next_pass_prefetch" << YAML::Value << describe_next_pass_prefetch(shape);
+    yaml << YAML::Key << "token_major_pass" << YAML::Value << describe_token_major_pass(shape);
+    yaml << YAML::EndMap;
+  }
+  yaml << YAML::EndMap;
+  if (cpu_path_supported(CpuPath::avx512_bf16)) {
+    const Avx512ProductRates& rates = avx512_product_rates();
+    yaml << YAML::Key << "avx512_multiply_adds_gmacs" << YAML::Value << YAML::BeginMap;
+    yaml << YAML::Key << "vdpbf16ps" << YAML::Value << rates.bf16_dot_gmacs;
+    yaml << YAML::Key << "fp32_fma" << YAML::Value << rates.fp32_fma_gmacs;
+    yaml << YAML::Key << "faster_path" << YAML::Value << cpu_path_name(faster_avx512_path(rates));
+    yaml << YAML::EndMap;
+  }
+  yaml << YAML::Key << "amx_bf16" << YAML::Value
+       << (cpu_path_supported(CpuPath::amx_bf16) ? std::string("offered")
+                                                 : "not offered: " + amx_bf16_unavailable_reason());
+  if (*cpu_path_pinned_by() != '\0') {
+    yaml << YAML::Key << "cpu_path_pinned_by" << YAML::Value << cpu_path_pinned_by();
+    yaml << YAML::Key << "best_cpu_path" << YAML::Value << cpu_path_name(best_cpu_path());
+  }
+  yaml << YAML::EndMap;
+  out << machine.to_yaml() << "\n" << yaml.c_str() << "\n";
+}
+
 /// Options of the form --name VALUE or --name=VALUE, for commands with no
 /// positional arguments: each at most once, each with a value that is not
 /// empty (an unset shell variable) and not the next option.
@@ -213,16 +260,20 @@ std::map<std::string, std::string> parse_options(const std::string& command, con
   return options;
 }
 
+}  // namespace
+
 int info_command(const std::vector<std::string>& args, std::ostream& out) {
   std::string format = "text";
   if (auto options = parse_options("info", args, {"--format"}); options.count("--format")) format = options["--format"];
   if (format != "text" && format != "yaml")
     throw UsageError("info: --format must be text or yaml, got '" + format + "'");
   const MachineDescription machine = MachineDescription::detect();
-  if (format == "yaml") out << machine.to_yaml() << "\n";
+  if (format == "yaml") print_yaml(out, machine);
   else print_text(out, machine);
   return 0;
 }
+
+namespace {
 
 /// `text` as a T in [least, most] (by default at most T's largest value): "4294967297" for an int is an error, not 1.
 template <class T = int>

@@ -721,8 +721,8 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
     errors[{system, "step"}].push_back(step_error);
     // A component is compared where it is at least 5% of the measured step:
     // a relative error of a near-zero time says nothing.
-    auto compare = [&](const std::string& name, double predicted_seconds, double measured_seconds) {
-      if (measured_seconds >= 0.05 * measured_step) errors[{system, name}].push_back(error_of(predicted_seconds, measured_seconds));
+    auto compare = [&](const std::string& name, double predicted_time, double measured_time) {
+      if (measured_time >= 0.05 * measured_step) errors[{system, name}].push_back(error_of(predicted_time, measured_time));
     };
     compare("attention", mean(predicted.attention), mean(attention_seconds));
     const auto layers = static_cast<double>(reader.int_attribute(g, "layers"));
