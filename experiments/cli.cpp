@@ -749,7 +749,7 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     const auto parsed = parse_byte_size(options[name]);
     if (!parsed || *parsed == 0)
       throw UsageError(std::string("generate: ") + name + " must be a positive byte size such as 512MiB, got '" +
-                       options[name] + "'");
+                       options[name] + "'" + (parsed ? std::string() : ": " + byte_size_problem(options[name])));
     return *parsed;
   };
   const std::uint64_t host_budget = byte_option("--host-budget", std::uint64_t{1} << 30);
@@ -869,15 +869,15 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     group->set_attribute("token_major_pass", describe_token_major_pass(shape));
   }
   model_options.check_finite = true;
+  // No step ran: a logits file this call created would hold nothing.
+  auto remove_new_logits_file = [&] {
+    if (!new_logits_file) return;
+    group.reset();
+    txn.reset();
+    store.reset();
+    std::filesystem::remove(options["--logits"]);
+  };
   MoeModel model = [&] {
-    // No step ran: a logits file this call created would hold nothing.
-    auto remove_new_logits_file = [&] {
-      if (!new_logits_file) return;
-      group.reset();
-      txn.reset();
-      store.reset();
-      std::filesystem::remove(options["--logits"]);
-    };
     try {
       if (!from_checkpoint) return MoeModel::synthetic(config, seed, model_options);
       // As transformers warns: weights the config leaves out are most often a config.json that disagrees with them.
@@ -905,6 +905,16 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   const InplaceKVCache<bf16>& kv = model.cache();
   const std::int64_t blocks_held = kv.capacity_blocks(Region::gpu_resident) +
                                    kv.capacity_blocks(Region::gpu_streamed) + kv.capacity_blocks(Region::cpu_resident);
+  // Not even the prompt fits: no token could be generated, so nothing starts.
+  if (const std::int64_t prompt_blocks = (static_cast<std::int64_t>(prompt.size()) + block_tokens - 1) / block_tokens;
+      prompt_blocks * config.layers > blocks_held) {
+    remove_new_logits_file();
+    throw ModelBudgetError("generate: the prompt's " + std::to_string(prompt.size()) + " tokens need " +
+                           std::to_string(prompt_blocks * config.layers) + " KV blocks (" +
+                           std::to_string(config.layers) + " layers x " + std::to_string(prompt_blocks) + " of " +
+                           std::to_string(block_tokens) + " tokens) but --vram-budget and --host-budget hold " +
+                           std::to_string(blocks_held) + "; give larger budgets");
+  }
   if (blocks_per_layer * config.layers > blocks_held)
     log_info("generate: warning: the prompt and the new tokens need ", blocks_per_layer * config.layers, " KV blocks (",
              config.layers, " layers x ", blocks_per_layer, " of ", block_tokens,
@@ -1167,8 +1177,14 @@ int predict_command(const std::vector<std::string>& args, std::ostream& out) {
   for (const MachineProfile& profile : profiles) check_profile_prices(config, profile);
   if (!output.empty()) prepare_output_option("predict: --output", output);
   if (output.empty()) {
+    // The config's output names the measured file; the projection goes beside it.
+    if (const std::string why = not_a_file_reason(config.output); !why.empty())
+      throw ConfigError(args.front(), "output",
+                        config.output + " " + why +
+                            "; give a results file name (predict writes beside it, with -predicted before .h5)");
     const std::filesystem::path measured = config.output;
     output = (measured.parent_path() / (measured.stem().string() + "-predicted" + measured.extension().string())).string();
+    create_output_folder("predict: " + args.front() + ": field 'output', with -predicted:", output);
   }
   const ExperimentSummary summary = [&] {
     try {
@@ -1308,6 +1324,10 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
       if (command == "merge") return merge_command(rest, out);
       // Internal: one CPU attention measurement at this process' thread count.
       if (command == "calibrate-attention") return calibrate_attention_command(rest, out);
+      // An option where the command goes: a misspelt one (Kokkos takes out the ones it knows).
+      if (command.rfind("-", 0) == 0)
+        throw UsageError("unknown option '" + command + "' before the command: give the command first (writescope " +
+                         "COMMAND [options])");
       throw UsageError("unknown command '" + command + "'", UsageError::Usage::whole);
     };
     const int status = dispatch();

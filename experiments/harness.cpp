@@ -212,8 +212,11 @@ ExperimentConfig ExperimentConfig::from_config(const ConfigNode& root, bool reco
   budgets.allow_only({"vram", "pinned", "host"});
   if (budgets.yaml()["vram"].IsSequence()) {
     for (const ConfigNode& v : budgets.elements("vram")) {
-      const auto bytes = parse_byte_size(v.as<std::string>());
-      if (!bytes || *bytes == 0) budgets.fail("vram", "entries must be byte sizes such as 32GiB");
+      const std::string text = v.as<std::string>();
+      const auto bytes = parse_byte_size(text);
+      if (!bytes || *bytes == 0)
+        budgets.fail("vram", "entries must be positive byte sizes such as 32GiB; got '" + text + "'" +
+                                 (bytes ? std::string() : ": " + byte_size_problem(text)));
       c.vram_budgets.push_back(*bytes);
     }
   } else {
@@ -1530,6 +1533,14 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
                                   " is being written (its lock is held: its run has not ended); merge it once that "
                                   "run ends");
     readers.emplace_back(input);
+    // Another kind of file (a generate --logits file, another program's) is
+    // named before its missing attributes would be.
+    if (const std::string format =
+            readers.back().has_attribute("/", "format") ? readers.back().string_attribute("/", "format") : "";
+        format != results_format)
+      throw std::invalid_argument("merge: " + input + " is not a writescope results file (format '" +
+                                  (format.empty() ? std::string("none") : format) + "', not '" + results_format +
+                                  "'); merge combines the results files of writescope run");
     if (readers.back().has_attribute("/", "predicted"))
       throw std::invalid_argument("merge: " + input + " holds predicted runs (writescope predict); merge combines "
                                   "measured shards, and a projection is written whole");

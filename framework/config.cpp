@@ -124,7 +124,10 @@ std::string format_byte_size(std::uint64_t bytes) {
   return out.str();
 }
 
-std::optional<std::uint64_t> parse_byte_size(std::string_view text) {
+namespace {
+
+/// parse_byte_size, or why `text` is not a byte size (in `problem`).
+std::optional<std::uint64_t> read_byte_size(std::string_view text, std::string& problem) {
   // A decimal number ("12", "1.5", "2e9"), then spaces and a unit, if any:
   // no hexadecimal, no spaces inside the number or the unit.
   const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
@@ -137,10 +140,16 @@ std::optional<std::uint64_t> parse_byte_size(std::string_view text) {
     while (end < text.size() && is_digit(text[end])) ++end;
     return end > begin;
   };
-  if (!digits()) return std::nullopt;
+  if (!digits()) {
+    problem = !text.empty() && text.front() == '-' ? "a size is not negative" : "it does not start with a number";
+    return std::nullopt;
+  }
   if (end < text.size() && text[end] == '.') {
     ++end;
-    if (!digits()) return std::nullopt;
+    if (!digits()) {
+      problem = "no digit after the decimal point";
+      return std::nullopt;
+    }
   }
   if (end < text.size() && (text[end] == 'e' || text[end] == 'E') && end + 1 < text.size() &&
       (is_digit(text[end + 1]) || ((text[end + 1] == '+' || text[end + 1] == '-') && end + 2 < text.size() &&
@@ -163,10 +172,31 @@ std::optional<std::uint64_t> parse_byte_size(std::string_view text) {
     // A fraction of a unit is rounded to a byte ("1.3MiB", as messages print
     // sizes); a fraction of a byte is an error.
     const double bytes = scale > 1 ? std::round(value * scale) : value;
-    if (!std::isfinite(bytes) || bytes < 0 || bytes >= 0x1p64 || bytes != std::floor(bytes)) return std::nullopt;
+    if (!std::isfinite(bytes) || bytes >= 0x1p64) {
+      problem = "2^64 bytes or more";
+      return std::nullopt;
+    }
+    if (bytes != std::floor(bytes)) {
+      problem = "a fraction of a byte";
+      return std::nullopt;
+    }
     return static_cast<std::uint64_t>(bytes);
   }
+  problem = "unknown unit '" + std::string(unit) + "' (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB, or K, M, G, T for KiB...)";
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> parse_byte_size(std::string_view text) {
+  std::string problem;
+  return read_byte_size(text, problem);
+}
+
+std::string byte_size_problem(std::string_view text) {
+  std::string problem;
+  read_byte_size(text, problem);
+  return problem;
 }
 
 ConfigNode::ConfigNode(YAML::Node node, std::string path, std::shared_ptr<const std::string> source,
@@ -359,7 +389,8 @@ std::string ConfigNode::get_choice(const std::string& key, std::initializer_list
 std::uint64_t ConfigNode::get_bytes(const std::string& key) const {
   const auto text = get<std::string>(key);
   const auto bytes = parse_byte_size(text);
-  if (!bytes) fail(key, "expected a byte size such as 4096, 512MiB or 32GB; got '" + text + "'");
+  if (!bytes)
+    fail(key, "expected a byte size such as 4096, 512MiB or 32GB; got '" + text + "': " + byte_size_problem(text));
   return *bytes;
 }
 

@@ -35,6 +35,9 @@ class ConfigError : public std::runtime_error {
 /// unit is rounded to the nearest byte). Returns nothing for malformed,
 /// negative, overflowing or fractional-byte text.
 std::optional<std::uint64_t> parse_byte_size(std::string_view text);
+/// Why parse_byte_size returns nothing for `text` ("2^64 bytes or more", "a
+/// fraction of a byte", "unknown unit 'GiBB' (...)", ...); empty where it parses.
+std::string byte_size_problem(std::string_view text);
 /// Bytes for messages: "512B", "32GiB", "256MiB", or one decimal ("322.8MiB")
 /// when not a whole number of the unit; parse_byte_size reads it back (to
 /// the printed digit).

@@ -267,5 +267,21 @@ TEST(ByteSize, RejectsMalformedValues) {
     EXPECT_FALSE(parse_byte_size(bad).has_value()) << bad;
 }
 
+TEST(ByteSize, SaysWhyATextIsNoSize) {
+  EXPECT_EQ(byte_size_problem("32GiB"), "");
+  EXPECT_EQ(byte_size_problem("1e30"), "2^64 bytes or more");
+  EXPECT_EQ(byte_size_problem("20000000TiB"), "2^64 bytes or more");
+  EXPECT_EQ(byte_size_problem("1.5"), "a fraction of a byte");
+  EXPECT_EQ(byte_size_problem("-1"), "a size is not negative");
+  EXPECT_EQ(byte_size_problem("GiB"), "it does not start with a number");
+  EXPECT_EQ(byte_size_problem("5.GiB"), "no digit after the decimal point");
+  EXPECT_EQ(byte_size_problem("12 GiBB").rfind("unknown unit 'GiBB' (B, KiB", 0), 0u) << byte_size_problem("12 GiBB");
+  // A config's field says it after the value.
+  const ConfigNode root = ConfigNode::parse("host: 1e30\n", "c.yaml");
+  const auto e = expect_config_error([&] { root.get_bytes("host"); });
+  EXPECT_STREQ(e.what(),
+               "c.yaml: field 'host': expected a byte size such as 4096, 512MiB or 32GB; got '1e30': 2^64 bytes or more");
+}
+
 }  // namespace
 }  // namespace writescope
