@@ -902,11 +902,14 @@ RunResult measure(const ExperimentConfig& config, const RunSpec& run, const Mach
                                   std::to_string(config.measured_steps)
                             : "warm-up"),
                   seconds_left);
+    // A step is tokens in to the next tokens out: the greedy pick is timed
+    // too, so that nothing a system leaves running (a prefetch across steps)
+    // overlaps host work outside the clock.
     const auto begin = std::chrono::steady_clock::now();
     const auto logits = model.step(sequences, tokens);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     for (std::size_t b = 0; b < logits.size(); ++b)
       tokens[b] = static_cast<int>(std::max_element(logits[b].begin(), logits[b].end()) - logits[b].begin());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     if (!measured) continue;
     result.step_seconds.push_back(seconds);
     result.add_step(model.last_records());

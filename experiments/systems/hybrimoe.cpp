@@ -15,7 +15,9 @@
 // Prefetches run on a copy stream beside the next layer's attention; its
 // experts wait for them.
 // Simplified: the split's costs come from the profile, not from online
-// measurements.
+// measurements. The cache starts empty and fills on demand in the warm-up
+// steps, which every experiment has; Fiddler's slots, by contrast, are
+// placed from its profiling prompt before them.
 #include <algorithm>
 
 #include "experiments/systems.hpp"

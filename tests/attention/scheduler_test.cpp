@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <tuple>
 
@@ -157,6 +158,87 @@ TEST_F(SchedulerTest, PlanSplitsTheBandAndCoversEveryBlockOnce) {
 }
 
 /// Pinned-pool slots of `segments` (the band's blocks are told apart by slot).
+// Decode appends one block at a time: after k spilled blocks the CPU-affine
+// ones are the CPU's share of k rounded to the nearest block, every time.
+TEST_F(SchedulerTest, EachSpilledBlockKeepsTheCpusShareRoundedToTheNearestBlock) {
+  auto cache = make_cache(/*vram_blocks=*/0);
+  const ModelRates rates = test::synthetic_rates(25, 100);
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(rates), shape_, *cache);
+  const int blocks = 40;
+  const double share = RooflineModel(rates)
+                           .best_split(StepBytes{0, 0, blocks * static_cast<double>(block_bytes_)},
+                                       shape_.fmas_per_byte(sizeof(bf16)), 0)
+                           .cpu_movable_bytes /
+                       (blocks * static_cast<double>(block_bytes_));
+  ASSERT_NEAR(share, 0.8, 0.01);
+  const int seq = cache->add_sequence();
+  for (int k = 1; k <= blocks; ++k) {
+    write(*cache, scheduler, 0, seq, block_tokens, blocks * block_tokens, /*decode=*/true);
+    EXPECT_EQ(count(*cache, 0, seq, Region::cpu_streamed), static_cast<std::int64_t>(std::floor(share * k + 0.5)))
+        << "after " << k << " blocks";
+  }
+}
+
+// The fixed share is priced at the headroom's fraction of the CPU's compute
+// limit too, not only of its bandwidth: a CPU limited by its FMAs to 100 GB/s
+// (of 1000 of bandwidth) against a 25 GB/s link fixes 2/3 of the spill on
+// the host (50 against 25), and takes 0.8 of it in all.
+TEST_F(SchedulerTest, TheFixedShareHasHeadroomOnTheCpusComputeLimit) {
+  auto cache = make_cache(/*vram_blocks=*/0);
+  ModelRates rates = test::synthetic_rates(25, 1000);
+  rates.cpu_fma_glanes = 100 * shape_.fmas_per_byte(sizeof(bf16));
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(rates), shape_, *cache);
+  const int seq = cache->add_sequence();
+  write(*cache, scheduler, 0, seq, 120 * block_tokens, 120 * block_tokens, false);
+  const double spilled = 120;
+  EXPECT_NEAR(count(*cache, 0, seq, Region::cpu_resident) / spilled, 2.0 / 3.0, 0.02);
+  EXPECT_NEAR((count(*cache, 0, seq, Region::cpu_resident) + count(*cache, 0, seq, Region::cpu_streamed)) / spilled,
+              0.8, 0.02);
+}
+
+// A full host pool sends the rest of prefill's fixed share to the band: the
+// append fits, and the CPU keeps its whole share there.
+TEST_F(SchedulerTest, AFullHostPoolSendsTheFixedShareToTheBand) {
+  InplaceKVCache<bf16> cache(KVCacheShape{1, geometry_}, KVCacheBudgets{0, 256 * block_bytes_, 10 * block_bytes_},
+                             BudgetPolicy::strict);
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(25, 100)), shape_, cache);
+  const int seq = cache.add_sequence();
+  ASSERT_NO_THROW(write(cache, scheduler, 0, seq, 130 * block_tokens, 130 * block_tokens, false));
+  EXPECT_EQ(count(cache, 0, seq, Region::cpu_resident), 10);
+  EXPECT_NEAR((count(cache, 0, seq, Region::cpu_resident) + count(cache, 0, seq, Region::cpu_streamed)) / 130.0, 0.8,
+              0.02);
+}
+
+// The spill's split counts the VRAM blocks the sequence will have: read at
+// 25 GB/s, as slow as the link, 20 resident blocks of 50 leave the CPU more
+// than half of the other 30; a second sequence, the VRAM share taken, none.
+TEST_F(SchedulerTest, TheSpillsSplitCountsTheSequencesVramBlocks) {
+  auto cache = make_cache(/*vram_blocks=*/20);
+  ModelRates rates = test::synthetic_rates(25, 25);
+  rates.hbm_gbps = 25;
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(rates), shape_, *cache);
+  const double block = static_cast<double>(block_bytes_);
+  const auto share = [&](double resident_blocks, double movable_blocks) {
+    return RooflineModel(rates)
+               .best_split(StepBytes{resident_blocks * block, 0, movable_blocks * block},
+                           shape_.fmas_per_byte(sizeof(bf16)), 0)
+               .cpu_movable_bytes /
+           (movable_blocks * block);
+  };
+  ASSERT_GT(share(20, 30), share(0, 50) + 0.2);  // the two readings differ
+  const auto cpu_affine = [&](int seq) {
+    return count(*cache, 0, seq, Region::cpu_resident) + count(*cache, 0, seq, Region::cpu_streamed);
+  };
+  const int a = cache->add_sequence();
+  write(*cache, scheduler, 0, a, 50 * block_tokens, 50 * block_tokens, false);
+  EXPECT_EQ(count(*cache, 0, a, Region::gpu_resident), 20);
+  EXPECT_NEAR(static_cast<double>(cpu_affine(a)), share(20, 30) * 30, 1.0);
+  const int b = cache->add_sequence();
+  write(*cache, scheduler, 0, b, 30 * block_tokens, 30 * block_tokens, false);
+  EXPECT_EQ(count(*cache, 0, b, Region::gpu_resident), 0);
+  EXPECT_NEAR(static_cast<double>(cpu_affine(b)), share(0, 30) * 30, 1.0);
+}
+
 std::set<int> slots_of(const std::vector<BlockSegment>& segments) {
   std::set<int> slots;
   for (const BlockSegment& s : segments) slots.insert(s.slot);
@@ -191,6 +273,32 @@ TEST_F(SchedulerTest, TheCpuTakesItsOwnBandBlocksFirstAndTheGpuStreamsItsOwnFirs
     const std::set<int> gpu = slots_of(plan.gpu_streamed);
     EXPECT_EQ(gpu.size(), 5u);
     EXPECT_TRUE(std::includes(gpu_streamed.begin(), gpu_streamed.end(), gpu.begin(), gpu.end()));
+  }
+}
+
+// The band is cut between the devices at the block nearest the CPU's
+// target: 1.6 blocks of 3 are 2, 1.4 are 1 (not always the floor, which
+// halves a small band's CPU share, nor the ceiling).
+TEST_F(SchedulerTest, TheBandIsCutAtTheBlockNearestTheCpusTarget) {
+  auto cache = make_cache(0);
+  const int seq = cache->add_sequence();
+  const std::vector<Region> regions(3, Region::cpu_streamed);
+  const auto data = test::random_values<bf16>(3 * block_tokens * geometry_.kv_heads * geometry_.key_dim, 5);
+  const auto view = test::token_view<bf16, HostMemSpace>(data, geometry_.kv_heads, geometry_.key_dim, 0, 3 * block_tokens);
+  cache->append(HostExecSpace(), 0, seq, view, view, regions);
+  const std::vector<TokenRange> range{{0, 3 * block_tokens}};
+  for (const auto& [link, cpu, nearest] : {std::tuple<double, double, std::size_t>{7, 8, 2}, {8, 7, 1}}) {
+    const ModelRates rates = test::synthetic_rates(link, cpu);
+    const double target = RooflineModel(rates)
+                              .best_split(StepBytes{0, 0, 3 * static_cast<double>(block_bytes_)},
+                                          shape_.fmas_per_byte(sizeof(bf16)), 0)
+                              .cpu_movable_bytes /
+                          static_cast<double>(block_bytes_);
+    WriteScopeScheduler<bf16> scheduler(RooflineModel(rates), shape_, *cache);
+    const SplitPlan plan = scheduler.plan(0, {seq}, range);
+    EXPECT_EQ(plan.cpu_pinned.size(), nearest) << "link " << link << ", CPU " << cpu << ": target " << target;
+    EXPECT_EQ(static_cast<double>(nearest), std::round(target)) << target;
+    EXPECT_EQ(plan.cpu_pinned.size() + plan.gpu_streamed.size(), 3u);
   }
 }
 
