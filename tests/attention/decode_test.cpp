@@ -613,6 +613,12 @@ TYPED_TEST(DecodeAttentionTest, EmptyRangesGiveMinusInfinityAndMergeAsNoOps) {
   auto before = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), state.o);
   auto after = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), merged.o);
   for (std::size_t i = 0; i < before.size(); ++i) ASSERT_EQ(before.data()[i], after.data()[i]);
+  // States of other shapes are refused, not merged past their ends.
+  for (const auto& [rows, heads, dims] : {std::tuple{2, 32, 128}, {3, 16, 128}, {3, 32, 64}}) {
+    const typename TestFixture::State other("writescope::test::other_shape", rows, heads, dims);
+    EXPECT_THROW(merge_into(typename TestFixture::ExecSpace(), merged, other), std::invalid_argument)
+        << rows << " x " << heads << " x " << dims;
+  }
 }
 
 TYPED_TEST(DecodeAttentionTest, RejectsUnsortedOrOutOfPoolSegments) {

@@ -156,6 +156,71 @@ TEST(StreamedDecode, BackToBackRunsKeepEachOthersBuffers) {
     EXPECT_EQ(host_copy(out), host_copy(alone));
   }
   EXPECT_NE(host_copy(first_out), host_copy(second_out));
+  // And each is its range's attention (a host build runs the two in turn,
+  // where the comparison above cannot fail).
+  const bool rounded = test::host_bf16_products<bf16>(impl::host_product_path(
+      active_decode_cpu_path(shape, BlockOrder::token_major), g, BlockOrder::token_major, shape.group(), true));
+  for (const auto& [range, out] : {std::pair{TokenRange{0, length}, first_out}, {TokenRange{3, length - 40}, second_out}}) {
+    std::vector<double> ref_o, ref_lse, spread;
+    reference_decode(shape, host_queries.data(), ReferenceKV{keys.data(), values.data(), length}, range.begin,
+                     range.end, ref_o, ref_lse, &spread);
+    auto o = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.o);
+    auto lse = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.lse);
+    for (int h = 0; h < shape.q_heads; ++h) {
+      ASSERT_NEAR(lse(0, h), ref_lse[h], test::attention_lse_tolerance(rounded, ref_lse[h])) << range.begin;
+      for (int d = 0; d < shape.value_dim; ++d)
+        ASSERT_NEAR(o(0, h, d), ref_o[h * shape.value_dim + d],
+                    test::attention_o_tolerance(rounded, spread[h * shape.value_dim + d]))
+            << range.begin;
+    }
+  }
+}
+
+// Two rows over one sequence's blocks (a batch may name a sequence twice):
+// a chunk copies each pool slot once and both rows read it from there.
+TEST(StreamedDecode, RowsSharingBlocksCopyEachBlockOnce) {
+  const AttentionShape shape = qwen3_30b_a3b_attention();
+  const BlockGeometry g = shape.block_geometry(32);
+  const auto block_bytes = static_cast<std::uint64_t>(g.block_elements()) * sizeof(bf16);
+  InplaceKVCache<bf16> cache(KVCacheShape{1, g}, KVCacheBudgets{0, 8 * block_bytes, 0}, BudgetPolicy::strict);
+  const std::int64_t length = 250;
+  const auto keys = test::random_values<bf16>(length * g.kv_heads * g.key_dim, 60);
+  const auto values = test::random_values<bf16>(length * g.kv_heads * g.value_dim, 61);
+  const int sequence = cache.add_sequence();
+  cache.append(HostExecSpace(), 0, sequence, test::token_view<bf16, HostMemSpace>(keys, g.kv_heads, g.key_dim, 0, length),
+               test::token_view<bf16, HostMemSpace>(values, g.kv_heads, g.value_dim, 0, length),
+               std::vector<Region>(8, Region::gpu_streamed));
+  const std::vector<TokenRange> ranges{{0, length}, {40, 200}};
+  const auto segments = cache.segments(0, Region::gpu_streamed, {sequence, sequence}, ranges);
+  const auto host_queries = test::random_values<float>(2 * shape.q_heads * shape.key_dim, 62);
+  Kokkos::View<float***, Kokkos::LayoutRight, HostMemSpace> staged("writescope::test::queries", 2, shape.q_heads,
+                                                                   shape.key_dim);
+  std::copy(host_queries.begin(), host_queries.end(), staged.data());
+  const auto queries = Kokkos::create_mirror_view_and_copy(GpuMemSpace(), staged);
+  GpuStreams streams(2);
+  StreamedDecode<bf16> engine(shape, g, 100);
+  PartialState<GpuMemSpace> out("writescope::test::out", 2, shape.q_heads, shape.value_dim);
+  engine.run(streams[0], streams[1], queries, cache.pinned_pool(), segments, out);
+  streams[1].fence();
+  EXPECT_EQ(engine.bytes_copied(), 8 * block_bytes);
+  EXPECT_EQ(engine.copies_issued(), 1);
+  auto o = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.o);
+  auto lse = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out.lse);
+  const bool rounded = test::host_bf16_products<bf16>(impl::host_product_path(
+      active_decode_cpu_path(shape, BlockOrder::token_major), g, BlockOrder::token_major, shape.group(), true));
+  for (int b = 0; b < 2; ++b) {
+    std::vector<double> ref_o, ref_lse, spread;
+    reference_decode(shape, host_queries.data() + b * shape.q_heads * shape.key_dim,
+                     ReferenceKV{keys.data(), values.data(), length}, ranges[b].begin, ranges[b].end, ref_o, ref_lse,
+                     &spread);
+    for (int h = 0; h < shape.q_heads; ++h) {
+      ASSERT_NEAR(lse(b, h), ref_lse[h], test::attention_lse_tolerance(rounded, ref_lse[h])) << "row " << b;
+      for (int d = 0; d < shape.value_dim; ++d)
+        ASSERT_NEAR(o(b, h, d), ref_o[h * shape.value_dim + d],
+                    test::attention_o_tolerance(rounded, spread[h * shape.value_dim + d]))
+            << "row " << b;
+    }
+  }
 }
 
 TEST(StreamedDecode, EmptySegmentListGivesEmptyStates) {

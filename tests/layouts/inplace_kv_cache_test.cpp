@@ -96,6 +96,9 @@ TYPED_TEST(InplaceKVCacheTest, EveryRegionStoresTokensAcrossPartialBlocks) {
     std::vector<float> key(cache.geometry().key_dim), value(cache.geometry().value_dim);
     for (int head : {-1, cache.geometry().kv_heads})
       EXPECT_THROW(cache.read_token(0, seq, 0, head, key.data(), value.data()), KVCacheError) << "head " << head;
+    // Past the length, inside the last block's unwritten tail as beyond it.
+    for (std::int64_t position : {50, 63, 64, -1})
+      EXPECT_THROW(cache.read_token(0, seq, position, 0, key.data(), value.data()), KVCacheError) << position;
     EXPECT_EQ(cache.length(1, seq), 0);
     EXPECT_EQ(cache.block_regions(0, seq), (std::vector<Region>{Region::gpu_resident, Region::cpu_resident,
                                                                 Region::gpu_streamed, Region::cpu_streamed}));
@@ -258,6 +261,9 @@ TYPED_TEST(InplaceKVCacheTest, AccountsBytesAndFreesSequences) {
   EXPECT_THROW(this->append(cache, 1, b, 0, 1, {Region::gpu_streamed}), KVCacheError);
   cache.free_sequence(a);
   EXPECT_EQ(cache.region_bytes(Region::gpu_streamed), 0u);
+  EXPECT_EQ(cache.region_token_bytes(Region::gpu_streamed), 0u);
+  EXPECT_EQ(cache.region_token_bytes(Region::cpu_streamed), 0u);
+  EXPECT_EQ(cache.region_token_bytes(Region::cpu_resident), 5 * block / block_tokens);
   EXPECT_THROW(cache.length(0, a), KVCacheError);
   this->append(cache, 1, b, 0, 32, {Region::gpu_streamed, Region::cpu_streamed});
   EXPECT_EQ(cache.region_bytes(Region::gpu_streamed) + cache.region_bytes(Region::cpu_streamed), 2 * block);
@@ -411,6 +417,27 @@ TYPED_TEST(InplaceKVCacheTest, RejectsMismatchedInput) {
   EXPECT_THROW(this->append(cache, 0, 7, 0, 1, {Region::gpu_resident}), KVCacheError);     // no sequence 7
   EXPECT_EQ(cache.length(0, seq), 0);
   EXPECT_THROW(InplaceKVCache<Storage>(KVCacheShape{0, small_shape().block}, {}, BudgetPolicy::strict), KVCacheError);
+  for (const BlockGeometry& geometry : {BlockGeometry{0, heads, key_dim, value_dim, false},
+                                        BlockGeometry{block_tokens, 0, key_dim, value_dim, false},
+                                        BlockGeometry{block_tokens, heads, key_dim, key_dim + 1, true}})
+    EXPECT_THROW(InplaceKVCache<Storage>(KVCacheShape{1, geometry}, {}, BudgetPolicy::strict), KVCacheError);
+}
+
+// A sequence whose previous block is in a pool's last slot takes a freed
+// slot, not the one past the pool's end.
+TYPED_TEST(InplaceKVCacheTest, ABlockAfterThePoolsLastSlotTakesAFreedOne) {
+  using Storage = typename TestFixture::Scalar;
+  InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(0, 2, 0), BudgetPolicy::strict);
+  const int other = cache.add_sequence(), seq = cache.add_sequence();
+  this->append(cache, 0, other, 0, block_tokens, {Region::cpu_streamed});  // slot 0
+  this->append(cache, 0, seq, 0, block_tokens, {Region::cpu_streamed});    // slot 1, the last
+  cache.free_sequence(other);
+  this->append(cache, 0, seq, block_tokens, block_tokens, {Region::cpu_streamed});
+  std::vector<int> slots;
+  for (const BlockSegment& segment : cache.segments(0, Region::cpu_streamed, {seq}, {TokenRange{0, 2 * block_tokens}}))
+    slots.push_back(segment.slot);
+  EXPECT_EQ(slots, (std::vector<int>{1, 0}));
+  this->expect_tokens(cache, 0, seq, 0);
 }
 
 }  // namespace
