@@ -321,6 +321,25 @@ class ReportOnCompleteFile(ReportOnFile, unittest.TestCase):
         self.assertIn("| writescope | 10.0% |", self.markdown)
 
 
+class PredictionErrors(unittest.TestCase):
+    """The attention prediction's error per system: the median over its steps of |predicted - measured| /
+    measured, steps without a measured time left out (the report's data gives every step the same 10%)."""
+
+    def test_median_of_relative_errors(self):
+        from types import SimpleNamespace
+        report = report_module()
+        measured = np.array([1.0, 2.0, 4.0, 1.0, 0.0])
+        predicted = np.array([1.1, 1.6, 6.0, 1.05, 3.0])  # 0.1, 0.2 (under), 0.5, 0.05; the last unmeasured
+        runs = [SimpleNamespace(system="writescope", measured=SimpleNamespace(
+                    attention_seconds=measured, predicted_attention_seconds=predicted)),
+                SimpleNamespace(system="fiddler", measured=None)]
+        errors = report.prediction_errors(runs)
+        self.assertEqual(set(errors), {"writescope"})
+        median, steps = errors["writescope"]
+        self.assertAlmostEqual(median, 0.15)  # the mean would be 0.2125, the largest 0.5
+        self.assertEqual(steps, 4)
+
+
 class ReportOnVariants(ReportOnFile, unittest.TestCase):
     """WriteScope once per baseline expert policy plus once with its own (the current schema)."""
 

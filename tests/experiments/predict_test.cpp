@@ -618,8 +618,39 @@ TEST(PredictProfileTest, CpuFromAnotherProfileKeepsTheGpuAndSaysWhere) {
   cpu.cpu_decode_path = {{"mixtral-8x7b", "avx512_fma"}};
   cpu.cpu_streamed_decode_path = {{"mixtral-8x7b", "avx512_bf16"}};
   cpu.cpu_streamed_attention_gbps["mixtral-8x7b"] = {{7, 4.5}};
+  // Every CPU field its own value, none the GPU profile's.
+  cpu.cpu_attention_gbps["mixtral-8x7b"] = {{7, 3.5}};
+  cpu.cpu_dram_read_gbps = 33.5;
+  cpu.cpu_path = "scalar";
+  cpu.cpu_next_pass_prefetch = {{"mixtral-8x7b", "l2"}};
+  cpu.cpu_token_major_pass = {{"mixtral-8x7b", "64"}};
+  cpu.cpu_head_major_pass = {{"mixtral-8x7b", "32"}};
+  cpu.cpu_fma_glanes = 55;
+  cpu.cpu_launch_latency_s = 9e-6;
+  cpu.cpu_expert_gflops = 77;
+  for (const auto& [field, same] :
+       {std::pair{"cpu_attention_gbps", gpu.cpu_attention_gbps == cpu.cpu_attention_gbps},
+        {"cpu_dram_read_gbps", gpu.cpu_dram_read_gbps == cpu.cpu_dram_read_gbps},
+        {"cpu_path", gpu.cpu_path == cpu.cpu_path},
+        {"cpu_next_pass_prefetch", gpu.cpu_next_pass_prefetch == cpu.cpu_next_pass_prefetch},
+        {"cpu_token_major_pass", gpu.cpu_token_major_pass == cpu.cpu_token_major_pass},
+        {"cpu_head_major_pass", gpu.cpu_head_major_pass == cpu.cpu_head_major_pass},
+        {"cpu_fma_glanes", gpu.cpu_fma_glanes == cpu.cpu_fma_glanes},
+        {"cpu_launch_latency_s", gpu.cpu_launch_latency_s == cpu.cpu_launch_latency_s},
+        {"cpu_expert_gflops", gpu.cpu_expert_gflops == cpu.cpu_expert_gflops}})
+    ASSERT_FALSE(same) << field << " is the GPU profile's already";
   cpu.sources["cpu"] = "measured by writescope calibrate on my-host";
   const MachineProfile mixed = with_cpu_of(gpu, cpu);
+  EXPECT_EQ(mixed.cpu_attention_gbps, cpu.cpu_attention_gbps);
+  EXPECT_EQ(ModelRates::from_profile(mixed, "mixtral-8x7b", 7).cpu_attention_gbps, 3.5);
+  EXPECT_EQ(mixed.cpu_dram_read_gbps, 33.5);
+  EXPECT_EQ(mixed.cpu_path, "scalar");
+  EXPECT_EQ(mixed.cpu_next_pass_prefetch, cpu.cpu_next_pass_prefetch);
+  EXPECT_EQ(mixed.cpu_token_major_pass, cpu.cpu_token_major_pass);
+  EXPECT_EQ(mixed.cpu_head_major_pass, cpu.cpu_head_major_pass);
+  EXPECT_EQ(mixed.cpu_fma_glanes, 55);
+  EXPECT_EQ(mixed.cpu_launch_latency_s, 9e-6);
+  EXPECT_EQ(mixed.cpu_expert_gflops, 77);
   EXPECT_EQ(mixed.name, "a-gpu+cpu:my-host");
   EXPECT_EQ(mixed.hbm_gbps, gpu.hbm_gbps);
   EXPECT_EQ(mixed.cpu_threads, 7);

@@ -79,11 +79,30 @@ TEST(Roofline, ComputeBoundCpuIsLimitedByItsFmaRate) {
   EXPECT_NEAR(p.alpha, 0.5, 1e-6);
 }
 
+// The FMA limit counts every byte the CPU reads, CpuResident's too: 4 FMAs a
+// byte at 100 G/s is 25 GB/s, against 100 of bandwidth.
+TEST(Roofline, TheFmaLimitCountsCpuResidentBytes) {
+  ModelRates r = test::synthetic_rates(25, 100);
+  r.cpu_fma_glanes = 100;
+  const RooflineModel model(r);
+  EXPECT_NEAR(model.cpu_seconds(2e9, 0, 4.0, 0), 2e9 / 25e9, 1e-12);
+  EXPECT_NEAR(model.cpu_seconds(1e9, 1e9, 4.0, 0), 2e9 / 25e9, 1e-12);
+  EXPECT_NEAR(model.cpu_seconds(0, 2e9, 4.0, 0), 2e9 / 25e9, 1e-12);
+  EXPECT_NEAR(model.cpu_seconds(0, 0, 4.0, 0.003), 0.003, 1e-15);  // no bytes: its experts alone
+}
+
 TEST(Roofline, LatenciesMakeTinyStepsOneSided) {
   ModelRates r = test::synthetic_rates(25, 100);
   r.cpu_latency_s = 1e-3;  // the CPU share costs 1 ms just to start
   const SplitPrediction p = RooflineModel(r).best_split(StepBytes{0, 0, 1e6}, 0, 0);
   EXPECT_EQ(p.alpha, 0.0);  // 1 MB streams in 40 us: not worth waking the CPU
+  // The other end: a GPU launch of 1 ms for 1 MB the CPU reads in 10 us.
+  r.cpu_latency_s = 0;
+  r.gpu_latency_s = 1e-3;
+  const SplitPrediction q = RooflineModel(r).best_split(StepBytes{0, 0, 1e6}, 0, 0);
+  EXPECT_EQ(q.alpha, 1.0);
+  EXPECT_EQ(q.gpu_seconds, 0.0);  // no GPU work, no launch
+  EXPECT_NEAR(q.step_seconds, 1e6 / 100e9, 1e-15);
 }
 
 TEST(RateEstimator, SmoothsNoiseRejectsOutliersAndFollowsDrift) {

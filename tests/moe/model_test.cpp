@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <filesystem>
 #include <map>
@@ -126,6 +127,54 @@ TEST(MoeModel, ChunkedPrefillMatchesTheReference) {
                              test::model_logit_tolerance, "decode");
         EXPECT_THROW(model.prefill(sequence, {1}), std::invalid_argument);
       }
+  }
+}
+
+// What the synthetic presets leave at 1 or 0 and a real checkpoint does not:
+// every norm its own scales (all 1 in synthetic weights, where a norm wired
+// to the wrong place changes nothing), DeepSeek's routed scaling factor and
+// query LoRA; and two sequences of different lengths decoded in one step
+// (their positions differ in every row).
+TEST(MoeModel, MatchesTheReferenceWithItsOwnNormsScalesAndLengths) {
+  for (const char* name : tiny_models) {
+    SCOPED_TRACE(name);
+    ModelConfig config = model_preset(name);
+    if (config.mla()) config.routed_scaling_factor = 2.5, config.q_lora_rank = 16;
+    std::vector<std::vector<bf16>> tensors;
+    for (const TensorSpec& spec : weight_specs(config)) {
+      tensors.push_back(synthetic_tensor<bf16>(spec, 5));
+      if (!spec.is_norm) continue;
+      const std::size_t offset = std::hash<std::string>{}(spec.name) % 61;
+      for (std::size_t i = 0; i < tensors.back().size(); ++i)
+        tensors.back()[i] = from_float<bf16>(0.5f + static_cast<float>((i * 37 + offset) % 100) / 100.0f);
+    }
+    std::size_t next = 0;
+    const MoeModel::TensorSource source = [&](const TensorSpec&) { return tensors.at(next++); };
+    MoeModel model(config, source, options_with(every_region, mixed_experts()));
+    const auto reference = [&] {
+      std::vector<std::vector<float>> weights;
+      for (const auto& tensor : tensors) {
+        weights.emplace_back();
+        for (bf16 v : tensor) weights.back().push_back(to_float(v));
+      }
+      ReferenceModel r(config, std::move(weights));
+      r.round_kv_cache_to_bf16(true);
+      return r;
+    };
+    std::vector<ReferenceModel> references{reference(), reference()};
+    const std::vector<std::vector<int>> prompts{{5, 17, 200, 3, 99, 42, 7}, {31, 64, 128}};
+    std::vector<int> sequences;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      sequences.push_back(model.add_sequence());
+      expect_logits_near(model.prefill(sequences[i], prompts[i]), references[i].forward(prompts[i]),
+                         test::model_logit_tolerance, "prefill " + std::to_string(i));
+    }
+    for (const std::vector<int>& tokens : {std::vector<int>{9, 100}, {2, 77}, {250, 1}}) {
+      const auto logits = model.step(sequences, tokens);
+      for (std::size_t i = 0; i < sequences.size(); ++i)
+        expect_logits_near(logits[i], references[i].forward({tokens[i]}), test::model_logit_tolerance,
+                           "decode, sequence " + std::to_string(i));
+    }
   }
 }
 
