@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <numeric>
 #include <sstream>
 
 #include "attention/kv_policy.hpp"
@@ -273,6 +276,47 @@ TEST(PredictTest, PredictedSplitEqualsTheSchedulersPlan) {
     }
   }
   EXPECT_TRUE(split) << "the budgets should make the scheduler split the attention between the devices";
+}
+
+// The projection's feedback observes the times it priced, at the profile's
+// own rates: it learns them back, so the split and the steps equal those
+// priced with feedback off.
+TEST(PredictTest, FeedbackOnThePricedTimesLearnsTheProfilesRates) {
+  const MachineProfile profile = round_profile();
+  const ModelConfig config = model_preset("tiny-qwen3-moe");
+  const RooflineModel roofline(ModelRates::from_profile(profile, config.attention().name, profile.cpu_threads));
+  DecodeWorkload workload;
+  workload.batch = 2;
+  workload.context = 700;
+  workload.planned_tokens = 1024;
+  workload.warmup_steps = 1;
+  workload.measured_steps = 4;
+  const auto priced = [&](bool feedback) {
+    ModelOptions options;
+    options.pinned_kv_budget = options.host_kv_budget = std::uint64_t{1} << 20;
+    options.block_tokens = 8;
+    options.max_rows = 2;
+    options.vram_budget = vram_for(config, options, 40);
+    options.kv_policy = [roofline, feedback](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
+      SchedulerOptions scheduler;
+      scheduler.feedback = feedback;
+      return std::make_unique<WriteScopeKVPolicy>(roofline, shape, cache, scheduler);
+    };
+    return price_decode(config, options, profile, workload);
+  };
+  const PricedSteps with = priced(true), without = priced(false);
+  bool split = false;
+  for (std::size_t step = 0; step < with.layers.size(); ++step) {
+    EXPECT_NEAR(with.step_seconds[step], without.step_seconds[step], 1e-9 * without.step_seconds[step]);
+    for (int layer = 0; layer < config.layers; ++layer) {
+      EXPECT_DOUBLE_EQ(with.layers[step][layer].alpha, without.layers[step][layer].alpha)
+          << "step " << step << ", layer " << layer;
+      for (int region = 0; region < 4; ++region)
+        EXPECT_DOUBLE_EQ(with.layers[step][layer].region_bytes[region], without.layers[step][layer].region_bytes[region]);
+      split = split || (without.layers[step][layer].alpha > 0 && without.layers[step][layer].alpha < 1);
+    }
+  }
+  EXPECT_TRUE(split);
 }
 
 // Where the warm-up ends moves no step: a policy that does not profile
@@ -605,6 +649,72 @@ TEST_F(PredictFileTest, ComparesEveryMeasuredRunWithTheCpuOfAnotherProfile) {
   EXPECT_EQ(nan_text.find("nan%"), std::string::npos) << nan_text;
   const std::string none_text = rewritten(nullptr);
   EXPECT_NE(none_text.find("not compared: " + runs[0] + ": it has no step_seconds"), std::string::npos) << none_text;
+}
+
+// The comparison's figures against runs whose measured steps are set to
+// known errors of the prediction: e = |predicted - measured| / measured per
+// run, its median and worst over the runs and per system.
+TEST_F(PredictFileTest, ComparesWithTheMedianAndWorstOfEachRunsRelativeError) {
+  ExperimentConfig experiment = config();
+  std::ostringstream progress;
+  const ExperimentSummary measured = run_experiment(experiment, round_profile(), progress, false);
+  ASSERT_GE(measured.complete, 4) << progress.str();
+  const std::string projected = (dir_ / "projected.h5").string();
+  predict_experiment(experiment, {round_profile()}, projected, progress);
+  std::map<std::string, double> predicted_step;  // by the run's settings (its config attribute)
+  {
+    const ResultsReader reader(projected);
+    for (const std::string& run : reader.list("/runs")) {
+      const std::vector<double> steps = reader.read<double>("/runs/" + run + "/step_seconds");
+      predicted_step[reader.string_attribute("/runs/" + run, "config")] =
+          std::accumulate(steps.begin(), steps.end(), 0.0) / static_cast<double>(steps.size());
+    }
+  }
+  // Errors 0.02, 0.04, ... and one of 0.9, each run's steps all equal.
+  std::vector<double> errors;
+  std::map<std::string, std::vector<double>> by_system;
+  {
+    ResultsStore store(experiment.output);
+    auto txn = store.begin();
+    ResultsGroup runs = txn.root().open_group("runs");
+    const std::vector<std::string> names = ResultsReader(experiment.output).list("/runs");
+    for (const std::string& name : names) {
+      const ResultsReader reader(experiment.output);
+      if (reader.string_attribute("/runs/" + name, "status") != "complete") continue;
+      const double p = predicted_step.at(reader.string_attribute("/runs/" + name, "config"));
+      const double e =
+          errors.size() + 1 == static_cast<std::size_t>(measured.complete) ? 0.9 : 0.02 * (errors.size() + 1);
+      const std::string system = reader.string_attribute("/runs/" + name, "system");
+      const std::size_t steps = reader.read<double>("/runs/" + name + "/step_seconds").size();
+      ResultsGroup run = runs.open_group(name);
+      run.remove("step_seconds");
+      run.write("step_seconds", std::vector<double>(steps, p / (1 + e)));
+      run.set_attribute("checksum", run.checksum());
+      errors.push_back(e);
+      by_system[system == "writescope" ? "writescope[" + reader.string_attribute("/runs/" + name, "expert_policy") + "]"
+                                       : system]
+          .push_back(e);
+    }
+    txn.commit();
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  const PredictionComparison comparison = compare_predictions(experiment.output);
+  ASSERT_EQ(comparison.runs, static_cast<int>(errors.size())) << format_comparison(comparison);
+  EXPECT_NEAR(comparison.median_step_error, median(errors), 1e-9) << format_comparison(comparison);
+  EXPECT_NEAR(comparison.worst_step_error, 0.9, 1e-9);
+  int systems = 0;
+  for (const PredictionError& e : comparison.errors) {
+    if (e.component != "step") continue;
+    ++systems;
+    ASSERT_TRUE(by_system.count(e.system)) << e.system;
+    EXPECT_EQ(e.runs, static_cast<int>(by_system[e.system].size())) << e.system;
+    EXPECT_NEAR(e.median, median(by_system[e.system]), 1e-9) << e.system;
+    EXPECT_NEAR(e.worst, *std::max_element(by_system[e.system].begin(), by_system[e.system].end()), 1e-9) << e.system;
+  }
+  EXPECT_EQ(systems, static_cast<int>(by_system.size()));
 }
 
 TEST(PredictProfileTest, CpuFromAnotherProfileKeepsTheGpuAndSaysWhere) {
