@@ -228,29 +228,43 @@ TEST(PredictTest, TheDevicesExpertsOverlapOnlyWithAGpu) {
   }
 }
 
+/// The split tests' options: tiny-qwen3-moe's blocks of 8 tokens, VRAM for
+/// 40 of the 2 x 88 blocks a layer needs at split_workload()'s lengths, and
+/// WriteScope's write policy on the profile's rates.
+ModelOptions split_options(const ModelConfig& config, const MachineProfile& profile, bool feedback) {
+  ModelOptions options;
+  options.pinned_kv_budget = options.host_kv_budget = std::uint64_t{1} << 20;
+  options.block_tokens = 8;
+  options.max_rows = 2;
+  options.vram_budget = vram_for(config, options, 40);
+  const RooflineModel roofline(ModelRates::from_profile(profile, config.attention().name, profile.cpu_threads));
+  options.kv_policy = [roofline, feedback](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
+    SchedulerOptions scheduler;
+    scheduler.feedback = feedback;
+    return std::make_unique<WriteScopeKVPolicy>(roofline, shape, cache, scheduler);
+  };
+  return options;
+}
+
+/// Two sequences of 700 tokens planned to 1024, one warm-up step.
+DecodeWorkload split_workload(int measured_steps) {
+  DecodeWorkload workload;
+  workload.batch = 2;
+  workload.context = 700;
+  workload.planned_tokens = 1024;
+  workload.warmup_steps = 1;
+  workload.measured_steps = measured_steps;
+  return workload;
+}
+
 // The projection runs WriteScope's scheduler itself: its split (α, the bytes
 // per region) equals what the scheduler plans inside the real model for the
 // same profile and budgets (feedback off, so the profile's rates decide).
 TEST(PredictTest, PredictedSplitEqualsTheSchedulersPlan) {
   const MachineProfile profile = round_profile();
   const ModelConfig config = model_preset("tiny-qwen3-moe");
-  ModelOptions options;
-  options.pinned_kv_budget = options.host_kv_budget = std::uint64_t{1} << 20;
-  options.block_tokens = 8;
-  options.max_rows = 2;
-  options.vram_budget = vram_for(config, options, 40);  // of the 2 x 88 blocks a layer needs
-  const RooflineModel roofline(ModelRates::from_profile(profile, config.attention().name, profile.cpu_threads));
-  options.kv_policy = [roofline](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
-    SchedulerOptions scheduler;
-    scheduler.feedback = false;
-    return std::make_unique<WriteScopeKVPolicy>(roofline, shape, cache, scheduler);
-  };
-  DecodeWorkload workload;
-  workload.batch = 2;
-  workload.context = 700;
-  workload.planned_tokens = 1024;
-  workload.warmup_steps = 1;
-  workload.measured_steps = 3;
+  const ModelOptions options = split_options(config, profile, false);
+  const DecodeWorkload workload = split_workload(3);
   const PricedSteps priced = price_decode(config, options, profile, workload);
 
   MoeModel model = MoeModel::synthetic(config, 5, options);
@@ -284,25 +298,8 @@ TEST(PredictTest, PredictedSplitEqualsTheSchedulersPlan) {
 TEST(PredictTest, FeedbackOnThePricedTimesLearnsTheProfilesRates) {
   const MachineProfile profile = round_profile();
   const ModelConfig config = model_preset("tiny-qwen3-moe");
-  const RooflineModel roofline(ModelRates::from_profile(profile, config.attention().name, profile.cpu_threads));
-  DecodeWorkload workload;
-  workload.batch = 2;
-  workload.context = 700;
-  workload.planned_tokens = 1024;
-  workload.warmup_steps = 1;
-  workload.measured_steps = 4;
   const auto priced = [&](bool feedback) {
-    ModelOptions options;
-    options.pinned_kv_budget = options.host_kv_budget = std::uint64_t{1} << 20;
-    options.block_tokens = 8;
-    options.max_rows = 2;
-    options.vram_budget = vram_for(config, options, 40);
-    options.kv_policy = [roofline, feedback](const AttentionShape& shape, const InplaceKVCache<bf16>& cache) {
-      SchedulerOptions scheduler;
-      scheduler.feedback = feedback;
-      return std::make_unique<WriteScopeKVPolicy>(roofline, shape, cache, scheduler);
-    };
-    return price_decode(config, options, profile, workload);
+    return price_decode(config, split_options(config, profile, feedback), profile, split_workload(4));
   };
   const PricedSteps with = priced(true), without = priced(false);
   bool split = false;
