@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the CUDA variant here and packs what the GPU machine needs into
-# gpu-bundle.tar.xz (git-ignored, ~20 MB so that it fits what travels to the
+# gpu-bundle.tar.xz (git-ignored, ~18 MB so that it fits what travels to the
 # GPU machine): the programs, the shipped profiles (share/writescope/profiles,
 # found beside the programs at run time) and every shared library they load
 # except the C runtime, the CUDA driver and cuBLAS (CUDA's runtime travels, so
