@@ -182,7 +182,8 @@ std::optional<std::uint64_t> read_byte_size(std::string_view text, std::string& 
     }
     return static_cast<std::uint64_t>(bytes);
   }
-  problem = "unknown unit '" + std::string(unit) + "' (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB, or K, M, G, T for KiB...)";
+  problem = "unknown unit '" + std::string(unit) +
+            "' (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB; K, M, G and T are KiB, MiB, GiB and TiB)";
   return std::nullopt;
 }
 
