@@ -241,6 +241,43 @@ TEST(MoeModel, RecordsTheBytesEachRegionServed) {
 // A feed-forward waits for the expert prefetch only where it uses a slot a
 // copy in flight fills (moe/model.cpp, wait_for_prefetch): MoE-Lightning's
 // second micro-batch of a layer runs beside the next layer's paging.
+// assign moves an expert between slots and evicts a slot's owner, keeping
+// the slot -> expert and expert -> slot maps the inverse of each other.
+TEST(ExpertResidency, AssignMovesAndEvictsKeepingBothMapsConsistent) {
+  ExpertResidency residency(2, 4, 3);  // 2 layers of 4 experts, 3 slots
+  const auto consistent = [&] {
+    for (int s = 0; s < residency.slots(); ++s) {
+      if (const auto [layer, expert] = residency.owner(s); layer >= 0) {
+        EXPECT_EQ(residency.slot_of(layer, expert), s);
+      }
+    }
+    for (int layer = 0; layer < 2; ++layer)
+      for (int expert = 0; expert < 4; ++expert) {
+        if (const int s = residency.slot_of(layer, expert); s >= 0) {
+          EXPECT_EQ(residency.owner(s), std::make_pair(layer, expert));
+        }
+      }
+  };
+  EXPECT_EQ(residency.free_slot(), 0);
+  residency.assign(0, 0, 1);
+  residency.assign(1, 1, 2);
+  EXPECT_EQ(residency.free_slot(), 2);
+  consistent();
+  residency.assign(2, 0, 1);  // moved: its old slot frees
+  EXPECT_EQ(residency.slot_of(0, 1), 2);
+  EXPECT_EQ(residency.owner(0), std::make_pair(-1, -1));
+  EXPECT_EQ(residency.free_slot(), 0);
+  consistent();
+  residency.assign(1, 0, 3);  // evicts (1, 2)
+  EXPECT_EQ(residency.slot_of(1, 2), -1);
+  EXPECT_EQ(residency.owner(1), std::make_pair(0, 3));
+  consistent();
+  residency.assign(1, 0, 3);  // into its own slot: nothing changes
+  EXPECT_EQ(residency.slot_of(0, 3), 1);
+  EXPECT_EQ(residency.free_slot(), 0);
+  consistent();
+}
+
 TEST(ExpertPlan, TouchesTheSlotsOfItsResidentExpertsAndOfItsLoads) {
   ExpertResidency residency(3, 4, 6);
   residency.assign(0, 0, 1);  // layer 0's expert 1 in slot 0
