@@ -132,14 +132,18 @@ TEST(MoeModel, ChunkedPrefillMatchesTheReference) {
 
 // What the synthetic presets leave at 1 or 0 and a real checkpoint does not:
 // every norm its own scales (all 1 in synthetic weights, where a norm wired
-// to the wrong place changes nothing), DeepSeek's routed scaling factor and
-// query LoRA; and two sequences of different lengths decoded in one step
-// (their positions differ in every row).
+// to the wrong place changes nothing), DeepSeek's routed scaling factor,
+// query LoRA and YaRN's rotation scale; and two sequences of different
+// lengths decoded in one step (their positions differ in every row).
 TEST(MoeModel, MatchesTheReferenceWithItsOwnNormsScalesAndLengths) {
   for (const char* name : tiny_models) {
     SCOPED_TRACE(name);
     ModelConfig config = model_preset(name);
-    if (config.mla()) config.routed_scaling_factor = 2.5, config.q_lora_rank = 16;
+    if (config.mla()) {
+      config.routed_scaling_factor = 2.5, config.q_lora_rank = 16;
+      config.rope_scaling.mscale_all_dim = 0;  // YaRN's rotation scaled (1 where the two mscales are equal)
+      ASSERT_GT(RotaryEmbedding::for_model(config).scale, 1.05);  // 1 + 0.1 x 0.707 x ln 4
+    }
     std::vector<std::vector<bf16>> tensors;
     for (const TensorSpec& spec : weight_specs(config)) {
       tensors.push_back(synthetic_tensor<bf16>(spec, 5));

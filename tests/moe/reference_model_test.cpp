@@ -54,6 +54,22 @@ TEST(RotaryEmbedding, DeepSeekYarnFrequencies) {
   EXPECT_DOUBLE_EQ(rope.scale, 1.0);  // mscale == mscale_all_dim
 }
 
+// Where mscale_all_dim differs from mscale, YaRN scales the rotation:
+// DeepSeek's 0.707 over 0 at factor 40 is 1 + 0.1 x 0.707 x ln 40.
+TEST(RotaryEmbedding, YarnScalesTheRotationByTheMscaleRatio) {
+  ModelConfig config = model_preset("deepseek-v2-lite");
+  config.rope_scaling.mscale = 0.707;
+  config.rope_scaling.mscale_all_dim = 0;
+  const RotaryEmbedding rope = RotaryEmbedding::for_model(config);
+  const double scale = 1 + 0.1 * 0.707 * std::log(40.0);
+  EXPECT_NEAR(rope.scale, scale, 1e-12);
+  std::vector<float> x(64, 0.0f);
+  x[0] = 1.0f;
+  rope.apply(x.data(), 64, 3);
+  EXPECT_NEAR(x[0], std::cos(3.0) * scale, 1e-6);  // the first pair's frequency is 1
+  EXPECT_NEAR(x[32], std::sin(3.0) * scale, 1e-6);
+}
+
 TEST(ReferenceModel, AbsorbedMlaEqualsTheDecompressedOriginal) {
   const ModelConfig config = model_preset("tiny-deepseek-v2");
   ReferenceModel absorbed = ReferenceModel::synthetic(config, 5, ReferenceModel::MlaForm::absorbed);
