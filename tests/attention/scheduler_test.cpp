@@ -44,6 +44,11 @@ class SchedulerTest : public ::testing::Test {
     return std::count(regions.begin(), regions.end(), region);
   }
 
+  /// The sequence's CPU-affine blocks: CpuResident's and the band's CpuStreamed.
+  std::int64_t cpu_affine(const InplaceKVCache<bf16>& cache, int layer, int sequence) {
+    return count(cache, layer, sequence, Region::cpu_resident) + count(cache, layer, sequence, Region::cpu_streamed);
+  }
+
   AttentionShape shape_;
   BlockGeometry geometry_;
   std::uint64_t block_bytes_;
@@ -59,8 +64,7 @@ TEST_F(SchedulerTest, PrefillFillsVramThenSplitsTheSpillByTheModel) {
   EXPECT_EQ(count(*cache, 0, seq, Region::gpu_resident), 10);  // half of the VRAM pool: two layers share it
   const double spilled = 120;
   EXPECT_NEAR(count(*cache, 0, seq, Region::cpu_resident) / spilled, 2.0 / 3.0, 0.02);
-  EXPECT_NEAR((count(*cache, 0, seq, Region::cpu_resident) + count(*cache, 0, seq, Region::cpu_streamed)) / spilled,
-              0.8, 0.02);
+  EXPECT_NEAR(cpu_affine(*cache, 0, seq) / spilled, 0.8, 0.02);
   EXPECT_NEAR(count(*cache, 0, seq, Region::gpu_streamed) / spilled, 0.2, 0.02);
   // Layer 1 gets its own half of the VRAM pool.
   write(*cache, scheduler, 1, seq, 30 * block_tokens, 30 * block_tokens, false);
@@ -80,8 +84,7 @@ TEST_F(SchedulerTest, PrefillFixesOnTheHostWhatItsHeadMajorRateCanRead) {
   const double spilled = 170;
   // Half of 100 GB/s against the link's 25: 2/3 fixed on the host; 400 against 25 for the CPU's share.
   EXPECT_NEAR(count(*cache, 0, seq, Region::cpu_resident) / spilled, 2.0 / 3.0, 0.02);
-  EXPECT_NEAR((count(*cache, 0, seq, Region::cpu_resident) + count(*cache, 0, seq, Region::cpu_streamed)) / spilled,
-              400.0 / 425.0, 0.02);
+  EXPECT_NEAR(cpu_affine(*cache, 0, seq) / spilled, 400.0 / 425.0, 0.02);
 }
 
 // An append the cache cannot hold gives its placement back: the VRAM share it
@@ -192,8 +195,7 @@ TEST_F(SchedulerTest, TheFixedShareHasHeadroomOnTheCpusComputeLimit) {
   write(*cache, scheduler, 0, seq, 120 * block_tokens, 120 * block_tokens, false);
   const double spilled = 120;
   EXPECT_NEAR(count(*cache, 0, seq, Region::cpu_resident) / spilled, 2.0 / 3.0, 0.02);
-  EXPECT_NEAR((count(*cache, 0, seq, Region::cpu_resident) + count(*cache, 0, seq, Region::cpu_streamed)) / spilled,
-              0.8, 0.02);
+  EXPECT_NEAR(cpu_affine(*cache, 0, seq) / spilled, 0.8, 0.02);
 }
 
 // A full host pool sends the rest of prefill's fixed share to the band: the
@@ -205,8 +207,7 @@ TEST_F(SchedulerTest, AFullHostPoolSendsTheFixedShareToTheBand) {
   const int seq = cache.add_sequence();
   ASSERT_NO_THROW(write(cache, scheduler, 0, seq, 130 * block_tokens, 130 * block_tokens, false));
   EXPECT_EQ(count(cache, 0, seq, Region::cpu_resident), 10);
-  EXPECT_NEAR((count(cache, 0, seq, Region::cpu_resident) + count(cache, 0, seq, Region::cpu_streamed)) / 130.0, 0.8,
-              0.02);
+  EXPECT_NEAR(cpu_affine(cache, 0, seq) / 130.0, 0.8, 0.02);
 }
 
 // The spill's split counts the VRAM blocks the sequence will have: read at
@@ -226,17 +227,14 @@ TEST_F(SchedulerTest, TheSpillsSplitCountsTheSequencesVramBlocks) {
            (movable_blocks * block);
   };
   ASSERT_GT(share(20, 30), share(0, 50) + 0.2);  // the two readings differ
-  const auto cpu_affine = [&](int seq) {
-    return count(*cache, 0, seq, Region::cpu_resident) + count(*cache, 0, seq, Region::cpu_streamed);
-  };
   const int a = cache->add_sequence();
   write(*cache, scheduler, 0, a, 50 * block_tokens, 50 * block_tokens, false);
   EXPECT_EQ(count(*cache, 0, a, Region::gpu_resident), 20);
-  EXPECT_NEAR(static_cast<double>(cpu_affine(a)), share(20, 30) * 30, 1.0);
+  EXPECT_NEAR(static_cast<double>(cpu_affine(*cache, 0, a)), share(20, 30) * 30, 1.0);
   const int b = cache->add_sequence();
   write(*cache, scheduler, 0, b, 30 * block_tokens, 30 * block_tokens, false);
   EXPECT_EQ(count(*cache, 0, b, Region::gpu_resident), 0);
-  EXPECT_NEAR(static_cast<double>(cpu_affine(b)), share(0, 30) * 30, 1.0);
+  EXPECT_NEAR(static_cast<double>(cpu_affine(*cache, 0, b)), share(0, 30) * 30, 1.0);
 }
 
 std::set<int> slots_of(const std::vector<BlockSegment>& segments) {
