@@ -1185,11 +1185,9 @@ ResumeCheck check_resume(const ExperimentConfig& config, const MachineProfile& p
   const ResultsReader reader(config.output);
   // Another program's HDF5 file is left as it is: writing the experiment's
   // attributes would replace its own (and its /profile).
-  if (const std::string format = reader.has_attribute("/", "format") ? reader.string_attribute("/", "format") : "";
-      format != results_format && !reader.holds_nothing())
-    throw std::invalid_argument(config.output + " is not a writescope results file (format '" +
-                                (format.empty() ? std::string("none") : format) + "', not '" + results_format +
-                                "'); write to another --output");
+  if (const std::string problem = results_format_problem(reader); !problem.empty() && !reader.holds_nothing())
+    throw std::invalid_argument(config.output + " is not a writescope results file (" + problem +
+                                "); write to another --output");
   if (reader.has_attribute("/", "predicted"))
     throw std::invalid_argument(config.output + " holds predicted runs (writescope predict); measured runs go to "
                                 "another --output, never beside projections");
@@ -1284,11 +1282,18 @@ std::map<std::string, std::string> runs_not_of_the_experiment(const ResultsReade
   return strays;
 }
 
-std::string results_file_problem(const ResultsReader& reader) {
-  for (const char* attribute : {"format", "config", "machine"})
-    if (!reader.has_attribute("/", attribute)) return std::string("no '") + attribute + "' attribute";
+std::string results_format_problem(const ResultsReader& reader) {
+  if (!reader.has_attribute("/", "format")) return "no 'format' attribute";
   if (const std::string format = reader.string_attribute("/", "format"); format != results_format)
     return "format '" + format + "', not '" + results_format + "'";
+  return "";
+}
+
+std::string results_file_problem(const ResultsReader& reader) {
+  // The format first: another kind of file is named as such, not by the attributes it lacks.
+  if (std::string problem = results_format_problem(reader); !problem.empty()) return problem;
+  for (const char* attribute : {"config", "machine"})
+    if (!reader.has_attribute("/", attribute)) return std::string("no '") + attribute + "' attribute";
   return "";
 }
 
@@ -1536,14 +1541,11 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
                                   " is being written (its lock is held: its run has not ended); merge it once that "
                                   "run ends");
     readers.emplace_back(input);
-    // Another kind of file (a generate --logits file, another program's) is
-    // named before its missing attributes would be.
-    if (const std::string format =
-            readers.back().has_attribute("/", "format") ? readers.back().string_attribute("/", "format") : "";
-        format != results_format)
-      throw std::invalid_argument("merge: " + input + " is not a writescope results file (format '" +
-                                  (format.empty() ? std::string("none") : format) + "', not '" + results_format +
-                                  "'); merge combines the results files of writescope run");
+    // Another kind of file (a generate --logits file, another program's) or a
+    // shard without the attributes that say what its runs are.
+    if (const std::string problem = results_file_problem(readers.back()); !problem.empty())
+      throw std::invalid_argument("merge: " + input + " is not a writescope results file (" + problem +
+                                  "); merge combines the results files of writescope run");
     if (readers.back().has_attribute("/", "predicted"))
       throw std::invalid_argument("merge: " + input + " holds predicted runs (writescope predict); merge combines "
                                   "measured shards, and a projection is written whole");

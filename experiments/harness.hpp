@@ -212,9 +212,13 @@ struct RecordedExperiment {
 };
 RecordedExperiment read_recorded_experiment(const ResultsReader& reader);
 
+/// Why the file `reader` reads is not of this results format: "no 'format'
+/// attribute", "format 'x', not 'writescope-results-1'"; "" when it is.
+std::string results_format_problem(const ResultsReader& reader);
+
 /// Why the file `reader` reads is not an experiment's results file of this
-/// format (what `writescope run` writes): "no 'config' attribute", "format
-/// 'x', not 'writescope-results-1'"; "" when it is one.
+/// format (what `writescope run` writes): its format problem first, then "no
+/// 'config' attribute" or "no 'machine' attribute"; "" when it is one.
 std::string results_file_problem(const ResultsReader& reader);
 
 }  // namespace writescope

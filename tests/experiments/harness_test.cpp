@@ -914,9 +914,10 @@ TEST_F(HarnessTest, AnotherProgramsFileIsNotTakenOver) {
       run_experiment(experiment, test::tiny_profile(), progress, false);
       ADD_FAILURE() << "wrote into another program's file";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(output_ + " is not a writescope results file (format '" +
-                                           (with_format ? "another-tool-2" : "none") +
-                                           "', not 'writescope-results-1')"),
+      EXPECT_NE(std::string(e.what()).find(output_ + " is not a writescope results file (" +
+                                           (with_format ? "format 'another-tool-2', not 'writescope-results-1'"
+                                                        : "no 'format' attribute") +
+                                           ")"),
                 std::string::npos)
           << e.what();
     }
@@ -1150,6 +1151,19 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
                                        "not ended)"),
               std::string::npos)
         << merge_error(shards);
+  }
+  {  // A file of this format without the attributes that say what its runs are: named, not an HDF5 error.
+    const std::string bare = (dir_ / "bare.h5").string();
+    {
+      ResultsStore store(bare);
+      auto txn = store.begin();
+      txn.root().set_attribute("format", "writescope-results-1");
+      txn.commit();
+    }
+    EXPECT_NE(merge_error({shards[0], bare})
+                  .find("merge: " + bare + " is not a writescope results file (no 'config' attribute)"),
+              std::string::npos)
+        << merge_error({shards[0], bare});
   }
   // A shard missing: refused (nothing written) unless asked to merge what there is.
   EXPECT_NE(merge_error({shards[0], shards[1]}).find("are in no input (a shard did not finish?)"), std::string::npos);
