@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 namespace writescope {
 
@@ -12,9 +13,16 @@ ExpertResidency::ExpertResidency(int layers, int experts, int slots)
       owners_(static_cast<std::size_t>(slots), {-1, -1}),
       slot_of_(static_cast<std::size_t>(layers) * experts, -1) {}
 
-int ExpertResidency::slot_of(int layer, int expert) const {
-  return slot_of_.at(static_cast<std::size_t>(layer) * experts_ + expert);
+std::size_t ExpertResidency::index(int layer, int expert) const {
+  // An expert number past the model's would alias another layer's entry.
+  if (layer < 0 || layer >= layers_ || expert < 0 || expert >= experts_)
+    throw std::out_of_range("ExpertResidency: layer " + std::to_string(layer) + ", expert " + std::to_string(expert) +
+                            " is outside its " + std::to_string(layers_) + " layers x " + std::to_string(experts_) +
+                            " experts");
+  return static_cast<std::size_t>(layer) * experts_ + expert;
 }
+
+int ExpertResidency::slot_of(int layer, int expert) const { return slot_of_[index(layer, expert)]; }
 
 int ExpertResidency::free_slot() const {
   for (std::size_t s = 0; s < owners_.size(); ++s)
@@ -24,11 +32,11 @@ int ExpertResidency::free_slot() const {
 
 void ExpertResidency::assign(int slot, int layer, int expert) {
   auto& owner = owners_.at(static_cast<std::size_t>(slot));
-  if (owner.first >= 0) slot_of_[static_cast<std::size_t>(owner.first) * experts_ + owner.second] = -1;
-  const int previous = slot_of(layer, expert);
-  if (previous >= 0) owners_[static_cast<std::size_t>(previous)] = {-1, -1};
+  const std::size_t entry = index(layer, expert);
+  if (owner.first >= 0) slot_of_[index(owner.first, owner.second)] = -1;
+  if (const int previous = slot_of_[entry]; previous >= 0) owners_[static_cast<std::size_t>(previous)] = {-1, -1};
   owner = {layer, expert};
-  slot_of_[static_cast<std::size_t>(layer) * experts_ + expert] = slot;
+  slot_of_[entry] = slot;
 }
 
 double ExpertCosts::cpu_seconds(int tokens) const {

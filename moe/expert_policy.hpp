@@ -32,6 +32,8 @@ class ExpertResidency {
   void assign(int slot, int layer, int expert);
 
  private:
+  /// slot_of_'s entry of (layer, expert); std::out_of_range outside the model.
+  std::size_t index(int layer, int expert) const;
   int layers_, experts_;
   std::vector<std::pair<int, int>> owners_;
   std::vector<int> slot_of_;  // (layer, expert) -> slot or -1

@@ -425,6 +425,39 @@ TEST(Systems, HybriMoeSplitsGreedilyAndCachesByScore) {
     }
 }
 
+TEST(Systems, HybriMoePrefetchEvictsOnlyALowerScoredResidentOutsideItsPicks) {
+  // Scores are decayed routing weights: one step of 0.5 per token, decay 0.8 (0.1 per token).
+  const ModelConfig config = model_preset("tiny-qwen3-moe");
+  ASSERT_EQ(config.experts, 8);
+  ASSERT_EQ(config.experts_per_token, 2);  // the picks: layer 1's two highest scores
+  ASSERT_GE(config.layers, 2);
+  SystemContext context{config, test::tiny_profile(), 4, 16, SystemOptions{}};
+  const auto policy = hybrimoe_experts(context);
+  ExpertResidency scoring(config.layers, config.experts, 2);
+  policy->plan(0, routing_of({0, 2, 0, 0, 0, 7, 0, 0}), scoring);  // layer 0: expert 1 at 0.2, expert 5 at 0.7
+  policy->plan(1, routing_of({0, 0, 8, 6, 0, 0, 0, 0}), scoring);  // layer 1: expert 2 at 0.8, expert 3 at 0.6
+  using Load = std::tuple<int, int, int>;                           // (layer, expert, slot)
+  const auto prefetch = [&](const ExpertResidency& residency) {
+    std::vector<Load> loads;
+    for (const ExpertLoad& load : policy->after_layer(0, Routing{}, residency))
+      loads.emplace_back(load.layer, load.expert, load.slot);
+    return loads;
+  };
+  {  // Layer 1's picks are experts 2 and 3; 3 is cached at 0.6, below 2's 0.8, but is a pick: layer 0's 5 (0.7) goes.
+    ExpertResidency residency(config.layers, config.experts, 2);
+    residency.assign(0, 0, 5);
+    residency.assign(1, 1, 3);
+    EXPECT_EQ(prefetch(residency), (std::vector<Load>{{1, 2, 0}}));
+  }
+  {  // The lowest-scored resident goes (expert 1 at 0.2, not 5 at 0.7); then 3 (0.6) scores below every
+     // resident left (5, and 2 just loaded, a pick) and is not prefetched.
+    ExpertResidency residency(config.layers, config.experts, 2);
+    residency.assign(0, 0, 5);
+    residency.assign(1, 0, 1);
+    EXPECT_EQ(prefetch(residency), (std::vector<Load>{{1, 2, 1}}));
+  }
+}
+
 TEST(Systems, FiddlerFillsEverySlotInTheProfilesPopularityOrder) {
   const ModelConfig config = model_preset("tiny-qwen3-moe");  // 8 experts
   SystemContext context{config, test::tiny_profile(), 4, 16, SystemOptions{}};

@@ -282,6 +282,18 @@ TEST(ExpertResidency, AssignMovesAndEvictsKeepingBothMapsConsistent) {
   consistent();
 }
 
+// An expert number past the model's would alias the next layer's entry.
+TEST(ExpertResidency, RefusesAnExpertOrLayerOutsideTheModel) {
+  ExpertResidency residency(2, 4, 3);  // 2 layers of 4 experts, 3 slots
+  residency.assign(0, 1, 0);
+  EXPECT_THROW(residency.slot_of(0, 4), std::out_of_range);  // would read (1, 0)
+  EXPECT_THROW(residency.slot_of(-1, 0), std::out_of_range);
+  EXPECT_THROW(residency.assign(1, 0, 4), std::out_of_range);
+  EXPECT_THROW(residency.assign(1, 2, 0), std::out_of_range);
+  EXPECT_EQ(residency.owner(1), std::make_pair(-1, -1));  // nothing taken by the refused ones
+  EXPECT_EQ(residency.slot_of(1, 0), 0);
+}
+
 TEST(ExpertPlan, TouchesTheSlotsOfItsResidentExpertsAndOfItsLoads) {
   ExpertResidency residency(3, 4, 6);
   residency.assign(0, 0, 1);  // layer 0's expert 1 in slot 0
