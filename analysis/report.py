@@ -693,13 +693,23 @@ def system_runs(runs):
     return [run for run in runs if run.system_comparison]
 
 
-def mean_throughput(runs):
-    """{(setting, system, context): mean tokens/s over the complete repetitions}; `runs` must hold one
-    variant per system (system_runs(), or one expert policy's), else WriteScope's variants are averaged."""
+def throughputs(runs):
+    """{(setting, system, context): {repetition: tokens/s}} of the complete runs; `runs` must hold one
+    variant per system (system_runs(), or one expert policy's), else WriteScope's variants are mixed."""
     grouped = {}
     for run in complete(runs):
-        grouped.setdefault((run.setting, run.system, run.context), []).append(run.measured.tokens_per_second)
-    return {key: float(np.mean(values)) for key, values in grouped.items()}
+        grouped.setdefault((run.setting, run.system, run.context), {})[run.repetition] = \
+            run.measured.tokens_per_second
+    return grouped
+
+
+def paired_speedup(subject, baseline):
+    """Mean tokens/s of `subject` over `baseline`'s ({repetition: tokens/s} each), over the repetitions both
+    completed, so that a repetition one system lost does not tilt the ratio; None where they share none."""
+    shared = sorted(subject.keys() & baseline.keys())
+    if not shared:
+        return None
+    return float(np.mean([subject[r] for r in shared]) / np.mean([baseline[r] for r in shared]))
 
 
 def comparisons(runs):
@@ -713,19 +723,24 @@ def comparisons(runs):
 
 
 def speedups(throughput, subject, baseline):
-    """[(setting, context, speedup)] wherever both systems have complete runs."""
+    """[(setting, context, speedup)] wherever both systems completed a repetition of the same number
+    (throughput: throughputs())."""
     points = []
     for (setting, system, context), tps in sorted(throughput.items()):
         base = throughput.get((setting, baseline, context))
-        if system == subject and base:
-            points.append((setting, context, tps / base))
+        if system == subject and base and (speedup := paired_speedup(tps, base)) is not None:
+            points.append((setting, context, speedup))
     return points
 
 
-def geomean(throughput, subject, baseline, min_context):
-    """(geometric-mean speedup of `subject` over `baseline` at contexts >= min_context or None, points)."""
-    values = [s for _, context, s in speedups(throughput, subject, baseline) if context >= min_context]
-    return (math.exp(np.mean(np.log(values))) if values else None), len(values)
+def geomean(runs, subject, baseline, min_context):
+    """(geometric-mean speedup of `subject` over `baseline` at contexts >= min_context or None, points,
+    points left out): a point is a setting and context; one is left out where both systems have runs there
+    but not a repetition both completed (one did not fit or failed)."""
+    values = [s for _, context, s in speedups(throughputs(runs), subject, baseline) if context >= min_context]
+    ran = [{(run.setting, run.context) for run in runs if run.system == system and run.context >= min_context}
+           for system in (subject, baseline)]
+    return (math.exp(np.mean(np.log(values))) if values else None), len(values), len(ran[0] & ran[1]) - len(values)
 
 
 def expert_policies(runs, system):
@@ -735,19 +750,18 @@ def expert_policies(runs, system):
 
 def geomean_rows(runs, min_context):
     """System against system, over system_runs(): [(model, subject, baseline, geometric mean or None,
-    number of points, the subject's expert policies)]."""
+    number of points, points left out, the subject's expert policies)]."""
     rows = []
     for model, model_runs in by_model(system_runs(runs)).items():
-        throughput = mean_throughput(model_runs)
         for subject, baseline in comparisons(model_runs):
-            rows.append((model, subject, baseline, *geomean(throughput, subject, baseline, min_context),
+            rows.append((model, subject, baseline, *geomean(model_runs, subject, baseline, min_context),
                          expert_policies(model_runs, subject)))
     return rows
 
 
 def same_policy_rows(runs, min_context):
     """WriteScope run with baseline B's expert policy over B, for each B of EXPERT_BASELINES with complete
-    runs: [(model, B, geometric mean or None, number of points)]. WriteScope runs whose expert policy is
+    runs: [(model, B, geometric mean or None, number of points, points left out)]. WriteScope runs whose expert policy is
     unknown are in no row."""
     rows = []
     for model, model_runs in by_model(runs).items():
@@ -758,7 +772,7 @@ def same_policy_rows(runs, min_context):
                 continue
             chosen = [run for run in model_runs
                       if run.system == baseline or (run.system == SUBJECT and run.expert_policy == baseline)]
-            rows.append((model, baseline, *geomean(mean_throughput(chosen), SUBJECT, baseline, min_context)))
+            rows.append((model, baseline, *geomean(chosen, SUBJECT, baseline, min_context)))
     return rows
 
 
@@ -774,18 +788,22 @@ def prediction_errors(runs):
 
 
 def best_baseline_speedups(runs):
-    """{profile: [(setting, context, speedup)]}: WriteScope (its own expert policy) over the fastest other
-    system at equal setting and context, wherever both have complete runs."""
+    """{profile: [(setting, context, speedup or None)]}: WriteScope (its own expert policy) over the fastest
+    other system at equal setting and context (the lowest paired speedup), wherever WriteScope and another
+    system completed; None where another system failed there, so that the fastest is unknown (one that did
+    not fit is no contender)."""
     points = {}
     for profile in sorted({run.profile for run in runs}):
-        throughput = mean_throughput(system_runs([run for run in runs if run.profile == profile]))
-        best = {}
+        profile_runs = system_runs([run for run in runs if run.profile == profile])
+        failed = {(run.setting, run.context) for run in profile_runs if run.system != SUBJECT and run.status == "failed"}
+        throughput = throughputs(profile_runs)
+        lowest = {}
         for (setting, system, context), tps in throughput.items():
-            if system != SUBJECT:
-                best[(setting, context)] = max(best.get((setting, context), 0.0), tps)
-        points[profile] = sorted((setting, context, tps / best[(setting, context)])
-                                 for (setting, system, context), tps in throughput.items()
-                                 if system == SUBJECT and best.get((setting, context)))
+            subject = throughput.get((setting, SUBJECT, context))
+            if system != SUBJECT and subject and (speedup := paired_speedup(subject, tps)) is not None:
+                lowest[(setting, context)] = min(lowest.get((setting, context), math.inf), speedup)
+        points[profile] = sorted(((setting, context, None if (setting, context) in failed else speedup)
+                                  for (setting, context), speedup in lowest.items()), key=lambda p: p[:2])
     return points
 
 
@@ -810,9 +828,11 @@ def breakdown_context(runs):
 
 
 def by_model(runs):
+    """{model label: runs}: two configurations of one preset (`{preset: x, layers: 4}` beside `{preset: x}`)
+    are two models."""
     grouped = {}
     for run in runs:
-        grouped.setdefault(run.model, []).append(run)
+        grouped.setdefault(run.model_label, []).append(run)
     return dict(sorted(grouped.items()))
 
 
@@ -900,7 +920,7 @@ def file_names(models, prefix):
     """{model: '<prefix>_<sanitised model>.png'}, distinct even when sanitising collides."""
     names = {}
     for model in models:
-        stem = f"{prefix}_{re.sub(r'[^A-Za-z0-9._-]+', '_', model) or 'model'}"
+        stem = f"{prefix}_{re.sub(r'[^A-Za-z0-9._-]+', '_', model).strip('_') or 'model'}"
         name, count = f"{stem}.png", 1
         while name in names.values():
             count += 1
@@ -997,7 +1017,7 @@ def mark_not_run(ax, runs, colours):
 
 
 def plot_speedup(model, runs, colours, path):
-    throughput = mean_throughput(runs)
+    throughput = throughputs(runs)
     settings = by_setting(runs)
     figure, axes = subplot_grid(len(settings), f"Decode throughput speedup, {model}")
     for ax, (setting, setting_runs) in zip(axes, settings.items()):
@@ -1166,7 +1186,8 @@ def write_figures(results, output):
     runs = results.runs
     written = []
     if results.predicted:
-        profiles = best_baseline_speedups(runs)
+        profiles = {profile: [point for point in points if point[2] is not None]
+                    for profile, points in best_baseline_speedups(runs).items()}
         names = file_names(profiles, "projected_speedup")
         for profile, points in profiles.items():
             if points:
@@ -1179,7 +1200,7 @@ def write_figures(results, output):
     for model, all_model_runs in models.items():
         # WriteScope's same-expert-policy variants would be averaged with its own choice per system and context.
         model_runs = system_runs(all_model_runs)
-        throughput = mean_throughput(model_runs)
+        throughput = throughputs(model_runs)
         pairs = comparisons(model_runs)
         if any(speedups(throughput, s, b) for s, b in pairs):
             plot_speedup(model, model_runs, colours, output_path(output, speedup_names[model]))
@@ -1258,8 +1279,9 @@ def summary_lines(results, min_context):
     if counts["does_not_fit"] or counts["failed"]:
         lines.append("- Runs that did not fit or failed are listed under [Not run / did not fit](#not-run--did-not-fit)"
                      + (" and marked x (did not fit) or v (failed) in the speedup figures." if complete(runs) else "."))
-    lines.append(f"- Speedups compare mean tokens/s over repetitions at equal model, batch, VRAM budget, context and "
-                 f"machine setup; "
+    lines.append(f"- Speedups compare mean tokens/s over the repetitions both systems completed at equal model, "
+                 f"batch, VRAM budget, context and machine setup; points where one of them did not fit or failed "
+                 f"are counted under \"left out\"; "
                  f"the geometric means use contexts ≥ {context_label(min_context)}. The speedup, α and breakdown "
                  f"figures show {SUBJECT} with its own expert policy, as the system-against-system table does.")
     return lines
@@ -1272,10 +1294,10 @@ def mean_text(mean):
 def same_policy_section(runs, min_context):
     lines = [f"{SUBJECT} with a baseline's expert policy over that baseline at equal setting and context: the same "
              "experts on the same devices, so only the KV placement and the attention split differ.", ""]
-    rows = [(model, f"{SUBJECT} ({baseline} experts)", baseline, mean_text(mean), count)
-            for model, baseline, mean, count in same_policy_rows(runs, min_context)]
+    rows = [(model, f"{SUBJECT} ({baseline} experts)", baseline, mean_text(mean), count, left_out)
+            for model, baseline, mean, count, left_out in same_policy_rows(runs, min_context)]
     if rows:
-        lines += table(("model", "system", "baseline", "geomean speedup (×)", "points"), rows)
+        lines += table(("model", "system", "baseline", "geomean speedup (×)", "points", "left out"), rows)
     else:
         lines.append(f"No {SUBJECT} and {', '.join(EXPERT_BASELINES)} runs to compare.")
     unknown = sum(run.system == SUBJECT and run.expert_policy is None for run in runs)
@@ -1287,12 +1309,12 @@ def same_policy_section(runs, min_context):
 
 def geomean_section(runs, min_context):
     lines = [f"Each system as it runs: {SUBJECT} with its own expert policy (runs with `system_comparison` = 1).", ""]
-    rows = [(model, subject, baseline, mean_text(mean), count, policies)
-            for model, subject, baseline, mean, count, policies in geomean_rows(runs, min_context)]
+    rows = [(model, subject, baseline, mean_text(mean), count, left_out, policies)
+            for model, subject, baseline, mean, count, left_out, policies in geomean_rows(runs, min_context)]
     if not rows:
         return lines + ["No system pairs to compare."]
-    return lines + table(("model", "system", "baseline", "geomean speedup (×)", "points", "system's expert policy"),
-                         rows)
+    return lines + table(("model", "system", "baseline", "geomean speedup (×)", "points", "left out",
+                          "system's expert policy"), rows)
 
 
 def prediction_section(runs):
@@ -1329,10 +1351,12 @@ def projected_section(runs, min_context):
     by_profile = best_baseline_speedups(runs)
     for profile, points in by_profile.items():
         for model in sorted({setting[0] for setting, _, _ in points}):
-            values = [v for setting, context, v in points if setting[0] == model and context >= min_context]
-            if values:
-                rows.append((profile, model, f"{math.exp(np.mean(np.log(values))):.2f}",
-                             f"{min(values):.2f}–{max(values):.2f}", len(values), paper_headline(profile)))
+            at = [v for setting, context, v in points if setting[0] == model and context >= min_context]
+            values = [v for v in at if v is not None]  # None: another system failed, the fastest is unknown
+            if at:
+                rows.append((profile, model, mean_text(math.exp(np.mean(np.log(values))) if values else None),
+                             f"{min(values):.2f}–{max(values):.2f}" if values else "n/a", len(values),
+                             len(at) - len(values), paper_headline(profile)))
             else:
                 contexts = sorted({context for setting, context, _ in points if setting[0] == model})
                 below.append(f"- {cell(model)}: {SUBJECT} and another system both fit only at "
@@ -1340,8 +1364,8 @@ def projected_section(runs, min_context):
                              f"({context_label(min_context)}); give a smaller `--min-context` to include them.")
     if not rows and not below:
         return [f"No setting where {SUBJECT} and another system both fit."]
-    lines = table(("profile", "model", "geomean speedup (×)", "range (×)", "points", "paper's headline"),
-                  rows) if rows else []
+    lines = table(("profile", "model", "geomean speedup (×)", "range (×)", "points", "left out (a system failed)",
+                   "paper's headline"), rows) if rows else []
     # Side by side, the two columns would read as a reproduction: neither is a measurement here.
     if any(row[-1] != "—" for row in rows):
         lines += ["", "The speedups are projected from each profile's roofline; the paper's headline is the "

@@ -122,7 +122,7 @@ def write_run(group, spec, rng):
         return
     tps = spec.get("tokens_per_second") or tokens_per_second(spec["model"], spec["system"], spec["context"],
                                                              spec["repetition"])
-    step = BATCH / tps
+    step = spec["batch"] / tps
     group.attrs["tokens_per_second"] = tps
     group.attrs["mean_step_seconds"] = step
     group.attrs["layers"] = np.int64(LAYERS)
@@ -260,7 +260,8 @@ class ReportOnCompleteFile(ReportOnFile, unittest.TestCase):
 
     def test_writes_every_figure(self):
         names = ["predicted_vs_measured.png", "roofline.png"]
-        names += [f"{kind}_{model}.png" for kind in ("speedup", "alpha", "breakdown") for model in MODELS]
+        # Named by the model's label ("<preset> (test)" here): two configurations of one preset are two models.
+        names += [f"{kind}_{model}_test.png" for kind in ("speedup", "alpha", "breakdown") for model in MODELS]
         for name in names:
             with self.subTest(name=name):
                 path = os.path.join(self.output, name)
@@ -283,9 +284,11 @@ class ReportOnCompleteFile(ReportOnFile, unittest.TestCase):
         # A file without system_comparison: every run stands for its system.
         table = section(self.markdown, "System against system")
         for model in MODELS:
-            for baseline in ("gpu-only", "ktransformers"):
+            # gpu-only did not fit at 32K: one point, and one left out.
+            for baseline, points, left_out in (("gpu-only", 1, 1), ("ktransformers", 2, 0)):
                 with self.subTest(model=model, baseline=baseline):
-                    row = f"| {model} | writescope | {baseline} | {expected_geomean(model, baseline):.2f} |"
+                    row = (f"| {model} (test) | writescope | {baseline} | {expected_geomean(model, baseline):.2f} | "
+                           f"{points} | {left_out} |")
                     self.assertIn(row, table)
 
     def test_same_policy_from_complete_runs_expert_policy(self):
@@ -294,8 +297,8 @@ class ReportOnCompleteFile(ReportOnFile, unittest.TestCase):
         for model in MODELS:
             with self.subTest(model=model):
                 expected = expected_geomean(model, "ktransformers")
-                self.assertIn(f"| {model} | writescope (ktransformers experts) | ktransformers | {expected:.2f} | 2 |",
-                              table)
+                self.assertIn(f"| {model} (test) | writescope (ktransformers experts) | ktransformers | {expected:.2f} "
+                              f"| 2 | 0 |", table)
         self.assertNotIn("gpu-only", table)  # not a baseline whose expert policy WriteScope runs
 
     def test_min_context_restricts_geomean(self):
@@ -304,8 +307,8 @@ class ReportOnCompleteFile(ReportOnFile, unittest.TestCase):
         with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
             markdown = md.read()
         expected = expected_geomean(MODELS[0], "ktransformers", 32768)
-        self.assertIn(f"| {MODELS[0]} | writescope | ktransformers | {expected:.2f} | 1 |", markdown)
-        self.assertIn(f"| {MODELS[0]} | writescope | gpu-only | n/a | 0 |", markdown)
+        self.assertIn(f"| {MODELS[0]} (test) | writescope | ktransformers | {expected:.2f} | 1 | 0 |", markdown)
+        self.assertIn(f"| {MODELS[0]} (test) | writescope | gpu-only | n/a | 0 | 1 |", markdown)
 
     def test_lists_runs_that_did_not_fit(self):
         self.assertIn("did not fit", self.markdown)
@@ -361,8 +364,8 @@ class ReportOnVariants(ReportOnFile, unittest.TestCase):
             for baseline in ("fiddler", "ktransformers"):
                 with self.subTest(model=model, baseline=baseline):
                     expected = variant_geomean(model, (baseline,), baseline)
-                    self.assertIn(f"| {model} | writescope ({baseline} experts) | {baseline} | {expected:.2f} | 2 |",
-                                  table)
+                    self.assertIn(f"| {model} (test) | writescope ({baseline} experts) | {baseline} | {expected:.2f} "
+                                  f"| 2 | 0 |", table)
         # No hybrimoe baseline ran, and gpu-only's expert policy is not one WriteScope runs.
         self.assertNotIn("hybrimoe", table)
         self.assertNotIn("gpu-only", table)
@@ -373,8 +376,8 @@ class ReportOnVariants(ReportOnFile, unittest.TestCase):
             for baseline, points in (("fiddler", 2), ("ktransformers", 2), ("gpu-only", 1)):
                 with self.subTest(model=model, baseline=baseline):
                     expected = variant_geomean(model, ("hybrimoe",), baseline)
-                    self.assertIn(f"| {model} | writescope | {baseline} | {expected:.2f} | {points} | hybrimoe |",
-                                  table)
+                    self.assertIn(f"| {model} (test) | writescope | {baseline} | {expected:.2f} | {points} | "
+                                  f"{2 - points} | hybrimoe |", table)
 
     def test_runs_table_names_expert_policy_and_memory(self):
         tps = variant_tps(MODELS[0], "writescope", "fiddler", 8192, 0)
@@ -438,14 +441,15 @@ class ProjectedReport(ReportOnFile, unittest.TestCase):
         rows = {}
         for line in section(self.markdown, f"{PROJECTED}: speedup over the best baseline").splitlines():
             cells = [c.strip() for c in line.strip("|").split("|")]
-            if len(cells) == 6 and cells[0] in PROFILE_SCALE:
+            if len(cells) == 7 and cells[0] in PROFILE_SCALE:
                 rows[cells[0], cells[1]] = cells
         self.assertEqual(len(rows), len(PROFILE_SCALE) * len(MODELS))
         for (profile, model), cells in rows.items():
             self.assertEqual(model, f"{model.split(' on ')[0]} on {profile}")
             base = model.split(" (test)")[0]
             self.assertAlmostEqual(float(cells[2]), self.expected_speedup(base, profile), places=2)
-            self.assertEqual(cells[5], "1.5–2.5×" if profile.startswith("a100") else "1.4–1.7×")
+            self.assertEqual(cells[5], "0")  # no system failed
+            self.assertEqual(cells[6], "1.5–2.5×" if profile.startswith("a100") else "1.4–1.7×")
         # Beside the paper's claim the table says that neither column is a measurement.
         self.assertIn("Neither column was measured here.",
                       section(self.markdown, f"{PROJECTED}: speedup over the best baseline"))
@@ -700,10 +704,10 @@ class HostOnlyNoteInFigures(unittest.TestCase):
         shown = sum(spec["model"] == MODELS[0] for spec in run_specs())
         host_only = shown - sum(spec["model"] == MODELS[0] and spec["system"] == "writescope" for spec in run_specs())
         # Runs of two setups are never compared, so no speedup figure; the breakdown draws on every run of a model.
-        self.assertEqual(notes[f"breakdown_{MODELS[0]}.png"],
+        self.assertEqual(notes[f"breakdown_{MODELS[0]}_test.png"],
                          [f"{host_only} of the {shown} runs this figure draws on came from a host-only build (their "
                           "GPU work ran on the host): not GPU measurements."])
-        self.assertEqual(notes[f"alpha_{MODELS[0]}.png"], [])  # writescope's runs only, all on the GPU machine
+        self.assertEqual(notes[f"alpha_{MODELS[0]}_test.png"], [])  # writescope's runs only, all on the GPU machine
 
     def test_gpu_runs_and_projections_carry_none(self):
         for predicted in (False, True):
@@ -969,8 +973,8 @@ class Provenance(unittest.TestCase):
             runs = report.load(path).runs
         rows = report.geomean_rows(runs, 0)
         self.assertTrue(rows)
-        for model, subject, baseline, mean, points, _ in rows:
-            self.assertEqual((subject, mean, points), ("writescope", None, 0), (model, baseline))
+        for model, subject, baseline, mean, points, left_out, _ in rows:
+            self.assertEqual((subject, mean, points, left_out), ("writescope", None, 0, 0), (model, baseline))
 
 
 class RooflineFigure(unittest.TestCase):
@@ -1006,6 +1010,79 @@ class SpeedupFigureWithoutWriteScope(unittest.TestCase):
                  if " over " in line.get_label()}
         self.assertEqual(set(lines), {"fiddler over gpu-only", "ktransformers over gpu-only"})
         self.assertEqual(len(set(lines.values())), 2, lines)
+
+
+class SpeedupPairing(unittest.TestCase):
+    """Which runs a speedup pairs: the same model label, batch, VRAM budget and context, over the repetitions
+    both systems completed; points where one side did not complete are counted as left out."""
+
+    @staticmethod
+    def spec(system, tps, label="qwen3-30b-a3b", batch=BATCH, vram=VRAM, context=8192, repetition=0):
+        """A run; tps None: failed."""
+        spec = dict(model="qwen3-30b-a3b", model_label=label, system=system, batch=batch, context=context,
+                    vram_budget_bytes=vram, host_budget_bytes=128 << 30, pinned_limit_bytes=16 << 30,
+                    repetition=repetition, seed=7, status="complete" if tps else "failed",
+                    reason="" if tps else "CUDA error: out of memory", config=f"system: {system}\n",
+                    expert_policy=system, system_comparison=1)
+        if tps:
+            spec.update(tokens_per_second=tps, pinned_bytes=PINNED_GIB << 30, host_bytes=HOST_GIB << 30)
+        return spec
+
+    def rows(self, specs, min_context=0):
+        """{(model label, baseline): (geometric mean, points, left out)} of the system-against-system table."""
+        report = report_module()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "results.h5")
+            write_results(path, specs)
+            runs = report.load(path).runs
+        return {(model, baseline): (None if mean is None else round(mean, 9), points, left_out)
+                for model, _, baseline, mean, points, left_out, _ in report.geomean_rows(runs, min_context)}
+
+    def test_batch_and_vram_budget_are_part_of_the_setting(self):
+        # 2x at batch 1 and 1x at batch 8; 4x at a second VRAM budget. Pairing across either gives other ratios.
+        specs = [self.spec("writescope", 20.0), self.spec("gpu-only", 10.0),
+                 self.spec("writescope", 30.0, batch=8), self.spec("gpu-only", 30.0, batch=8),
+                 self.spec("writescope", 40.0, vram=VRAM // 2), self.spec("gpu-only", 10.0, vram=VRAM // 2)]
+        self.assertEqual(self.rows(specs)["qwen3-30b-a3b", "gpu-only"], (round(8.0 ** (1 / 3), 9), 3, 0))
+
+    def test_two_configurations_of_one_preset_are_two_models(self):
+        specs = [self.spec("writescope", 30.0), self.spec("gpu-only", 10.0),
+                 self.spec("writescope", 10.0, label="qwen3-30b-a3b (4 layers)"),
+                 self.spec("gpu-only", 10.0, label="qwen3-30b-a3b (4 layers)")]
+        rows = self.rows(specs)
+        self.assertAlmostEqual(rows["qwen3-30b-a3b", "gpu-only"][0], 3.0)
+        self.assertAlmostEqual(rows["qwen3-30b-a3b (4 layers)", "gpu-only"][0], 1.0)
+        self.assertEqual(len(rows), 2)
+
+    def test_only_repetitions_both_completed_are_compared(self):
+        # gpu-only's repetition 1 failed: WriteScope's repetition 1 (20 tokens/s) has nothing to pair with.
+        specs = [self.spec("writescope", 10.0), self.spec("writescope", 20.0, repetition=1),
+                 self.spec("gpu-only", 10.0), self.spec("gpu-only", None, repetition=1)]
+        self.assertEqual(self.rows(specs)["qwen3-30b-a3b", "gpu-only"], (1.0, 1, 0))
+
+    def test_a_point_one_system_did_not_complete_is_counted_as_left_out(self):
+        # WriteScope 3x at 8K; gpu-only failed at 32K (both repetitions): one point, one left out.
+        specs = [self.spec("writescope", 30.0), self.spec("gpu-only", 10.0),
+                 self.spec("writescope", 20.0, context=32768), self.spec("gpu-only", None, context=32768)]
+        self.assertEqual(self.rows(specs)["qwen3-30b-a3b", "gpu-only"], (3.0, 1, 1))
+        self.assertEqual(self.rows(specs, min_context=32768)["qwen3-30b-a3b", "gpu-only"], (None, 0, 1))
+
+    def test_the_best_baseline_of_a_projection_is_unknown_where_one_failed(self):
+        report = report_module()
+        Run = report.Run
+        def run(system, tps):
+            return Run(model="m", model_label="m", system=system, batch=1, context=8192, vram_budget_bytes=VRAM,
+                       repetition=0, status="complete" if tps else "failed", reason="", expert_policy=system,
+                       system_comparison=True, measured=report.Measurements(**{
+                           name: (tps if name == "tokens_per_second" else None)
+                           for name in report.Measurements.__dataclass_fields__}) if tps else None,
+                       predicted=True, profile="p")
+        points = report.best_baseline_speedups([run("writescope", 30.0), run("ktransformers", 10.0),
+                                                run("fiddler", 15.0)])
+        self.assertEqual([speedup for _, _, speedup in points["p"]], [2.0])  # over the faster, fiddler
+        points = report.best_baseline_speedups([run("writescope", 30.0), run("ktransformers", 10.0),
+                                                run("hybrimoe", None)])
+        self.assertEqual([speedup for _, _, speedup in points["p"]], [None])
 
 
 class InvalidInput(unittest.TestCase):
