@@ -201,6 +201,7 @@ void ModelConfig::validate() const {
   require(layers >= 1, "layers", "must be at least 1");
   require(hidden >= 1, "hidden", "must be positive");
   require(vocab >= 1, "vocab", "must be positive");
+  require(max_position >= 0, "max_position", "must not be negative (0: not known)");
   require(q_heads >= 1, "q_heads", "must be positive");
   if (mla()) {
     require(qk_nope_head_dim > 0, "qk_nope_head_dim", "must be positive (MLA)");
@@ -432,10 +433,11 @@ ModelConfig load_hf_config(const std::string& config_json) {
   } else if (kind == "MixtralForCausalLM") {
     c.architecture = Architecture::mixtral;
     read_rope(root, 1e6, c);  // MixtralConfig: rope_theta=1e6
-    // validate() refuses fewer than one query head; no division by zero before it.
-    c.head_dim = root.has("head_dim") ? root.get<int>("head_dim") : c.hidden / std::max(c.q_heads, 1);
+    // MixtralConfig: head_dim=None (absent or null) is hidden_size / num_attention_heads. validate()
+    // refuses fewer than one query head; no division by zero before it.
+    c.head_dim = root.get_or<int>("head_dim", c.hidden / std::max(c.q_heads, 1));
     // MixtralConfig: max_position_embeddings=4096*32, the length a window is compared with.
-    if (!root.has("max_position_embeddings")) c.max_position = 4096 * 32;
+    c.max_position = root.get_or<int>("max_position_embeddings", 4096 * 32);
     c.experts = root.get<int>("num_local_experts");
     c.expert_intermediate = root.get<int>("intermediate_size");
     c.normalize_topk = true;  // Mixtral's router always renormalises its top-k
@@ -471,7 +473,9 @@ ModelConfig load_hf_config(const std::string& config_json) {
     if (field == "dense_intermediate") return "intermediate_size";
     if (field == "rms_eps") return "rms_norm_eps";
     if (field == "shared_experts") return "n_shared_experts";
-    if (field == "head_dim" && mixtral && !root.has("head_dim")) return "hidden_size / num_attention_heads";
+    if (field == "head_dim" && mixtral && (!root.has("head_dim") || root.yaml()["head_dim"].IsNull()))
+      return "hidden_size / num_attention_heads";
+    if (field == "max_position") return "max_position_embeddings";
     // transformers 5 keeps the rotary settings in rope_parameters.
     if (c.config_format == "transformers-5" && (field == "rope_theta" || field.rfind("rope_scaling.", 0) == 0))
       return "rope_parameters." + field.substr(field.find('.') + 1);

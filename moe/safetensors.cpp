@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 #include <unordered_set>
@@ -172,7 +173,7 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& folder) : folder
     if (const auto duplicate = duplicate_key(root)) throw CheckpointError(index.string() + ": " + *duplicate);
     const YAML::Node map = root["weight_map"];
     if (!map || !map.IsMap()) throw CheckpointError(index.string() + ": no 'weight_map' object");
-    std::set<std::string> files;
+    std::map<std::string, std::pair<std::string, int>> files;  // file -> (the first tensor listed in it, tensors)
     for (const auto& entry : map) {
       if (!entry.first.IsScalar() || !entry.second.IsScalar() || entry.second.Tag() != "!")
         throw CheckpointError(index.string() + ": weight_map entries must map a tensor name to a file name (a string)");
@@ -181,9 +182,16 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& folder) : folder
       if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos)
         throw CheckpointError(index.string() + ": weight_map maps tensor '" + entry.first.Scalar() + "' to '" + file +
                               "'; give the name of a file in the checkpoint's folder");
-      files.insert(file);
+      auto& [first, count] = files[file];
+      if (count++ == 0) first = entry.first.Scalar();
     }
-    for (const auto& file : files) add_file(file);
+    // A shard the index lists but the folder lacks is most often a download that stopped.
+    for (const auto& [file, listed] : files)
+      if (!checkpoint_file_present(fs::path(folder_) / file))
+        throw CheckpointError((fs::path(folder_) / file).string() + ": does not exist, but " + index.string() +
+                              " lists it for " + std::to_string(listed.second) + " tensors (the first: '" +
+                              listed.first + "'); was the download complete?");
+    for (const auto& entry : files) add_file(entry.first);
     for (const auto& entry : map) {
       const auto name = entry.first.as<std::string>();
       const auto found = tensors_.find(name);

@@ -297,6 +297,19 @@ TEST_F(HfConfigTest, UnimplementedVariantsAreRefused) {
   ASSERT_NE(no_max_position, mixtral);
   EXPECT_EQ(error_of(with(no_max_position, R"("sliding_window": 4096)")).substr(0, 16), "sliding_window: ");
   EXPECT_EQ(error_of(with(no_max_position, R"("sliding_window": 131072)")), "accepted");
+  // null is MixtralConfig's default as well (transformers writes None as null): the window is compared with
+  // 131072, and head_dim is hidden_size / num_attention_heads.
+  const std::string null_max_position = with(no_max_position, R"("max_position_embeddings": null)");
+  EXPECT_EQ(error_of(with(null_max_position, R"("sliding_window": 4096)")).substr(0, 16), "sliding_window: ");
+  EXPECT_EQ(load_hf_config(write(null_max_position)).max_position, 4096 * 32);
+  const std::string no_head_dim = std::regex_replace(mixtral, std::regex(R"("head_dim": [0-9]+,)"), "");
+  ASSERT_NE(no_head_dim, mixtral);
+  const ModelConfig tiny_mixtral = model_preset("tiny-mixtral");
+  EXPECT_EQ(load_hf_config(write(with(no_head_dim, R"("head_dim": null)"))).head_dim,
+            tiny_mixtral.hidden / tiny_mixtral.q_heads);
+  EXPECT_EQ(error_of(std::regex_replace(mixtral, std::regex(R"("max_position_embeddings": [0-9]+)"),
+                                        R"("max_position_embeddings": -5)")),
+            "max_position_embeddings: must not be negative (0: not known)");
   // DeepSeek-V2's attention is MLA: no latent is an error, not GQA.
   const std::string no_latent =
       std::regex_replace(deepseek, std::regex(R"("kv_lora_rank": [0-9]+)"), R"("kv_lora_rank": 0)");

@@ -189,6 +189,19 @@ TEST_F(SafetensorsTest, IndexMustMatchTheShards) {
   const SafetensorsCheckpoint indexed(dir_.string());
   EXPECT_EQ(indexed.names(), std::vector<std::string>{"x"});
   expect_error([&] { indexed.info("z"); }, {"'z' not found"});
+  // A shard the index lists and the folder lacks (a download that stopped) is named with its tensors.
+  std::ofstream(dir_ / "model.safetensors.index.json")
+      << R"({"weight_map": {"x": "a.safetensors", "w2": "model-00002-of-00002.safetensors",
+                            "w3": "model-00002-of-00002.safetensors"}})";
+  expect_error([&] { SafetensorsCheckpoint checkpoint(dir_.string()); },
+               {"model-00002-of-00002.safetensors: does not exist", "model.safetensors.index.json",
+                "for 2 tensors (the first: 'w2')"});
+  // One tensor in two shards: which copy loads is not guessed, even where the index names one.
+  write_safetensors((dir_ / "b.safetensors").string(), {{"x", {TensorDType::f32, {1}, {3}}}});
+  std::ofstream(dir_ / "model.safetensors.index.json")
+      << R"({"weight_map": {"x": "b.safetensors", "z": "a.safetensors"}})";
+  expect_error([&] { SafetensorsCheckpoint checkpoint(dir_.string()); },
+               {"b.safetensors", "'x'", "also present in", "a.safetensors"});
 }
 
 }  // namespace

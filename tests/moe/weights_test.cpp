@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -78,6 +79,39 @@ TEST(Weights, SyntheticCheckpointsLoadBackForEachArchitecture) {
         ASSERT_EQ(weights[i][k].bits, expected[k].bits) << specs[i].name << " element " << k;
     }
   }
+  fs::remove_all(dir);
+}
+
+// Tied embeddings (tie_word_embeddings): no lm_head.weight is written, read
+// or counted, and a config that disagrees with the checkpoint says which.
+TEST(Weights, TiedEmbeddingsHaveNoLmHead) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("writescope_tied_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const ModelConfig untied = model_preset("tiny-qwen3-moe");
+  ModelConfig tied = untied;
+  tied.tied_embeddings = true;
+  EXPECT_EQ(tied.parameters(), untied.parameters() - std::int64_t{untied.vocab} * untied.hidden);
+  std::int64_t specified = 0;
+  for (const TensorSpec& spec : weight_specs(tied))
+    specified += spec.elements();
+  EXPECT_EQ(specified, tied.parameters());
+  write_synthetic_checkpoint(dir.string(), tied, 3, TensorDType::bf16);
+  const ModelConfig read = load_hf_config((dir / "config.json").string());
+  EXPECT_TRUE(read.tied_embeddings);
+  const SafetensorsCheckpoint checkpoint(dir.string());
+  const std::vector<std::string> names = checkpoint.names();
+  EXPECT_EQ(std::count(names.begin(), names.end(), "lm_head.weight"), 0);
+  EXPECT_TRUE(unused_tensors(checkpoint, read).empty());
+  EXPECT_EQ(load_weights<bf16>(checkpoint, read).size(), weight_specs(tied).size());
+  try {
+    load_weights<bf16>(checkpoint, untied);
+    ADD_FAILURE() << "an untied config loaded a tied checkpoint";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("'lm_head.weight' not found"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+  write_synthetic_checkpoint(dir.string(), untied, 3, TensorDType::bf16);
+  EXPECT_EQ(unused_tensors(SafetensorsCheckpoint(dir.string()), tied), std::vector<std::string>{"lm_head.weight"});
   fs::remove_all(dir);
 }
 
