@@ -140,7 +140,8 @@ struct StepRates {
 /// bytes in place, overlapping; without a GPU the host reads everything, and
 /// streamed blocks are first copied as a host build copies them.
 /// Adds the attention of one plan to `record`; returns its timings as SplitDecode reports them (what
-/// the KV policy's feedback observes).
+/// the KV policy's feedback observes). Streamed bytes are the tokens' (the KV policy's unit), where
+/// StreamedDecode copies whole blocks: a partly filled last block is underpriced (README, Projection).
 SplitTimings price_attention(const StepRates& r, const StepBytes& bytes, double cpu_movable, LayerRecord& record) {
   SplitTimings t;
   const double streamed = bytes.movable - cpu_movable;
