@@ -162,6 +162,32 @@ TEST(PredictTest, PricesStreamedKvAtTheLinkRate) {
   }
 }
 
+// The same step on a host-only profile, as a host build runs it: the
+// "streamed" 17 tokens are first copied at half the DRAM read rate (no link,
+// no link latency), then the host reads all 33 tokens token-major at the
+// band's rate (8 GB/s at 2 threads) with its launch latency; nothing is
+// on the CPU side of the split.
+TEST(PredictTest, PricesHostOnlyAttentionAsAHostBuildRunsIt) {
+  MachineProfile profile = round_profile();
+  profile.has_gpu = false;
+  profile.cpu_dram_read_gbps = 40;  // the host copy at 20 GB/s, the pinned "link" at 10
+  const ModelConfig config = model_preset("tiny-mixtral");
+  ModelOptions options = first_fit_options(profile, 0, std::make_shared<CpuExpertPolicy>());
+  options.vram_budget = vram_for(config, options, 2);
+  const PricedSteps priced = price_decode(config, options, profile, one_step_at_33_tokens());
+  // 1 multiply-add per byte (2 query heads x 32 dims per 64 bytes of a head's key and value) at 100 G lanes/s.
+  const double copy = 2176 / 20e9;
+  const double read = std::max(4224 / 8e9, 4224 * 1.0 / 100e9) + 3e-6;
+  for (const LayerRecord& r : priced.layers.at(0)) {
+    EXPECT_EQ(r.region_bytes[int(Region::gpu_resident)], 16 * 128);
+    EXPECT_EQ(r.region_bytes[int(Region::gpu_streamed)], 17 * 128);
+    EXPECT_NEAR(r.streamed_seconds, copy, 1e-15);
+    EXPECT_NEAR(r.attention_gpu, read + copy, 1e-15);
+    EXPECT_NEAR(r.attention, read + copy, 1e-15);
+    EXPECT_EQ(r.attention_cpu, 0);
+  }
+}
+
 // The GPU side's experts priced as the runtime runs them (moe/model.cpp):
 // a run of resident experts as one batch, a staged expert alone. Two layers
 // of tiny-mixtral, one token, its 2 experts each 12288 bytes at 100 GB/s.
