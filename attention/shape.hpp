@@ -27,11 +27,17 @@ struct AttentionShape {
   }
   /// Throws std::invalid_argument unless q_heads is a positive multiple of kv_heads etc.
   void validate() const;
+  /// KV bytes of one token stored `scalar_bytes` wide: its keys and (unless
+  /// they are the keys, MLA's latent) values of every KV head; what a decode
+  /// step reads per token.
+  std::int64_t kv_bytes_per_token(std::size_t scalar_bytes) const {
+    return std::int64_t{kv_heads} * (key_dim + (values_in_keys ? 0 : value_dim)) * static_cast<std::int64_t>(scalar_bytes);
+  }
   /// fp32 lane-FMAs per KV byte when the cache stores `scalar_bytes`-wide
   /// elements (QK^T and P.V of every query head of a group).
   double fmas_per_byte(std::size_t scalar_bytes) const {
-    return static_cast<double>(group()) * (key_dim + value_dim) /
-           (static_cast<double>(key_dim + (values_in_keys ? 0 : value_dim)) * static_cast<double>(scalar_bytes));
+    return static_cast<double>(group()) * (key_dim + value_dim) * kv_heads /
+           static_cast<double>(kv_bytes_per_token(scalar_bytes));
   }
 };
 

@@ -8,8 +8,7 @@
 namespace writescope::bench {
 
 double kv_bytes(const AttentionShape& shape, std::int64_t tokens) {
-  return static_cast<double>(tokens) * shape.kv_heads *
-         (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
+  return static_cast<double>(tokens) * static_cast<double>(shape.kv_bytes_per_token(sizeof(bf16)));
 }
 
 void report_sampled_roofline(benchmark::State& state, double gbps, const HostRateSampler& sampler,

@@ -104,8 +104,7 @@ void scheduled_decode(benchmark::State& state, AttentionShape shape) {
   const double cpu_seconds = mean_step(split, cache, cpu_only, queries, out);
 
   const double writescope_seconds = total / steps;
-  const double kv_bytes = static_cast<double>(tokens) * shape.kv_heads *
-                          (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
+  const double kv_bytes = static_cast<double>(tokens) * static_cast<double>(shape.kv_bytes_per_token(sizeof(bf16)));
   state.counters["GB/s"] = kv_bytes / writescope_seconds / 1e9;
   state.counters["speedup_vs_gpu_streaming"] = streaming_seconds / writescope_seconds;
   state.counters["speedup_vs_cpu_only"] = cpu_seconds / writescope_seconds;

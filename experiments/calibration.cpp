@@ -458,8 +458,7 @@ std::unique_ptr<InplaceKVCache<bf16>> filled_cache(const AttentionShape& shape, 
 namespace {
 
 double decode_kv_bytes(const AttentionShape& shape, std::int64_t tokens) {
-  return static_cast<double>(tokens) * shape.kv_heads *
-         (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * sizeof(bf16);
+  return static_cast<double>(tokens) * static_cast<double>(shape.kv_bytes_per_token(sizeof(bf16)));
 }
 
 }  // namespace

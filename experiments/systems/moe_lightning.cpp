@@ -43,7 +43,7 @@ LightningTimes lightning_times(const SystemContext& context) {
   const AttentionShape shape = c.attention();
   LightningTimes t;
   const double kv_bytes = static_cast<double>(context.batch) * context.context * c.layers *
-                          (shape.kv_heads * (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim))) * 2.0;
+                          static_cast<double>(shape.kv_bytes_per_token(sizeof(bf16)));
   t.cpu_attention = kv_bytes / (ModelRates::from_profile(p, shape.name, p.cpu_threads).cpu_attention_gbps * 1e9);
   if (!p.has_gpu) return t;
   const int moe_layers = c.layers - c.dense_layers;

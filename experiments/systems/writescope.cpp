@@ -54,7 +54,7 @@ std::string writescope_expert_choice(const SystemContext& context) {
   const double loaded = costs.transfer_seconds() + gpu;
   const int prefetch = context.options.prefetch_experts > 0 ? context.options.prefetch_experts : c.experts_per_token;
   const double kv_per_layer =
-      batch * context.context * shape.kv_heads * (shape.key_dim + (shape.values_in_keys ? 0 : shape.value_dim)) * 2.0;
+      batch * context.context * static_cast<double>(shape.kv_bytes_per_token(sizeof(bf16)));
 
   std::string best;
   double best_seconds = std::numeric_limits<double>::infinity();
