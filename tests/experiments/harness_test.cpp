@@ -1209,6 +1209,36 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
   }
 }
 
+// Resume measures again a failed run and one the machine's free memory
+// refused (it may fit another time); a run whose budgets cannot hold it stays.
+TEST_F(HarnessTest, ResumeMeasuresFailedAndMemoryShortRunsAgain) {
+  const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(small_yaml("retry"), "retry.yaml"));
+  std::ostringstream progress;
+  ASSERT_EQ(run_experiment(experiment, test::tiny_profile(), progress, false).complete, 2) << progress.str();
+  const std::string run = ResultsReader(output_).list("/runs").front();
+  const auto mark = [&](const std::string& status, const std::string& reason) {
+    ResultsStore store(output_);
+    auto txn = store.begin();
+    ResultsGroup group = txn.root().open_group("runs").open_group(run);
+    group.set_attribute("status", status);
+    group.set_attribute("reason", reason);
+    group.set_attribute("checksum", group.checksum());  // intact, not damaged: the status decides
+    txn.commit();
+  };
+  for (const auto& [status, reason] : {std::pair<std::string, std::string>{"failed", "CUDA error: launch failure"},
+                                       {"does_not_fit", "host memory: the model needs 9 GiB, 2 GiB are free"}}) {
+    SCOPED_TRACE(status);
+    mark(status, reason);
+    const ExperimentSummary resumed = run_experiment(experiment, test::tiny_profile(), progress, false);
+    EXPECT_EQ(resumed.complete, 1);
+    EXPECT_EQ(resumed.skipped, 1);
+    EXPECT_EQ(ResultsReader(output_).string_attribute("/runs/" + run, "status"), "complete");
+  }
+  mark("does_not_fit", "budgets.vram: the weights need 9 GiB");
+  EXPECT_EQ(run_experiment(experiment, test::tiny_profile(), progress, false).skipped, 2);
+  EXPECT_EQ(ResultsReader(output_).string_attribute("/runs/" + run, "status"), "does_not_fit");
+}
+
 TEST_F(HarnessTest, FailedRunsAreRecordedAndTheExperimentGoesOn) {
   // The VRAM budget cannot hold the weights of either model: every run is "does not fit".
   std::string yaml = "name: tight\noutput: " + output_ +
