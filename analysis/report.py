@@ -659,8 +659,9 @@ def load(path):
             file_revision = attribute(root, "git_revision", str)
             file_machine = read_machine(attribute(root, "machine", str)) if "machine" in root.attrs else None
             profile = read_profile(root)
-            read = sorted(label_setups([read_run(group, file_revision, file_machine, profile) for group in intact]),
-                          key=Run.sort_key)
+            labelled = label_setups([read_run(group, file_revision, file_machine, profile) for group in intact])
+            refuse_repeated_runs(intact, labelled)
+            read = sorted(labelled, key=Run.sort_key)
             kinds = {run.predicted for run in read} | {predicted}
             if len(kinds) > 1:
                 raise InputError(root.name, "mixes predicted runs (`writescope predict`) and measured runs; a "
@@ -679,6 +680,21 @@ def load(path):
             )
     except OSError as error:
         raise InputError("", f"cannot read: {error}") from None
+
+
+def refuse_repeated_runs(groups, runs):
+    """InputError where two groups hold the same run (a group copied under another name: its checksum does
+    not cover its name), which the means would count twice; `writescope verify` names such a group."""
+    first = {}
+    for group, run in zip(groups, runs):
+        key = (run.model_label, run.system, run.expert_policy, run.system_comparison, run.batch, run.context,
+               run.vram_budget_bytes, run.repetition, run.setup_label, run.profile)
+        if key in first:
+            raise InputError(group.name, f"the same run as {first[key]} ({run.model_label}, {run.label}, batch "
+                                         f"{run.batch}, context {run.context}, VRAM budget {run.vram_budget_bytes}, "
+                                         f"repetition {run.repetition}); remove the copy (`writescope verify` "
+                                         "names it)")
+        first[key] = group.name
 
 
 # ---------------------------------------------------------------- analysis

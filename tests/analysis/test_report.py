@@ -1154,6 +1154,13 @@ class InvalidInput(unittest.TestCase):
             del root["runs/r3"].attrs["system"]
         self.assert_rejected("/runs/r3: missing attribute 'system'")
 
+    def test_a_run_copied_under_another_name(self):
+        # The copy's checksum holds (it does not cover the group's name): the means would count the run twice.
+        write_results(self.path, run_specs())
+        with h5py.File(self.path, "a") as root:
+            root.copy("runs/r3", "runs/zz-copy")
+        self.assert_rejected("/runs/zz-copy: the same run as /runs/r3 (", "repetition 1)", "writescope verify")
+
     def test_missing_dataset(self):
         write_results(self.path, run_specs())
         with h5py.File(self.path, "a") as root:
