@@ -2,14 +2,34 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
+#include <stdexcept>
 
 namespace writescope {
+
+namespace {
+
+/// `rates`, refused with one message naming them where the scheduler cannot
+/// divide by them (before the feedback's estimators start from them).
+const ModelRates& usable_rates(const ModelRates& rates) {
+  if (!(rates.cpu_attention_gbps > 0 && rates.cpu_streamed_attention_gbps > 0))
+    throw std::invalid_argument("scheduler: the CPU attention rates (CpuResident's and the band's) must be positive");
+  if (rates.has_gpu && !(rates.hbm_gbps > 0 && rates.link_gbps > 0)) {
+    std::ostringstream why;
+    why << "scheduler: a GPU machine's HBM and link rates must be positive, got " << rates.hbm_gbps << " and "
+        << rates.link_gbps << " GB/s";
+    throw std::invalid_argument(why.str());
+  }
+  return rates;
+}
+
+}  // namespace
 
 template <class Scalar>
 WriteScopeScheduler<Scalar>::WriteScopeScheduler(const RooflineModel& model, const AttentionShape& shape,
                                                  const InplaceKVCache<Scalar>& cache, SchedulerOptions options)
     : model_(model),
-      profile_(model.rates()),
+      profile_(usable_rates(model.rates())),
       shape_(shape),
       cache_(cache),
       options_(options),
@@ -19,8 +39,6 @@ WriteScopeScheduler<Scalar>::WriteScopeScheduler(const RooflineModel& model, con
       link_rate_(model.rates().has_gpu ? model.rates().link_gbps * 1e9 : 1.0),
       resident_rate_(model.rates().has_gpu ? model.rates().hbm_gbps * 1e9 : 1.0),
       resident_blocks_(static_cast<std::size_t>(cache.shape().layers), 0) {
-  if (!(model.rates().cpu_attention_gbps > 0 && model.rates().cpu_streamed_attention_gbps > 0))
-    throw std::invalid_argument("scheduler: the CPU attention rates (CpuResident's and the band's) must be positive");
   if (!(options.resident_headroom > 0 && options.resident_headroom <= 1))
     throw std::invalid_argument("scheduler: resident_headroom must be in (0, 1]");
   if (!(options.untimed_relaxation >= 0 && options.untimed_relaxation <= 1))

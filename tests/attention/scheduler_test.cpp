@@ -54,6 +54,28 @@ class SchedulerTest : public ::testing::Test {
   std::uint64_t block_bytes_;
 };
 
+// Rates the scheduler would divide by are refused by name, not by the
+// feedback estimator that starts from them.
+TEST_F(SchedulerTest, RatesItCannotUseAreNamed) {
+  auto cache = make_cache(4);
+  const auto error_of = [&](const ModelRates& rates) -> std::string {
+    try {
+      WriteScopeScheduler<bf16> scheduler(RooflineModel(rates), shape_, *cache);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_EQ(error_of(test::synthetic_rates(25, 0)),
+            "scheduler: the CPU attention rates (CpuResident's and the band's) must be positive");
+  EXPECT_EQ(error_of(test::synthetic_rates(0, 100)),
+            "scheduler: a GPU machine's HBM and link rates must be positive, got 3000 and 0 GB/s");
+  ModelRates host_only = test::synthetic_rates(0, 100);  // no GPU: no link, no HBM
+  host_only.has_gpu = false;
+  host_only.hbm_gbps = 0;
+  EXPECT_EQ(error_of(host_only), "accepted");
+}
+
 TEST_F(SchedulerTest, PrefillFillsVramThenSplitsTheSpillByTheModel) {
   auto cache = make_cache(/*vram_blocks=*/20, /*layers=*/2);
   // Link 25 GB/s, CPU 100 GB/s: the CPU should own 80 % of the spilled blocks;
