@@ -2,8 +2,10 @@
 //
 // The original (HybriMoE, DAC '25): attention on the GPU; per layer, the
 // activated experts are split between CPU and GPU by a greedy simulation
-// (the GPU takes experts from the most-loaded end, the CPU from the least-
-// loaded end, each time whichever device has less accumulated time), a
+// (the cached experts first, then the others, each by load: the GPU takes
+// from the front, the CPU from the back, each time to the device that would
+// finish its pick first; a GPU pick that is not cached waits for its copy,
+// the copies running one after another beside the GPU's work), a
 // score-aware expert cache keeps experts with high exponentially decayed
 // routing scores on the GPU, and the next layer's likely experts are
 // prefetched while the current layer runs.
@@ -15,7 +17,8 @@
 // Prefetches run on a copy stream beside the next layer's attention; its
 // experts wait for them.
 // Simplified: the split's costs come from the profile, not from online
-// measurements. The cache starts empty and fills on demand in the warm-up
+// measurements, and carry no fixed cost for the CPU's first expert (the
+// original's intercept). The cache starts empty and fills on demand in the warm-up
 // steps, which every experiment has; Fiddler's slots, by contrast, are
 // placed from its profiling prompt before them.
 #include <algorithm>
@@ -37,22 +40,29 @@ class HybriMoeExperts final : public ExpertPolicy {
   ExpertPlan plan(int layer, const Routing& routing, const ExpertResidency& residency) override {
     update_scores(layer, routing, residency);
     std::vector<int> active = routing.active();
-    std::stable_sort(active.begin(), active.end(),
-                     [&](int a, int b) { return routing.rows[a].size() > routing.rows[b].size(); });
+    const auto tokens = [&](int e) { return static_cast<int>(routing.rows[e].size()); };
+    const auto cached = [&](int e) { return residency.slot_of(layer, e) >= 0; };
+    std::stable_sort(active.begin(), active.end(), [&](int a, int b) {
+      return cached(a) != cached(b) ? cached(a) : tokens(a) > tokens(b);
+    });
     ExpertPlan plan;
-    double gpu_time = 0, cpu_time = 0;
+    double gpu_time = 0, cpu_time = 0, copies_time = 0;  // each device's finish; the last copy's end
     std::size_t most = 0, least = active.size();
     while (most < least) {
-      if (gpu_time <= cpu_time) {
-        const int e = active[most++];
-        const int tokens = static_cast<int>(routing.rows[e].size());
-        const bool resident = residency.slot_of(layer, e) >= 0;
-        gpu_time += costs_.gpu_seconds(tokens) + (resident ? 0.0 : costs_.transfer_seconds());
-        plan.gpu.push_back(e);
+      const int first = active[most], last = active[least - 1];
+      // A copy ends after those before it; the GPU's pick starts once both its copy and its work before have.
+      const double copy_end = cached(first) ? 0.0 : copies_time + costs_.transfer_seconds();
+      const double gpu_finish = std::max(gpu_time, copy_end) + costs_.gpu_seconds(tokens(first));
+      const double cpu_finish = cpu_time + costs_.cpu_seconds(tokens(last));
+      if (gpu_finish <= cpu_finish) {
+        if (!cached(first)) copies_time = copy_end;
+        gpu_time = gpu_finish;
+        plan.gpu.push_back(first);
+        ++most;
       } else {
-        const int e = active[--least];
-        cpu_time += costs_.cpu_seconds(static_cast<int>(routing.rows[e].size()));
-        plan.cpu.push_back(e);
+        cpu_time = cpu_finish;
+        plan.cpu.push_back(last);
+        --least;
       }
     }
     ExpertResidency cache = residency;

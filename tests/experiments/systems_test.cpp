@@ -395,34 +395,63 @@ Routing routing_of(const std::vector<int>& tokens_per_expert) {
 }
 
 TEST(Systems, HybriMoeSplitsGreedilyAndCachesByScore) {
-  // GPU and CPU cost about the same per expert: the GPU takes the most loaded
-  // experts, the CPU the least loaded, alternating by accumulated time.
+  // GPU compute is free but a copy costs a lot: the cached expert goes to
+  // the GPU, every other one to the CPU (on the GPU it would wait for its copy).
   MachineProfile profile = test::tiny_profile();
   profile.has_gpu = true;
   profile.hbm_gbps = 1e9;            // GPU compute is free...
   profile.pinned_h2d_gbps = 1e-3;    // ...but a transfer costs a lot
-  const ModelConfig config = model_preset("tiny-mixtral");
+  const ModelConfig config = model_preset("tiny-qwen3-moe");  // 8 experts
   SystemContext context{config, profile, 4, 16, SystemOptions{}};
   const auto policy = hybrimoe_experts(context);
   ExpertResidency residency(config.layers, config.experts, 2);
   residency.assign(0, 0, 3);  // expert 3 of layer 0 is cached
   const ExpertPlan plan = policy->plan(0, routing_of({1, 0, 2, 4, 0, 0, 1, 0}), residency);
-  // Expert 3 (most tokens, resident) goes to the GPU at no cost; the GPU's
-  // next candidate (expert 2) would pay a transfer, so after it the CPU takes the rest.
-  ASSERT_FALSE(plan.gpu.empty());
-  EXPECT_EQ(plan.gpu.front(), 3);
-  std::vector<int> all = plan.gpu;
-  all.insert(all.end(), plan.cpu.begin(), plan.cpu.end());
-  std::sort(all.begin(), all.end());
-  EXPECT_EQ(all, (std::vector<int>{0, 2, 3, 6}));
-  for (int e : plan.cpu) EXPECT_NE(e, 3);
-  // A non-resident GPU expert is loaded into the free slot.
-  for (int e : plan.gpu)
-    if (e != 3) {
-      ASSERT_EQ(plan.loads.size(), 1u);
-      EXPECT_EQ(plan.loads.front().expert, e);
-      EXPECT_EQ(plan.loads.front().slot, 1);
-    }
+  EXPECT_EQ(plan.gpu, std::vector<int>{3});
+  std::vector<int> cpu = plan.cpu;
+  std::sort(cpu.begin(), cpu.end());
+  EXPECT_EQ(cpu, (std::vector<int>{0, 2, 6}));
+  EXPECT_TRUE(plan.loads.empty());
+}
+
+// The split gives each pick to the device that would finish it first (as
+// HybriMoE's own scheduler does), not to the one idle longest. An expert of
+// tiny-mixtral is B = 12288 bytes: B / 1000 GB/s on the GPU, B / 15 GB/s on
+// the CPU (bytes-bound at a token), and a copy B / 20 GB/s (no link latency).
+TEST(Systems, HybriMoeGivesEachExpertToTheDeviceThatFinishesItFirst) {
+  MachineProfile profile = test::tiny_profile();
+  profile.has_gpu = true;
+  profile.link_latency_s = 0;
+  const ModelConfig config = model_preset("tiny-mixtral");
+  ExpertResidency residency(config.layers, config.experts, 2);
+  residency.assign(0, 0, 0);
+  residency.assign(1, 0, 3);
+  const auto plan = [&](const Routing& routing) {
+    const SystemContext context{config, profile, 4, 16, SystemOptions{}};
+    return hybrimoe_experts(context)->plan(0, routing, residency);
+  };
+  // Both of a token's experts cached: both on the GPU (the idle CPU took the second).
+  const ExpertPlan cached = plan(routing_of({1, 0, 0, 1}));
+  EXPECT_EQ(cached.gpu, (std::vector<int>{0, 3}));
+  EXPECT_TRUE(cached.cpu.empty());
+  EXPECT_TRUE(cached.loads.empty());
+  // Expert 2 not cached: on the GPU it ends after its copy, B / 20 + B / 1000 < B / 15: the GPU, loaded.
+  const ExpertPlan copied = plan(routing_of({1, 0, 1, 0}));
+  EXPECT_EQ(copied.gpu, (std::vector<int>{0, 2}));
+  ASSERT_EQ(copied.loads.size(), 1u);
+  EXPECT_EQ(copied.loads.front().expert, 2);
+  // Two uncached: the copies run one after the other, so the second would end at 2B / 20 + B / 1000 on the
+  // GPU: the CPU finishes it first.
+  const ExpertPlan two_copies = plan(routing_of({0, 1, 1, 0}));
+  EXPECT_EQ(two_copies.gpu, (std::vector<int>{1}));
+  EXPECT_EQ(two_copies.cpu, (std::vector<int>{2}));
+  // Over a link of 1 GB/s the copy alone takes B / 1: the CPU finishes it first. The cached expert 0 still
+  // goes first to the GPU, although expert 2 has more tokens (cached experts lead the order).
+  profile.pinned_h2d_gbps = 1;
+  const ExpertPlan slow_link = plan(routing_of({1, 0, 3, 0}));
+  EXPECT_EQ(slow_link.gpu, (std::vector<int>{0}));
+  EXPECT_EQ(slow_link.cpu, (std::vector<int>{2}));
+  EXPECT_TRUE(slow_link.loads.empty());
 }
 
 TEST(Systems, HybriMoePrefetchEvictsOnlyALowerScoredResidentOutsideItsPicks) {
