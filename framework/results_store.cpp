@@ -11,6 +11,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <numeric>
 #include <optional>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "framework/files.hpp"
@@ -597,6 +599,8 @@ void ResultsGroup::append(const std::string& name, const std::vector<T>& values,
     H5::DataSet dataset;
     if (group_.nameExists(name)) {
       dataset = group_.openDataSet(name);
+      if (dataset.getCreatePlist().getLayout() != H5D_CHUNKED)
+        throw ResultsError(where(name) + ": was written whole (write()), not grown by append(); it cannot grow");
     } else {
       const hsize_t empty[2] = {0, row_length}, unlimited[2] = {H5S_UNLIMITED, row_length};
       const hsize_t chunk[2] = {rank == 1 ? hsize_t{1024} : hsize_t{1}, row_length};
@@ -749,9 +753,14 @@ ResultsStore::ResultsStore(std::string path) : path_(writable_results_path(path)
   const std::string lock_path = path_ + ".lock";
   lock_fd_ = ::open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) throw ResultsError(lock_path + ": cannot create the lock file: " + std::strerror(errno));
-  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    ::close(lock_fd_);
-    throw ResultsError(path_ + ": another process is writing this results file (" + lock_path + " is locked)");
+  // results_file_being_written looks by taking a shared lock for a moment: a
+  // writer that starts in that moment waits it out (100 ms) before refusing.
+  for (int waited_ms = 0; ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0; ++waited_ms) {
+    if (errno != EWOULDBLOCK || waited_ms == 100) {
+      ::close(lock_fd_);
+      throw ResultsError(path_ + ": another process is writing this results file (" + lock_path + " is locked)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   try {
     if (fs::exists(path_)) {

@@ -103,7 +103,14 @@ void InplaceKVCache<Scalar>::append(const ExecSpace& space, int layer, int seque
     throw KVCacheError("append: a bookkeeping cache holds no data; use record_append()");
   place_tokens(layer, sequence, tokens, new_block_regions,
                [&](const Block& block, int token_in_block, std::int64_t first, std::int64_t count) {
-                 write_tokens(space, block, token_in_block, keys, values, first, count);
+                 try {
+                   write_tokens(space, block, token_in_block, keys, values, first, count);
+                 } catch (...) {
+                   // Copies already queued on `space` land before place_tokens gives their blocks back,
+                   // so that an append on another stream cannot take a slot an old copy still fills.
+                   space.fence();
+                   throw;
+                 }
                });
   space.fence();
 }

@@ -2,12 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -177,6 +181,25 @@ TEST_F(ResultsStoreTest, NonHdf5FileIsRefusedAndLeftUntouched) {
   std::string line;
   std::getline(in, line);
   EXPECT_EQ(line, "precious notes");
+  // The refused store let its lock go: once the file is gone, this process writes it.
+  fs::remove(path_);
+  EXPECT_FALSE(results_file_being_written(path_));
+  EXPECT_NO_THROW(ResultsStore store(path_));
+}
+
+// results_file_being_written looks with a shared lock held for a moment: a
+// writer starting in that moment waits it out instead of refusing.
+TEST_F(ResultsStoreTest, AWriterWaitsOutALookAtItsLock) {
+  { ResultsStore created(path_); }
+  const int look = ::open((path_ + ".lock").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(look, 0);
+  ASSERT_EQ(::flock(look, LOCK_SH | LOCK_NB), 0);
+  std::thread release([look] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ::close(look);
+  });
+  EXPECT_NO_THROW(ResultsStore store(path_));
+  release.join();
 }
 
 TEST_F(ResultsStoreTest, ErrorsNameTheObject) {
@@ -274,6 +297,14 @@ TEST_F(ResultsStoreTest, AppendsRowsStepByStep) {
   run.append("tokens", std::vector<std::int32_t>{8, 9});
   EXPECT_NE(results_error([&] { run.append("logits", std::vector<float>{1, 2}, 2); }).find("another shape"),
             std::string::npos);
+  // Another type is refused, not converted.
+  EXPECT_NE(results_error([&] { run.append("tokens", std::vector<float>{1.5f}); }).find("another shape or type"),
+            std::string::npos);
+  // A dataset written whole cannot grow: said, not HDF5's extent error.
+  run.write("fixed", std::vector<float>{1, 2});
+  EXPECT_NE(results_error([&] { run.append("fixed", std::vector<float>{3}); }).find("/run/fixed: was written whole"),
+            std::string::npos)
+      << results_error([&] { run.append("fixed", std::vector<float>{3}); });
   txn.commit();
   const ResultsReader reader(path_);
   EXPECT_EQ(reader.shape("/run/logits"), (std::vector<std::size_t>{3, 3}));

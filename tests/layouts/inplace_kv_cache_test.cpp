@@ -294,6 +294,23 @@ TYPED_TEST(InplaceKVCacheTest, ASequenceKeepsContiguousSlotsWhereItCan) {
   this->expect_tokens(cache, 0, seq, 0);
 }
 
+// The slot after a sequence's last block, freed by another sequence, is
+// taken before a lower freed one: the sequence's run stays contiguous.
+TYPED_TEST(InplaceKVCacheTest, AFreedSlotAfterASequencesLastBlockIsTakenFirst) {
+  using Storage = typename TestFixture::Scalar;
+  InplaceKVCache<Storage> cache(small_shape(), blocks_of<Storage>(0, 8, 0), BudgetPolicy::strict);
+  const int low = cache.add_sequence(), seq = cache.add_sequence(), mid = cache.add_sequence();
+  for (const int sequence : {low, seq, mid}) this->append(cache, 0, sequence, 0, block_tokens, {Region::gpu_streamed});
+  cache.free_sequence(low);  // slot 0
+  cache.free_sequence(mid);  // slot 2, right after seq's block in slot 1
+  this->append(cache, 0, seq, block_tokens, block_tokens, {Region::gpu_streamed});
+  std::vector<int> slots;
+  for (const BlockSegment& segment : cache.segments(0, Region::gpu_streamed, {seq}, {TokenRange{0, 2 * block_tokens}}))
+    slots.push_back(segment.slot);
+  EXPECT_EQ(slots, (std::vector<int>{1, 2}));
+  this->expect_tokens(cache, 0, seq, 0);
+}
+
 // A budget the machine cannot give (1 PiB, past any address space) is one
 // error naming its pool, not Kokkos' allocation failure.
 TEST(InplaceKVCachePools, ABudgetTheMachineCannotGiveIsOneErrorNamingItsPool) {
@@ -406,6 +423,11 @@ TYPED_TEST(InplaceKVCacheTest, SegmentsCoverExactlyTheRequestedRanges) {
   for (const auto& segment : segments) positions.push_back(segment.position);
   EXPECT_EQ(positions, (std::vector<std::int64_t>{3, 16, 10, 32}));
   EXPECT_TRUE(cache.segments(0, Region::cpu_resident, {a}, {TokenRange{0, 16}}).empty());
+  // A range past the sequence's length ends at its last written token, not its last block's end.
+  const auto past = cache.segments(0, Region::gpu_streamed, {b}, {TokenRange{0, 100}});
+  ASSERT_EQ(past.size(), 2u);
+  EXPECT_EQ(past[0].token_count + past[1].token_count, 17);
+  EXPECT_EQ(past[1].token_count, 1);
 }
 
 TYPED_TEST(InplaceKVCacheTest, RejectsMismatchedInput) {
