@@ -155,8 +155,9 @@ def benchmark_section(folder):
     for b in split:
         name = b["name"].replace("/manual_time", "")
         line = (f"  {name:40s} share {b['cpu_share']:.2f}: {b['GB/s']:7.1f} GB/s, "
-                f"{b['fraction_of_sum_bound']:.2f} of gpu alone {b['gpu_path_alone_GB/s']:.1f} + "
-                f"cpu alone {b['cpu_path_alone_GB/s']:.1f}")
+                f"{b['fraction_of_bound']:.2f} of {b['bound_GB/s']:.1f} = min(gpu alone "
+                f"{b['gpu_path_alone_GB/s']:.1f} + cpu alone {b['cpu_path_alone_GB/s']:.1f}, host DRAM read "
+                f"{b['host_dram_read_GB/s']:.1f})")
         if pinned and b["cpu_share"] == 0:
             line += f"; streamed {b['GB/s'] / pinned:.2f} of pinned H2D"
         lines.append(line)
