@@ -487,6 +487,57 @@ TEST(Systems, HybriMoePrefetchEvictsOnlyALowerScoredResidentOutsideItsPicks) {
   }
 }
 
+// Fiddler runs an expert that has no slot where it finishes first: on the
+// CPU in place, or copied to a staging buffer (slot -1) and run on the GPU.
+// tiny-mixtral's expert is B = 12288 bytes: B / 15 GB/s on the CPU (bytes-bound
+// at a token), B / 20 GB/s over the link plus B / 1000 on the GPU.
+TEST(Systems, FiddlerRunsAnUncachedExpertWhereItFinishesFirst) {
+  MachineProfile profile = test::tiny_profile();
+  profile.has_gpu = true;
+  profile.link_latency_s = 0;
+  const ModelConfig config = model_preset("tiny-mixtral");
+  ExpertResidency residency(config.layers, config.experts, 1);
+  residency.assign(0, 0, 0);
+  const auto plan = [&] {
+    const SystemContext context{config, profile, 4, 16, SystemOptions{}};
+    return fiddler_experts(context)->plan(0, routing_of({1, 1, 0, 0}), residency);
+  };
+  const ExpertPlan copied = plan();  // the copy and the GPU (0.051 B ns) before the CPU (0.067 B ns)
+  EXPECT_EQ(copied.gpu, (std::vector<int>{0, 1}));
+  ASSERT_EQ(copied.loads.size(), 1u);
+  EXPECT_EQ(copied.loads.front().expert, 1);
+  EXPECT_EQ(copied.loads.front().slot, -1);
+  EXPECT_TRUE(copied.cpu.empty());
+  profile.pinned_h2d_gbps = 10;  // the copy alone now takes 0.1 B ns: the CPU
+  const ExpertPlan in_place = plan();
+  EXPECT_EQ(in_place.gpu, (std::vector<int>{0}));
+  EXPECT_EQ(in_place.cpu, (std::vector<int>{1}));
+  EXPECT_TRUE(in_place.loads.empty());
+}
+
+// HybriMoE's scores decay: a layer's second step weighs its routing by 0.2
+// and the first step's scores by 0.8; it prefetches at most `prefetch_experts`
+// of the next layer's highest scores.
+TEST(Systems, HybriMoeScoresDecayAndItPrefetchesOnlyItsShare) {
+  const ModelConfig config = model_preset("tiny-qwen3-moe");  // 8 experts
+  SystemOptions options;
+  options.prefetch_experts = 2;
+  SystemContext context{config, test::tiny_profile(), 4, 16, options};
+  const auto policy = hybrimoe_experts(context);
+  ExpertResidency empty(config.layers, config.experts, 4);
+  // Layer 1, step one (0.2 x 0.5 per token): expert 2 at 0.9, expert 3 at 0.3. Step two routes only
+  // expert 4 (5 tokens): 2 at 0.72, 3 at 0.24, 4 at 0.5. The weights the other way round would put 4
+  // first (2.0), no decay leave 4 alone; 3 is the third, beyond the share.
+  policy->plan(1, routing_of({0, 0, 9, 3, 0, 0, 0, 0}), empty);
+  policy->plan(1, routing_of({0, 0, 0, 0, 5, 0, 0, 0}), empty);
+  std::vector<int> prefetched;
+  for (const ExpertLoad& load : policy->after_layer(0, Routing{}, empty)) {
+    EXPECT_EQ(load.layer, 1);
+    prefetched.push_back(load.expert);
+  }
+  EXPECT_EQ(prefetched, (std::vector<int>{2, 4}));  // two of the four slots, the highest scores first
+}
+
 TEST(Systems, FiddlerFillsEverySlotInTheProfilesPopularityOrder) {
   const ModelConfig config = model_preset("tiny-qwen3-moe");  // 8 experts
   SystemContext context{config, test::tiny_profile(), 4, 16, SystemOptions{}};

@@ -244,9 +244,6 @@ TEST(MoeModel, RecordsTheBytesEachRegionServed) {
   }
 }
 
-// A feed-forward waits for the expert prefetch only where it uses a slot a
-// copy in flight fills (moe/model.cpp, wait_for_prefetch): MoE-Lightning's
-// second micro-batch of a layer runs beside the next layer's paging.
 // assign moves an expert between slots and evicts a slot's owner, keeping
 // the slot -> expert and expert -> slot maps the inverse of each other.
 TEST(ExpertResidency, AssignMovesAndEvictsKeepingBothMapsConsistent) {
