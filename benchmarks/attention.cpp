@@ -81,7 +81,9 @@ class DecodeStep {
 };
 
 /// `memory_bound()`: the memory bound in GB/s, called right after the timed
-/// iterations (a shared machine's rates drift between benchmarks).
+/// iterations (the host's DRAM read is measured afresh there: a shared
+/// machine's rates drift between benchmarks; the GPU's HBM rate, of a device
+/// the process has to itself, once per process).
 /// `gpu_most_warps`: as DecodeStep's.
 template <class ExecSpace, class PoolSpace, class MemoryBound>
 void decode(benchmark::State& state, const AttentionShape& shape, Region region, PoolOf<PoolSpace> pool,
@@ -121,7 +123,13 @@ void decode(benchmark::State& state, const AttentionShape& shape, Region region,
     state.counters["fraction_of_roofline"] = gbps / std::min(bound_gbps, compute_bound);
     bench::report_sampled_roofline(state, gbps, sampler, shape.fmas_per_byte(sizeof(bf16)));
   } else {
-    report(bench::run_fenced_iterations(state, space, run));
+    const double gbps = report(bench::run_fenced_iterations(state, space, run));
+#ifdef KOKKOS_ENABLE_CUDA
+    // The GPU kernel's products are fp32 FMAs on widened bf16: MLA (15 per byte) may be bound by them.
+    const double compute_bound = bench::gpu_fp32_fma_gmacs() / shape.fmas_per_byte(sizeof(bf16));
+    state.counters["compute_bound_GB/s"] = compute_bound;
+    state.counters["fraction_of_roofline"] = gbps / std::min(state.counters["bound_GB/s"].value, compute_bound);
+#endif
   }
 }
 

@@ -141,6 +141,9 @@ def benchmark_section(folder):
         name = b["name"].replace("/manual_time", "")
         if name.startswith(("gpu_decode/", "gpu_linear/", "gpu_experts/")):
             line = f"  {name:48s} {b['GB/s']:8.1f}  {b['fraction_of_bound']:.2f} of HBM {b['bound_GB/s']:.0f}"
+            if "compute_bound_GB/s" in b:  # decode: its fp32 FMA bound too
+                line += (f"; {b['fraction_of_roofline']:.2f} of the roofline (fp32 FMA "
+                         f"{b['compute_bound_GB/s']:.0f} GB/s)")
             if name.startswith("gpu_experts/"):
                 line += f", {b['real_time']:.0f} {b['time_unit']} a step"
             lines.append(line)
