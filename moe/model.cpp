@@ -888,6 +888,8 @@ struct ModelForward {
 
   /// Loads into slots (not staging); returns their seconds.
   double load_into_slots(const std::vector<ExpertLoad>& loads) {
+    // No copy, no time: the fences of an empty timing would count as transfers.
+    if (std::none_of(loads.begin(), loads.end(), [](const ExpertLoad& l) { return l.slot >= 0; })) return 0.0;
     return gpu_seconds(ffn_gpu, [&] {
       for (const ExpertLoad& l : loads) {
         if (l.slot < 0) continue;

@@ -13,6 +13,7 @@
 #include <iostream>
 #include <iterator>
 #include <limits>
+#include <numeric>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -1237,6 +1238,25 @@ TEST_F(HarnessTest, ResumeMeasuresFailedAndMemoryShortRunsAgain) {
   mark("does_not_fit", "budgets.vram: the weights need 9 GiB");
   EXPECT_EQ(run_experiment(experiment, test::tiny_profile(), progress, false).skipped, 2);
   EXPECT_EQ(ResultsReader(output_).string_attribute("/runs/" + run, "status"), "does_not_fit");
+}
+
+// Fiddler's slots are placed from its profiling prompt before the measured
+// steps: with room for every expert, no measured step copies one and every
+// expert runs on the GPU side.
+TEST_F(HarnessTest, FiddlersSlotsArePlacedBeforeTheMeasuredSteps) {
+  const ExperimentConfig experiment = ExperimentConfig::from_config(
+      ConfigNode::parse(small_yaml("fiddler", "[fiddler]") + "options: {expert_vram_share: 1}\n", "fiddler.yaml"));
+  std::ostringstream progress;
+  ASSERT_EQ(run_experiment(experiment, test::tiny_profile(), progress, false).complete, 1) << progress.str();
+  const ResultsReader reader(output_);
+  const std::string run = "/runs/" + reader.list("/runs").front();
+  const auto sum = [&](const std::string& component) {
+    const auto values = reader.read<double>(run + "/components/" + component);
+    return std::accumulate(values.begin(), values.end(), 0.0);
+  };
+  EXPECT_EQ(sum("transfers"), 0.0);
+  EXPECT_EQ(sum("experts_cpu"), 0.0);
+  EXPECT_GT(sum("experts_gpu"), 0.0);
 }
 
 TEST_F(HarnessTest, FailedRunsAreRecordedAndTheExperimentGoesOn) {
