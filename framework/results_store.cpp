@@ -701,11 +701,13 @@ ResultsTransaction::ResultsTransaction(ResultsTransaction&& other) noexcept
     : path_(std::move(other.path_)),
       partial_path_(std::move(other.partial_path_)),
       mode_(other.mode_),
-      file_(std::move(other.file_)) {
+      file_(std::move(other.file_)),
+      open_(std::move(other.open_)) {
   other.partial_path_.clear();
 }
 
 ResultsTransaction::~ResultsTransaction() {
+  if (open_) *open_ = false;
   if (file_) {
     try {
       file_->close();
@@ -742,6 +744,8 @@ void ResultsTransaction::commit() {
     fs::remove(partial_path_, ignored);
     throw ResultsError(path_ + ": cannot replace with the committed copy: " + std::strerror(error));
   }
+  if (open_) *open_ = false;  // committed: the store may begin the next
+  open_.reset();
   const fs::path parent = fs::absolute(fs::path(path_)).parent_path();
   fsync_path(parent.string(), O_RDONLY | O_DIRECTORY);
 }
@@ -802,14 +806,23 @@ ResultsTransaction ResultsStore::begin() {
   struct stat status {};
   if (error.empty() && ::stat(path_.c_str(), &status) != 0) error = std::strerror(errno);
   if (!error.empty()) throw ResultsError(path_ + ": cannot read the results file: " + error);
-  return ResultsTransaction(path_, image, static_cast<unsigned>(status.st_mode & 07777));
+  return opened(ResultsTransaction(path_, image, static_cast<unsigned>(status.st_mode & 07777)));
 }
 
 ResultsTransaction ResultsStore::begin_replacement() {
   struct stat status {};
   if (::stat(path_.c_str(), &status) != 0)
     throw ResultsError(path_ + ": cannot read the results file: " + std::strerror(errno));
-  return ResultsTransaction(path_, std::string(), static_cast<unsigned>(status.st_mode & 07777));
+  return opened(ResultsTransaction(path_, std::string(), static_cast<unsigned>(status.st_mode & 07777)));
+}
+
+ResultsTransaction ResultsStore::opened(ResultsTransaction transaction) {
+  if (*transaction_open_)
+    throw ResultsError(path_ + ": a transaction of this results file is open; commit or drop it before the next "
+                               "(its commit would replace the file without the other's writes)");
+  *transaction_open_ = true;
+  transaction.open_ = transaction_open_;
+  return transaction;
 }
 
 // --------------------------------------------------------------- ResultsReader

@@ -96,6 +96,7 @@ class ResultsTransaction {
   std::string path_, partial_path_;
   std::optional<unsigned> mode_;
   std::unique_ptr<H5::H5File> file_;
+  std::shared_ptr<bool> open_;  // its store's "a transaction is open", cleared when it commits or ends
 };
 
 /// Owner of one results file for writing. Holds the file's lock while alive.
@@ -112,15 +113,20 @@ class ResultsStore {
   /// Names of the committed top-level groups.
   std::vector<std::string> groups() const;
   bool contains(const std::string& group) const;
-  /// Starts a transaction on a copy of the committed file. One at a time.
+  /// Starts a transaction on a copy of the committed file. One at a time:
+  /// ResultsError while another of this store is open (its commit would
+  /// replace the file without the other's writes).
   ResultsTransaction begin();
   /// Starts a transaction on an empty file: its commit replaces the whole
-  /// file, which keeps what it held until then.
+  /// file, which keeps what it held until then. One at a time, as begin().
   ResultsTransaction begin_replacement();
 
  private:
+  /// `transaction`, marked as this store's open one; ResultsError if one is.
+  ResultsTransaction opened(ResultsTransaction transaction);
   std::string path_;
   int lock_fd_ = -1;
+  std::shared_ptr<bool> transaction_open_ = std::make_shared<bool>(false);
 };
 
 /// Whether a ResultsStore (of this process or another) holds the lock of

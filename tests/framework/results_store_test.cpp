@@ -287,6 +287,28 @@ TEST_F(ResultsStoreTest, CommitsKeepTheFilesPermissions) {
   EXPECT_EQ(fs::status(path_).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
 }
 
+// One transaction at a time: a second one's commit would replace the file
+// without the first's writes.
+TEST_F(ResultsStoreTest, OneTransactionAtATime) {
+  ResultsStore store(path_);
+  {
+    auto first = store.begin();
+    first.root().create_group("a");
+    EXPECT_NE(results_error([&] { store.begin(); }).find("a transaction of this results file is open"),
+              std::string::npos);
+    EXPECT_THROW(store.begin_replacement(), ResultsError);
+    first.commit();
+    auto second = store.begin();  // after a commit
+    second.root().create_group("b");
+    second.commit();
+  }
+  { auto dropped = store.begin(); }  // dropped uncommitted: the next may begin
+  auto moved = [&] { return store.begin(); }();
+  EXPECT_THROW(store.begin(), ResultsError);
+  moved.commit();
+  EXPECT_EQ(store.groups(), (std::vector<std::string>{"a", "b"}));
+}
+
 TEST_F(ResultsStoreTest, AppendsRowsStepByStep) {
   ResultsStore store(path_);
   auto txn = store.begin();
