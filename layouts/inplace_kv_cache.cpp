@@ -165,6 +165,10 @@ void InplaceKVCache<Scalar>::record_append(int layer, int sequence, std::int64_t
 
 template <class Scalar>
 int InplaceKVCache<Scalar>::new_blocks_needed(int layer, int sequence, std::int64_t tokens) const {
+  // Every append asks here first: a negative count would pass as appending nothing.
+  if (tokens < 0)
+    throw KVCacheError("KV cache: an append of " + std::to_string(tokens) + " tokens to layer " +
+                       std::to_string(layer) + ", sequence " + std::to_string(sequence) + " (a count is not negative)");
   const auto& list = blocks(layer, sequence);
   const std::int64_t room = list.empty() ? 0 : shape_.block.block_tokens - list.back().tokens;
   const std::int64_t overflow = std::max<std::int64_t>(0, tokens - room);

@@ -393,6 +393,9 @@ TEST(InplaceKVCacheBookkeeping, PlacesBlocksAsTheAllocatedCacheDoes) {
   }
   for (const Region region : cycle) EXPECT_EQ(bookkeeping.region_bytes(region), allocated.region_bytes(region));
   EXPECT_THROW(allocated.record_append(0, live.back(), 1, {}), KVCacheError);
+  const std::int64_t length = bookkeeping.length(0, live.back());
+  EXPECT_THROW(bookkeeping.record_append(0, live.back(), -1, {}), KVCacheError);  // not "nothing appended"
+  EXPECT_EQ(bookkeeping.length(0, live.back()), length);
   EXPECT_THROW(bookkeeping.append(HostExecSpace(), 0, live.back(),
                                   Tokens(Kokkos::subview(keys, std::make_pair(0, 1), Kokkos::ALL, Kokkos::ALL)),
                                   Tokens(Kokkos::subview(values, std::make_pair(0, 1), Kokkos::ALL, Kokkos::ALL)), {}),
@@ -437,6 +440,7 @@ TYPED_TEST(InplaceKVCacheTest, RejectsMismatchedInput) {
   EXPECT_THROW(this->append(cache, 0, seq, 0, 20, {Region::gpu_resident}), KVCacheError);  // needs two regions
   EXPECT_THROW(this->append(cache, 2, seq, 0, 1, {Region::gpu_resident}), KVCacheError);   // no layer 2
   EXPECT_THROW(this->append(cache, 0, 7, 0, 1, {Region::gpu_resident}), KVCacheError);     // no sequence 7
+  EXPECT_THROW(cache.new_blocks_needed(0, seq, -1), KVCacheError);  // every append asks it first
   EXPECT_EQ(cache.length(0, seq), 0);
   EXPECT_THROW(InplaceKVCache<Storage>(KVCacheShape{0, small_shape().block}, {}, BudgetPolicy::strict), KVCacheError);
   for (const BlockGeometry& geometry : {BlockGeometry{0, heads, key_dim, value_dim, false},
