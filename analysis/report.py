@@ -41,7 +41,10 @@ FALLBACK_BASELINE = "gpu-only"
 EXPERT_BASELINES = ("fiddler", "ktransformers", "hybrimoe")  # the baselines whose expert policy WriteScope can run
 STATUSES = ("complete", "does_not_fit", "failed")
 SYSTEMS = (SUBJECT, "fiddler", "ktransformers", "moe-lightning", "hybrimoe", "gpu-only")  # experiments/systems.hpp
-NOT_RUN_MARKERS = {"does_not_fit": "x", "failed": "v"}
+NOT_RUN_MARKERS = {"does_not_fit": "x", "failed": "v", "memory_short": "v"}
+# A run the machine's free memory refused (`does_not_fit`, reason "host memory: ..."): its budgets may hold it, and
+# `writescope run` measures it again on resume; never shown as one that does not fit.
+MEMORY_SHORT = "host memory:"
 COMPONENT_ORDER = ("attention_gpu", "attention_cpu", "experts_gpu", "experts_cpu", "transfers", "other")
 PROJECTED = "Projected (not measured)"  # the title of every figure and table of a `writescope predict` file
 # The paper's headline (seed abstract): WriteScope over the best baseline, by GPU.
@@ -959,6 +962,15 @@ def status_text(status):
     return status.replace("_", " ")
 
 
+def outcome(run):
+    """The run's status, or "memory_short" for a run the machine's free memory refused (MEMORY_SHORT)."""
+    return "memory_short" if run.status == "does_not_fit" and run.reason.startswith(MEMORY_SHORT) else run.status
+
+
+def outcome_text(run):
+    return "not run: the machine's free memory was short" if outcome(run) == "memory_short" else status_text(run.status)
+
+
 # ---------------------------------------------------------------- figures
 
 
@@ -1025,9 +1037,9 @@ def mark_not_run(ax, runs, colours):
     for run in runs:
         if run.measured:
             continue
-        label = f"{run.system}: {status_text(run.status)}"
+        label = f"{run.system}: {outcome_text(run)}"
         ax.plot([run.context], [0.05 + 0.06 * systems.index(run.system)], transform=along_bottom,
-                linestyle="none", marker=NOT_RUN_MARKERS[run.status], markersize=9, color=colours[run.system],
+                linestyle="none", marker=NOT_RUN_MARKERS[outcome(run)], markersize=9, color=colours[run.system],
                 label=None if label in labelled else label)
         labelled.add(label)
 
@@ -1264,18 +1276,20 @@ def run_rows(runs):
     rows = []
     for run in sorted(runs, key=lambda r: (r.model_label, r.vram_budget_bytes, r.batch, r.context, r.repetition)):
         m = run.measured
-        outcome = f"{m.tokens_per_second:.2f}" if m else run.reason
+        result = f"{m.tokens_per_second:.2f}" if m else run.reason
         rows.append((run.model_label, run.label, run.batch, gib(run.vram_budget_bytes), context_label(run.context),
-                     run.repetition, status_text(run.status), outcome, gib(m and m.pinned_bytes),
+                     run.repetition, outcome_text(run), result, gib(m and m.pinned_bytes),
                      gib(m and m.host_bytes)))
     return rows
 
 
 def summary_lines(results, min_context):
     runs = results.runs
-    counts = {status: sum(run.status == status for run in runs) for status in STATUSES}
+    counts = {status: sum(outcome(run) == status for run in runs) for status in STATUSES + ("memory_short",)}
     lines = [f"- {len(runs)} runs: {counts['complete']} complete, {counts['does_not_fit']} did not fit, "
-             f"{counts['failed']} failed."]
+             f"{counts['failed']} failed" + (f", {counts['memory_short']} not run for want of the machine's free memory "
+                                              "(their budgets may hold them: `writescope run` measures them again on "
+                                              "resume)" if counts["memory_short"] else "") + "."]
     missing = missing_runs(results)
     if missing > 0:
         lines.append(f"- **{missing} of the {results.planned_runs} planned runs are not in the file** (a run "
@@ -1292,9 +1306,11 @@ def summary_lines(results, min_context):
                      "taken as they are.")
     if not complete(runs):
         lines.append("- No run completed, so there are no speedup, α, breakdown or prediction figures.")
-    if counts["does_not_fit"] or counts["failed"]:
-        lines.append("- Runs that did not fit or failed are listed under [Not run / did not fit](#not-run--did-not-fit)"
-                     + (" and marked x (did not fit) or v (failed) in the speedup figures." if complete(runs) else "."))
+    if counts["does_not_fit"] or counts["failed"] or counts["memory_short"]:
+        lines.append("- Runs that did not fit, failed or were not run are listed under [Not run / did not "
+                     "fit](#not-run--did-not-fit)" + (" and marked x (did not fit) or v (failed, or not run for want "
+                                                      "of free memory) in the speedup figures." if complete(runs)
+                                                      else "."))
     lines.append(f"- Speedups compare mean tokens/s over the repetitions both systems completed at equal model, "
                  f"batch, VRAM budget, context and machine setup; points where one of them did not fit or failed "
                  f"are counted under \"left out\"; "
@@ -1353,7 +1369,7 @@ def not_run_section(runs, absent=0):
         return [f"Every run in the file completed; {absent} planned runs are not in it (see the summary)."
                 if absent else "Every run completed."]
     return [f"- {cell(run.model_label)}, {run.label}, batch {run.batch}, context {context_label(run.context)}, "
-            f"repetition {run.repetition}: {status_text(run.status)} — {cell(run.reason) or 'no reason given'}"
+            f"repetition {run.repetition}: {outcome_text(run)} — {cell(run.reason) or 'no reason given'}"
             for run in missing]
 
 

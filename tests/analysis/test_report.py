@@ -1067,6 +1067,24 @@ class SpeedupPairing(unittest.TestCase):
         self.assertEqual(self.rows(specs)["qwen3-30b-a3b", "gpu-only"], (3.0, 1, 1))
         self.assertEqual(self.rows(specs, min_context=32768)["qwen3-30b-a3b", "gpu-only"], (None, 0, 1))
 
+    def test_a_run_the_machines_memory_refused_is_not_called_one_that_does_not_fit(self):
+        # `does_not_fit` with a "host memory:" reason: the budgets may hold it; resume measures it again.
+        specs = [self.spec("writescope", 30.0), self.spec("gpu-only", 10.0), self.spec("gpu-only", 10.0, batch=8),
+                 self.spec("writescope", None, batch=8)]
+        specs[-1].update(status="does_not_fit", reason="host memory: the run needs 90 GiB, 12 GiB are free")
+        with tempfile.TemporaryDirectory() as tmp:
+            path, output = os.path.join(tmp, "results.h5"), os.path.join(tmp, "report")
+            write_results(path, specs)
+            result = run_report(path, output)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
+                markdown = md.read()
+        self.assertIn("4 runs: 3 complete, 0 did not fit, 0 failed, 1 not run for want of the machine's free "
+                      "memory", markdown)
+        self.assertIn("repetition 0: not run: the machine's free memory was short — host memory: the run needs",
+                      markdown)
+        self.assertNotIn("does not fit", section(markdown, "Runs"))
+
     def test_the_best_baseline_of_a_projection_is_unknown_where_one_failed(self):
         report = report_module()
         Run = report.Run

@@ -538,6 +538,44 @@ TEST(Systems, HybriMoeScoresDecayAndItPrefetchesOnlyItsShare) {
   EXPECT_EQ(prefetched, (std::vector<int>{2, 4}));  // two of the four slots, the highest scores first
 }
 
+// MoE-Lightning's paging over two halves of slots: with no resident layer
+// (a link fast enough that the HRM pages all of them) and room for two
+// layers' experts, an activated expert is loaded into its layer's half, and
+// after each layer the next paged layer's experts go into the other half;
+// after the last, the first paged layer again, unless an odd count of paged
+// layers puts the two in one half.
+TEST(Systems, MoeLightningPagesTheNextLayerIntoTheOtherHalf) {
+  MachineProfile profile = test::tiny_profile();
+  profile.has_gpu = true;
+  profile.pinned_h2d_gbps = profile.pageable_h2d_gbps = 1e6;
+  for (const int layers : {4, 3}) {
+    SCOPED_TRACE(std::to_string(layers) + " layers");
+    ModelConfig config = model_preset("tiny-qwen3-moe");  // 8 experts
+    config.layers = layers;
+    const int experts = config.experts;
+    const SystemContext context{config, profile, 4, 16, SystemOptions{}};
+    ASSERT_EQ(moe_lightning_resident_layers(context), 0);
+    const auto policy = make_moe_lightning(context).experts;
+    ASSERT_EQ(policy->slots(2 * experts, layers, experts), 2 * experts);
+    ExpertResidency residency(layers, experts, 2 * experts);
+    EXPECT_TRUE(policy->initial(residency).empty());
+    const ExpertPlan plan = policy->plan(1, routing_of({0, 0, 1, 0, 0, 0, 0, 0}), residency);
+    ASSERT_EQ(plan.loads.size(), 1u);
+    EXPECT_EQ(plan.loads.front().slot, experts + 2);  // layer 1's half
+    const auto pages = [&](int layer) {
+      std::vector<std::pair<int, int>> loads;  // (layer, slot)
+      for (const ExpertLoad& load : policy->after_layer(layer, Routing{}, residency))
+        loads.emplace_back(load.layer, load.slot);
+      return loads;
+    };
+    std::vector<std::pair<int, int>> layer_1, layer_0;
+    for (int e = 0; e < experts; ++e) layer_1.emplace_back(1, experts + e), layer_0.emplace_back(0, e);
+    EXPECT_EQ(pages(0), layer_1);
+    const std::vector<std::pair<int, int>> after_last = layers % 2 == 0 ? layer_0 : std::vector<std::pair<int, int>>{};
+    EXPECT_EQ(pages(layers - 1), after_last);
+  }
+}
+
 TEST(Systems, FiddlerFillsEverySlotInTheProfilesPopularityOrder) {
   const ModelConfig config = model_preset("tiny-qwen3-moe");  // 8 experts
   SystemContext context{config, test::tiny_profile(), 4, 16, SystemOptions{}};
