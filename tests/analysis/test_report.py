@@ -193,6 +193,19 @@ def expected_geomean(model, baseline, min_context=8192):
     return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
 
 
+def report_on(specs):
+    """The report on a results file of `specs`: (the finished process, report.md's text, the files it wrote)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path, output = os.path.join(tmp, "results.h5"), os.path.join(tmp, "report")
+        write_results(path, specs)
+        result = run_report(path, output)
+        markdown = ""
+        if os.path.isfile(os.path.join(output, "report.md")):
+            with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
+                markdown = md.read()
+        return result, markdown, sorted(os.listdir(output)) if os.path.isdir(output) else []
+
+
 def section(markdown, heading):
     """The text of the Markdown section whose heading starts with `heading`, up to the next heading."""
     return markdown.split(f"\n## {heading}", 1)[1].split("\n## ", 1)[0]
@@ -748,20 +761,15 @@ class ReportWithoutCompleteRuns(unittest.TestCase):
         specs = [dict(s, status="does_not_fit", reason=NOT_FIT_REASON) for s in run_specs()[:3]]
         for spec in specs:
             del spec["expert_policy"]
-        with tempfile.TemporaryDirectory() as tmp:
-            path, output = os.path.join(tmp, "results.h5"), os.path.join(tmp, "report")
-            write_results(path, specs)
-            result = run_report(path, output)
-            self.assertEqual(result.returncode, 0, result.stderr)
-            with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
-                markdown = md.read()
-            self.assertIn("No run completed", markdown)
-            # With no speedup figure, nothing is said to be marked in one.
-            self.assertIn("listed under [Not run / did not fit](#not-run--did-not-fit).", markdown)
-            self.assertNotIn("in the speedup figures", markdown)
-            # writescope runs without expert_policy (incomplete, old file): unknown, so left out and said so.
-            self.assertIn("3 writescope runs do not record their expert policy", markdown)
-            self.assertFalse([name for name in os.listdir(output) if name.startswith(("speedup_", "alpha_"))])
+        result, markdown, files = report_on(specs)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("No run completed", markdown)
+        # With no speedup figure, nothing is said to be marked in one.
+        self.assertIn("listed under [Not run / did not fit](#not-run--did-not-fit).", markdown)
+        self.assertNotIn("in the speedup figures", markdown)
+        # writescope runs without expert_policy (incomplete, old file): unknown, so left out and said so.
+        self.assertIn("3 writescope runs do not record their expert policy", markdown)
+        self.assertFalse([name for name in files if name.startswith(("speedup_", "alpha_"))])
 
 
 class DamagedRuns(unittest.TestCase):
@@ -1072,13 +1080,8 @@ class SpeedupPairing(unittest.TestCase):
         specs = [self.spec("writescope", 30.0), self.spec("gpu-only", 10.0), self.spec("gpu-only", 10.0, batch=8),
                  self.spec("writescope", None, batch=8)]
         specs[-1].update(status="does_not_fit", reason="host memory: the run needs 90 GiB, 12 GiB are free")
-        with tempfile.TemporaryDirectory() as tmp:
-            path, output = os.path.join(tmp, "results.h5"), os.path.join(tmp, "report")
-            write_results(path, specs)
-            result = run_report(path, output)
-            self.assertEqual(result.returncode, 0, result.stderr)
-            with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
-                markdown = md.read()
+        result, markdown, _ = report_on(specs)
+        self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("4 runs: 3 complete, 0 did not fit, 0 failed, 1 not run for want of the machine's free "
                       "memory", markdown)
         self.assertIn("repetition 0: not run: the machine's free memory was short — host memory: the run needs",

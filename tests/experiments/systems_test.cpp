@@ -394,6 +394,15 @@ Routing routing_of(const std::vector<int>& tokens_per_expert) {
   return routing;
 }
 
+/// The test profile with a GPU and a link without latency: an expert's copy
+/// costs its bytes alone, so the expert policies' choices compare by hand.
+MachineProfile gpu_without_link_latency() {
+  MachineProfile profile = test::tiny_profile();
+  profile.has_gpu = true;
+  profile.link_latency_s = 0;
+  return profile;
+}
+
 TEST(Systems, HybriMoeSplitsGreedilyAndCachesByScore) {
   // GPU compute is free but a copy costs a lot: the cached expert goes to
   // the GPU, every other one to the CPU (on the GPU it would wait for its copy).
@@ -419,9 +428,7 @@ TEST(Systems, HybriMoeSplitsGreedilyAndCachesByScore) {
 // tiny-mixtral is B = 12288 bytes: B / 1000 GB/s on the GPU, B / 15 GB/s on
 // the CPU (bytes-bound at a token), and a copy B / 20 GB/s (no link latency).
 TEST(Systems, HybriMoeGivesEachExpertToTheDeviceThatFinishesItFirst) {
-  MachineProfile profile = test::tiny_profile();
-  profile.has_gpu = true;
-  profile.link_latency_s = 0;
+  MachineProfile profile = gpu_without_link_latency();
   const ModelConfig config = model_preset("tiny-mixtral");
   ExpertResidency residency(config.layers, config.experts, 2);
   residency.assign(0, 0, 0);
@@ -492,9 +499,7 @@ TEST(Systems, HybriMoePrefetchEvictsOnlyALowerScoredResidentOutsideItsPicks) {
 // tiny-mixtral's expert is B = 12288 bytes: B / 15 GB/s on the CPU (bytes-bound
 // at a token), B / 20 GB/s over the link plus B / 1000 on the GPU.
 TEST(Systems, FiddlerRunsAnUncachedExpertWhereItFinishesFirst) {
-  MachineProfile profile = test::tiny_profile();
-  profile.has_gpu = true;
-  profile.link_latency_s = 0;
+  MachineProfile profile = gpu_without_link_latency();
   const ModelConfig config = model_preset("tiny-mixtral");
   ExpertResidency residency(config.layers, config.experts, 1);
   residency.assign(0, 0, 0);
