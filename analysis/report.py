@@ -780,8 +780,8 @@ def geomean_rows(runs, min_context):
 
 def same_policy_rows(runs, min_context):
     """WriteScope run with baseline B's expert policy over B, for each B of EXPERT_BASELINES with complete
-    runs: [(model, B, geometric mean or None, number of points, points left out)]. WriteScope runs whose expert policy is
-    unknown are in no row."""
+    runs: [(model, B, geometric mean or None, number of points, points left out)]. WriteScope runs whose
+    expert policy is unknown are in no row."""
     rows = []
     for model, model_runs in by_model(runs).items():
         if not any(run.system == SUBJECT for run in model_runs):
