@@ -814,7 +814,8 @@ def best_baseline_speedups(runs):
     points = {}
     for profile in sorted({run.profile for run in runs}):
         profile_runs = system_runs([run for run in runs if run.profile == profile])
-        failed = {(run.setting, run.context) for run in profile_runs if run.system != SUBJECT and run.status == "failed"}
+        failed = {(run.setting, run.context) for run in profile_runs
+                  if run.system != SUBJECT and run.status == "failed"}
         throughput = throughputs(profile_runs)
         lowest = {}
         for (setting, system, context), tps in throughput.items():
@@ -1286,10 +1287,10 @@ def run_rows(runs):
 def summary_lines(results, min_context):
     runs = results.runs
     counts = {status: sum(outcome(run) == status for run in runs) for status in STATUSES + ("memory_short",)}
+    memory_short = (f", {counts['memory_short']} not run for want of the machine's free memory (their budgets may "
+                    "hold them: `writescope run` measures them again on resume)" if counts["memory_short"] else "")
     lines = [f"- {len(runs)} runs: {counts['complete']} complete, {counts['does_not_fit']} did not fit, "
-             f"{counts['failed']} failed" + (f", {counts['memory_short']} not run for want of the machine's free memory "
-                                              "(their budgets may hold them: `writescope run` measures them again on "
-                                              "resume)" if counts["memory_short"] else "") + "."]
+             f"{counts['failed']} failed{memory_short}."]
     missing = missing_runs(results)
     if missing > 0:
         lines.append(f"- **{missing} of the {results.planned_runs} planned runs are not in the file** (a run "
