@@ -58,6 +58,14 @@ class InplaceKVCacheTest : public ::testing::Test {
     cache.append(ExecSpace(), layer, sequence, keys, values, regions);
   }
 
+  /// The slots of `sequence`'s layer-0 blocks in `region`, in token order.
+  std::vector<int> slots_of(const InplaceKVCache<Scalar>& cache, Region region, int sequence) {
+    std::vector<int> slots;
+    for (const BlockSegment& segment : cache.segments(0, region, {sequence}, {TokenRange{0, cache.length(0, sequence)}}))
+      slots.push_back(segment.slot);
+    return slots;
+  }
+
   /// Every stored token reads back as written.
   void expect_tokens(const InplaceKVCache<Scalar>& cache, int layer, int sequence, std::int64_t first) {
     const auto& g = cache.geometry();
@@ -281,10 +289,8 @@ TYPED_TEST(InplaceKVCacheTest, ASequenceKeepsContiguousSlotsWhereItCan) {
   this->append(cache, 0, seq, 0, 2 * block_tokens, {Region::gpu_streamed, Region::cpu_streamed});
   cache.free_sequence(other);  // slot 0 is free, below the sequence's run (1, 2)
   this->append(cache, 0, seq, 2 * block_tokens, block_tokens, {Region::gpu_streamed});
-  std::vector<int> slots;
-  for (const Region region : {Region::gpu_streamed, Region::cpu_streamed})
-    for (const BlockSegment& segment : cache.segments(0, region, {seq}, {TokenRange{0, 3 * block_tokens}}))
-      slots.push_back(segment.slot);
+  std::vector<int> slots = this->slots_of(cache, Region::gpu_streamed, seq);
+  for (const int slot : this->slots_of(cache, Region::cpu_streamed, seq)) slots.push_back(slot);
   std::sort(slots.begin(), slots.end());
   EXPECT_EQ(slots, (std::vector<int>{1, 2, 3}));
   // A new sequence takes the lowest free slot.
@@ -304,10 +310,7 @@ TYPED_TEST(InplaceKVCacheTest, AFreedSlotAfterASequencesLastBlockIsTakenFirst) {
   cache.free_sequence(low);  // slot 0
   cache.free_sequence(mid);  // slot 2, right after seq's block in slot 1
   this->append(cache, 0, seq, block_tokens, block_tokens, {Region::gpu_streamed});
-  std::vector<int> slots;
-  for (const BlockSegment& segment : cache.segments(0, Region::gpu_streamed, {seq}, {TokenRange{0, 2 * block_tokens}}))
-    slots.push_back(segment.slot);
-  EXPECT_EQ(slots, (std::vector<int>{1, 2}));
+  EXPECT_EQ(this->slots_of(cache, Region::gpu_streamed, seq), (std::vector<int>{1, 2}));
   this->expect_tokens(cache, 0, seq, 0);
 }
 
@@ -459,10 +462,7 @@ TYPED_TEST(InplaceKVCacheTest, ABlockAfterThePoolsLastSlotTakesAFreedOne) {
   this->append(cache, 0, seq, 0, block_tokens, {Region::cpu_streamed});    // slot 1, the last
   cache.free_sequence(other);
   this->append(cache, 0, seq, block_tokens, block_tokens, {Region::cpu_streamed});
-  std::vector<int> slots;
-  for (const BlockSegment& segment : cache.segments(0, Region::cpu_streamed, {seq}, {TokenRange{0, 2 * block_tokens}}))
-    slots.push_back(segment.slot);
-  EXPECT_EQ(slots, (std::vector<int>{1, 0}));
+  EXPECT_EQ(this->slots_of(cache, Region::cpu_streamed, seq), (std::vector<int>{1, 0}));
   this->expect_tokens(cache, 0, seq, 0);
 }
 
