@@ -75,6 +75,7 @@ InplaceKVCache<Scalar>::InplaceKVCache(const KVCacheShape& shape, const KVCacheB
                          std::to_string(budget[pool]) + " bytes holds " +
                          std::to_string(slots) + " blocks, more than a pool can index");
     free_slots_[pool].capacity = static_cast<int>(slots);
+    free_slots_[pool].budget_bytes = budget[pool];
   }
   if (storage_ == KVStorage::bookkeeping) return;
   vram_pool_ = allocate_pool<Pool<GpuMemSpace>>("writescope::layouts::vram_pool", pool_description[0],
@@ -194,11 +195,16 @@ typename InplaceKVCache<Scalar>::Block InplaceKVCache<Scalar>::allocate_block(Re
     region = fallback_of(region);
   }
   const PoolId pool = pool_of(requested);
-  throw KVBudgetError(std::string("KV cache: no room for a ") + region_name(requested) + " block of layer " +
-                     std::to_string(layer) + ", sequence " + std::to_string(sequence) + ": the " +
-                     pool_description[pool] + " budget holds " + std::to_string(capacity_blocks(requested)) +
-                     " blocks of " + std::to_string(block_bytes()) + " bytes and all are in use" +
-                     (policy_ == BudgetPolicy::fall_back ? ", as are the fallback regions' pools" : ""));
+  const std::int64_t capacity = capacity_blocks(requested);
+  const std::string budget = std::string("the ") + pool_description[pool] + " budget";
+  throw KVBudgetError(
+      std::string("KV cache: no room for a ") + region_name(requested) + " block of layer " + std::to_string(layer) +
+      ", sequence " + std::to_string(sequence) + ": " +
+      (capacity == 0 ? budget + " of " + std::to_string(free_slots_[pool].budget_bytes) +
+                           " bytes is smaller than one block (" + std::to_string(block_bytes()) + " bytes)"
+                     : budget + " holds " + std::to_string(capacity) + " blocks of " +
+                           std::to_string(block_bytes()) + " bytes and all are in use") +
+      (policy_ == BudgetPolicy::fall_back ? ", and the fallback regions' pools are full" : ""));
 }
 
 template <class Scalar>

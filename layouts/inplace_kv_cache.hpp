@@ -170,6 +170,7 @@ class InplaceKVCache {
   Pool<HostMemSpace> host_pool_;
   /// A pool's free slots: every slot from next_unused on, and those freed below it.
   struct FreeSlots {
+    std::uint64_t budget_bytes = 0;  // as given: a budget under one block holds none
     int capacity = 0, next_unused = 0;
     std::set<int> freed;
     bool empty() const { return freed.empty() && next_unused >= capacity; }

@@ -175,6 +175,29 @@ TYPED_TEST(InplaceKVCacheTest, StrictBudgetNamesRegionAndBudget) {
   this->expect_tokens(cache, 0, seq, 0);
 }
 
+// A budget under one block holds none: the append's error says so rather
+// than "holds 0 blocks ... all are in use".
+TYPED_TEST(InplaceKVCacheTest, ABudgetUnderOneBlockIsNamedAsSuch) {
+  using Storage = typename TestFixture::Scalar;
+  KVCacheBudgets budgets = blocks_of<Storage>(1, 1, 1);
+  const std::uint64_t block = budgets.vram_bytes;
+  budgets.vram_bytes = block - 1;
+  InplaceKVCache<Storage> cache(small_shape(), budgets, BudgetPolicy::fall_back);
+  const int seq = cache.add_sequence();
+  this->append(cache, 0, seq, 0, block_tokens, {Region::cpu_resident});
+  this->append(cache, 0, seq, block_tokens, block_tokens, {Region::cpu_streamed});
+  try {
+    this->append(cache, 0, seq, 2 * block_tokens, 1, {Region::gpu_resident});
+    FAIL() << "an append into a budget under one block accepted";
+  } catch (const KVBudgetError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the VRAM budget of " + std::to_string(block - 1) + " bytes is smaller than one block (" +
+                        std::to_string(block) + " bytes), and the fallback regions' pools are full"),
+              std::string::npos)
+        << what;
+  }
+}
+
 // A prompt chunk whose last block finds no room leaves the sequence, its
 // blocks and the pools as they were: a caller may free memory and retry.
 TYPED_TEST(InplaceKVCacheTest, AnAppendThatRunsOutOfBudgetPartWayChangesNothing) {
