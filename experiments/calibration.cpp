@@ -605,6 +605,12 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
   if (threads.empty()) {
     for (int t = 1; t < p.cpu_threads; t *= 2) threads.push_back(t);
     threads.push_back(p.cpu_threads);
+  } else if (std::find(threads.begin(), threads.end(), p.cpu_threads) == threads.end()) {
+    // The systems price the CPU at the profile's own thread count: without a rate
+    // at it, every plan would take the rate of another count.
+    progress("--thread-counts leaves out this process's " + std::to_string(p.cpu_threads) +
+             " threads, at which the profile's rates are used: measuring those too");
+    threads.push_back(p.cpu_threads);
   }
   for (const AttentionShape& shape : supported_attention_shapes()) {
     // This process's path and level for the shape (measured per shape), which its rates at all threads use.

@@ -63,7 +63,8 @@ constexpr const char* usage_text =
     "                              without --output): bandwidths, latencies, CPU attention\n"
     "                              per model shape and thread count, the bf16 expert kernel;\n"
     "                              defaults: --name the host name, --thread-counts 1, 2, 4, ...\n"
-    "                              and all host threads, --tokens 32768 (at least 256)\n"
+    "                              and all host threads (a list without the process's own\n"
+    "                              count gets it added), --tokens 32768 (at least 256)\n"
     "  generate --model NAME|CHECKPOINT_DIR --prompt 1,2,3|--prompt-file FILE --new-tokens N\n"
     "           [--layers N] [--hidden-scale S] [--seed S] [--block-tokens N] [--chunk-tokens N]\n"
     "           [--mla-form automatic|absorbed|decompressed] [--vram-budget BYTES]\n"
@@ -74,7 +75,8 @@ constexpr const char* usage_text =
     "                              VRAM then host memory, routed experts run on the CPU;\n"
     "                              --logits stores every step's logits with the command, its\n"
     "                              settings and the CPU attention path this process measured\n"
-    "                              (committed at least every minute and at the end; Ctrl-C\n"
+    "                              (committed about every minute, less often once a commit\n"
+    "                              takes over 6 s, and at the end; Ctrl-C\n"
     "                              or a closed output stops it keeping what it made);\n"
     "                              --mla-form (MLA models): how DeepSeek's prompt chunks\n"
     "                              attend (automatic: by cost); --seed, --layers and\n"
@@ -934,8 +936,8 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   };
   const auto started = std::chrono::steady_clock::now();
   auto last_commit = started;
-  // Each commit copies the file: commit at most every minute and at most a
-  // tenth of the time, so long generations do not spend it copying.
+  // Each commit copies the file: commit once a minute has passed, and no more
+  // than a tenth of the time, so long generations do not spend it copying.
   std::chrono::steady_clock::duration commit_interval = std::chrono::minutes(1);
   std::int64_t committed_steps = 0;
   std::chrono::steady_clock::time_point prefilled;
@@ -1038,6 +1040,10 @@ int make_checkpoint_command(const std::vector<std::string>& args) {
   const std::string format = options.count("--config-format") ? options["--config-format"] : "hub";
   if (format != "hub" && format != "transformers5")
     throw UsageError("make-checkpoint: --config-format must be hub or transformers5, got '" + format + "'");
+  if (const std::vector<std::string> presets = model_preset_names();
+      std::find(presets.begin(), presets.end(), options["--model"]) == presets.end())
+    throw UsageError("make-checkpoint: --model " + options["--model"] + " is not a preset (" + model_preset_list() +
+                     ")");
   const ModelConfig model = model_preset(options["--model"]);
   try {
     write_synthetic_checkpoint(options["--output"], model, seed,
