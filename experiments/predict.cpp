@@ -425,14 +425,15 @@ LayerTimeline layer_timeline(const std::vector<double>& attention, const std::ve
   t.wall = attention[0];
   if (waits) {
     t.exposed = std::max(0.0, copies_until - attention[0]);
-    t.wall += t.exposed;
     copies_until = 0;
   }
   for (std::size_t j = 0; j < parts; ++j) {
-    if (issued[j] > 0) copies_until = std::max(copies_until, t.wall + feed_forward[j]) + issued[j];
+    // Part 0's feed-forward waits for the copies inside its stage, beside part 1's attention (MoeModel's
+    // layer_pipeline), not before it.
+    const double stage = feed_forward[j] + (j == 0 ? t.exposed : 0.0);
+    if (issued[j] > 0) copies_until = std::max(copies_until, t.wall + stage) + issued[j];
     const bool last = j + 1 == parts;
-    t.wall += last ? feed_forward[j]
-                   : overlap ? std::max(feed_forward[j], attention[j + 1]) : feed_forward[j] + attention[j + 1];
+    t.wall += last ? stage : overlap ? std::max(stage, attention[j + 1]) : stage + attention[j + 1];
   }
   t.copies_left = std::max(0.0, copies_until - t.wall);
   return t;

@@ -123,12 +123,15 @@ TEST(PredictTest, APrefetchRunsBesideTheRestOfItsLayerAndTheNextAttention) {
   EXPECT_DOUBLE_EQ(next.exposed, 0);
   EXPECT_DOUBLE_EQ(next.wall, 8);
   EXPECT_DOUBLE_EQ(next.copies_left, 0);
-  // 9 seconds of copies: 6 left at the end, 3 hidden by the next attention, 3 waited for.
+  // 9 seconds of copies: 6 left at the end, 3 hidden by the next attention, 3 waited for by the first
+  // feed-forward, beside the second attention: 3 + max(3 + 2, 3) + 2.
   const LayerTimeline long_copy = layer_timeline({3, 3}, {2, 2}, {9, 0}, 0, true, true);
   EXPECT_DOUBLE_EQ(long_copy.copies_left, 6);
   const LayerTimeline waiting = layer_timeline({3, 3}, {2, 2}, {0, 0}, long_copy.copies_left, true, true);
   EXPECT_DOUBLE_EQ(waiting.exposed, 3);
-  EXPECT_DOUBLE_EQ(waiting.wall, 11);
+  EXPECT_DOUBLE_EQ(waiting.wall, 10);
+  // A wait shorter than the second attention costs nothing: 3 + max(1 + 2, 4) + 2.
+  EXPECT_DOUBLE_EQ(layer_timeline({3, 4}, {2, 2}, {0, 0}, 4, true, true).wall, 9);
   // A dense layer (no experts) does not wait: its whole time hides the copies.
   const LayerTimeline dense = layer_timeline({3}, {2}, {0}, 6, false, true);
   EXPECT_DOUBLE_EQ(dense.exposed, 0);
