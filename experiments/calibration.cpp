@@ -645,6 +645,7 @@ MachineProfile calibrate_machine(const CalibrationOptions& options, void (*progr
   step("pageable H2D", p.pageable_h2d_gbps, [] { return measure_copy_gbps<GpuMemSpace, HostMemSpace>(copy_bytes); });
   step("pageable D2H", p.pageable_d2h_gbps, [] { return measure_copy_gbps<HostMemSpace, GpuMemSpace>(copy_bytes); });
   step("link latency", p.link_latency_s, [] { return measure_copy_latency_s<GpuMemSpace, PinnedMemSpace>(); });
+  p.gpu_memory_bytes = static_cast<std::uint64_t>(MachineDescription::detect().gpu_memory_bytes);
   for (const AttentionShape& shape : supported_attention_shapes())
     step("GPU attention over VRAM-resident KV, " + shape.name, p.gpu_attention_gbps[shape.name],
          [&] { return measure_gpu_attention_gbps(shape, options.attention_tokens * 8); });

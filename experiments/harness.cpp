@@ -777,6 +777,11 @@ void RunResult::add_step(const std::vector<LayerRecord>& layers) {
 }
 
 RunSetup prepare_run(const ExperimentConfig& config, const RunSpec& run, const MachineProfile& profile) {
+  // A budget the card cannot hold: the machine's limit, the same for every system.
+  if (profile.has_gpu && profile.gpu_memory_bytes > 0 && run.vram_budget > profile.gpu_memory_bytes)
+    throw ModelBudgetError("device memory: budgets.vram of " + format_byte_size(run.vram_budget) + " is more than the " +
+                           format_byte_size(profile.gpu_memory_bytes) + " of GPU memory of profile " + profile.name +
+                           " (gpu.memory)");
   RunSetup setup{system_context(config, run, profile), {}, {}, false};
   const ModelConfig& model_config = run.model->config;
   SystemContext& context = setup.context;

@@ -64,12 +64,16 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
       root.fail(section, "is given although has_gpu is false; remove it, or set has_gpu: true");
   if (p.has_gpu) {
     const ConfigNode gpu = root.child("gpu");
-    gpu.allow_only({"hbm_gbps", "launch_latency_us", "attention_gbps"});
+    gpu.allow_only({"hbm_gbps", "launch_latency_us", "attention_gbps", "memory"});
     p.hbm_gbps = rate(gpu, "hbm_gbps");
     if (const auto attention = gpu.optional_child("attention_gbps"))
       for (const std::string& shape_name : attention->keys())
         p.gpu_attention_gbps[shape_name] = rate(*attention, shape_name);
     p.gpu_launch_latency_s = latency_micros(gpu, "launch_latency_us");
+    if (gpu.has("memory")) {
+      p.gpu_memory_bytes = gpu.get_bytes("memory");
+      if (p.gpu_memory_bytes == 0) gpu.fail("memory", "must be a positive byte size such as 16GB");
+    }
     const ConfigNode link = root.child("link");
     link.allow_only({"pinned_h2d_gbps", "pinned_d2h_gbps", "pageable_h2d_gbps", "pageable_d2h_gbps", "latency_us",
                      "chunk_bytes"});
@@ -162,6 +166,7 @@ std::string MachineProfile::to_yaml() const {
   if (has_gpu) {
     out << YAML::Key << "gpu" << YAML::Value << YAML::BeginMap << YAML::Key << "hbm_gbps" << YAML::Value << hbm_gbps
         << YAML::Key << "launch_latency_us" << YAML::Value << gpu_launch_latency_s * 1e6;
+    if (gpu_memory_bytes > 0) out << YAML::Key << "memory" << YAML::Value << gpu_memory_bytes;
     if (!gpu_attention_gbps.empty()) {
       out << YAML::Key << "attention_gbps" << YAML::Value << YAML::Flow << YAML::BeginMap;
       for (const auto& [shape, gbps] : gpu_attention_gbps) out << YAML::Key << shape << YAML::Value << gbps;

@@ -22,6 +22,9 @@ struct MachineProfile {
   /// (writescope calibrate); shapes not listed use hbm_gbps.
   std::map<std::string, double> gpu_attention_gbps;
   double gpu_launch_latency_s = 0;  // fixed cost of the GPU share of a step
+  /// The GPU's memory (gpu.memory, a byte size; calibrate: the device's
+  /// total): no run's VRAM budget may exceed it. 0 where the profile does not say.
+  std::uint64_t gpu_memory_bytes = 0;
   double pinned_h2d_gbps = 0;
   double pinned_d2h_gbps = 0;
   double pageable_h2d_gbps = 0;

@@ -503,6 +503,33 @@ TEST_F(PredictFileTest, WritesEveryRunOfEveryProfileMarkedPredicted) {
       << replacing.str();
 }
 
+// A VRAM budget over the GPU's memory (gpu.memory) is the machine's limit:
+// every system's run at it does not fit, saying why; the smaller budget's
+// runs are priced.
+TEST_F(PredictFileTest, ABudgetOverTheProfilesGpuMemoryFitsNoSystem) {
+  MachineProfile small_card = round_profile();
+  small_card.gpu_memory_bytes = std::uint64_t{8} << 20;
+  const std::string output = (dir_ / "projected.h5").string();
+  std::ostringstream progress;
+  predict_experiment(config(), {small_card}, output, progress);
+  const ResultsReader reader(output);
+  int over = 0, priced = 0;
+  for (const std::string& run : reader.list("/runs")) {
+    const std::string g = "/runs/" + run;
+    if (reader.int_attribute(g, "vram_budget_bytes") == std::int64_t{12} << 20) {
+      ++over;
+      EXPECT_EQ(reader.string_attribute(g, "status"), "does_not_fit") << run;
+      EXPECT_EQ(reader.string_attribute(g, "reason"),
+                "device memory: budgets.vram of 12MiB is more than the 8MiB of GPU memory of profile test (gpu.memory)")
+          << run;
+    } else {
+      priced += reader.string_attribute(g, "status") == "complete";
+    }
+  }
+  EXPECT_EQ(over, static_cast<int>(expand_runs(config(), small_card).size() / 2));
+  EXPECT_GT(priced, 0);
+}
+
 TEST_F(PredictFileTest, NeverOverwritesMeasuredRunsAndComparesOnlyMeasuredOnes) {
   const std::string measured = (dir_ / "measured.h5").string();
   std::ostringstream progress;

@@ -199,6 +199,12 @@ TEST_F(ProfileTest, SaveAndLoadRoundTrip) {
   const auto with_gpu_rate = MachineProfile::load(path);
   EXPECT_DOUBLE_EQ(ModelRates::from_profile(with_gpu_rate, "qwen3-30b-a3b", 16).hbm_gbps, 180);
   EXPECT_DOUBLE_EQ(ModelRates::from_profile(with_gpu_rate, "mixtral-8x7b", 16).hbm_gbps, with_gpu_rate.hbm_gbps);
+  // The GPU's memory: as a byte size in the shipped profiles, in bytes once saved.
+  EXPECT_EQ(find_profile("v100-pcie3").gpu_memory_bytes, std::uint64_t{16000000000});
+  EXPECT_EQ(again.gpu_memory_bytes, std::uint64_t{141000000000});
+  measured.gpu_memory_bytes = std::uint64_t{80} << 30;
+  measured.save(path);
+  EXPECT_EQ(MachineProfile::load(path).gpu_memory_bytes, std::uint64_t{80} << 30);
 }
 
 // Latencies are kept in seconds and written in microseconds: the text shows
@@ -266,7 +272,8 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
            {"hbm_gbps: 1000", "hbm_gbps: 100000.3", "gpu.hbm_gbps", "must be a rate in [0.001, 100000] (G/s), got 100000.3"},
            {"hbm_gbps: 1000", "hbm_gbps: 1000, launch_latency_us: 1e30", "gpu.launch_latency_us",
             "must be a number of microseconds in [0, 1000000], got 1e+30"},
-           {"threads: 4", "threads: 100000", "cpu.threads", "must be in [1, 512], got 100000"}}) {
+           {"threads: 4", "threads: 100000", "cpu.threads", "must be in [1, 512], got 100000"},
+           {"hbm_gbps: 1000", "hbm_gbps: 1000, memory: 0", "gpu.memory", "must be a positive byte size such as 16GB"}}) {
     std::string text = base;
     text.replace(text.find("pageable_d2h_gbps: -8"), 21, "pageable_d2h_gbps: 8");
     text.replace(text.find(from), from.size(), to);
