@@ -130,6 +130,29 @@ TEST(MoeModel, ChunkedPrefillMatchesTheReference) {
   }
 }
 
+// A prompt long enough that its later chunks stream the band's earlier blocks
+// in several landing chunks of one block each (the test above streams at most
+// one chunk per pass): 40 tokens in chunks of 8 over blocks of 4.
+TEST(MoeModel, APromptStreamsTheBandInSeveralChunks) {
+  for (const char* name : tiny_models) {
+    SCOPED_TRACE(name);
+    const ModelConfig config = model_preset(name);
+    ModelOptions options = options_with(every_region, mixed_experts(), 8);
+    options.stream_chunk_blocks = 1;
+    MoeModel model = MoeModel::synthetic(config, 5, options);
+    ReferenceModel reference = reference_for(config, 5);
+    std::vector<int> prompt(40);
+    for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int>((37 * i + 11) % config.vocab);
+    const int sequence = model.add_sequence();
+    expect_logits_near(model.prefill(sequence, prompt), reference.forward(prompt), test::model_logit_tolerance,
+                       "prefill");
+    // Every layer holds 10 blocks, 2 or 3 of them in the streamed band.
+    EXPECT_GE(model.cache().region_bytes(Region::gpu_streamed), 2 * config.layers * model.cache().block_bytes());
+    expect_logits_near(model.step({sequence}, {9}).front(), reference.forward({9}), test::model_logit_tolerance,
+                       "decode");
+  }
+}
+
 // What the synthetic presets leave at 1 or 0 and a real checkpoint does not:
 // every norm its own scales (all 1 in synthetic weights, where a norm wired
 // to the wrong place changes nothing), DeepSeek's routed scaling factor,
