@@ -8,14 +8,17 @@ plus `report.md` into the output folder:
 """
 
 import argparse
+import fcntl
 import math
 import os
 import re
 import select
+import shutil
 import signal
 import stat
 import struct
 import sys
+import tempfile
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -96,6 +99,8 @@ SETUP_FIELDS = ("cpu_model", "cpu_paths", "cpu_path", "logical_cpus", "host_thre
                 "gpu_memory_bytes", "gpu_compute_capability", "kokkos_version", "enabled_exec_spaces", "compiler",
                 "build_type")
 NOT_RECORDED = "(not recorded)"
+# The fields of a setup that rebuild and rerun it, beyond Machine.describe()'s, which report.md names.
+BUILD_FIELDS = ("build_type", "compiler", "kokkos_version", "cpu_path", "openmp_environment", "thread_placement")
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,9 @@ class Results:
     predicted: bool = False  # every run is a projection (`writescope predict`)
     planned_runs: int | None = None  # the runs the file is to hold; None in files that do not say
     shard: str = ""  # "K/N": the file of one shard (`writescope run --shard`)
+    being_written: bool = False  # a writer held the file's lock when it was read: more runs may come
+    path: str = ""  # the results file, absolute
+    config: tuple = ()  # (root attribute, the experiment's YAML) that reproduces the runs; () where none
 
 
 def _as_string(value):
@@ -350,9 +358,14 @@ def read_measurements(group, batch):
     if not np.all((alpha >= 0) & (alpha <= 1)):  # NaN fails both
         raise InputError(f"{group.name}/alpha", "holds CPU shares outside [0, 1]")
     components_read = {name: seconds(components, name, (steps, layers)) for name in components}
+    # The roofline places the model's points at this intensity (a log axis): no attention has none.
+    fmas_per_byte = attribute(group, "attention_fmas_per_byte", float)
+    if not (math.isfinite(fmas_per_byte) and fmas_per_byte > 0):
+        raise InputError(group.name, "attribute 'attention_fmas_per_byte' must be positive and finite (multiply-adds "
+                                     f"per KV byte), got {fmas_per_byte:g}")
     return Measurements(
         tokens_per_second=tokens_per_second,
-        attention_fmas_per_byte=attribute(group, "attention_fmas_per_byte", float),
+        attention_fmas_per_byte=fmas_per_byte,
         cpu_attention_gbps=attribute(group, "cpu_attention_gbps", float),
         predicted_attention_seconds=seconds(group, "predicted_attention_seconds", (steps,)),
         attention_seconds=seconds(group, "attention_seconds", (steps,)),
@@ -629,6 +642,24 @@ def crashing_objects(path):
         crashing.add(at)
 
 
+def being_written(path):
+    """Whether a process holds the results file's `<path>.lock` (a `writescope run` still writing it), looked at
+    as results_file_being_written (framework/results_store.cpp) looks: a shared lock taken for a moment."""
+    try:
+        descriptor = os.open(os.path.realpath(path) + ".lock", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False  # never written by a ResultsStore, or not readable: no writer to tell of
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(descriptor)
+
+
 def load(path):
     """Everything the report needs from the results file at `path`."""
     if not os.path.exists(path):
@@ -637,6 +668,7 @@ def load(path):
         raise InputError("", "is a folder; give a results file written by `writescope run` or `predict`")
     if not os.path.isfile(path) or not h5py.is_hdf5(path):
         raise InputError("", "not an HDF5 file")
+    writing = being_written(path)  # before reading: a writer that ends meanwhile may have added runs
     crashing = crashing_objects(path)
     for damaged_object in sorted(crashing):
         if not damaged_object.startswith("/runs/"):  # what the report reads besides the runs
@@ -680,6 +712,10 @@ def load(path):
                 predicted=predicted,
                 planned_runs=optional_attribute(root, "planned_runs", int, None),
                 shard=optional_attribute(root, "shard", str, ""),
+                being_written=writing,
+                path=os.path.abspath(path),
+                config=next(((name, attribute(root, name, str)) for name in ("config", "config_canonical")
+                             if name in root.attrs), ()),
             )
     except OSError as error:
         raise InputError("", f"cannot read: {error}") from None
@@ -789,10 +825,27 @@ def same_policy_rows(runs, min_context):
         for baseline in EXPERT_BASELINES:
             if not any(run.system == baseline for run in complete(model_runs)):
                 continue
-            chosen = [run for run in model_runs
-                      if run.system == baseline or (run.system == SUBJECT and run.expert_policy == baseline)]
-            rows.append((model, baseline, *geomean(chosen, SUBJECT, baseline, min_context)))
+            rows.append((model, baseline, *geomean(same_policy_runs(model_runs, baseline), SUBJECT, baseline,
+                                                   min_context)))
     return rows
+
+
+def same_policy_runs(runs, baseline):
+    """`baseline`'s runs and WriteScope's with its expert policy."""
+    return [run for run in runs if run.system == baseline or (run.system == SUBJECT and run.expert_policy == baseline)]
+
+
+def unpaired_note(model, runs, subject, baseline, min_context, subject_label=None):
+    """Why a geometric mean of `subject` over `baseline` (their runs in `runs`) has no point and none left out:
+    every context where both have runs lies below `--min-context`, or they have none at one setting."""
+    ran = [{(run.setting, run.context) for run in runs if run.system == system} for system in (subject, baseline)]
+    contexts = sorted({context for _, context in ran[0] & ran[1]})
+    pair = f"{cell(model)}: {subject_label or subject} and {baseline}"
+    if not contexts:
+        return (f"- {pair} have no runs at one setting and context (batch, VRAM budget, machine setup): nothing "
+                "to compare.")
+    return (f"- {pair} have runs only at contexts {', '.join(context_label(c) for c in contexts)}, below "
+            f"`--min-context` ({context_label(min_context)}); give a smaller `--min-context` to include them.")
 
 
 def prediction_errors(runs):
@@ -889,6 +942,8 @@ OWN_FIGURE = re.compile(rf"(?:{'|'.join(FIGURE_PREFIXES)})_[A-Za-z0-9._-]+\.png"
 # since a user's own file may carry one of the report's names.
 MANIFEST = ".writescope-report-files"
 MANIFEST_HEADING = "# The files analysis/report.py wrote into this folder; its next report here removes them first."
+# The folder inside the output folder that a report is written into before it replaces the earlier one.
+STAGING_PREFIX = ".writescope-report-staging-"
 
 
 def own_file(name):
@@ -914,25 +969,34 @@ def report_like_files(output, names):
     return sorted(name for name in set(names) if own_file(name) and is_plain_file(os.path.join(output, name)))
 
 
-def remove_earlier_report(output):
-    """Removes the files the earlier report's manifest lists, so that none of its figures stays beside this
-    report's, then the manifest, which no longer describes the folder. Returns (removed, unlisted): unlisted
-    are the report-like files of a folder without a manifest, left as they are (a report from before manifests,
-    or a user's files)."""
+def earlier_report_files(output):
+    """(listed, unlisted): the report-like files the earlier report's manifest lists, or, in a folder without
+    one, its report-like files, which no manifest says this script wrote (a report from before manifests, or a
+    user's files): those stay as they are."""
     manifest = os.path.join(output, MANIFEST)
     if not is_plain_file(manifest):
         return [], report_like_files(output, os.listdir(output))
     with open(manifest, encoding="utf-8", errors="replace") as listing:
-        removed = report_like_files(output, (line.strip() for line in listing if not line.startswith("#")))
+        return report_like_files(output, (line.strip() for line in listing if not line.startswith("#"))), []
+
+
+def replace_earlier_report(output, staging, written):
+    """Moves this report's files `written` and its manifest from `staging`, where they were written whole, into
+    `output`, and removes the files the earlier report's manifest lists that this one does not write again, so
+    that none of its figures stays beside this report's. Returns earlier_report_files()."""
+    removed, unlisted = earlier_report_files(output)
+    for name in written:
+        os.replace(os.path.join(staging, name), output_path(output, name))
     for name in removed:
-        os.remove(os.path.join(output, name))
-    os.remove(manifest)
-    return removed, []
+        if name not in written:
+            os.remove(os.path.join(output, name))
+    os.replace(os.path.join(staging, MANIFEST), os.path.join(output, MANIFEST))
+    return removed, unlisted
 
 
-def write_manifest(output, written):
-    """Lists `written`, the files this report wrote, for the next report in `output` (remove_earlier_report)."""
-    with open(os.path.join(output, MANIFEST), "w", encoding="utf-8") as listing:
+def write_manifest(folder, written):
+    """Lists `written`, the files this report wrote, for the next report in its folder (replace_earlier_report)."""
+    with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as listing:
         listing.write("".join(f"{line}\n" for line in [MANIFEST_HEADING, *written]))
 
 
@@ -1045,25 +1109,40 @@ def mark_not_run(ax, runs, colours):
         labelled.add(label)
 
 
+def with_gaps(contexts, values):
+    """`values` ({context: speedup or None}) at each of `contexts`, NaN where there is none: the line breaks
+    there instead of running straight across a context it has no value at."""
+    return [math.nan if values.get(context) is None else values[context] for context in contexts]
+
+
 def plot_speedup(model, runs, colours, path):
     throughput = throughputs(runs)
     settings = by_setting(runs)
     figure, axes = subplot_grid(len(settings), f"Decode throughput speedup, {model}")
     for ax, (setting, setting_runs) in zip(axes, settings.items()):
+        contexts = sorted({run.context for run in setting_runs})
+        drawn = False
         for subject, baseline in comparisons(runs):
-            points = [(c, s) for st, c, s in speedups(throughput, subject, baseline) if st == setting]
+            points = {c: s for st, c, s in speedups(throughput, subject, baseline) if st == setting}
             if points:
-                contexts, values = zip(*points)
                 # One line per baseline over WriteScope, else one per system over the one baseline.
                 colour = colours[baseline] if subject == SUBJECT else colours[subject]
-                ax.plot(contexts, values, marker="o", color=colour, label=f"{subject} over {baseline}")
+                ax.plot(contexts, with_gaps(contexts, points), marker="o", color=colour,
+                        label=f"{subject} over {baseline}")
+                drawn = True
         mark_not_run(ax, setting_runs, colours)
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         ax.set_ylim(0, max(ax.get_ylim()[1], 1.1))
-        context_axis(ax, sorted({run.context for run in setting_runs}))
+        context_axis(ax, contexts)
         ax.set_ylabel("speedup (ratio of tokens/s)")
         ax.set_title(setting_title(setting), fontsize="medium")
-        ax.legend(fontsize="small")
+        if not drawn:
+            # A setting where one system ran alone (WriteScope alone at batch 8, say): an empty panel would
+            # read as a figure that failed to draw.
+            ax.text(0.5, 0.5, "No speedup: no two systems completed runs at one context here.",
+                    transform=ax.transAxes, ha="center", va="center", wrap=True)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
     save(figure, path, runs)
 
 
@@ -1141,12 +1220,15 @@ def plot_predictions(runs, colours, path):
 
 
 def roofline_points(runs, rate):
-    """{model label: (mean lane-FMAs per byte, mean of rate(measurements))} over complete runs where it is known."""
+    """{label: (mean lane-FMAs per byte, mean of rate(measurements))} over complete runs where it is known, one
+    per model and machine setup (labelled by its setup where the runs come from several): no figure pools runs
+    of two setups."""
     grouped = {}
     for run in runs:
         value = rate(run.measured)
         if np.isfinite(value):
-            grouped.setdefault(run.model_label, []).append((run.measured.attention_fmas_per_byte, value))
+            label = f"{run.model_label}, machine {run.setup_label}" if run.setup_label else run.model_label
+            grouped.setdefault(label, []).append((run.measured.attention_fmas_per_byte, value))
     return {label: tuple(np.mean(values, axis=0)) for label, values in sorted(grouped.items())}
 
 
@@ -1195,12 +1277,13 @@ def draw_roofline(ax, profile, runs):
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
 
 
-def plot_projected_speedup(profile, points, path):
+def plot_projected_speedup(profile, points, contexts, path):
+    """`points` as best_baseline_speedups() gives them; `contexts`: {setting: every context it has runs at}."""
     figure, ax = plt.subplots(figsize=(7.2, 4.8))
-    for setting in sorted({setting for setting, _, _ in points}):
-        line = sorted((context, speedup) for s, context, speedup in points if s == setting)
-        ax.plot([c for c, _ in line], [v for _, v in line], marker="o", label=setting_title(setting))
-    context_axis(ax, sorted({context for _, context, _ in points}))
+    for setting in sorted({setting for setting, _, speedup in points if speedup is not None}):
+        line = {context: speedup for s, context, speedup in points if s == setting}
+        ax.plot(contexts[setting], with_gaps(contexts[setting], line), marker="o", label=setting_title(setting))
+    context_axis(ax, sorted({context for setting_contexts in contexts.values() for context in setting_contexts}))
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_ylabel(f"{SUBJECT} speedup over the best baseline (×)")
     ax.set_title(titled(f"speedup vs context on {profile}"), fontsize="medium")
@@ -1215,12 +1298,14 @@ def write_figures(results, output):
     runs = results.runs
     written = []
     if results.predicted:
-        profiles = {profile: [point for point in points if point[2] is not None]
-                    for profile, points in best_baseline_speedups(runs).items()}
+        profiles = best_baseline_speedups(runs)
         names = file_names(profiles, "projected_speedup")
         for profile, points in profiles.items():
-            if points:
-                plot_projected_speedup(profile, points, output_path(output, names[profile]))
+            if any(speedup is not None for _, _, speedup in points):  # None: another system failed there
+                settings = by_setting(run for run in runs if run.profile == profile)
+                contexts = {setting: sorted({run.context for run in setting_runs})
+                            for setting, setting_runs in settings.items()}
+                plot_projected_speedup(profile, points, contexts, output_path(output, names[profile]))
                 written.append((names[profile], f"{PROJECTED}: {SUBJECT} over the fastest other system vs context "
                                                 f"on profile '{profile}', one line per model and setting."))
     colours = system_colours(runs)
@@ -1284,6 +1369,10 @@ def run_rows(runs):
     return rows
 
 
+BEING_WRITTEN = ("- **The file was still being written** (its `.lock` was held): runs missing here may still come; "
+                 "report again when the sweep is done.")
+
+
 def summary_lines(results, min_context):
     runs = results.runs
     counts = {status: sum(outcome(run) == status for run in runs) for status in STATUSES + ("memory_short",)}
@@ -1291,6 +1380,8 @@ def summary_lines(results, min_context):
                     "hold them: `writescope run` measures them again on resume)" if counts["memory_short"] else "")
     lines = [f"- {len(runs)} runs: {counts['complete']} complete, {counts['does_not_fit']} did not fit, "
              f"{counts['failed']} failed{memory_short}."]
+    if results.being_written:
+        lines.append(BEING_WRITTEN)
     missing = missing_runs(results)
     if missing > 0:
         lines.append(f"- **{missing} of the {results.planned_runs} planned runs are not in the file** (a run "
@@ -1327,12 +1418,20 @@ def mean_text(mean):
 def same_policy_section(runs, min_context):
     lines = [f"{SUBJECT} with a baseline's expert policy over that baseline at equal setting and context: the same "
              "experts on the same devices, so only the KV placement and the attention split differ.", ""]
-    rows = [(model, f"{SUBJECT} ({baseline} experts)", baseline, mean_text(mean), count, left_out)
-            for model, baseline, mean, count, left_out in same_policy_rows(runs, min_context)]
+    rows, unpaired = [], []
+    models = by_model(runs)
+    for model, baseline, mean, count, left_out in same_policy_rows(runs, min_context):
+        subject = f"{SUBJECT} ({baseline} experts)"
+        if count or left_out:
+            rows.append((model, subject, baseline, mean_text(mean), count, left_out))
+        else:
+            unpaired.append(unpaired_note(model, same_policy_runs(models[model], baseline), SUBJECT, baseline,
+                                          min_context, subject))
     if rows:
         lines += table(("model", "system", "baseline", "geomean speedup (×)", "points", "left out"), rows)
-    else:
+    elif not unpaired:
         lines.append(f"No {SUBJECT} and {', '.join(EXPERT_BASELINES)} runs to compare.")
+    lines += ([""] if rows and unpaired else []) + unpaired
     unknown = sum(run.system == SUBJECT and run.expert_policy is None for run in runs)
     if unknown:
         lines += ["", f"{unknown} {SUBJECT} runs do not record their expert policy (a file written before "
@@ -1342,12 +1441,19 @@ def same_policy_section(runs, min_context):
 
 def geomean_section(runs, min_context):
     lines = [f"Each system as it runs: {SUBJECT} with its own expert policy (runs with `system_comparison` = 1).", ""]
-    rows = [(model, subject, baseline, mean_text(mean), count, left_out, policies)
-            for model, subject, baseline, mean, count, left_out, policies in geomean_rows(runs, min_context)]
-    if not rows:
+    rows, unpaired = [], []
+    models = by_model(system_runs(runs))
+    for model, subject, baseline, mean, count, left_out, policies in geomean_rows(runs, min_context):
+        if count or left_out:
+            rows.append((model, subject, baseline, mean_text(mean), count, left_out, policies))
+        else:
+            unpaired.append(unpaired_note(model, models[model], subject, baseline, min_context))
+    if not rows and not unpaired:
         return lines + ["No system pairs to compare."]
-    return lines + table(("model", "system", "baseline", "geomean speedup (×)", "points", "left out",
-                          "system's expert policy"), rows)
+    if rows:
+        lines += table(("model", "system", "baseline", "geomean speedup (×)", "points", "left out",
+                        "system's expert policy"), rows)
+    return lines + ([""] if rows and unpaired else []) + unpaired
 
 
 def prediction_section(runs):
@@ -1411,24 +1517,45 @@ def counted(counts):
     return ", ".join(f"`{name}` ({n} runs)" for name, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
+def build_lines(machine, whose):
+    """The BUILD_FIELDS `machine` records, on one line; none where it records none."""
+    fields = dict(machine.setup)
+    recorded = [f"{name} `{cell('; '.join(fields[name].splitlines()))}`" for name in BUILD_FIELDS
+                if fields.get(name, NOT_RECORDED) not in (NOT_RECORDED, "")]
+    return [f"- Build and threads{whose}: {', '.join(recorded)}"] if recorded else []
+
+
+def config_section(results):
+    """The experiment's YAML that reproduces the runs, in a fenced block."""
+    if not results.config:
+        return ["The results file records no experiment config."]
+    name, text = results.config
+    fence = "`" * max([3] + [len(ticks) + 1 for ticks in re.findall("`+", text)])  # longer than any in the YAML
+    what = "as written" if name == "config" else "re-emitted without comments"
+    return [f"The experiment's YAML {what} (root attribute `{name}`):", "", f"{fence}yaml", text.rstrip("\n"), fence]
+
+
 def provenance_lines(results):
-    """The builds and machine setups that wrote the runs, and a warning where they differ."""
+    """What reproduces the runs (the results file; the builds and machine setups that wrote them), and a
+    warning where builds or setups differ."""
     revisions = Counter(run.git_revision for run in results.runs) or Counter({results.git_revision: 0})
     setups = {}  # {label: [machine or None, runs]}, in order of first appearance
     for run in results.runs:
         setups.setdefault(run.setup_label, [run.machine, 0])[1] += 1
+    lines = [f"- Results file: `{cell(results.path)}`"]
     if len(revisions) == 1:
-        lines = [f"- Git revision: `{next(iter(revisions))}`"]
+        lines.append(f"- Git revision: `{next(iter(revisions))}`")
     else:
-        lines = [f"- **Runs of {len(revisions)} git revisions**: {counted(revisions)}; their figures compare "
-                 "builds as well as systems."]
+        lines.append(f"- **Runs of {len(revisions)} git revisions**: {counted(revisions)}; their figures compare "
+                     "builds as well as systems.")
     if any(revision.endswith("-dirty") for revision in revisions):
         lines.append("- **Built from a modified tree** (`-dirty`): the revision alone does not rebuild these "
                      "binaries.")
     if len(setups) == 1:
         machine = next(iter(setups.values()))[0]
         if machine is not None:
-            lines.append(f"- Machine: {machine.describe()}")
+            ran = "Machine the projection ran on" if results.predicted else "Machine"
+            lines += [f"- {ran}: {machine.describe()}", *build_lines(machine, "")]
     elif setups:
         described = "; ".join(f"{label}: `{machine.describe() if machine else 'not recorded'}` ({n} runs)"
                               for label, (machine, n) in setups.items())
@@ -1437,6 +1564,8 @@ def provenance_lines(results):
         lines.append(f"- **Runs of {len(setups)} machine setups** (`--allow-different-machine`): {described}"
                      + (f"; they differ in {', '.join(f'`{name}`' for name in differing)}" if differing else "")
                      + ". Every figure and table compares runs of one setup only.")
+        for label, (machine, _) in setups.items():
+            lines += build_lines(machine, f" of {label}") if machine else []
     return lines
 
 
@@ -1486,6 +1615,8 @@ def report_markdown(results, figures, min_context):
     if results.damaged:
         lines += ["", "## Damaged runs", ""]
         lines += [f"- `{name}`: {cell(why)}" for name, why in results.damaged]
+    lines += ["", "## Experiment config", ""]
+    lines += config_section(results)
     return "\n".join(lines) + "\n"
 
 
@@ -1498,9 +1629,9 @@ def projected_markdown(results, figures, min_context):
              "each system's own placement and scheduling decisions, priced with the rates of the machine profiles "
              f"{profiles}; no kernel ran. Compare it with measurements only through `writescope predict --compare`.",
              "",
-             f"- Experiment: `{results.experiment}`",
-             f"- Git revision: `{results.git_revision}`", "",
-             f"## {PROJECTED}: what the profiles' figures rest on", ""]
+             f"- Experiment: `{results.experiment}`"]
+    lines += provenance_lines(results) + ([BEING_WRITTEN] if results.being_written else [])
+    lines += ["", f"## {PROJECTED}: what the profiles' figures rest on", ""]
     for name in sorted({run.profile for run in results.runs}):
         profile = results.profiles.get(name)
         sources = "; ".join(f"{section}: {text}" for section, text in profile.sources) if profile else ""
@@ -1521,6 +1652,8 @@ def projected_markdown(results, figures, min_context):
                     "projected tokens/s or reason", "pinned (GiB)", "host (GiB)"), run_rows(results.runs))
     lines += ["", f"## {PROJECTED}: did not fit", ""]
     lines += not_run_section(results.runs, missing_runs(results))
+    lines += ["", f"## {PROJECTED}: experiment config", ""]
+    lines += config_section(results)
     return "\n".join(lines) + "\n"
 
 
@@ -1553,16 +1686,26 @@ def main(argv=None):
     except InputError as error:
         print(f"report: {args.results}: {error}", file=sys.stderr)
         return 2
+    if results.being_written:
+        print(f"report: {args.results}: another process is writing this results file ({args.results}.lock is "
+              "locked): runs missing from the report may still come", file=sys.stderr)
     for name, why in results.damaged:
         print(f"report: {args.results}: {name}: {why}; left out of the report", file=sys.stderr)
     try:
         os.makedirs(args.output, exist_ok=True)
-        removed, unlisted = remove_earlier_report(args.output)
-        figures = write_figures(results, args.output)
-        with open(output_path(args.output, "report.md"), "w", encoding="utf-8") as out:
-            out.write(report_markdown(results, figures, args.min_context))
-        written = ["report.md", *(name for name, _ in figures)]
-        write_manifest(args.output, written)  # last: it lists only files that were written whole
+        # The whole report is written into a folder of its own inside the output folder (one file system, so
+        # moving it in is a rename) before anything of the earlier report goes: a report that fails partway
+        # leaves the folder as it was.
+        staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=args.output)
+        try:
+            figures = write_figures(results, staging)
+            with open(output_path(staging, "report.md"), "w", encoding="utf-8") as out:
+                out.write(report_markdown(results, figures, args.min_context))
+            written = ["report.md", *(name for name, _ in figures)]
+            write_manifest(staging, written)
+            removed, unlisted = replace_earlier_report(args.output, staging, written)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     except OSError as error:
         why = error.strerror or str(error)
         if os.path.exists(args.output) and not os.path.isdir(args.output):

@@ -4,7 +4,11 @@
 Run with Debian's Python: /usr/bin/python3 tests/analysis/test_report.py
 """
 
+import contextlib
+import fcntl
+import hashlib
 import importlib.util
+import io
 import math
 import os
 import shutil
@@ -217,6 +221,19 @@ def run_report(path, output, *extra):
                           env=env, timeout=300)
 
 
+def folder_contents(folder):
+    """{name: SHA-256 of its bytes} of every file in `folder` (a folder in it: None)."""
+    contents = {}
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if os.path.isdir(path):
+            contents[name] = None
+        else:
+            with open(path, "rb") as file:
+                contents[name] = hashlib.sha256(file.read()).hexdigest()
+    return contents
+
+
 def png_size(path):
     """(width, height) of a PNG file, or None when it is not one."""
     with open(path, "rb") as png:
@@ -322,6 +339,24 @@ class ReportOnCompleteFile(ReportOnFile, unittest.TestCase):
         expected = expected_geomean(MODELS[0], "ktransformers", 32768)
         self.assertIn(f"| {MODELS[0]} (test) | writescope | ktransformers | {expected:.2f} | 1 | 0 |", markdown)
         self.assertIn(f"| {MODELS[0]} (test) | writescope | gpu-only | n/a | 0 | 1 |", markdown)
+
+    def test_contexts_all_below_min_context_are_named_not_left_as_empty_rows(self):
+        output = os.path.join(self.tmp.name, "report-64k")
+        result = run_report(self.path, output, "--min-context", "65536")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
+            markdown = md.read()
+        for heading, subject, baselines in (("KV format and split alone", "writescope (ktransformers experts)",
+                                             ("ktransformers",)),
+                                            ("System against system", "writescope", ("gpu-only", "ktransformers"))):
+            text = section(markdown, heading)
+            self.assertNotIn("| n/a | 0 | 0 |", text)
+            for model in MODELS:
+                for baseline in baselines:
+                    with self.subTest(heading=heading, model=model, baseline=baseline):
+                        self.assertIn(f"- {model} (test): {subject} and {baseline} have runs only at contexts 8K, "
+                                      "32K, below `--min-context` (64K); give a smaller `--min-context` to include "
+                                      "them.", text)
 
     def test_lists_runs_that_did_not_fit(self):
         self.assertIn("did not fit", self.markdown)
@@ -662,6 +697,24 @@ class EarlierReportInTheFolder(unittest.TestCase):
         self.assertEqual(stdout, f"report: {output}: removed 1 files of an earlier report that this one does not "
                                  "write: breakdown_old.png\n")
 
+    def test_a_report_that_fails_partway_leaves_the_earlier_one_as_it_was(self):
+        # A projected report whose roofline finds the disk full, over a measured one: nothing of the measured
+        # report may go, and no projected figure may stay for the next report to leave beside its own.
+        output = self.folder("report-failed")
+        self.report(self.measured, output)
+        before = folder_contents(output)
+        report = report_module()
+
+        def disk_full(*_):
+            raise OSError(28, "No space left on device")
+        report.plot_roofline = disk_full
+        with contextlib.redirect_stderr(io.StringIO()) as stderr:
+            self.assertEqual(report.main([self.projected, "-o", output]), 1)
+        self.assertEqual(stderr.getvalue(), f"report: {output}: No space left on device\n")
+        self.assertEqual(folder_contents(output), before)
+        self.assertEqual(self.report(self.measured, output), "")
+        self.assertEqual(set(os.listdir(output)), self.fresh[self.measured])
+
     def test_every_name_goes_through_the_list_of_the_reports_files(self):
         report = report_module()
         self.assertTrue(report.own_file("speedup_qwen3-30b-a3b_on_a100-pcie4-2.png"))
@@ -751,7 +804,8 @@ class GroupNamesAreOpaque(unittest.TestCase):
                 result = run_report(path, output)
                 self.assertEqual(result.returncode, 0, result.stderr)
                 with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
-                    reports.append(md.read())
+                    # The one line that names the file read.
+                    reports.append(md.read().replace(f"`{os.path.abspath(path)}`", "`results file`"))
             self.assertEqual(reports[0], reports[1])
 
 
@@ -927,6 +981,28 @@ class Provenance(unittest.TestCase):
                       markdown)
 
 
+    def test_what_reproduces_the_runs_is_in_the_report(self):
+        """The results file, the experiment's config and the build and thread setup, measured or projected."""
+        machine = ('cpu_model: Test CPU\ncpu_path: avx2\nhost_threads: 16\nopenmp_environment: |\n  '
+                   'OMP_NUM_THREADS=16\n  OMP_PROC_BIND=spread\ngpu_name: NVIDIA H200\ncompiler: GNU 12.2.0\n'
+                   'build_type: Release\n')
+        for predicted in (False, True):
+            with self.subTest(predicted=predicted), tempfile.TemporaryDirectory() as tmp:
+                path, output = os.path.join(tmp, "results.h5"), os.path.join(tmp, "report")
+                write_results(path, ProjectedReport.specs() if predicted else run_specs(), predicted=predicted)
+                with h5py.File(path, "r+") as root:
+                    root.attrs.update(machine=machine, config="# the sweep\nname: report-test\n")
+                result = run_report(path, output)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
+                    markdown = md.read()
+                self.assertIn(f"- Results file: `{os.path.abspath(path)}`\n", markdown)
+                self.assertIn("- Build and threads: build_type `Release`, compiler `GNU 12.2.0`, cpu_path `avx2`, "
+                              "openmp_environment `OMP_NUM_THREADS=16; OMP_PROC_BIND=spread`\n", markdown)
+                heading = f"{PROJECTED}: experiment config" if predicted else "Experiment config"
+                self.assertIn("The experiment's YAML as written (root attribute `config`):\n\n```yaml\n# the sweep\n"
+                              "name: report-test\n```", section(markdown, heading))
+
     def test_runs_the_file_planned_but_lacks_are_counted(self):
         def edit(root):
             root.attrs["planned_runs"] = np.int64(len(run_specs()) + 3)
@@ -985,6 +1061,25 @@ class Provenance(unittest.TestCase):
             self.assertEqual((subject, mean, points, left_out), ("writescope", None, 0, 0), (model, baseline))
 
 
+class ResultsFileBeingWritten(unittest.TestCase):
+    def test_a_writers_lock_is_warned_of(self):
+        """`writescope run` holds <results>.lock while it writes: runs missing from the report may still come."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path, output = os.path.join(tmp, "results.h5"), os.path.join(tmp, "report")
+            write_results(path, run_specs())
+            with open(path + ".lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                result = run_report(path, output)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertEqual(result.stderr, f"report: {path}: another process is writing this results file ({path}"
+                                            ".lock is locked): runs missing from the report may still come\n")
+            with open(os.path.join(output, "report.md"), encoding="utf-8") as md:
+                self.assertIn("- **The file was still being written** (its `.lock` was held): runs missing here may "
+                              "still come; report again when the sweep is done.", section(md.read(), "Summary"))
+            result = run_report(path, output)  # the writer is gone
+            self.assertEqual((result.returncode, result.stderr), (0, ""))
+
+
 class RooflineFigure(unittest.TestCase):
     def test_the_band_rate_is_drawn_where_the_profile_gives_one(self):
         """A square for the band's own rate (qwen3 here); none for runs of files written before it."""
@@ -1003,6 +1098,31 @@ class RooflineFigure(unittest.TestCase):
         self.assertFalse([label for label in labels if label.startswith("mixtral-8x7b") and "band" in label], labels)
 
 
+    def test_runs_of_two_setups_are_drawn_apart(self):
+        """Each setup's runs reach their own rate: one point per setup and model, never a mean over both."""
+        release = 'cpu_model: Test CPU\nhost_threads: 16\ngpu_name: NVIDIA H200\nbuild_type: Release\n'
+        report = report_module()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "results.h5")
+            write_results(path, run_specs())
+            with h5py.File(path, "r+") as root:
+                root.attrs["machine"] = release
+                for group in root["runs"].values():
+                    if group.attrs["system"] == "writescope":
+                        group.attrs["machine"] = release.replace("Release", "Debug")
+            runs = report.complete(report.load(path).runs)
+            axes = saved_figures(report, report.load(path), tmp)["roofline.png"].axes
+        reached = {line.get_label().split(":")[0]: line.get_ydata()[0] for line in axes[0].get_lines()
+                   if line.get_label().endswith("reached in the runs")}
+        expected = {f"{model} (test), machine setup {setup}": np.mean(
+                        [run.measured.achieved_cpu_gbps for run in runs
+                         if run.model_label == f"{model} (test)" and run.setup_label == f"setup {setup}"])
+                    for model in MODELS for setup in (1, 2)}
+        self.assertEqual(set(reached), set(expected))
+        for label, rate in expected.items():
+            self.assertAlmostEqual(reached[label], rate, msg=label)
+
+
 class SpeedupFigureWithoutWriteScope(unittest.TestCase):
     def test_each_system_over_the_baseline_has_a_colour_of_its_own(self):
         """Without WriteScope every line is "X over gpu-only": coloured by X, not all by gpu-only."""
@@ -1018,6 +1138,67 @@ class SpeedupFigureWithoutWriteScope(unittest.TestCase):
                  if " over " in line.get_label()}
         self.assertEqual(set(lines), {"fiddler over gpu-only", "ktransformers over gpu-only"})
         self.assertEqual(len(set(lines.values())), 2, lines)
+
+
+class SpeedupLinesBreakWhereAContextHasNoValue(unittest.TestCase):
+    """A speedup line is not drawn across a context without a value (ktransformers failed at 16K): that would
+    read as a measured speedup there."""
+
+    @staticmethod
+    def specs():
+        specs = []
+        for context, ktransformers_tps in ((8192, 10.0), (16384, None), (32768, 5.0)):
+            specs += [SpeedupPairing.spec("writescope", 20.0, context=context),
+                      SpeedupPairing.spec("ktransformers", ktransformers_tps, context=context),
+                      SpeedupPairing.spec("fiddler", 8.0, context=context)]
+        return specs
+
+    def line(self, predicted, figure, label):
+        """(xdata, ydata) of the line `label` in the first panel of `figure` of the report of specs()."""
+        report = report_module()
+        specs = [dict(spec, predicted=1, profile="a100-pcie4") for spec in self.specs()] if predicted else self.specs()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "results.h5")
+            write_results(path, specs, predicted=predicted)
+            figures = saved_figures(report, report.load(path), tmp)
+        lines = [line for line in figures[figure].axes[0].get_lines() if line.get_label() == label]
+        self.assertEqual(len(lines), 1, [line.get_label() for line in figures[figure].axes[0].get_lines()])
+        return list(lines[0].get_xdata()), list(lines[0].get_ydata())
+
+    def assert_gap_in_the_middle(self, xdata, ydata, first, last):
+        self.assertEqual(xdata, [8192, 16384, 32768])
+        self.assertAlmostEqual(ydata[0], first)
+        self.assertTrue(math.isnan(ydata[1]), ydata)
+        self.assertAlmostEqual(ydata[2], last)
+
+    def test_measured_speedup(self):
+        self.assert_gap_in_the_middle(*self.line(False, "speedup_qwen3-30b-a3b.png", "writescope over ktransformers"),
+                                      2.0, 4.0)
+
+    def test_projected_speedup_over_the_best_baseline(self):
+        # At 16K the fastest baseline is unknown (ktransformers failed, fiddler completed).
+        self.assert_gap_in_the_middle(*self.line(True, "projected_speedup_a100-pcie4.png",
+                                                 "qwen3-30b-a3b on a100-pcie4, batch 1, VRAM 24 GiB"), 2.0, 2.5)
+
+
+class SpeedupPanelWithoutAPair(unittest.TestCase):
+    def test_says_so_in_the_panel_and_writes_nothing_on_stderr(self):
+        """WriteScope alone at batch 8: its panel has no line, so no legend (matplotlib would warn) but a note."""
+        specs = [SpeedupPairing.spec("writescope", 20.0), SpeedupPairing.spec("gpu-only", 10.0),
+                 SpeedupPairing.spec("writescope", 30.0, batch=8)]
+        result, _, files = report_on(specs)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr, "")
+        self.assertIn("speedup_qwen3-30b-a3b.png", files)
+        report = report_module()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "results.h5")
+            write_results(path, specs)
+            axes = saved_figures(report, report.load(path), tmp)["speedup_qwen3-30b-a3b.png"].axes
+        self.assertIsNotNone(axes[0].get_legend())
+        self.assertIsNone(axes[1].get_legend())
+        self.assertEqual([text.get_text() for text in axes[1].texts],
+                         ["No speedup: no two systems completed runs at one context here."])
 
 
 class SpeedupPairing(unittest.TestCase):
@@ -1216,6 +1397,17 @@ class InvalidInput(unittest.TestCase):
                 with h5py.File(self.path, "a") as root:
                     change(root["runs/r1"])
                 self.assert_rejected("/runs/r1", *fragments)
+
+    def test_attention_intensity_must_be_positive_and_finite(self):
+        # The roofline divides by it; a zero or NaN dropped the model's point without a word.
+        for value in (0.0, -1.0, math.nan, math.inf):
+            with self.subTest(value=value):
+                shutil.rmtree(self.output, ignore_errors=True)
+                write_results(self.path, run_specs())
+                with h5py.File(self.path, "a") as root:
+                    root["runs/r1"].attrs["attention_fmas_per_byte"] = value
+                self.assert_rejected("/runs/r1: attribute 'attention_fmas_per_byte' must be positive and finite "
+                                     f"(multiply-adds per KV byte), got {value:g}")
 
 
 if __name__ == "__main__":
