@@ -699,6 +699,19 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
       comparison.unpriced.push_back(group + ": " + unusable);
       continue;
     }
+    const std::optional<ConfigNode> machine =
+        reader.has_attribute(g, "machine")
+            ? std::optional(ConfigNode::parse(reader.string_attribute(g, "machine"), results_file + ":" + g + "@machine"))
+            : std::nullopt;
+    // The profile's CPU rates hold at its thread count (`run` only warns of another): such a run priced with
+    // them would show the difference as the model's error. Another profile's CPU (--cpu-from) is priced at its own.
+    if (const int threads = machine ? machine->get_or<int>("host_threads", profile.cpu_threads) : profile.cpu_threads;
+        !cpu_from && threads != profile.cpu_threads) {
+      comparison.unpriced.push_back(group + ": it ran with " + std::to_string(threads) +
+                                    " host threads, the profile's CPU rates are for " +
+                                    std::to_string(profile.cpu_threads));
+      continue;
+    }
     impl::RunFailure failure;
     const std::optional<impl::RunResult> priced =
         impl::attempt_run([&] { return predict_run(config, found->second, profile); }, failure);
@@ -708,10 +721,7 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
     }
     const impl::RunResult& predicted = *priced;
     // Measured on a build without a GPU: the GPU's share ran on the host.
-    if (profile.has_gpu && reader.has_attribute(g, "machine") &&
-        ConfigNode::parse(reader.string_attribute(g, "machine"), results_file + ":" + g + "@machine")
-                .get_or<std::string>("gpu_name", "")
-                .empty())
+    if (profile.has_gpu && machine && machine->get_or<std::string>("gpu_name", "").empty())
       ++comparison.host_only_runs;
     const std::string system = reader.string_attribute(g, "system") +
                                (reader.string_attribute(g, "system") == "writescope"

@@ -548,6 +548,7 @@ TEST_F(PredictFileTest, NeverOverwritesMeasuredRunsAndComparesOnlyMeasuredOnes) 
 
   const PredictionComparison comparison = compare_predictions(measured);
   EXPECT_EQ(comparison.runs, static_cast<int>(expand_runs(small, round_profile()).size()));
+  EXPECT_TRUE(comparison.unpriced.empty());
   EXPECT_EQ(comparison.profile, "test");
   const std::string text = format_comparison(comparison);
   EXPECT_NE(text.find("median error "), std::string::npos) << text;
@@ -715,6 +716,33 @@ TEST_F(PredictFileTest, ComparesEveryMeasuredRunWithTheCpuOfAnotherProfile) {
 // The comparison's figures against runs whose measured steps are set to
 // known errors of the prediction: e = |predicted - measured| / measured per
 // run, its median and worst over the runs and per system.
+// Runs measured with another thread count than the profile's: its CPU rates
+// do not hold for them, so they are named, not priced (with another profile's
+// CPU, --cpu-from, they are priced at its count).
+TEST_F(PredictFileTest, RunsOfAnotherThreadCountThanTheProfilesAreNotCompared) {
+  const std::string measured = (dir_ / "measured.h5").string();
+  std::ostringstream progress;
+  ExperimentConfig small = config();
+  small.contexts = {24};
+  small.vram_budgets = {12u << 20};
+  MachineProfile other_threads = round_profile();
+  other_threads.cpu_threads = HostExecSpace().concurrency() + 5;
+  run_experiment(small, other_threads, progress, false);
+  try {
+    compare_predictions(measured);
+    FAIL() << "runs of another thread count priced with the profile's rates";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(": it ran with " + std::to_string(HostExecSpace().concurrency()) +
+                                         " host threads, the profile's CPU rates are for " +
+                                         std::to_string(other_threads.cpu_threads)),
+              std::string::npos)
+        << e.what();
+  }
+  MachineProfile cpu = round_profile();
+  cpu.cpu_threads = HostExecSpace().concurrency() + 3;  // another machine's count, neither the run's nor the file's
+  EXPECT_EQ(compare_predictions(measured, &cpu).runs, static_cast<int>(expand_runs(small, other_threads).size()));
+}
+
 TEST_F(PredictFileTest, ComparesWithTheMedianAndWorstOfEachRunsRelativeError) {
   ExperimentConfig experiment = config();
   std::ostringstream progress;
