@@ -384,7 +384,9 @@ void launch_prefill(const ExecSpace& space, const AttentionShape& shape, const S
       const HostPrefillLayout layout(tiling, shape.group(), shape.key_dim, shape.value_dim);
       grow(workspace.items, "writescope::attention::prefill_items", work_items, layout.total);
       data.items = workspace.items;
-      launch_parallel_for("writescope::attention::prefill_host", Kokkos::RangePolicy<ExecSpace>(space, 0, work_items),
+      // Items differ in work (a causal tile sees more keys the later it is): taken one at a time, not in
+      // contiguous ranges that leave the last thread the longest.
+      launch_parallel_for("writescope::attention::prefill_host", work_stealing_range(space, work_items),
                           PrefillHostKernel<ExecSpace, Source>{data, layout, host_gemm_path(active_cpu_path())});
       return;
     }
