@@ -64,7 +64,7 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
       root.fail(section, "is given although has_gpu is false; remove it, or set has_gpu: true");
   if (p.has_gpu) {
     const ConfigNode gpu = root.child("gpu");
-    gpu.allow_only({"hbm_gbps", "launch_latency_us", "attention_gbps", "memory"});
+    gpu.allow_only({"hbm_gbps", "launch_latency_us", "attention_gbps", "memory", "fma_glanes"});
     p.hbm_gbps = rate(gpu, "hbm_gbps");
     if (const auto attention = gpu.optional_child("attention_gbps"))
       for (const std::string& shape_name : attention->keys())
@@ -74,6 +74,7 @@ MachineProfile MachineProfile::from_config(const ConfigNode& root) {
       p.gpu_memory_bytes = gpu.get_bytes("memory");
       if (p.gpu_memory_bytes == 0) gpu.fail("memory", "must be a positive byte size such as 16GB");
     }
+    if (gpu.has("fma_glanes")) p.gpu_fma_glanes = rate(gpu, "fma_glanes");
     const ConfigNode link = root.child("link");
     link.allow_only({"pinned_h2d_gbps", "pinned_d2h_gbps", "pageable_h2d_gbps", "pageable_d2h_gbps", "latency_us",
                      "chunk_bytes"});
@@ -167,6 +168,7 @@ std::string MachineProfile::to_yaml() const {
     out << YAML::Key << "gpu" << YAML::Value << YAML::BeginMap << YAML::Key << "hbm_gbps" << YAML::Value << hbm_gbps
         << YAML::Key << "launch_latency_us" << YAML::Value << gpu_launch_latency_s * 1e6;
     if (gpu_memory_bytes > 0) out << YAML::Key << "memory" << YAML::Value << gpu_memory_bytes;
+    if (gpu_fma_glanes > 0) out << YAML::Key << "fma_glanes" << YAML::Value << gpu_fma_glanes;
     if (!gpu_attention_gbps.empty()) {
       out << YAML::Key << "attention_gbps" << YAML::Value << YAML::Flow << YAML::BeginMap;
       for (const auto& [shape, gbps] : gpu_attention_gbps) out << YAML::Key << shape << YAML::Value << gbps;
@@ -284,10 +286,14 @@ double MachineProfile::gpu_attention(const std::string& shape) const {
   return found == gpu_attention_gbps.end() ? hbm_gbps : found->second;
 }
 
-ModelRates ModelRates::from_profile(const MachineProfile& profile, const std::string& shape, int threads) {
+ModelRates ModelRates::from_profile(const MachineProfile& profile, const std::string& shape, int threads,
+                                    double fmas_per_byte) {
   ModelRates r;
   r.has_gpu = profile.has_gpu;
   r.hbm_gbps = profile.gpu_attention(shape);
+  // A measured rate has the GPU's compute in it already.
+  if (profile.gpu_fma_glanes > 0 && fmas_per_byte > 0 && profile.gpu_attention_gbps.count(shape) == 0)
+    r.hbm_gbps = std::min(r.hbm_gbps, profile.gpu_fma_glanes / fmas_per_byte);
   r.link_gbps = profile.pinned_h2d_gbps;
   r.cpu_attention_gbps = profile.cpu_attention(shape, threads);
   r.cpu_streamed_attention_gbps = profile.cpu_streamed_attention(shape, threads);

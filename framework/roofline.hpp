@@ -25,6 +25,11 @@ struct MachineProfile {
   /// The GPU's memory (gpu.memory, a byte size; calibrate: the device's
   /// total): no run's VRAM budget may exceed it. 0 where the profile does not say.
   std::uint64_t gpu_memory_bytes = 0;
+  /// The GPU's fp32 lane-FMAs per second (10^9; gpu.fma_glanes, published):
+  /// caps GPU attention at fma_glanes / (multiply-adds per KV byte) for the
+  /// shapes without a measured gpu_attention_gbps (MLA's 15 per byte is
+  /// compute-bound on a GPU too). 0 where the profile does not say.
+  double gpu_fma_glanes = 0;
   double pinned_h2d_gbps = 0;
   double pinned_d2h_gbps = 0;
   double pageable_h2d_gbps = 0;
@@ -116,7 +121,10 @@ struct ModelRates {
   double link_latency_s = 0;
   double cpu_latency_s = 0;
 
-  static ModelRates from_profile(const MachineProfile& profile, const std::string& shape, int threads);
+  /// `fmas_per_byte`: the shape's lane-FMAs per KV byte (AttentionShape::fmas_per_byte), for the GPU's
+  /// compute cap; 0: none.
+  static ModelRates from_profile(const MachineProfile& profile, const std::string& shape, int threads,
+                                 double fmas_per_byte = 0);
 };
 
 /// KV bytes of one step (one layer, the whole batch) by where they live.

@@ -42,8 +42,9 @@ System first_fit_system(const std::string& name, const SystemContext& context, R
 }
 
 RooflineModel roofline_of(const SystemContext& context) {
-  return RooflineModel(
-      ModelRates::from_profile(context.profile, context.model.attention().name, context.profile.cpu_threads));
+  const AttentionShape shape = context.model.attention();
+  return RooflineModel(ModelRates::from_profile(context.profile, shape.name, context.profile.cpu_threads,
+                                                shape.fmas_per_byte(sizeof(bf16))));
 }
 
 VramUse fixed_vram_of(const SystemContext& context) {

@@ -153,6 +153,21 @@ std::array<std::int64_t, region_count> blocks_per_region(const InplaceKVCache<bf
 // Prefill and decode of two sequences: VRAM takes each layer's first blocks,
 // the rest spills into every other region, each step's attention is split
 // between the two devices, and the logits are the reference model's.
+// The systems' roofline caps GPU attention by the GPU's FMA rate at the
+// model's multiply-adds per KV byte.
+TEST(SystemsRoofline, CapsGpuAttentionByTheGpusMultiplyAdds) {
+  MachineProfile profile = gpu_profile();
+  profile.gpu_fma_glanes = 300;
+  for (const char* name : {"tiny-deepseek-v2", "tiny-mixtral"}) {
+    const ModelConfig config = model_preset(name);
+    const SystemContext context{config, profile, 1, 64, SystemOptions{}};
+    const double fmas_per_byte = config.attention().fmas_per_byte(sizeof(bf16));
+    EXPECT_DOUBLE_EQ(roofline_of(context).rates().hbm_gbps, std::min(profile.hbm_gbps, 300 / fmas_per_byte)) << name;
+  }
+  EXPECT_LT(roofline_of(SystemContext{model_preset("tiny-deepseek-v2"), profile, 1, 64, SystemOptions{}}).rates().hbm_gbps,
+            profile.hbm_gbps);
+}
+
 TEST(WriteScopeWithAGpu, WritesVramFirstSpillsIntoEveryRegionAndSplitsEveryStep) {
   for (const char* model_name : {"tiny-qwen3-moe", "tiny-mixtral", "tiny-deepseek-v2"}) {
     SCOPED_TRACE(model_name);

@@ -205,6 +205,16 @@ TEST_F(ProfileTest, SaveAndLoadRoundTrip) {
   measured.gpu_memory_bytes = std::uint64_t{80} << 30;
   measured.save(path);
   EXPECT_EQ(MachineProfile::load(path).gpu_memory_bytes, std::uint64_t{80} << 30);
+  // The GPU's fp32 FMA rate caps the attention of shapes without a measured rate at
+  // fma_glanes / (FMAs per byte): 30000 / 15 = 2000 GB/s under HBM's 4200 for MLA, not 2 per byte's 15000.
+  EXPECT_DOUBLE_EQ(again.gpu_fma_glanes, 30000);
+  EXPECT_DOUBLE_EQ(ModelRates::from_profile(again, "deepseek-v2-lite", 16, 15).hbm_gbps, 2000);
+  EXPECT_DOUBLE_EQ(ModelRates::from_profile(again, "mixtral-8x7b", 16, 2).hbm_gbps, again.hbm_gbps);
+  EXPECT_DOUBLE_EQ(ModelRates::from_profile(again, "deepseek-v2-lite", 16).hbm_gbps, again.hbm_gbps);
+  EXPECT_DOUBLE_EQ(ModelRates::from_profile(with_gpu_rate, "qwen3-30b-a3b", 16, 1e3).hbm_gbps, 180);  // measured
+  measured.gpu_fma_glanes = 1234;
+  measured.save(path);
+  EXPECT_DOUBLE_EQ(MachineProfile::load(path).gpu_fma_glanes, 1234);
 }
 
 // Latencies are kept in seconds and written in microseconds: the text shows
@@ -273,7 +283,9 @@ cpu: {threads: 4, dram_read_gbps: 20, fma_glanes: 100, expert_gbps: 10, expert_g
            {"hbm_gbps: 1000", "hbm_gbps: 1000, launch_latency_us: 1e30", "gpu.launch_latency_us",
             "must be a number of microseconds in [0, 1000000], got 1e+30"},
            {"threads: 4", "threads: 100000", "cpu.threads", "must be in [1, 512], got 100000"},
-           {"hbm_gbps: 1000", "hbm_gbps: 1000, memory: 0", "gpu.memory", "must be a positive byte size such as 16GB"}}) {
+           {"hbm_gbps: 1000", "hbm_gbps: 1000, memory: 0", "gpu.memory", "must be a positive byte size such as 16GB"},
+           {"hbm_gbps: 1000", "hbm_gbps: 1000, fma_glanes: 0", "gpu.fma_glanes",
+            "must be a rate in [0.001, 100000] (G/s), got 0"}}) {
     std::string text = base;
     text.replace(text.find("pageable_d2h_gbps: -8"), 21, "pageable_d2h_gbps: 8");
     text.replace(text.find(from), from.size(), to);
