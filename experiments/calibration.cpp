@@ -463,12 +463,28 @@ double decode_kv_bytes(const AttentionShape& shape, std::int64_t tokens) {
 
 }  // namespace
 
+namespace {
+
+/// rotated_caches' copies of `tokens` tokens of `shape`.
+int rotated_copies(const AttentionShape& shape, std::int64_t tokens) {
+  constexpr double rotated_bytes = 512.0 * (1 << 20);
+  // At most 64 copies: short sequences (a quick calibration) stay quick and still exceed the LLC.
+  return std::min(64, static_cast<int>(std::ceil(rotated_bytes / decode_kv_bytes(shape, tokens))));
+}
+
+}  // namespace
+
+std::uint64_t rotated_cache_bytes(std::int64_t tokens) {
+  double most = 0;
+  for (const AttentionShape& shape : supported_attention_shapes())
+    most = std::max(most, rotated_copies(shape, tokens) * decode_kv_bytes(shape, tokens));
+  return static_cast<std::uint64_t>(most);
+}
+
 RotatedCaches rotated_caches(const AttentionShape& shape, Region region, std::int64_t tokens) {
   if (tokens < 1)
     throw std::invalid_argument("rotated_caches: tokens must be positive, got " + std::to_string(tokens));
-  constexpr double rotated_bytes = 512.0 * (1 << 20);
-  // At most 64 copies: short sequences (a quick calibration) stay quick and still exceed the LLC.
-  const int copies = std::min(64, static_cast<int>(std::ceil(rotated_bytes / decode_kv_bytes(shape, tokens))));
+  const int copies = rotated_copies(shape, tokens);
   RotatedCaches rotated;
   for (int c = 0; c < copies; ++c) {
     rotated.caches.push_back(filled_cache(shape, region, tokens));

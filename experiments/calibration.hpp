@@ -165,6 +165,9 @@ struct RotatedCaches {
   int copies() const { return static_cast<int>(caches.size()); }
 };
 RotatedCaches rotated_caches(const AttentionShape& shape, Region region, std::int64_t tokens);
+/// The KV bytes rotated_caches holds for `tokens` tokens of the supported
+/// shape that needs most: what one attention measurement allocates at once.
+std::uint64_t rotated_cache_bytes(std::int64_t tokens);
 
 /// CPU decode attention over `tokens` tokens read from DRAM (rotated_caches):
 /// over CpuResident's head-major blocks in host memory for
