@@ -589,6 +589,12 @@ std::pair<std::string, std::string> checkpoint_files(const SafetensorsCheckpoint
       throw CheckpointError(file + ": cannot be examined (" + std::strerror(errno) + ")");
     described += (described.empty() ? "" : "; ") + std::filesystem::path(file).filename().string() + ": " +
                  std::to_string(status.st_size) + " bytes, modified " + utc_time(status.st_mtime);
+    // Its own record of what wrote it (a synthetic checkpoint's seed and build), where it has one.
+    if (const auto found = checkpoint.metadata().find(file); found != checkpoint.metadata().end()) {
+      std::string entries;
+      for (const auto& [key, value] : found->second) entries += (entries.empty() ? "" : ", ") + key + ": " + value;
+      described += " (metadata: " + entries + ")";
+    }
   }
   for (const std::string& dtype : dtypes) stored += (stored.empty() ? "" : ", ") + dtype;
   return {described, stored};

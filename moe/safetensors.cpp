@@ -257,6 +257,7 @@ void SafetensorsCheckpoint::add_file(const std::string& file_name) {
       for (const auto& item : entry.second)
         strings = strings && item.second.IsScalar() && item.second.Tag() == "!";
       if (!strings) throw CheckpointError(path + ": __metadata__ must map strings to strings");
+      for (const auto& item : entry.second) metadata_[path][item.first.Scalar()] = item.second.Scalar();
       continue;
     }
     const std::string where = path + ": tensor '" + name + "'";
@@ -373,11 +374,21 @@ template std::vector<float> SafetensorsCheckpoint::read<float>(const std::string
 template std::vector<bf16> SafetensorsCheckpoint::read<bf16>(const std::string&,
                                                             const std::vector<std::int64_t>&) const;
 
-void write_safetensors(const std::string& path, const std::map<std::string, TensorToWrite>& tensors) {
+void write_safetensors(const std::string& path, const std::map<std::string, TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
   std::ostringstream header;
   header << "{";
   std::uint64_t offset = 0;
   bool first = true;
+  if (!metadata.empty()) {
+    header << "\"__metadata__\":{";
+    for (const auto& [key, value] : metadata) {
+      header << (first ? "" : ",") << "\"" << json_escape(key) << "\":\"" << json_escape(value) << "\"";
+      first = false;
+    }
+    header << "}";
+    first = false;
+  }
   for (const auto& [name, t] : tensors) {
     std::int64_t elements = 1;
     for (auto d : t.shape) elements *= d;

@@ -48,6 +48,8 @@ class SafetensorsCheckpoint {
   bool contains(const std::string& tensor) const { return tensors_.count(tensor) != 0; }
   const TensorInfo& info(const std::string& tensor) const;
   std::vector<std::string> names() const;
+  /// Each file's `__metadata__` (strings to strings), by file path; files without one are absent.
+  const std::map<std::string, std::map<std::string, std::string>>& metadata() const noexcept { return metadata_; }
 
   /// Reads `tensor`, which must have exactly `expected_shape`, converted to
   /// float or bf16 (bf16 to float is exact; float to bf16 rounds to nearest even).
@@ -59,6 +61,7 @@ class SafetensorsCheckpoint {
 
   std::string folder_;
   std::map<std::string, TensorInfo> tensors_;
+  std::map<std::string, std::map<std::string, std::string>> metadata_;
 };
 
 /// A tensor to write: float values stored as `dtype`.
@@ -68,8 +71,9 @@ struct TensorToWrite {
   std::vector<float> values;
 };
 
-/// Writes one safetensors file (tests, tools, synthetic checkpoints).
-void write_safetensors(const std::string& path, const std::map<std::string, TensorToWrite>& tensors);
+/// Writes one safetensors file (tests, tools, synthetic checkpoints), with `metadata` as its `__metadata__`.
+void write_safetensors(const std::string& path, const std::map<std::string, TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
 
 extern template std::vector<float> SafetensorsCheckpoint::read<float>(const std::string&,
                                                                      const std::vector<std::int64_t>&) const;

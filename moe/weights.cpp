@@ -224,7 +224,10 @@ void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& co
     std::map<std::string, TensorToWrite> tensors;
     for (const TensorSpec& spec : weight_specs(config))
       tensors[spec.name] = TensorToWrite{dtype, spec.shape, synthetic_tensor<float>(spec, seed)};
-    write_safetensors(weights_path.string(), tensors);
+    // What rebuilds the weights, once the folder is all that is left of them.
+    write_safetensors(weights_path.string(), tensors,
+                      {{"writer", "writescope make-checkpoint"}, {"model", config.name},
+                       {"seed", std::to_string(seed)}, {"git_revision", git_revision()}});
     const std::filesystem::path partial = config_path.string() + ".partial";
     std::ofstream config_file(partial, std::ios::binary | std::ios::trunc);
     if (!config_file) throw CheckpointError(partial.string() + ": cannot create the file");

@@ -39,9 +39,10 @@ execute_process(COMMAND ${COMMAND} generate --model ${FOLDER} --prompt 3 --new-t
 if(NOT status EQUAL 2 OR NOT err MATCHES "generate: --layers, --hidden-scale and --seed apply to synthetic models, not to checkpoint")
   message(FATAL_ERROR "--seed with a checkpoint (${status}): ${err}")
 endif()
-# A logits file says which weights ran: the files with their sizes and times,
-# the dtypes stored, and config.json itself (f16 and bf16 files of one seed
-# give other logits).
+# A logits file says which weights ran: the files with their sizes and times
+# and what their own metadata says wrote them (a synthetic checkpoint's seed
+# and build), the dtypes stored, and config.json itself (f16 and bf16 files of
+# one seed give other logits).
 make_checkpoint(--dtype f16)
 execute_process(COMMAND ${COMMAND} generate --model ${FOLDER} --prompt 3,1 --new-tokens 2 --logits ${FOLDER}.h5
   RESULT_VARIABLE status ERROR_VARIABLE err)
@@ -55,7 +56,7 @@ print(g.attrs['weights_dtypes'], '|', g.attrs['weights_files'], '|', 'torch_dtyp
 " ${FOLDER}.h5 RESULT_VARIABLE status OUTPUT_VARIABLE described ERROR_VARIABLE err)
 file(REMOVE ${FOLDER}.h5 ${FOLDER}.h5.lock)
 if(NOT status EQUAL 0 OR NOT described MATCHES
-   "^F16 [|] model.safetensors: [0-9]+ bytes, modified 20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9:]+Z [|] True")
+   "^F16 [|] model.safetensors: [0-9]+ bytes, modified 20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9:]+Z \\(metadata: git_revision: [0-9a-f]+[a-z-]*, model: tiny-qwen3-moe, seed: 7, writer: writescope make-checkpoint\\) [|] True")
   message(FATAL_ERROR "the logits file's weights (${status}): ${described}${err}")
 endif()
 # A damaged checkpoint is refused before a new logits file is made (no empty file left behind).

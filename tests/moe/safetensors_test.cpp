@@ -44,9 +44,11 @@ TEST_F(SafetensorsTest, EveryDTypeRoundTrips) {
   tensors["a.f32"] = {TensorDType::f32, {2, 3}, {1.5f, -2.25f, 3e-30f, 4.0f, 1e30f, -0.0f}};
   tensors["b.f16"] = {TensorDType::f16, {4, 5}, exact_values(20)};
   tensors["c.bf16"] = {TensorDType::bf16, {20}, exact_values(20)};
-  write_safetensors((dir_ / "model.safetensors").string(), tensors);
+  write_safetensors((dir_ / "model.safetensors").string(), tensors, {{"seed", "7"}, {"quote\"d", "a\\b"}});
   const SafetensorsCheckpoint checkpoint(dir_.string());
-  EXPECT_EQ(checkpoint.names().size(), 3u);
+  EXPECT_EQ(checkpoint.names().size(), 3u);  // __metadata__ is no tensor
+  EXPECT_EQ(checkpoint.metadata().at((dir_ / "model.safetensors").string()),
+            (std::map<std::string, std::string>{{"seed", "7"}, {"quote\"d", "a\\b"}}));
   EXPECT_EQ(checkpoint.info("b.f16").dtype, TensorDType::f16);
   EXPECT_EQ(checkpoint.read<float>("a.f32", {2, 3}), tensors["a.f32"].values);
   EXPECT_EQ(checkpoint.read<float>("b.f16", {4, 5}), tensors["b.f16"].values);

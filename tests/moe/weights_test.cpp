@@ -8,7 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <numeric>
+
+#include "framework/machine.hpp"
 
 namespace writescope {
 namespace {
@@ -62,6 +65,13 @@ TEST(Weights, SyntheticCheckpointsLoadBackForEachArchitecture) {
     EXPECT_EQ(read.name, config.name);
     const SafetensorsCheckpoint checkpoint(dir.string());
     EXPECT_TRUE(unused_tensors(checkpoint, read).empty()) << name;
+    // The file says what rebuilds it: the writer, the model, the seed and the build.
+    EXPECT_EQ(checkpoint.metadata().at((dir / "model.safetensors").string()),
+              (std::map<std::string, std::string>{{"git_revision", git_revision()},
+                                                  {"model", config.name},
+                                                  {"seed", "3"},
+                                                  {"writer", "writescope make-checkpoint"}}))
+        << name;
     // A config that leaves weights out (one layer fewer) names them.
     ModelConfig fewer_layers = read;
     fewer_layers.layers -= 1;
