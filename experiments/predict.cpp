@@ -720,6 +720,14 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
       continue;
     }
     const impl::RunResult& predicted = *priced;
+    // Another profile's CPU may change a system's own choices (MoE-Lightning's micro-batches): such a run
+    // priced would be another run than the one measured.
+    if (reader.has_attribute(g, "micro_batches") && reader.int_attribute(g, "micro_batches") != predicted.micro_batches) {
+      comparison.unpriced.push_back(group + ": it ran " + std::to_string(reader.int_attribute(g, "micro_batches")) +
+                                    " micro-batches, the profile's CPU would choose " +
+                                    std::to_string(predicted.micro_batches));
+      continue;
+    }
     // Measured on a build without a GPU: the GPU's share ran on the host.
     if (profile.has_gpu && machine && machine->get_or<std::string>("gpu_name", "").empty())
       ++comparison.host_only_runs;

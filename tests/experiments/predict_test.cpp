@@ -743,6 +743,41 @@ TEST_F(PredictFileTest, RunsOfAnotherThreadCountThanTheProfilesAreNotCompared) {
   EXPECT_EQ(compare_predictions(measured, &cpu).runs, static_cast<int>(expand_runs(small, other_threads).size()));
 }
 
+// With another profile's CPU a system may choose otherwise (MoE-Lightning's
+// micro-batches, here one where the CPU's launches cost a second): that run
+// is named, not priced as if it were the one measured.
+TEST_F(PredictFileTest, RunsWhoseChoicesAnotherCpuWouldChangeAreNotCompared) {
+  const std::string measured = (dir_ / "measured.h5").string();
+  std::ostringstream progress;
+  const ExperimentConfig lightning = ExperimentConfig::from_config(ConfigNode::parse(
+      "name: projected\noutput: " + measured + "\nprofile: test\nmodels:\n  - {preset: tiny-mixtral}\n"
+      "systems: [moe-lightning]\nbatch_sizes: [2]\ncontexts: [24]\nmax_sequence_tokens: 404\n"
+      "budgets: {vram: 12MiB, pinned: 8MiB, host: 24MiB}\nsteps: {warmup: 1, measured: 3}\nblock_tokens: 8\n",
+      "lightning.yaml"));
+  // A slow CPU attention and free launches: two micro-batches overlap it with the GPU's work.
+  MachineProfile slow_attention = round_profile();
+  slow_attention.gpu_launch_latency_s = slow_attention.cpu_launch_latency_s = 0;
+  for (auto* rates : {&slow_attention.cpu_attention_gbps, &slow_attention.cpu_streamed_attention_gbps})
+    for (auto& [shape, by_threads] : *rates)
+      for (auto& [threads, gbps] : by_threads) gbps = 1e-3;
+  run_experiment(lightning, slow_attention, progress, false);
+  const ResultsReader reader(measured);
+  const std::string run = "/runs/" + reader.list("/runs").front();
+  ASSERT_EQ(reader.int_attribute(run, "micro_batches"), 2);
+  EXPECT_EQ(compare_predictions(measured).runs, 1);
+  MachineProfile slow_launches = round_profile();
+  slow_launches.cpu_launch_latency_s = 1;
+  try {
+    compare_predictions(measured, &slow_launches);
+    FAIL() << "a run priced with micro-batches other than it ran";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(": it ran " + std::to_string(reader.int_attribute(run, "micro_batches")) +
+                                         " micro-batches, the profile's CPU would choose 1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(PredictFileTest, ComparesWithTheMedianAndWorstOfEachRunsRelativeError) {
   ExperimentConfig experiment = config();
   std::ostringstream progress;
