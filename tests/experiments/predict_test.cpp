@@ -422,6 +422,13 @@ class PredictFileTest : public ::testing::Test {
                              "steps: {warmup: 1, measured: 3}\nblock_tokens: 8\n";
     return ExperimentConfig::from_config(ConfigNode::parse(yaml, "projected.yaml"));
   }
+  /// config() at one context and VRAM budget: the runs a comparison test measures.
+  ExperimentConfig small_config() const {
+    ExperimentConfig small = config();
+    small.contexts = {24};
+    small.vram_budgets = {12u << 20};
+    return small;
+  }
 
   const test::ScratchDir scratch_{"predict"};
   const fs::path dir_ = scratch_.path();
@@ -533,9 +540,7 @@ TEST_F(PredictFileTest, ABudgetOverTheProfilesGpuMemoryFitsNoSystem) {
 TEST_F(PredictFileTest, NeverOverwritesMeasuredRunsAndComparesOnlyMeasuredOnes) {
   const std::string measured = (dir_ / "measured.h5").string();
   std::ostringstream progress;
-  ExperimentConfig small = config();
-  small.contexts = {24};
-  small.vram_budgets = {12u << 20};
+  const ExperimentConfig small = small_config();
   run_experiment(small, round_profile(), progress, false);
   const std::string before = ResultsReader(measured).checksum("/runs");
   try {
@@ -722,9 +727,7 @@ TEST_F(PredictFileTest, ComparesEveryMeasuredRunWithTheCpuOfAnotherProfile) {
 TEST_F(PredictFileTest, RunsOfAnotherThreadCountThanTheProfilesAreNotCompared) {
   const std::string measured = (dir_ / "measured.h5").string();
   std::ostringstream progress;
-  ExperimentConfig small = config();
-  small.contexts = {24};
-  small.vram_budgets = {12u << 20};
+  const ExperimentConfig small = small_config();
   MachineProfile other_threads = round_profile();
   other_threads.cpu_threads = HostExecSpace().concurrency() + 5;
   run_experiment(small, other_threads, progress, false);
