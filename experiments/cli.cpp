@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cmath>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -898,6 +899,10 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     store.reset();
     std::filesystem::remove(options["--logits"]);
   };
+  // A full-size model's weights take minutes to make or read, with nothing else to show for them.
+  log_info("generate: ", from_checkpoint ? "reading" : "making", " the weights (",
+           format_byte_size(config.parameters() * sizeof(bf16)), " as bf16) ...");
+  const auto build_started = std::chrono::steady_clock::now();
   MoeModel model = [&] {
     try {
       if (!from_checkpoint) return MoeModel::synthetic(config, seed, model_options);
@@ -920,6 +925,8 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
       throw;
     }
   }();
+  const double build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - build_started).count();
+  log_info("generate: weights ready in ", std::round(build_seconds * 10) / 10, " s");
   // Known now, found otherwise only when the blocks run out: the budgets' KV blocks against the positions'.
   const std::int64_t positions = static_cast<std::int64_t>(prompt.size()) + new_tokens;
   const std::int64_t blocks_per_layer = (positions + block_tokens - 1) / block_tokens;
