@@ -985,18 +985,26 @@ def replace_earlier_report(output, staging, written):
     `output`, and removes the files the earlier report's manifest lists that this one does not write again, so
     that none of its figures stays beside this report's. Returns earlier_report_files()."""
     removed, unlisted = earlier_report_files(output)
+    # First a list of both reports' files: a move or removal that fails (or a Ctrl-C) then leaves no file of
+    # either that the next report would not remove. report.md goes last, once every figure it names is in.
+    union = os.path.join(staging, MANIFEST + ".both")
+    write_manifest(staging, sorted(set(removed) | set(written)), union)
+    os.replace(union, os.path.join(output, MANIFEST))
     for name in written:
-        os.replace(os.path.join(staging, name), output_path(output, name))
+        if name != "report.md":
+            os.replace(os.path.join(staging, name), output_path(output, name))
     for name in removed:
         if name not in written:
             os.remove(os.path.join(output, name))
+    os.replace(os.path.join(staging, "report.md"), output_path(output, "report.md"))
     os.replace(os.path.join(staging, MANIFEST), os.path.join(output, MANIFEST))
     return removed, unlisted
 
 
-def write_manifest(folder, written):
-    """Lists `written`, the files this report wrote, for the next report in its folder (replace_earlier_report)."""
-    with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as listing:
+def write_manifest(folder, written, path=None):
+    """Lists `written`, the files this report wrote, for the next report in its folder (replace_earlier_report),
+    in `path` (default: the folder's manifest)."""
+    with open(path or os.path.join(folder, MANIFEST), "w", encoding="utf-8") as listing:
         listing.write("".join(f"{line}\n" for line in [MANIFEST_HEADING, *written]))
 
 

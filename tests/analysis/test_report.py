@@ -715,6 +715,29 @@ class EarlierReportInTheFolder(unittest.TestCase):
         self.assertEqual(self.report(self.measured, output), "")
         self.assertEqual(set(os.listdir(output)), self.fresh[self.measured])
 
+    def test_a_report_stopped_while_moving_in_leaves_no_file_the_next_would_keep(self):
+        # A projected report over a measured one, stopped (Ctrl-C) as it moves report.md in: the folder's list
+        # names both reports' files, so the next measured report leaves exactly its own.
+        output = self.folder("report-stopped")
+        self.report(self.measured, output)
+        report = report_module()
+        replace = os.replace
+
+        def stopped_at_report_md(source, target):
+            if os.path.basename(target) == "report.md":
+                raise KeyboardInterrupt
+            replace(source, target)
+        report.os.replace = stopped_at_report_md
+        try:
+            with self.assertRaises(KeyboardInterrupt), contextlib.redirect_stderr(io.StringIO()):
+                report.main([self.projected, "-o", output])
+        finally:
+            report.os.replace = replace
+        self.assertTrue(any(name.startswith("projected_speedup_") for name in os.listdir(output)))
+        self.assertIn("removed 14 files of an earlier report that this one does not write: ",
+                      self.report(self.measured, output))
+        self.assertEqual(set(os.listdir(output)), self.fresh[self.measured])
+
     def test_every_name_goes_through_the_list_of_the_reports_files(self):
         report = report_module()
         self.assertTrue(report.own_file("speedup_qwen3-30b-a3b_on_a100-pcie4-2.png"))
