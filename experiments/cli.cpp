@@ -377,16 +377,16 @@ int calibrate_command(const std::vector<std::string>& args, std::ostream& out) {
                                                                   calibration_block_tokens, std::int64_t{1} << 24);
   // What one attention measurement holds at once (the GPU's reads 8 times the tokens): refused before any
   // measurement, not by the allocator after minutes of them.
-  const auto too_large = [&](const char* memory, std::uint64_t needed, std::uint64_t available) {
+  const auto too_large = [&](const char* memory, std::uint64_t needed, std::uint64_t available, const char* what) {
     if (needed > available)
       throw UsageError("calibrate: --tokens " + std::to_string(calibration.attention_tokens) + " needs " +
                        format_byte_size(needed) + " of " + memory + " for one attention measurement's KV, but this "
-                       "machine has " + format_byte_size(available) + " available");
+                       "machine has " + format_byte_size(available) + what);
   };
-  too_large("host memory", rotated_cache_bytes(calibration.attention_tokens), available_host_memory());
+  too_large("host memory", rotated_cache_bytes(calibration.attention_tokens), available_host_memory(), " available");
 #ifdef KOKKOS_ENABLE_CUDA
   too_large("GPU memory", rotated_cache_bytes(8 * calibration.attention_tokens),
-            static_cast<std::uint64_t>(MachineDescription::detect().gpu_memory_bytes));
+            static_cast<std::uint64_t>(MachineDescription::detect().gpu_memory_bytes), " in all");
 #endif
   if (options.count("--thread-counts")) {
     // getline drops a trailing empty entry: "1," would calibrate 1 alone, silently.

@@ -23,6 +23,9 @@ namespace fs = std::filesystem;
 /// A GPU machine of round numbers (a projection prices a GPU machine in any build).
 MachineProfile round_profile() {
   MachineProfile p = test::tiny_profile();
+  // The process's own count, which its runs record: `predict --compare` prices only runs of the profile's
+  // count (the rates are those of 2 threads at 2 or more).
+  p.cpu_threads = HostExecSpace().concurrency();
   p.has_gpu = true;
   p.hbm_gbps = 100;
   p.gpu_attention_gbps.clear();
@@ -718,9 +721,6 @@ TEST_F(PredictFileTest, ComparesEveryMeasuredRunWithTheCpuOfAnotherProfile) {
   EXPECT_NE(none_text.find("not compared: " + runs[0] + ": it has no step_seconds"), std::string::npos) << none_text;
 }
 
-// The comparison's figures against runs whose measured steps are set to
-// known errors of the prediction: e = |predicted - measured| / measured per
-// run, its median and worst over the runs and per system.
 // Runs measured with another thread count than the profile's: its CPU rates
 // do not hold for them, so they are named, not priced (with another profile's
 // CPU, --cpu-from, they are priced at its count).
@@ -781,6 +781,9 @@ TEST_F(PredictFileTest, RunsWhoseChoicesAnotherCpuWouldChangeAreNotCompared) {
   }
 }
 
+// The comparison's figures against runs whose measured steps are set to
+// known errors of the prediction: e = |predicted - measured| / measured per
+// run, its median and worst over the runs and per system.
 TEST_F(PredictFileTest, ComparesWithTheMedianAndWorstOfEachRunsRelativeError) {
   ExperimentConfig experiment = config();
   std::ostringstream progress;

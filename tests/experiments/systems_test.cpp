@@ -150,9 +150,6 @@ std::array<std::int64_t, region_count> blocks_per_region(const InplaceKVCache<bf
   return blocks;
 }
 
-// Prefill and decode of two sequences: VRAM takes each layer's first blocks,
-// the rest spills into every other region, each step's attention is split
-// between the two devices, and the logits are the reference model's.
 // The systems' roofline caps GPU attention by the GPU's FMA rate at the
 // model's multiply-adds per KV byte.
 TEST(SystemsRoofline, CapsGpuAttentionByTheGpusMultiplyAdds) {
@@ -168,6 +165,9 @@ TEST(SystemsRoofline, CapsGpuAttentionByTheGpusMultiplyAdds) {
             profile.hbm_gbps);
 }
 
+// Prefill and decode of two sequences: VRAM takes each layer's first blocks,
+// the rest spills into every other region, each step's attention is split
+// between the two devices, and the logits are the reference model's.
 TEST(WriteScopeWithAGpu, WritesVramFirstSpillsIntoEveryRegionAndSplitsEveryStep) {
   for (const char* model_name : {"tiny-qwen3-moe", "tiny-mixtral", "tiny-deepseek-v2"}) {
     SCOPED_TRACE(model_name);
