@@ -988,7 +988,7 @@ def replace_earlier_report(output, staging, written):
     # First a list of both reports' files: a move or removal that fails (or a Ctrl-C) then leaves no file of
     # either that the next report would not remove. report.md goes last, once every figure it names is in.
     union = os.path.join(staging, MANIFEST + ".both")
-    write_manifest(staging, sorted(set(removed) | set(written)), union)
+    write_manifest(union, sorted(set(removed) | set(written)))
     os.replace(union, os.path.join(output, MANIFEST))
     for name in written:
         if name != "report.md":
@@ -1001,10 +1001,10 @@ def replace_earlier_report(output, staging, written):
     return removed, unlisted
 
 
-def write_manifest(folder, written, path=None):
-    """Lists `written`, the files this report wrote, for the next report in its folder (replace_earlier_report),
-    in `path` (default: the folder's manifest)."""
-    with open(path or os.path.join(folder, MANIFEST), "w", encoding="utf-8") as listing:
+def write_manifest(path, written):
+    """Lists `written`, the files a report wrote, in `path`, for the next report in its folder
+    (replace_earlier_report)."""
+    with open(path, "w", encoding="utf-8") as listing:
         listing.write("".join(f"{line}\n" for line in [MANIFEST_HEADING, *written]))
 
 
@@ -1710,7 +1710,7 @@ def main(argv=None):
             with open(output_path(staging, "report.md"), "w", encoding="utf-8") as out:
                 out.write(report_markdown(results, figures, args.min_context))
             written = ["report.md", *(name for name, _ in figures)]
-            write_manifest(staging, written)
+            write_manifest(os.path.join(staging, MANIFEST), written)
             removed, unlisted = replace_earlier_report(args.output, staging, written)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
