@@ -142,15 +142,21 @@ struct StepRates {
 /// Adds the attention of one plan to `record`; returns its timings as SplitDecode reports them (what
 /// the KV policy's feedback observes). Streamed bytes are the tokens' (the KV policy's unit), where
 /// StreamedDecode copies whole blocks: a partly filled last block is underpriced (README, Projection).
-SplitTimings price_attention(const StepRates& r, const StepBytes& bytes, double cpu_movable, LayerRecord& record) {
+/// `copies_in_flight`: link seconds of expert prefetch copies still running when the attention starts.
+/// They share the link with the streamed KV, each at half its rate while both run, so both end
+/// `shared_link_seconds` later than alone (the caller delays its copies by as much).
+SplitTimings price_attention(const StepRates& r, const StepBytes& bytes, double cpu_movable, double copies_in_flight,
+                             LayerRecord& record, double& shared_link_seconds) {
   SplitTimings t;
   const double streamed = bytes.movable - cpu_movable;
-  if (streamed > 0) t.streamed_seconds = streamed / (r.link_gbps * 1e9) + r.link_latency_s;
+  const double transfer = streamed > 0 ? streamed / (r.link_gbps * 1e9) : 0.0;
+  shared_link_seconds = std::min(copies_in_flight, transfer);
+  if (streamed > 0) t.streamed_seconds = transfer + shared_link_seconds + r.link_latency_s;
   if (r.has_gpu) {
     const SplitPrediction p = r.roofline.predict(bytes, cpu_movable, r.fmas_per_byte, 0);
-    t.gpu_seconds = p.gpu_seconds;
+    t.gpu_seconds = p.gpu_seconds + shared_link_seconds;
     t.cpu_seconds = p.cpu_seconds;
-    t.step_seconds = p.step_seconds;
+    t.step_seconds = std::max(t.gpu_seconds, p.cpu_seconds);
     // The resident kernel's own time is known when it ends after the streamed path beside it.
     const double resident = bytes.gpu_resident / (r.roofline.rates().hbm_gbps * 1e9) + r.roofline.rates().gpu_latency_s;
     if (bytes.gpu_resident > 0 && resident >= t.streamed_seconds) t.resident_seconds = resident;
@@ -278,7 +284,12 @@ class PlanningModel {
       for (int g = 0; g < groups; ++g) {
         const std::vector<int> part(sequences.begin() + rows * g / groups, sequences.begin() + rows * (g + 1) / groups);
         LayerRecord stage;
-        attention_stage[g] = attend(layer, part, stage) + layer_dense(layer, static_cast<int>(part.size()));
+        // The previous layer's prefetch copies run beside the first part's attention. (A later part's
+        // would need the timeline first; only MoE-Lightning runs several, and it streams no KV.)
+        double shared_link_seconds = 0;
+        attention_stage[g] = attend(layer, part, g == 0 ? prefetch_wait_ : 0.0, stage, shared_link_seconds) +
+                             layer_dense(layer, static_cast<int>(part.size()));
+        prefetch_wait_ += shared_link_seconds;
         ffn_stage[g] = feed_forward(layer, static_cast<int>(part.size()), stage, issued[g]);
         record.add(stage);
       }
@@ -310,8 +321,10 @@ class PlanningModel {
       if (l.slot >= 0) residency_.assign(l.slot, l.layer, l.expert);
   }
 
-  /// Appends one token to each of `part` and prices its attention; returns the stage's seconds.
-  double attend(int layer, const std::vector<int>& part, LayerRecord& record) {
+  /// Appends one token to each of `part` and prices its attention beside `copies_in_flight` link seconds
+  /// of prefetch copies (price_attention); returns the stage's seconds.
+  double attend(int layer, const std::vector<int>& part, double copies_in_flight, LayerRecord& record,
+                double& shared_link_seconds) {
     std::vector<TokenRange> ranges;
     for (int sequence : part) {
       append(layer, sequence, 1, true);
@@ -327,7 +340,8 @@ class PlanningModel {
     record.region_bytes[int(Region::cpu_resident)] += bytes.cpu_resident;
     record.region_bytes[int(Region::cpu_streamed)] += cpu_movable;
     record.predicted_attention += prediction.step_seconds;
-    const SplitTimings timings = price_attention(rates_, bytes, cpu_movable, record);
+    const SplitTimings timings =
+        price_attention(rates_, bytes, cpu_movable, copies_in_flight, record, shared_link_seconds);
     // The runtime's feedback, with the priced times as the measurement.
     kv_policy_->observe(plan, timings);
     return timings.step_seconds;

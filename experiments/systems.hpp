@@ -5,6 +5,7 @@
 // in systems/ says what the original does and what the reproduction keeps.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,10 +67,13 @@ System make_system(const std::string& name, const SystemContext& context);
 System first_fit_system(const std::string& name, const SystemContext& context, Region spill, bool use_vram,
                         std::shared_ptr<ExpertPolicy> experts);
 
-/// WriteScope's own expert policy for `context`, picked before the run by its
-/// roofline model: the baseline policy (fiddler, ktransformers, hybrimoe)
-/// whose expert phase plus the attention its expert slots leave room for is
-/// predicted fastest. Uses only the profile, the budgets and the context.
+/// WriteScope's decode step with each baseline's expert policy (fiddler,
+/// ktransformers, hybrimoe) as its roofline model predicts it from the profile,
+/// the budgets and the context alone: the expert phase plus the attention its
+/// expert slots leave room for, in seconds per step, by policy name.
+std::map<std::string, double> writescope_expert_estimates(const SystemContext& context);
+/// WriteScope's own expert policy for `context`, picked before the run: the
+/// one writescope_expert_estimates predicts fastest.
 std::string writescope_expert_choice(const SystemContext& context);
 
 /// The roofline model of `context`'s machine and model shape.

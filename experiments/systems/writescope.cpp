@@ -38,7 +38,7 @@ System make_writescope(const SystemContext& context) {
   return system;
 }
 
-std::string writescope_expert_choice(const SystemContext& context) {
+std::map<std::string, double> writescope_expert_estimates(const SystemContext& context) {
   const ModelConfig& c = context.model;
   const ExpertCosts costs = expert_costs_of(context);
   const RooflineModel roofline = roofline_of(context);
@@ -56,8 +56,7 @@ std::string writescope_expert_choice(const SystemContext& context) {
   const double kv_per_layer =
       batch * context.context * static_cast<double>(shape.kv_bytes_per_token(sizeof(bf16)));
 
-  std::string best;
-  double best_seconds = std::numeric_limits<double>::infinity();
+  std::map<std::string, double> estimates;
   for (const std::string& policy : expert_policy_names()) {
     const double slots =
         policy == "ktransformers"
@@ -73,20 +72,36 @@ std::string writescope_expert_choice(const SystemContext& context) {
     }
     const double vram_kv = std::max(0.0, free_vram - slots * costs.expert_bytes) / c.layers;
     const StepBytes bytes{std::min(kv_per_layer, vram_kv), 0, std::max(0.0, kv_per_layer - vram_kv)};
-    const double attention = roofline.best_split(bytes, shape.fmas_per_byte(sizeof(bf16)), 0).step_seconds;
+    const SplitPrediction split = roofline.best_split(bytes, shape.fmas_per_byte(sizeof(bf16)), 0);
+    double attention = split.step_seconds;
     if (policy == "hybrimoe") {
       // The greedy split balances the devices: the GPU takes m loaded experts beside its resident ones.
       const double others = (1 - resident) * active;
       const double m = std::clamp((others * cpu - resident * active * gpu) / (loaded + cpu), 0.0, others);
       expert_seconds = std::max(resident * active * gpu + (m > 0 ? m * loaded : 0.0), (others - m) * cpu);
       // Its prefetch copies the next layer's likely experts that are not cached beside that layer's
-      // attention; what the attention does not hide, the experts wait for.
-      if (costs.has_gpu && resident < 1)
-        expert_seconds += std::max(0.0, prefetch * (1 - resident) * costs.transfer_seconds() - attention);
+      // attention, sharing the link with its streamed KV (each at half the rate while both run);
+      // what the attention does not hide, the experts wait for.
+      if (costs.has_gpu && resident < 1) {
+        const double copies = prefetch * (1 - resident) * costs.transfer_seconds();
+        const double streamed_bytes = bytes.movable - split.cpu_movable_bytes;
+        const double streamed = streamed_bytes > 0 ? streamed_bytes / (roofline.rates().link_gbps * 1e9) : 0.0;
+        const double shared = std::min(copies, streamed);
+        attention = std::max(split.gpu_seconds + shared, split.cpu_seconds);
+        expert_seconds += std::max(0.0, copies + shared - attention);
+      }
     }
-    const double seconds = c.layers * attention + moe_layers * expert_seconds;
-    if (seconds < best_seconds) best_seconds = seconds, best = policy;
+    estimates[policy] = c.layers * attention + moe_layers * expert_seconds;
   }
+  return estimates;
+}
+
+std::string writescope_expert_choice(const SystemContext& context) {
+  const std::map<std::string, double> estimates = writescope_expert_estimates(context);
+  std::string best;
+  double best_seconds = std::numeric_limits<double>::infinity();
+  for (const std::string& policy : expert_policy_names())
+    if (estimates.at(policy) < best_seconds) best_seconds = estimates.at(policy), best = policy;
   return best;
 }
 

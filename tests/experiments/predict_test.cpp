@@ -168,6 +168,55 @@ TEST(PredictTest, PricesStreamedKvAtTheLinkRate) {
   }
 }
 
+/// Every routed expert on the CPU; after each layer but the last, the next
+/// layer's experts 0 and 1 prefetched into the two slots.
+class PrefetchingExpertPolicy final : public ExpertPolicy {
+ public:
+  int slots(int, int, int) const override { return 2; }
+  ExpertPlan plan(int, const Routing& routing, const ExpertResidency&) override {
+    return ExpertPlan{{}, routing.active(), {}};
+  }
+  std::vector<ExpertLoad> after_layer(int layer, const Routing&, const ExpertResidency& residency) override {
+    if (layer + 1 == residency.layers()) return {};
+    return {{layer + 1, 0, 0}, {layer + 1, 1, 1}};
+  }
+};
+
+// The first layer's prefetch (2 experts of 12288 bytes at 10 GB/s, with a
+// link latency of 20 us each: 42.5 us) is still copying when the second
+// layer's GPU streams its KV: they share the link, each at half the rate
+// while both run, so the streamed transfer and the copies both take
+// min(copies, transfer) longer (all of a short transfer's 0.22 us at 33
+// tokens; 12.6 us of the copies at 1001 tokens); the second layer's experts
+// wait for the copies' end where its attention and dense weights (17.3 us)
+// do not hide it. The first layer streams alone.
+TEST(PredictTest, PrefetchCopiesAndStreamedKvShareTheLink) {
+  MachineProfile profile = round_profile();
+  profile.link_latency_s = 20e-6;
+  const ModelConfig config = model_preset("tiny-mixtral");
+  const double copies = 2 * (20e-6 + 12288 / 10e9), dense = 25088 / 100e9 + 17e-6;
+  for (const int context : {32, 1000}) {
+    DecodeWorkload workload = one_step_at_33_tokens();
+    workload.context = context;
+    workload.planned_tokens = 1024;
+    ModelOptions options = first_fit_options(profile, 0, std::make_shared<PrefetchingExpertPolicy>());
+    options.vram_budget = vram_for(config, options, 2) + 2 * MoeModel::expert_bytes(config);
+    const PricedSteps priced = price_decode(config, options, profile, workload);
+    const std::vector<LayerRecord>& layers = priced.layers.at(0);
+    ASSERT_EQ(layers.size(), 2u);
+    const double streamed = (context + 1 - 16) * 128.0;
+    const double transfer = streamed / 10e9, shared = std::min(copies, transfer);
+    for (const LayerRecord& r : layers) ASSERT_EQ(r.region_bytes[int(Region::gpu_streamed)], streamed);
+    const double alone = 2048 / 100e9 + transfer + 1e-6 + 20e-6;
+    EXPECT_NEAR(layers[0].attention_gpu, alone, 1e-12) << context << " tokens";
+    EXPECT_NEAR(layers[1].attention_gpu, alone + shared, 1e-12) << context << " tokens";
+    EXPECT_NEAR(layers[1].streamed_seconds - layers[0].streamed_seconds, shared, 1e-12) << context << " tokens";
+    const double wait = std::max(0.0, copies + shared - (layers[1].attention + dense));
+    EXPECT_NEAR(layers[1].transfers - layers[0].transfers, wait, 1e-12) << context << " tokens";
+    if (context == 32) EXPECT_GT(wait, shared) << "the copies' end is not waited for";
+  }
+}
+
 // The same step on a host-only profile, as a host build runs it: the
 // "streamed" 17 tokens are first copied at half the DRAM read rate (no link,
 // no link latency), then the host reads all 33 tokens token-major at the

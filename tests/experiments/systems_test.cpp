@@ -746,5 +746,27 @@ TEST(Systems, WriteScopesExpertChoiceCountsHybriMoesPrefetch) {
   EXPECT_EQ(writescope_expert_choice(context), "fiddler");
 }
 
+// HybriMoE's prefetch shares the link with the KV that WriteScope's GPU
+// streams in the same attention (each at half the rate while both run): with
+// the split balanced and the KV mostly streamed, one more prefetched expert
+// costs every layer its copy, though the attention's time would hide it.
+TEST(Systems, WriteScopesExpertEstimateSharesTheLinkWithStreamedKv) {
+  SystemContext context{model_preset("tiny-mixtral"), test::tiny_profile(), 4, 100000, SystemOptions{}};
+  context.profile.has_gpu = true;
+  context.block_tokens = 8;
+  ModelOptions options;
+  options.block_tokens = context.block_tokens;
+  options.max_rows = context.batch;
+  const VramUse fixed = MoeModel::fixed_vram(context.model, options);
+  // Room for no expert slot: every prefetched expert is copied, and the KV (51 MB a layer) is streamed.
+  context.vram_budget = fixed.weights + fixed.workspace + MoeModel::expert_bytes(context.model) - 1;
+  context.options.prefetch_experts = 1;
+  const double one = writescope_expert_estimates(context).at("hybrimoe");
+  context.options.prefetch_experts = 2;
+  const double two = writescope_expert_estimates(context).at("hybrimoe");
+  const double copy = expert_costs_of(context).transfer_seconds();  // 11 us, far below a layer's attention
+  EXPECT_NEAR(two - one, context.model.layers * copy, 1e-6 * two);
+}
+
 }  // namespace
 }  // namespace writescope
