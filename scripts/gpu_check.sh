@@ -21,7 +21,8 @@
 #                   of 4, 8 and 16 warps), the GPU's linear
 #                   layer at 1, 8 and 16 rows and a step's experts (batched and
 #                   one add each), the split sweep (its 0% point is the GPU
-#                   streamed path), CPU decode
+#                   streamed path), CPU decode, a 512-row prompt chunk at 16K
+#                   on the host and on the GPU
 #         6 host_kernels  the host kernels against their roofs on this host:
 #                   CPU decode from the last-level cache, the expert linear
 #                   layer at 1-8 rows, and how far the host overlaps DRAM with
@@ -115,7 +116,7 @@ PYTHON
   space=Cuda
   slice_config=$repo/experiments/configs/h200-slice.yaml
   profile_option=(--profile "$work/profile.yaml")
-  bench_filter="^(pcie/.*/1024/|hbm/.*/1024/|host_dram/read/1024/|gpu_decode/.*/32768/|gpu_decode/.*/131072/warps:16/|gpu_linear/bf16_writescope/(1|8|16)/14336/4096/|gpu_experts/qwen3/tokens:1/|gpu_prompt_linear/.*/256/|split_decode/.*/131072/(0|25|50|75|100)/|cpu_decode/qwen3.*/32768/|cpu_decode/.*/131072/|prefill/.*/16384/)"
+  bench_filter="^(pcie/.*/1024/|hbm/.*/1024/|host_dram/read/1024/|gpu_decode/.*/32768/|gpu_decode/.*/131072/warps:16/|gpu_linear/bf16_writescope/(1|8|16)/14336/4096/|gpu_experts/qwen3/tokens:1/|gpu_prompt_linear/.*/256/|split_decode/.*/131072/(0|25|50|75|100)/|cpu_decode/qwen3.*/32768/|cpu_decode/.*/131072/|prefill/.*/16384/|gpu_prefill/.*/16384/)"
   host_kernel_filter="^(cpu_decode_from_cache/|expert_linear/bf16_writescope/(1|2|4|8)/14336/4096/|cpu_experts/qwen3/tokens:1/|host_overlap/fmas_per_line:(4|16|64)/)"
   vector_kernel_filter="^(cpu_decode_from_cache/|cpu_decode/(deepseek_mla|qwen3_gqa)_cpu_resident/131072/|expert_linear/bf16_writescope/(1|8)/14336/4096/)"
   limits=(smoke:45 tests:120 calibrate:75 slice:125 benchmarks:140 host_kernels:120)
@@ -128,7 +129,7 @@ else
   # The host has no GPU: the slice plans with its config's GPU profile instead
   # of the one measured here, so that its split is exercised.
   profile_option=()
-  bench_filter="^(host_dram/read/1024/|split_decode/.*/32768/(0|50|100)/|cpu_decode/qwen3_gqa_cpu_resident/8192/)"
+  bench_filter="^(host_dram/read/1024/|split_decode/.*/32768/(0|50|100)/|cpu_decode/qwen3_gqa_cpu_resident/8192/|prefill/qwen3_gqa/4096/)"
   host_kernel_filter="^(cpu_decode_from_cache/qwen3_gqa_cpu_resident/|expert_linear/bf16_writescope/8/768/2048/|cpu_experts/qwen3/tokens:1/batched:1/|host_overlap/fmas_per_line:16/)"
   vector_kernel_filter="^cpu_decode_from_cache/deepseek_mla_cpu_resident/"
   limits=(smoke:120 tests:240 calibrate:120 slice:180 benchmarks:240 host_kernels:120)

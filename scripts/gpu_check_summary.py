@@ -152,6 +152,11 @@ def benchmark_section(folder):
                          f"(fp32 FMA {b['compute_bound_GFLOP/s']:.0f} GFLOP/s, HBM {b['bound_GB/s']:.0f} GB/s)")
         elif name.startswith("cpu_decode/"):
             lines.append(host_roofline_line(name, b))
+        elif name.startswith(("prefill/", "gpu_prefill/")):
+            threads = f", {b['threads']:.0f} threads" if "threads" in b else ""
+            lines.append(f"  {name:48s} {b['GFLOP/s']:8.0f} GFLOP/s  {b['fraction_of_compute_bound']:.2f} of "
+                         f"{b.get('label', '?')} {b['compute_bound_GFLOP/s']:.0f} GFLOP/s "
+                         f"({b['us_per_token']:.0f} us a prompt token{threads})")
     split = [b for b in runs if b["name"].startswith("split_decode/")]
     if split:
         lines.append("split sweep (cpu share: step GB/s; GPU path alone = streamed decode; CPU path alone):")

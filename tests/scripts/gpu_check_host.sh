@@ -38,6 +38,7 @@ for line in "tests: [0-9]+ tests, 0 failed" "split_decode/qwen3_gqa_band/32768/5
             "check: alpha strictly between 0 and 1: yes" "check: at least half of WriteScope's KV outside VRAM: yes" \
             "speedup of writescope over the best baseline" \
             "cpu_decode/qwen3_gqa_cpu_resident/8192 .* of roofline .* of the rates sampled while it ran" \
+            "prefill/qwen3_gqa/4096 +[0-9]+ GFLOP/s  [0-9.]+ of (avx2|avx512_fma|avx512_bf16|scalar) [0-9]+ GFLOP/s \([0-9]+ us a prompt token, 2 threads\)" \
             "expert_linear/bf16_writescope/8/768/2048 .* of roofline .*, 2 threads\); .* of the rates sampled.*; L2 reads [0-9.]+ of their fastest" \
             "cpu_experts/qwen3/tokens:1/batched:1 .* of roofline .*, 2 threads\); .* of the rates sampled.*; L2 reads [0-9.]+ of their fastest" \
             "cpu_decode_from_cache/qwen3_gqa_cpu_resident .* of .* tokens, 2 threads\); .* of the rate sampled.*; L2 reads [0-9.]+ of their fastest" \
