@@ -1176,7 +1176,7 @@ int predict_command(const std::vector<std::string>& args, std::ostream& out) {
     auto options = parse_options("predict", std::vector<std::string>(rest.begin() + 1, rest.end()), {"--cpu-from"});
     if (options.count("--cpu-from")) cpu = profile_named_by("predict: --cpu-from", options["--cpu-from"]);
     try {
-      out << format_comparison(compare_predictions(file, cpu ? &*cpu : nullptr));
+      out << format_comparison(compare_predictions(file, cpu ? &*cpu : nullptr, &std::cerr));
     } catch (const ResultsError& e) {  // the store's refusals name the file; the option is said too
       throw ResultsError(std::string("predict --compare ") + e.what());
     }

@@ -50,7 +50,7 @@ struct ExperimentConfig {
   /// maximum): write policies and pool sizes use it, never a run's final length.
   std::int64_t max_sequence_tokens = 0;
   int warmup_steps = 2, measured_steps = 8, repetitions = 1;
-  int profile_tokens = 256;  // the profiling prompt of policies that profile routing (Fiddler)
+  int profile_tokens = 256;  // the profiling prompt of policies that profile routing (Fiddler, HybriMoE)
   std::uint64_t seed = 1;
   int block_tokens = 64;
   std::string context_fill = "synthetic";  // or "prefill": random prompt tokens through the prefill path

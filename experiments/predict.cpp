@@ -268,6 +268,7 @@ class PlanningModel {
   /// As MoeModel::end_warmup: the prefetch stream is drained before the policy places experts.
   void end_warmup() {
     prefetch_wait_ = 0;
+    prefetching_slots_.clear();
     apply(options_.experts->end_warmup(residency_));
   }
 
@@ -281,6 +282,7 @@ class PlanningModel {
       LayerRecord& record = records[layer];
       std::vector<double> attention_stage(static_cast<std::size_t>(groups)), ffn_stage(attention_stage.size()),
           issued(attention_stage.size());  // prefetch copy seconds each part's feed-forward starts as it ends
+      bool waits = false;
       for (int g = 0; g < groups; ++g) {
         const std::vector<int> part(sequences.begin() + rows * g / groups, sequences.begin() + rows * (g + 1) / groups);
         LayerRecord stage;
@@ -290,11 +292,13 @@ class PlanningModel {
         attention_stage[g] = attend(layer, part, g == 0 ? prefetch_wait_ : 0.0, stage, shared_link_seconds) +
                              layer_dense(layer, static_cast<int>(part.size()));
         prefetch_wait_ += shared_link_seconds;
-        ffn_stage[g] = feed_forward(layer, static_cast<int>(part.size()), stage, issued[g]);
+        ffn_stage[g] = feed_forward(layer, static_cast<int>(part.size()), stage, issued[g], waits);
         record.add(stage);
       }
-      const LayerTimeline timeline = layer_timeline(attention_stage, ffn_stage, issued, prefetch_wait_,
-                                                    layer >= c_.dense_layers, rates_.has_gpu);
+      // The feed-forward waits for the copies where its plan uses a slot they fill (MoeModel's
+      // wait_for_prefetch), in the first part that does; the timeline puts the wait in part 0's stage.
+      const LayerTimeline timeline =
+          layer_timeline(attention_stage, ffn_stage, issued, prefetch_wait_, waits, rates_.has_gpu);
       record.transfers += timeline.exposed;
       record.feed_forward += timeline.exposed;
       prefetch_wait_ = timeline.copies_left;
@@ -303,7 +307,11 @@ class PlanningModel {
     }
     stage_logits(rows);
     const double logits = static_cast<double>(rows) * c_.vocab * sizeof(float);
-    return seconds + rates_.dense(dense_.lm_head, rows) + logits / (rates_.d2h_gbps * 1e9) + step_launches * rates_.launch_s;
+    const double lm_head =
+        rates_.dense(dense_.lm_head, rows) + logits / (rates_.d2h_gbps * 1e9) + step_launches * rates_.launch_s;
+    // The copies go on beside the LM head.
+    prefetch_wait_ = std::max(0.0, prefetch_wait_ - lm_head);
+    return seconds + lm_head;
   }
 
  private:
@@ -354,7 +362,7 @@ class PlanningModel {
 
   /// The feed-forward of `rows` rows: the expert policy's plan priced;
   /// prefetches it issues are added to `prefetch`. Returns its seconds.
-  double feed_forward(int layer, int rows, LayerRecord& record, double& prefetch) {
+  double feed_forward(int layer, int rows, LayerRecord& record, double& prefetch, bool& waits) {
     if (layer < c_.dense_layers) {
       const double seconds = rates_.dense(dense_.dense_mlp[layer], rows);
       record.experts_gpu += seconds;
@@ -364,6 +372,10 @@ class PlanningModel {
     const int moe_layer = layer - c_.dense_layers;
     const Routing routing = draw_routing(rows, c_.experts, c_.experts_per_token, random_);
     const ExpertPlan plan = options_.experts->plan(moe_layer, routing, residency_);
+    if (plan.touches_slots(moe_layer, residency_, prefetching_slots_)) {
+      waits = true;
+      prefetching_slots_.clear();
+    }
     if (!plan.cpu.empty()) stage_cpu_experts(rows);
     double gpu = rates_.dense(dense_.shared[layer], rows), cpu = 0, copies = 0;
     const double loads = static_cast<double>(plan.loads.size()) * rates_.experts.transfer_seconds();
@@ -399,7 +411,13 @@ class PlanningModel {
                                                              [](const ExpertLoad& l) { return l.slot >= 0; })) *
                           rates_.experts.transfer_seconds();
     // Without a GPU a prefetch copy runs at once on the host threads.
-    if (rates_.has_gpu) prefetch += issued;
+    if (rates_.has_gpu) {
+      prefetch += issued;
+      for (const ExpertLoad& l : next)
+        if (l.slot >= 0 && std::find(prefetching_slots_.begin(), prefetching_slots_.end(), l.slot) ==
+                               prefetching_slots_.end())
+          prefetching_slots_.push_back(l.slot);
+    }
     const double router = rates_.dense(dense_.router[layer], rows) + router_launches * rates_.launch_s;
     const double seconds = router + copies + (rates_.has_gpu ? std::max(gpu + loads, cpu) : gpu + loads + cpu) +
                            (rates_.has_gpu ? 0.0 : issued);
@@ -422,6 +440,7 @@ class PlanningModel {
   std::mt19937_64 random_;
   std::vector<std::int64_t> expected_;
   double prefetch_wait_ = 0;  // prefetch copy seconds left at the next layer's start
+  std::vector<int> prefetching_slots_;  // slots those copies fill, not yet waited for (MoeModel's prefetching_slots)
   // Floats of MoeModel's x_pinned (as of out_pinned) and logits_pinned, grown as impl::scratch grows them.
   std::size_t staged_cpu_experts_ = 0, staged_logits_ = 0;
 };
@@ -651,7 +670,8 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
   }
 }
 
-PredictionComparison compare_predictions(const std::string& results_file, const MachineProfile* cpu_from) {
+PredictionComparison compare_predictions(const std::string& results_file, const MachineProfile* cpu_from,
+                                         std::ostream* progress) {
   const ResultsReader reader(results_file);
   if (const std::string problem = results_file_problem(reader); !problem.empty())
     throw std::invalid_argument("predict --compare: " + results_file + " is not an experiment's results file (" +
@@ -674,9 +694,18 @@ PredictionComparison compare_predictions(const std::string& results_file, const 
   std::map<std::pair<std::string, std::string>, std::vector<double>> errors;
   std::vector<double> step_errors;
   auto error_of = [](double predicted, double measured) { return std::abs(predicted - measured) / measured; };
-  for (const std::string& group : reader.list("/runs")) {
+  std::vector<std::string> complete;
+  for (const std::string& group : reader.list("/runs"))
+    if (reader.string_attribute("/runs/" + group, "status") == "complete") complete.push_back(group);
+  if (progress) *progress << "predict --compare: " << complete.size() << " complete runs to price" << std::endl;
+  auto last_report = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < complete.size(); ++i) {
+    if (const auto now = std::chrono::steady_clock::now(); progress && now - last_report > std::chrono::seconds(5)) {
+      *progress << "predict --compare: " << i << "/" << complete.size() << " runs" << std::endl;
+      last_report = now;
+    }
+    const std::string& group = complete[i];
     const std::string g = "/runs/" + group;
-    if (reader.string_attribute(g, "status") != "complete") continue;
     if (const std::string damage = run_damage(reader, g); !damage.empty()) {
       comparison.unpriced.push_back(group + ": " + damage);
       continue;

@@ -63,10 +63,9 @@ struct PricedSteps {
 /// in seconds: part j's feed-forward beside part j + 1's attention where
 /// `overlap` (a GPU with its own driver thread), one after the other
 /// otherwise. The expert prefetch stream: copies left from earlier layers
-/// (`copies_left`) run beside the first attention stage, and where the layer
-/// has experts (`waits`) its first feed-forward waits for the rest (the
-/// runtime waits where its plan uses a slot they fill, taken here as always);
-/// part j's prefetch (`issued[j]`) starts as its feed-forward ends, after the
+/// (`copies_left`) run beside the first attention stage, and where the
+/// layer's plan uses a slot they fill (`waits`, as the runtime's
+/// wait_for_prefetch) its first feed-forward waits for the rest; part j's prefetch (`issued[j]`) starts as its feed-forward ends, after the
 /// copies before it. attention, feed_forward, issued: (parts).
 struct LayerTimeline {
   double wall = 0;         // the layer, the exposed copies included
@@ -110,7 +109,11 @@ struct PredictionComparison {
   std::vector<std::string> unpriced;   // complete runs not compared: "<run>: <why>"
   int host_only_runs = 0;              // compared runs measured without a GPU, priced with a GPU profile
 };
-PredictionComparison compare_predictions(const std::string& results_file, const MachineProfile* cpu_from = nullptr);
+/// `progress`, where given, gets the number of complete runs to price first
+/// and how many are priced every 5 seconds (a file of a whole paper's runs
+/// takes a minute or more).
+PredictionComparison compare_predictions(const std::string& results_file, const MachineProfile* cpu_from = nullptr,
+                                         std::ostream* progress = nullptr);
 /// The comparison as a table, ending in a line such as "median error 7.3% (worst 21.0%) over 40 runs".
 std::string format_comparison(const PredictionComparison& comparison);
 

@@ -16,12 +16,18 @@
 // in VRAM up to the budget, the rest in one pinned region streamed every step.
 // Prefetches run on a copy stream beside the next layer's attention; its
 // experts wait for them.
+// The cache is warmed as Fiddler's slots are, from the same profiling prompt
+// (its own seed, prefilled and freed before the measured sequences): its
+// routing scores the experts, and at the end of the warm-up every free slot
+// takes the highest-scored expert not yet cached (ties by layer and index),
+// so that neither system is measured while its slots still fill (prefetch
+// alone needs scores, and where copies are dear the greedy split copies
+// nothing on demand).
 // Simplified: the split's costs come from the profile, not from online
 // measurements, and carry no fixed cost for the CPU's first expert (the
-// original's intercept). The cache starts empty and fills on demand in the warm-up
-// steps, which every experiment has; Fiddler's slots, by contrast, are
-// placed from its profiling prompt before them.
+// original's intercept).
 #include <algorithm>
+#include <numeric>
 
 #include "experiments/systems.hpp"
 
@@ -71,6 +77,27 @@ class HybriMoeExperts final : public ExpertPolicy {
     return plan;
   }
 
+  bool profiles_routing() const override { return true; }
+
+  /// Every free slot, the highest-scored experts not cached first.
+  std::vector<ExpertLoad> end_warmup(const ExpertResidency& residency) override {
+    ensure_scores(residency);
+    std::vector<int> order(scores_.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return scores_[a] > scores_[b]; });
+    ExpertResidency cache = residency;
+    std::vector<ExpertLoad> loads;
+    for (const int i : order) {
+      const int layer = i / experts_, expert = i % experts_;
+      if (cache.slot_of(layer, expert) >= 0) continue;
+      const int slot = cache.free_slot();
+      if (slot < 0) break;
+      cache.assign(slot, layer, expert);
+      loads.push_back({layer, expert, slot});
+    }
+    return loads;
+  }
+
   /// Prefetch: the next layer's highest-scored experts that are not cached.
   std::vector<ExpertLoad> after_layer(int layer, const Routing&, const ExpertResidency& residency) override {
     const int next = layer + 1;
@@ -92,11 +119,14 @@ class HybriMoeExperts final : public ExpertPolicy {
  private:
   double& score(int layer, int expert) { return scores_[static_cast<std::size_t>(layer) * experts_ + expert]; }
 
+  void ensure_scores(const ExpertResidency& residency) {
+    if (!scores_.empty()) return;
+    experts_ = residency.experts();
+    scores_.assign(static_cast<std::size_t>(residency.layers()) * experts_, 0.0);
+  }
+
   void update_scores(int layer, const Routing& routing, const ExpertResidency& residency) {
-    if (scores_.empty()) {
-      experts_ = residency.experts();
-      scores_.assign(static_cast<std::size_t>(residency.layers()) * experts_, 0.0);
-    }
+    ensure_scores(residency);
     for (int e = 0; e < experts_; ++e) {
       double weight = 0;
       for (float w : routing.weights[e]) weight += w;

@@ -73,7 +73,8 @@ endif()
 # report titled as a projection; measured runs are never overwritten.
 execute_process(COMMAND ${COMMAND} predict --compare ${FOLDER}/tiny.h5
   RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT status EQUAL 0 OR NOT out MATCHES "writescope\\[hybrimoe\\] +step.*median error [0-9.]+% \\(worst [0-9.]+%\\) over 32 runs")
+if(NOT status EQUAL 0 OR NOT out MATCHES "writescope\\[hybrimoe\\] +step.*median error [0-9.]+% \\(worst [0-9.]+%\\) over 32 runs"
+   OR NOT err MATCHES "predict --compare: 32 complete runs to price")
   message(FATAL_ERROR "predict --compare (${status}): ${out}\n${err}")
 endif()
 execute_process(COMMAND ${COMMAND} predict ${config} --profile h200-pcie5,a100-pcie4 --cpu-from ${profile}

@@ -168,53 +168,80 @@ TEST(PredictTest, PricesStreamedKvAtTheLinkRate) {
   }
 }
 
-/// Every routed expert on the CPU; after each layer but the last, the next
-/// layer's experts 0 and 1 prefetched into the two slots.
+/// After each layer, the next layer's four experts prefetched into the four
+/// slots (after the last layer, the first layer's, for the next step); a
+/// routed expert runs on the GPU where it is resident and `gpu` allows it,
+/// else on the CPU.
 class PrefetchingExpertPolicy final : public ExpertPolicy {
  public:
-  int slots(int, int, int) const override { return 2; }
-  ExpertPlan plan(int, const Routing& routing, const ExpertResidency&) override {
-    return ExpertPlan{{}, routing.active(), {}};
+  explicit PrefetchingExpertPolicy(bool gpu) : gpu_(gpu) {}
+  int slots(int, int, int) const override { return 4; }
+  ExpertPlan plan(int layer, const Routing& routing, const ExpertResidency& residency) override {
+    ExpertPlan plan;
+    for (int e : routing.active()) (gpu_ && residency.slot_of(layer, e) >= 0 ? plan.gpu : plan.cpu).push_back(e);
+    return plan;
   }
   std::vector<ExpertLoad> after_layer(int layer, const Routing&, const ExpertResidency& residency) override {
-    if (layer + 1 == residency.layers()) return {};
-    return {{layer + 1, 0, 0}, {layer + 1, 1, 1}};
+    const int next = (layer + 1) % residency.layers();
+    return {{next, 0, 0}, {next, 1, 1}, {next, 2, 2}, {next, 3, 3}};
   }
+
+ private:
+  bool gpu_;
 };
 
-// The first layer's prefetch (2 experts of 12288 bytes at 10 GB/s, with a
-// link latency of 20 us each: 42.5 us) is still copying when the second
-// layer's GPU streams its KV: they share the link, each at half the rate
-// while both run, so the streamed transfer and the copies both take
-// min(copies, transfer) longer (all of a short transfer's 0.22 us at 33
-// tokens; 12.6 us of the copies at 1001 tokens); the second layer's experts
-// wait for the copies' end where its attention and dense weights (17.3 us)
-// do not hide it. The first layer streams alone.
-TEST(PredictTest, PrefetchCopiesAndStreamedKvShareTheLink) {
+// Each layer's prefetch (4 experts of 12288 bytes at 10 GB/s, with a link
+// latency of 20 us each: 84.9 us) is still copying when the next layer's GPU
+// streams its KV: they share the link, each at half the rate while both run,
+// so the streamed transfer and the copies both take min(copies, transfer)
+// longer (all of a short transfer's 0.22 us at 33 tokens; 12.6 us of the
+// copies at 1001 tokens). The next layer's experts, all resident, wait for
+// the copies' end where its attention and dense weights (17.3 us) do not
+// hide it; the LM head (6.4 us) hides part of the last layer's copies from
+// the next step. Experts on the CPU use no slot the copies fill and wait for
+// nothing, as the runtime's (MoeModel::wait_for_prefetch). The first layer
+// of the first step streams alone (the warm-up's end drains the copies).
+TEST(PredictTest, PrefetchCopiesShareTheLinkAndAreWaitedForWhereTheirSlotsAreUsed) {
   MachineProfile profile = round_profile();
   profile.link_latency_s = 20e-6;
   const ModelConfig config = model_preset("tiny-mixtral");
-  const double copies = 2 * (20e-6 + 12288 / 10e9), dense = 25088 / 100e9 + 17e-6;
-  for (const int context : {32, 1000}) {
-    DecodeWorkload workload = one_step_at_33_tokens();
-    workload.context = context;
-    workload.planned_tokens = 1024;
-    ModelOptions options = first_fit_options(profile, 0, std::make_shared<PrefetchingExpertPolicy>());
-    options.vram_budget = vram_for(config, options, 2) + 2 * MoeModel::expert_bytes(config);
-    const PricedSteps priced = price_decode(config, options, profile, workload);
-    const std::vector<LayerRecord>& layers = priced.layers.at(0);
-    ASSERT_EQ(layers.size(), 2u);
-    const double streamed = (context + 1 - 16) * 128.0;
-    const double transfer = streamed / 10e9, shared = std::min(copies, transfer);
-    for (const LayerRecord& r : layers) ASSERT_EQ(r.region_bytes[int(Region::gpu_streamed)], streamed);
-    const double alone = 2048 / 100e9 + transfer + 1e-6 + 20e-6;
-    EXPECT_NEAR(layers[0].attention_gpu, alone, 1e-12) << context << " tokens";
-    EXPECT_NEAR(layers[1].attention_gpu, alone + shared, 1e-12) << context << " tokens";
-    EXPECT_NEAR(layers[1].streamed_seconds - layers[0].streamed_seconds, shared, 1e-12) << context << " tokens";
-    const double wait = std::max(0.0, copies + shared - (layers[1].attention + dense));
-    EXPECT_NEAR(layers[1].transfers - layers[0].transfers, wait, 1e-12) << context << " tokens";
-    if (context == 32) EXPECT_GT(wait, shared) << "the copies' end is not waited for";
-  }
+  const double copies = 4 * (20e-6 + 12288 / 10e9), dense = 25088 / 100e9 + 17e-6;
+  const double lm_head = 32768 / 100e9 + 1024 / 10e9 + 6e-6, activations = 2 * (256 / 10e9 + 20e-6);
+  for (const bool gpu : {true, false})
+    for (const int context : {32, 1000}) {
+      SCOPED_TRACE(std::to_string(context) + " tokens, experts " + (gpu ? "on the GPU" : "on the CPU"));
+      DecodeWorkload workload = one_step_at_33_tokens();
+      workload.context = context;
+      workload.planned_tokens = 1024;
+      workload.measured_steps = 2;
+      ModelOptions options = first_fit_options(profile, 0, std::make_shared<PrefetchingExpertPolicy>(gpu));
+      options.vram_budget = vram_for(config, options, 2) + 4 * MoeModel::expert_bytes(config);
+      const PricedSteps priced = price_decode(config, options, profile, workload);
+      ASSERT_EQ(priced.layers.size(), 2u);
+      double left = 0;  // copies in flight at the layer's start, where followed
+      for (std::size_t step = 0; step < 2; ++step)
+        for (std::size_t layer = 0; layer < 2; ++layer) {
+          SCOPED_TRACE("step " + std::to_string(step) + ", layer " + std::to_string(layer));
+          const LayerRecord& r = priced.layers[step][layer];
+          const double streamed = r.region_bytes[int(Region::gpu_streamed)];
+          ASSERT_EQ(streamed, (context + 1 + step - 16) * 128.0);
+          const double transfer = streamed / 10e9, shared = std::min(left, transfer);
+          // Copies never waited for pile up: followed in the first step only.
+          if (gpu || step == 0) {
+            EXPECT_NEAR(r.attention_gpu, 2048 / 100e9 + transfer + 1e-6 + 20e-6 + shared, 1e-12);
+            EXPECT_NEAR(r.streamed_seconds, transfer + 20e-6 + shared, 1e-12);
+          }
+          if (gpu && (step > 0 || layer > 0)) {  // the first layer's experts are copied after it
+            const double wait = left + shared - (r.attention + dense);
+            EXPECT_GT(wait, 0);
+            EXPECT_NEAR(r.transfers, wait, 1e-12);
+          } else {
+            EXPECT_NEAR(r.transfers, activations, 1e-12);
+          }
+          left = copies;  // this layer's own, the earlier ones waited for (or, on the CPU, not followed)
+          if (layer == 1) left -= lm_head;
+        }
+    }
 }
 
 // The same step on a host-only profile, as a host build runs it: the
@@ -405,12 +432,12 @@ TEST(PredictTest, FeedbackOnThePricedTimesLearnsTheProfilesRates) {
   }
 }
 
-// Where the warm-up ends moves no step: a policy that does not profile
-// routing ends it before the first step, so the steps priced after two
-// warm-up steps are the third to fifth of five priced with none. (Ended
-// between them, it drained what the warm-up left in flight; the tiny
-// models here leave no copy in flight across steps, so this pins the rule,
-// not that drain.)
+// Where the warm-up ends moves no step: it ends before the first step (after
+// the profiling prompt for a policy that profiles routing, as HybriMoE's),
+// so the steps priced after two warm-up steps are the third to fifth of five
+// priced with none. (Ended between them, it drained what the warm-up left in
+// flight; the tiny models here leave no copy in flight across steps, so this
+// pins the rule, not that drain.)
 TEST(PredictTest, WarmUpStepsAreStepsLikeTheOthers) {
   MachineProfile profile = round_profile();
   profile.pinned_h2d_gbps = profile.pageable_h2d_gbps = 0.01;  // slow expert copies
@@ -422,9 +449,10 @@ TEST(PredictTest, WarmUpStepsAreStepsLikeTheOthers) {
   for (const RunSpec& run : expand_runs(experiment, profile)) {
     SCOPED_TRACE(run.id());
     // A fresh system each time: its expert policy keeps state.
-    const auto priced = [&](const DecodeWorkload& workload) {
+    const auto priced = [&](DecodeWorkload workload) {
       const impl::RunSetup setup = impl::prepare_run(experiment, run, profile);
-      EXPECT_FALSE(setup.profiles);
+      EXPECT_EQ(setup.profiles, run.system == "hybrimoe");
+      workload.profile_tokens = setup.profiles ? experiment.profile_tokens : 0;
       return price_decode(run.model->config, setup.options, profile, workload).step_seconds;
     };
     DecodeWorkload workload;

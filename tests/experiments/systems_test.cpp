@@ -612,6 +612,29 @@ TEST(Systems, FiddlerFillsEverySlotInTheProfilesPopularityOrder) {
   for (std::size_t s = 0; s < loads.size(); ++s) EXPECT_EQ(loads[s].slot, static_cast<int>(s));
 }
 
+// HybriMoE's cache is warmed from the profiling prompt as Fiddler's slots
+// are: at the end of the warm-up every free slot takes the highest-scored
+// expert not cached (then, among experts the prompt never routed to, by
+// layer and index); a cached expert keeps its slot.
+TEST(Systems, HybriMoeWarmsItsCacheFromTheProfilingPrompt) {
+  const ModelConfig config = model_preset("tiny-qwen3-moe");  // 8 experts
+  SystemContext context{config, test::tiny_profile(), 4, 16, SystemOptions{}};
+  const auto policy = hybrimoe_experts(context);
+  EXPECT_TRUE(policy->profiles_routing());
+  ExpertResidency residency(config.layers, config.experts, 5);
+  residency.assign(0, 1, 1);  // layer 1's expert 1 in slot 0
+  policy->plan(0, routing_of({1, 0, 5, 0, 0, 0, 0, 2}), residency);
+  policy->plan(1, routing_of({0, 3, 0, 0, 0, 0, 0, 0}), residency);
+  std::vector<std::pair<int, int>> placed;
+  std::vector<int> slots;
+  for (const ExpertLoad& load : policy->end_warmup(residency)) {
+    placed.emplace_back(load.layer, load.expert);
+    slots.push_back(load.slot);
+  }
+  EXPECT_EQ(placed, (std::vector<std::pair<int, int>>{{0, 2}, {0, 7}, {0, 0}, {0, 1}}));
+  EXPECT_EQ(slots, (std::vector<int>{1, 2, 3, 4}));
+}
+
 // Fiddler and HybriMoE price a CPU expert at the calibrated rate of the bf16
 // expert kernel, and a copy at the link rate of where the experts live.
 TEST(Systems, ExpertCostsComeFromTheKernelThatRunsAndTheStoresLink) {
