@@ -1010,6 +1010,8 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
     }
   } catch (const GenerationStopped& stopped) {
     out << std::endl;
+    // A closed output is said here: cleared, the command line's final flush says it no more.
+    out.clear();
     const std::string done = "generate: " + stopped.reason + " after " + std::to_string(steps) + " of " +
                              std::to_string(new_tokens) + " tokens";
     if (!group) {
@@ -1088,6 +1090,8 @@ MachineProfile profile_named_by(const std::string& source, const std::string& na
     return find_profile(name_or_path);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(source + ": " + e.what());
+  } catch (const ConfigError& e) {  // a file that is no profile (an experiment config, a results file)
+    throw ConfigError(source + ": " + e.source(), e.field(), e.reason());
   }
 }
 

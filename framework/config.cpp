@@ -226,6 +226,41 @@ ConfigNode ConfigNode::load_json_file(const std::string& path) {
   return parse(text, path);
 }
 
+namespace {
+/// The offset of the first byte of `text` that does not begin or continue a
+/// well-formed UTF-8 sequence (no overlong forms, surrogates or code points
+/// past U+10FFFF), or npos.
+std::size_t first_invalid_utf8(const std::string& text) {
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const unsigned char lead = byte(i);
+    int continuation = 0;
+    unsigned char low = 0x80, high = 0xbf;  // the second byte's range
+    if (lead < 0x80) continuation = 0;
+    else if (lead >= 0xc2 && lead <= 0xdf) continuation = 1;
+    else if (lead >= 0xe0 && lead <= 0xef) {
+      continuation = 2;
+      if (lead == 0xe0) low = 0xa0;
+      if (lead == 0xed) high = 0x9f;
+    } else if (lead >= 0xf0 && lead <= 0xf4) {
+      continuation = 3;
+      if (lead == 0xf0) low = 0x90;
+      if (lead == 0xf4) high = 0x8f;
+    } else {
+      return i;
+    }
+    for (int k = 1; k <= continuation; ++k) {
+      if (i + k >= text.size()) return i;
+      const unsigned char c = byte(i + k);
+      if (k == 1 ? c < low || c > high : c < 0x80 || c > 0xbf) return i;
+    }
+    i += 1 + continuation;
+  }
+  return std::string::npos;
+}
+}  // namespace
+
 ConfigNode ConfigNode::parse(const std::string& text, const std::string& source) {
   auto name = std::make_shared<const std::string>(source);
   // A binary file (an HDF5 file named by mistake) gets this, not a parser's
@@ -237,6 +272,17 @@ ConfigNode ConfigNode::parse(const std::string& text, const std::string& source)
     reason << "is not a text file (control byte 0x" << std::hex << std::setw(2) << std::setfill('0')
            << static_cast<int>(static_cast<unsigned char>(*binary)) << std::dec << " at offset " << (binary - text.begin())
            << "; an HDF5 or other binary file?)";
+    throw ConfigError(source, "", reason.str());
+  }
+  // Results and reports carry the config's text, and they are UTF-8.
+  if (const std::size_t bad = first_invalid_utf8(text); bad != std::string::npos) {
+    const std::size_t line_start = text.rfind('\n', bad == 0 ? 0 : bad - 1);
+    const std::size_t column = line_start == std::string::npos || bad == 0 ? bad + 1 : bad - line_start;
+    std::ostringstream reason;
+    reason << "is not UTF-8 text (byte 0x" << std::hex << std::setw(2) << std::setfill('0')
+           << static_cast<int>(static_cast<unsigned char>(text[bad])) << std::dec << " at line "
+           << 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(bad), '\n') << ", byte "
+           << column << " of the line); save it as UTF-8";
     throw ConfigError(source, "", reason.str());
   }
   try {

@@ -212,6 +212,22 @@ TEST(Config, ABinaryFileIsNotAConfigFile) {
   EXPECT_EQ(ConfigNode::parse("a: 1\r\nb:\t2\n", "crlf.yaml").get<int>("b"), 2);
 }
 
+// A config in Latin-1 (or with a stray byte) is refused where it is read:
+// runs and reports carry its text, which must be UTF-8.
+TEST(Config, TextThatIsNotUtf8IsNotAConfigFile) {
+  EXPECT_EQ(expect_config_error([] { ConfigNode::parse("a: 1\n# Ren\xe9\nb: 2\n", "latin1.yaml"); }).reason(),
+            "is not UTF-8 text (byte 0xe9 at line 2, byte 6 of the line); save it as UTF-8");
+  EXPECT_EQ(expect_config_error([] { ConfigNode::parse("\xc0\xaf: 1\n", "overlong.yaml"); }).reason(),
+            "is not UTF-8 text (byte 0xc0 at line 1, byte 1 of the line); save it as UTF-8");
+  for (const char* bad : {"name: \xed\xa0\x80\n", "name: \xf4\x90\x80\x80\n", "name: \xe2\x82\n"})
+    EXPECT_NE(expect_config_error([&] { ConfigNode::parse(bad, "bad.yaml"); }).reason().find("is not UTF-8 text"),
+              std::string::npos)
+        << bad;
+  // Two-, three- and four-byte characters are text.
+  EXPECT_EQ(ConfigNode::parse("name: caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\n", "utf8.yaml").get<std::string>("name"),
+            "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+}
+
 TEST(Config, AFolderIsNotAConfigFile) {
   const auto e = expect_config_error([] { ConfigNode::load_file(::testing::TempDir()); });
   EXPECT_EQ(e.reason(), "is a directory, not a config file");
