@@ -1224,7 +1224,7 @@ int predict_command(const std::vector<std::string>& args, std::ostream& out) {
   }
   const ExperimentSummary summary = [&] {
     try {
-      return predict_experiment(config, profiles, output, std::cerr);
+      return predict_experiment(config, profiles, output, std::cerr, command_as_typed);
     } catch (const ResultsError& e) {  // its one results file is the output
       throw ResultsError((options.count("--output") ? std::string("predict: --output ")
                                                     : "predict: output (the config's, -predicted) ") +
@@ -1240,9 +1240,12 @@ int merge_command(const std::vector<std::string>& args, std::ostream& out) {
   std::vector<std::string> files;
   MergeOptions merge;
   for (const std::string& arg : args) {
-    if (arg == "--allow-different-machine") merge.allow_different_machine = true;
-    else if (arg == "--allow-missing") merge.allow_missing = true;
-    else if (arg == "--drop-damaged") merge.drop_damaged = true;
+    bool* flag = arg == "--allow-different-machine" ? &merge.allow_different_machine
+                 : arg == "--allow-missing"         ? &merge.allow_missing
+                 : arg == "--drop-damaged"          ? &merge.drop_damaged
+                                                    : nullptr;
+    if (flag && *flag) throw UsageError("merge: " + arg + " given twice");
+    if (flag) *flag = true;
     else if (arg.rfind("--", 0) == 0)
       throw UsageError("merge: unknown option '" + arg +
                        "' (its options: --allow-different-machine, --allow-missing, --drop-damaged)");

@@ -567,7 +567,7 @@ void warn_on_block_size(const ExperimentConfig& config) {
 ExperimentSummary write_projection(ResultsStore& store, const ExperimentConfig& config,
                                    const std::vector<MachineProfile>& profiles,
                                    const std::vector<std::vector<RunSpec>>& runs_of, const std::string& machine_yaml,
-                                   std::ostream& progress) {
+                                   std::ostream& progress, const std::string& command) {
   const std::string& output = store.path();
   // One transaction replaces an earlier projection whole: until the commit the
   // file keeps it (a failure or a kill loses nothing), and a commit rewrites
@@ -600,6 +600,7 @@ ExperimentSummary write_projection(ResultsStore& store, const ExperimentConfig& 
       impl::write_run(runs_group, id, config, run, profile.name, machine_yaml, result, failure);
       ResultsGroup written = runs_group.open_group(id);
       written.set_attribute("predicted", std::int64_t{1});
+      if (!command.empty()) written.set_attribute("command", command);
       written.set_attribute("checksum", written.checksum());
       if (result) ++summary.complete;
       else ++(failure.status == "does_not_fit" ? summary.did_not_fit : summary.failed);
@@ -620,7 +621,7 @@ ExperimentSummary write_projection(ResultsStore& store, const ExperimentConfig& 
 }  // namespace
 
 ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::vector<MachineProfile>& profiles,
-                                     const std::string& output, std::ostream& progress) {
+                                     const std::string& output, std::ostream& progress, const std::string& command) {
   if (profiles.empty()) throw std::invalid_argument("predict: --profile must name at least one machine profile");
   warn_on_block_size(config);
   const bool created = !std::filesystem::exists(output);
@@ -662,7 +663,7 @@ ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::
   const std::string machine_yaml = MachineDescription::detect().to_yaml();
   ResultsStore store(output);
   try {
-    return write_projection(store, config, profiles, runs_of, machine_yaml, progress);
+    return write_projection(store, config, profiles, runs_of, machine_yaml, progress, command);
   } catch (...) {
     std::error_code ignored;  // the empty file this call created
     if (created) std::filesystem::remove(output, ignored);

@@ -89,9 +89,11 @@ struct PredictOptions {
 /// Prices every run of `config` on each of `profiles` (a machine profile per
 /// GPU machine asked about) into `output`: the results schema with
 /// `predicted` = 1 on the file and every run, whose `profile` names the
-/// profile it was priced with. An existing output is replaced.
+/// profile it was priced with, and `command` (the command line, where given)
+/// as run records it. An existing output is replaced.
 ExperimentSummary predict_experiment(const ExperimentConfig& config, const std::vector<MachineProfile>& profiles,
-                                     const std::string& output, std::ostream& progress);
+                                     const std::string& output, std::ostream& progress,
+                                     const std::string& command = "");
 
 /// Per system and component, how far predictions are from a file's measured
 /// runs: each complete run priced with the profile it was measured with

@@ -423,6 +423,9 @@ std::string ConfigNode::get_text(const std::string& key) const {
   const auto value = get<std::string>(key);
   if (std::all_of(value.begin(), value.end(), [](unsigned char c) { return std::isspace(c); }))
     fail(key, "must not be empty");
+  // Names and paths go into log lines, report headings and file names.
+  if (std::any_of(value.begin(), value.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
+    fail(key, "must be one line of text without control characters (it holds a line break, tab or other)");
   return value;
 }
 

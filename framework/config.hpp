@@ -95,7 +95,8 @@ class ConfigNode {
   /// This node itself as an integer in [least, most].
   std::int64_t as_integer(std::int64_t least, std::int64_t most, const std::string& range_note = {}) const;
 
-  /// Required string with a character other than whitespace (a name, a path).
+  /// Required string with a character other than whitespace and no control
+  /// character (a name, a path: one line).
   std::string get_text(const std::string& key) const;
   /// Required string that must be one of `choices`.
   std::string get_choice(const std::string& key, std::initializer_list<std::string_view> choices) const;

@@ -538,7 +538,8 @@ TEST_F(PredictFileTest, WritesEveryRunOfEveryProfileMarkedPredicted) {
   other.pinned_h2d_gbps = other.pinned_d2h_gbps = 1;
   const std::string output = (dir_ / "projected.h5").string();
   std::ostringstream progress;
-  const ExperimentSummary summary = predict_experiment(config(), {round_profile(), other}, output, progress);
+  const ExperimentSummary summary =
+      predict_experiment(config(), {round_profile(), other}, output, progress, "writescope predict c.yaml --profile x");
   EXPECT_GT(summary.complete, 0);
   EXPECT_EQ(summary.failed, 0);
   const ResultsReader reader(output);
@@ -550,6 +551,7 @@ TEST_F(PredictFileTest, WritesEveryRunOfEveryProfileMarkedPredicted) {
   for (const std::string& run : runs) {
     const std::string g = "/runs/" + run;
     EXPECT_EQ(reader.int_attribute(g, "predicted"), 1);
+    EXPECT_EQ(reader.string_attribute(g, "command"), "writescope predict c.yaml --profile x");  // as run's
     EXPECT_EQ(run_damage(reader, g), "");
     ++per_profile[reader.string_attribute(g, "profile")];
   }

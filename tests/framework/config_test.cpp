@@ -72,6 +72,19 @@ TEST(Config, NegativeValueIsNotUnsigned) {
   EXPECT_EQ(e.reason(), "expected a non-negative integer, got '-3'");
 }
 
+// A name or path is one line: a YAML escape could put a line break into
+// the log lines and report headings it goes into.
+TEST(Config, TextIsOneLine) {
+  const auto config = ConfigNode::parse("name: \"a\\nb\"\ntabbed: \"a\\tb\"\nblank: \"  \"\nplain: a b\n", "c.yaml");
+  EXPECT_EQ(config.get_text("plain"), "a b");
+  for (const char* key : {"name", "tabbed"}) {
+    const auto e = expect_config_error([&] { config.get_text(key); });
+    EXPECT_EQ(e.field(), key);
+    EXPECT_EQ(e.reason(), "must be one line of text without control characters (it holds a line break, tab or other)");
+  }
+  EXPECT_EQ(expect_config_error([&] { config.get_text("blank"); }).reason(), "must not be empty");
+}
+
 TEST(Config, ListsAreCheckedElementByElement) {
   const auto config = ConfigNode::parse("lengths: [1024, big, 4096]\nempty: []\nscalar: 3\n", "c.yaml");
   auto e = expect_config_error([&] { config.get_list<long>("lengths"); });
