@@ -1675,11 +1675,21 @@ def non_negative(text):
     return value
 
 
+class Once(argparse.Action):
+    """An option given twice is an error (argparse keeps the last silently: `-o a -o b` wrote only b)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest + "_given", False):
+            parser.error(f"{option_string} given twice")
+        setattr(namespace, self.dest + "_given", True)
+        setattr(namespace, self.dest, values)
+
+
 def parse_arguments(argv):
     parser = argparse.ArgumentParser(prog="report", description=__doc__.splitlines()[0])
     parser.add_argument("results", help="results HDF5 file written by `writescope run`")
-    parser.add_argument("-o", "--output", required=True, help="folder for report.md and the figures")
-    parser.add_argument("--min-context", type=non_negative, default=8192,
+    parser.add_argument("-o", "--output", required=True, action=Once, help="folder for report.md and the figures")
+    parser.add_argument("--min-context", type=non_negative, default=8192, action=Once,
                         help="smallest context in the geometric-mean table (default 8192)")
     return parser.parse_args(argv)
 

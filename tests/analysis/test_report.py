@@ -1343,6 +1343,13 @@ class InvalidInput(unittest.TestCase):
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertEqual(result.stderr.strip(), "report: -o must name the folder the report is written into")
 
+    def test_an_option_given_twice_is_refused(self):
+        for extra in (("-o", self.output + "-second"), ("--min-context", "0", "--min-context", "8192")):
+            result = run_report(self.path, self.output, *extra)
+            self.assertEqual(result.returncode, 2, result.stderr)
+            self.assertIn(f"{extra[0]} given twice", result.stderr)
+            self.assertFalse(os.path.exists(self.output + "-second"))
+
     def test_output_is_a_file(self):
         write_results(self.path, run_specs())
         with open(self.output, "w") as text:
