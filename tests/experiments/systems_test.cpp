@@ -596,14 +596,21 @@ TEST(Systems, MoeLightningPagesTheNextLayerIntoTheOtherHalf) {
   }
 }
 
+/// The profiling prompt of the policies that profile routing, in these
+/// tests: layer 0 routes 1, 5 and 2 tokens to experts 0, 2 and 7, layer 1
+/// three to expert 1.
+void profile_routing(ExpertPolicy& policy, const ExpertResidency& residency) {
+  EXPECT_TRUE(policy.profiles_routing());
+  policy.plan(0, routing_of({1, 0, 5, 0, 0, 0, 0, 2}), residency);
+  policy.plan(1, routing_of({0, 3, 0, 0, 0, 0, 0, 0}), residency);
+}
+
 TEST(Systems, FiddlerFillsEverySlotInTheProfilesPopularityOrder) {
   const ModelConfig config = model_preset("tiny-qwen3-moe");  // 8 experts
   SystemContext context{config, test::tiny_profile(), 4, 16, SystemOptions{}};
   const auto policy = fiddler_experts(context);
-  EXPECT_TRUE(policy->profiles_routing());
   ExpertResidency residency(config.layers, config.experts, 5);
-  policy->plan(0, routing_of({1, 0, 5, 0, 0, 0, 0, 2}), residency);
-  policy->plan(1, routing_of({0, 3, 0, 0, 0, 0, 0, 0}), residency);
+  profile_routing(*policy, residency);
   const auto loads = policy->end_warmup(residency);
   // The profile's four experts by popularity, then the first expert it never routed to.
   std::vector<std::pair<int, int>> placed;
@@ -620,11 +627,9 @@ TEST(Systems, HybriMoeWarmsItsCacheFromTheProfilingPrompt) {
   const ModelConfig config = model_preset("tiny-qwen3-moe");  // 8 experts
   SystemContext context{config, test::tiny_profile(), 4, 16, SystemOptions{}};
   const auto policy = hybrimoe_experts(context);
-  EXPECT_TRUE(policy->profiles_routing());
   ExpertResidency residency(config.layers, config.experts, 5);
   residency.assign(0, 1, 1);  // layer 1's expert 1 in slot 0
-  policy->plan(0, routing_of({1, 0, 5, 0, 0, 0, 0, 2}), residency);
-  policy->plan(1, routing_of({0, 3, 0, 0, 0, 0, 0, 0}), residency);
+  profile_routing(*policy, residency);
   std::vector<std::pair<int, int>> placed;
   std::vector<int> slots;
   for (const ExpertLoad& load : policy->end_warmup(residency)) {
