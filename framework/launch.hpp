@@ -2,7 +2,7 @@
 // launch_parallel_for: Kokkos::parallel_for for the project's top-level
 // kernels, checked at compile time so that two host threads may launch on the
 // GPU at the same time (the GPU driver workers of framework/concurrent.hpp and
-// the main thread do).
+// the main thread do), and checked after launch on CUDA.
 //
 // Why: Kokkos 3.x's CUDA back end passes a kernel's closure (the functor with
 // its policy and launch state) of 512 bytes or more through one device-wide
@@ -109,6 +109,16 @@ void launch_parallel_for(const std::string& label, const Policy& policy, const F
                 "host threads at once would share Kokkos' constant buffer (framework/launch.hpp): make the "
                 "functor smaller");
   Kokkos::parallel_for(label, policy, functor);
+#ifdef KOKKOS_ENABLE_CUDA
+  // Kokkos 3.4 checks a CUDA launch only with bounds checking on: a kernel
+  // that did not start (registers or shared memory for its block, a grid past
+  // a limit) would leave its outputs as they were, silently.
+  if constexpr (std::is_same_v<typename Policy::execution_space, Kokkos::Cuda>) {
+    if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess)
+      throw std::runtime_error(label + ": the CUDA kernel did not launch, or an earlier one failed: " +
+                               cudaGetErrorString(error));
+  }
+#endif
 }
 
 }  // namespace writescope

@@ -105,6 +105,34 @@ TEST(Spaces, OneRowOfARowsByColumnsRangeSpreadsOverTheHostThreads) {
   EXPECT_GE(threads.size(), 2u);
 }
 
+/// Does nothing at (row, column).
+struct NoWork {
+  KOKKOS_INLINE_FUNCTION void operator()(int, int) const {}
+};
+
+// A GPU kernel that does not start is an error naming it, not outputs left
+// as they were: here a 2-D range of 65536 one-column tiles, past CUDA's grid
+// limit in y, which Kokkos 3.4 launches unchecked (GPU builds only).
+TEST(Spaces, AGpuKernelThatDoesNotLaunchIsAnErrorNamingIt) {
+  if constexpr (!has_gpu) {
+    GTEST_SKIP() << "no GPU space in this build";
+  } else {
+    const GpuExecSpace space;
+    const Kokkos::MDRangePolicy<GpuExecSpace, Kokkos::Rank<2>> past_the_grid(space, {0, 0}, {1, 65536}, {1, 1});
+    try {
+      launch_parallel_for("writescope::test::past_the_grid", past_the_grid, NoWork{});
+      FAIL() << "a launch past the grid limit returned";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("writescope::test::past_the_grid: the CUDA kernel did not launch"),
+                std::string::npos)
+          << e.what();
+    }
+    // The error is taken: the next launch runs.
+    launch_parallel_for("writescope::test::within_the_grid", rows_by_columns_policy(space, 1, 65536, 0), NoWork{});
+    space.fence();
+  }
+}
+
 // A GPU tile spans at most 65535 tiles of columns (CUDA's grid limit in y,
 // which Kokkos 3.4 does not enforce: a launch past it does not run) and at
 // most a block's 1024 threads; 256 columns where that fits.
