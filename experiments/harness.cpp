@@ -360,23 +360,33 @@ std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachinePr
       for (int batch : config.batch_sizes)
         for (std::int64_t context : config.contexts) {
           if (config.max_total_tokens > 0 && batch * context > config.max_total_tokens) continue;
-          RunSpec setting{&model, "", "", true, batch, context, vram, 0};
-          for (const std::string& system : baselines)
-            for (int rep = 0; rep < config.repetitions; ++rep) {
-              RunSpec run = setting;
-              run.system = system;
+          const RunSpec setting{&model, "", "", true, batch, context, vram, 0};
+          std::vector<RunSpec> systems;  // the setting's runs of repetition 0
+          for (const std::string& system : baselines) {
+            RunSpec run = setting;
+            run.system = system;
+            systems.push_back(run);
+          }
+          if (writescope) {
+            const std::string choice = config.auto_writescope_experts
+                                           ? writescope_expert_choice(expert_choice_context(config, setting, profile))
+                                           : config.system_options.writescope_experts;
+            std::vector<std::string> policies = shared_policies;
+            if (!std::count(policies.begin(), policies.end(), choice)) policies.push_back(choice);
+            for (const std::string& policy : policies)
+              systems.push_back(RunSpec{&model, "writescope", policy, policy == choice, batch, context, vram, 0});
+          }
+          // A repetition's systems back to back, each repetition starting one
+          // system later: the machine's drift (the Zen 5 VM's DRAM read moved
+          // between 32 and 62 GB/s within minutes) falls on every system alike,
+          // not on whichever ran its repetitions last.
+          const auto count = static_cast<int>(systems.size());
+          for (int rep = 0; rep < config.repetitions; ++rep)
+            for (int i = 0; i < count; ++i) {
+              RunSpec run = systems[static_cast<std::size_t>((i + rep) % count)];
               run.repetition = rep;
               runs.push_back(run);
             }
-          if (!writescope) continue;
-          const std::string choice = config.auto_writescope_experts
-                                         ? writescope_expert_choice(expert_choice_context(config, setting, profile))
-                                         : config.system_options.writescope_experts;
-          std::vector<std::string> policies = shared_policies;
-          if (!std::count(policies.begin(), policies.end(), choice)) policies.push_back(choice);
-          for (const std::string& policy : policies)
-            for (int rep = 0; rep < config.repetitions; ++rep)
-              runs.push_back(RunSpec{&model, "writescope", policy, policy == choice, batch, context, vram, rep});
         }
   return runs;
 }

@@ -494,6 +494,42 @@ TEST(AttentionChoiceMismatches, NameEachChoiceTheProfileMeasuredOtherwise) {
 // Damage HDF5 cannot unlink (a run's object header): resume stops before
 // measuring and names the way out, merge --drop-damaged, which copies the
 // intact runs into a file that resumes.
+TEST_F(HarnessTest, RepetitionsRunInTurnEachStartingWithTheNextSystem) {
+  const std::vector<RunSpec> runs = expand_runs(config("repetitions: 4\n"), test::tiny_profile());
+  auto setting = [](const RunSpec& run) {
+    return run.model->label + " " + std::to_string(run.vram_budget) + " " + std::to_string(run.batch) + " " +
+           std::to_string(run.context);
+  };
+  auto system = [](const RunSpec& run) { return run.system + "/" + run.expert_policy; };
+  // Each setting's runs together, repetition by repetition; repetition r is
+  // repetition 0's systems rotated by r.
+  std::map<std::string, std::vector<std::vector<std::string>>> order;  // setting -> repetition -> systems
+  std::string previous;
+  std::set<std::string> finished;
+  for (const RunSpec& run : runs) {
+    const std::string here = setting(run);
+    if (here != previous) {
+      EXPECT_TRUE(finished.insert(here).second) << here << " interrupted";
+      previous = here;
+    }
+    auto& repetitions = order[here];
+    ASSERT_GE(run.repetition + 1, static_cast<int>(repetitions.size())) << here << ": repetitions out of turn";
+    if (run.repetition == static_cast<int>(repetitions.size())) repetitions.emplace_back();
+    repetitions.back().push_back(system(run));
+  }
+  ASSERT_EQ(order.size(), 4u);  // 2 models x 2 contexts
+  for (const auto& [here, repetitions] : order) {
+    ASSERT_EQ(repetitions.size(), 4u) << here;
+    const std::vector<std::string>& first = repetitions[0];
+    ASSERT_GE(first.size(), 3u) << here;  // two baselines and WriteScope
+    for (std::size_t r = 0; r < repetitions.size(); ++r) {
+      std::vector<std::string> rotated = first;
+      std::rotate(rotated.begin(), rotated.begin() + static_cast<std::ptrdiff_t>(r % first.size()), rotated.end());
+      EXPECT_EQ(repetitions[r], rotated) << here << " repetition " << r;
+    }
+  }
+}
+
 TEST_F(HarnessTest, ARunThatCannotBeRemovedStopsResumeBeforeMeasuring) {
   const std::string yaml = small_yaml("damaged");
   const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(yaml, "damaged.yaml"));
