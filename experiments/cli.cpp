@@ -36,6 +36,7 @@
 #include "attention/host_prefetch.hpp"
 #include "experiments/calibration.hpp"
 #include "experiments/harness.hpp"
+#include "experiments/impl/descriptor_output.hpp"
 #include "experiments/predict.hpp"
 #include "framework/concurrent.hpp"
 #include "framework/config.hpp"
@@ -1373,10 +1374,14 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     // What went to the output must have arrived (a full disk, a closed
     // descriptor): a profile or listing lost is a failure, not status 0.
     errno = 0;
+    const bool flushed = static_cast<bool>(out.flush());
+    // Why the first write failed, which may be long before this flush.
+    const auto* descriptor = dynamic_cast<const impl::DescriptorOutput*>(out.rdbuf());
+    const int error = descriptor ? descriptor->first_error() : errno;
     // A closed pipe (`| head`) is the reader's choice, and generate says so itself.
-    if (!out.flush() && errno != EPIPE) {
+    if (!flushed && error != EPIPE) {
       err << "writescope: " << command << ": the output could not be written"
-          << (errno != 0 ? std::string(" (") + std::strerror(errno) + ")" : std::string()) << "\n";
+          << (error != 0 ? std::string(" (") + std::strerror(error) + ")" : std::string()) << "\n";
       return 1;
     }
     // Stopped by a signal it caught: dies of it after its output, so that a
