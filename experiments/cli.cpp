@@ -1338,13 +1338,20 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
   bool help = !given.empty() && given.front() == "help";
   for (std::size_t i = 0; i < given.size(); ++i)
     help = help || given[i] == "--help" || (given[i] == "-h" && (i == 0 || !takes_a_value(given[i - 1])));
+  // Why the output's first write failed (0: not known), which may be long before its final flush.
+  const auto first_write_error = [&out] {
+    const auto* descriptor = dynamic_cast<const impl::DescriptorOutput*>(out.rdbuf());
+    return descriptor ? descriptor->first_error() : errno;
+  };
+  const auto not_written = [&err](const std::string& command, int error) {
+    err << "writescope: " << command << ": the output could not be written"
+        << (error != 0 ? std::string(" (") + std::strerror(error) + ")" : std::string()) << "\n";
+    return 1;
+  };
   if (help) {
     out << usage_text;
-    if (!out.flush()) {
-      err << "writescope: help: the output could not be written\n";
-      return 1;
-    }
-    return 0;
+    errno = 0;
+    return out.flush() ? 0 : not_written("help", first_write_error());
   }
   try {
     command_as_typed = command_line(given);  // Kokkos' options too, which it takes out of argv
@@ -1374,16 +1381,9 @@ int run_cli(int argc, char* argv[], std::ostream& out, std::ostream& err) {
     // What went to the output must have arrived (a full disk, a closed
     // descriptor): a profile or listing lost is a failure, not status 0.
     errno = 0;
-    const bool flushed = static_cast<bool>(out.flush());
-    // Why the first write failed, which may be long before this flush.
-    const auto* descriptor = dynamic_cast<const impl::DescriptorOutput*>(out.rdbuf());
-    const int error = descriptor ? descriptor->first_error() : errno;
     // A closed pipe (`| head`) is the reader's choice, and generate says so itself.
-    if (!flushed && error != EPIPE) {
-      err << "writescope: " << command << ": the output could not be written"
-          << (error != 0 ? std::string(" (") + std::strerror(error) + ")" : std::string()) << "\n";
-      return 1;
-    }
+    if (!out.flush())
+      if (const int error = first_write_error(); error != EPIPE) return not_written(command, error);
     // Stopped by a signal it caught: dies of it after its output, so that a
     // calling shell script stops too (bash goes on after a child that merely
     // exits 130).

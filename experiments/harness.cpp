@@ -376,14 +376,17 @@ std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachinePr
             for (const std::string& policy : policies)
               systems.push_back(RunSpec{&model, "writescope", policy, policy == choice, batch, context, vram, 0});
           }
-          // A repetition's systems back to back, each repetition starting one
-          // system later: the machine's drift (the Zen 5 VM's DRAM read moved
-          // between 32 and 62 GB/s within minutes) falls on every system alike,
-          // not on whichever ran its repetitions last.
+          // A repetition's systems back to back, so that the machine's drift
+          // (the Zen 5 VM's DRAM read moved between 32 and 62 GB/s within
+          // minutes) falls on every system alike, not on whichever ran its
+          // repetitions last: repetitions in pairs, the second the first
+          // reversed (a system k-th in one is k-th from the end in the other),
+          // each pair rotated by one more (the first and last change).
           const auto count = static_cast<int>(systems.size());
           for (int rep = 0; rep < config.repetitions; ++rep)
             for (int i = 0; i < count; ++i) {
-              RunSpec run = systems[static_cast<std::size_t>((i + rep) % count)];
+              const int k = rep % 2 == 0 ? i : count - 1 - i;
+              RunSpec run = systems[static_cast<std::size_t>((k + rep / 2) % count)];
               run.repetition = rep;
               runs.push_back(run);
             }

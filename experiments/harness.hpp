@@ -88,10 +88,10 @@ void check_profile_prices(const ExperimentConfig& config, const MachineProfile& 
 /// baselines, then WriteScope once with each listed baseline's expert policy
 /// (fiddler, ktransformers, hybrimoe: the same-expert-policy comparison) and
 /// once more with its own choice (config, or its roofline's pick on
-/// `profile`) if that is not among them; repetition by repetition, repetition
-/// r in that order rotated by r (the systems' order changes, so drift does not
-/// fall on one). std::invalid_argument where the profile has no CPU attention
-/// rate for a model's attention shape.
+/// `profile`) if that is not among them; repetition by repetition, in pairs
+/// that run that order rotated by the pair's index, then reversed (every
+/// system as early as late, so drift falls on none). std::invalid_argument
+/// where the profile has no CPU attention rate for a model's attention shape.
 std::vector<RunSpec> expand_runs(const ExperimentConfig& config, const MachineProfile& profile);
 
 /// Where shipped profiles are looked up, in order: $WRITESCOPE_PROFILES, then

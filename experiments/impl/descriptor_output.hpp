@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <streambuf>
 
 namespace writescope::impl {
@@ -45,6 +46,9 @@ class DescriptorOutput : public std::streambuf {
   void restart() { setp(buffer_.data(), by_line_ ? buffer_.data() : buffer_.data() + buffer_.size()); }
   /// Writes what is buffered; false where a write failed (what it left is dropped).
   bool drain() {
+    // What stdio holds for the same descriptor goes first, as when both went
+    // through stdio's buffer (Kokkos prints its warnings with printf).
+    if (pbase() < pptr() && fd_ == ::fileno(stdout)) std::fflush(stdout);
     for (const char* p = pbase(); p < pptr();) {
       const ssize_t written = ::write(fd_, p, static_cast<std::size_t>(pptr() - p));
       if (written < 0 && errno == EINTR) continue;

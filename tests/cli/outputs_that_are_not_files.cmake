@@ -36,7 +36,7 @@ if(NOT status EQUAL 1 OR NOT err MATCHES "writescope: info: the output could not
   message(FATAL_ERROR "info > /dev/full: status ${status}; stderr:\n${err}")
 endif()
 execute_process(COMMAND sh -c "\"$0\" help > /dev/full" ${COMMAND} RESULT_VARIABLE status ERROR_VARIABLE err)
-if(NOT status EQUAL 1 OR NOT err MATCHES "writescope: help: the output could not be written")
+if(NOT status EQUAL 1 OR NOT err MATCHES "writescope: help: the output could not be written \\(No space left on device\\)")
   message(FATAL_ERROR "help > /dev/full: status ${status}; stderr:\n${err}")
 endif()
 file(REMOVE_RECURSE "${FOLDER}")

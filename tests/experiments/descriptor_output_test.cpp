@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -42,6 +43,31 @@ TEST(DescriptorOutput, WritesEverythingInOrder) {
   ::close(fd);
   std::ifstream in(path);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), text);
+}
+
+/// Output stdio still holds for standard output (Kokkos prints its warnings
+/// with printf) goes before what the buffer writes after it.
+TEST(DescriptorOutput, StdioOutputBeforeItStaysFirst) {
+  const test::ScratchDir dir("descriptor_output");
+  const std::string path = (dir.path() / "stdout.txt").string();
+  std::fflush(stdout);
+  const int saved = ::dup(STDOUT_FILENO);
+  const int file = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(saved, 0);
+  ASSERT_GE(file, 0);
+  ASSERT_EQ(::dup2(file, STDOUT_FILENO), STDOUT_FILENO);
+  std::printf("from stdio, ");  // no line end: stdio keeps it, line-buffered or not
+  {
+    impl::DescriptorOutput buffer(STDOUT_FILENO);
+    std::ostream out(&buffer);
+    out << "from the buffer\n" << std::flush;
+  }
+  std::fflush(stdout);
+  ::dup2(saved, STDOUT_FILENO);
+  ::close(saved);
+  ::close(file);
+  std::ifstream in(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "from stdio, from the buffer\n");
 }
 
 /// On a terminal each line shows when it is complete, as stdio's line
@@ -89,8 +115,14 @@ TEST(DescriptorOutput, KeepsTheReasonItsFirstWriteFailed) {
   errno = 0;
   out.clear();
   EXPECT_TRUE(out.flush());  // what a failed write left is dropped, not written again
+  // A later failure for another reason (the descriptor now read-only) leaves the first one's.
+  const int read_only = ::open("/dev/null", O_RDONLY);
+  ASSERT_GE(read_only, 0);
+  ASSERT_EQ(::dup2(read_only, fd), fd);
+  ::close(read_only);
   out << "more";
   EXPECT_FALSE(out.flush());
+  EXPECT_EQ(errno, EBADF);
   EXPECT_EQ(buffer.first_error(), ENOSPC);
   ::close(fd);
 }
