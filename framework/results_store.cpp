@@ -87,12 +87,27 @@ auto guarded(const std::string& context, Body&& body) -> decltype(body()) {
 }
 
 
-void fsync_path(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags);
-  if (fd < 0) throw ResultsError(path + ": cannot open for fsync: " + std::strerror(errno));
-  const int rc = ::fsync(fd);
+/// Syncs the folder `folder` (its entries: a rename into it); returns the
+/// system's reason on failure, empty on success.
+std::string sync_folder(const std::string& folder) {
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return std::strerror(errno);
+  const int error = ::fsync(fd) == 0 ? 0 : errno;
   ::close(fd);
-  if (rc != 0) throw ResultsError(path + ": fsync failed: " + std::strerror(errno));
+  return error == 0 ? std::string() : std::strerror(error);
+}
+
+/// Says, once per folder in this process, that commits into `folder` are
+/// not synced: a file system without fsync for folders (some FUSE and
+/// network ones: "Invalid argument") would otherwise say so on every run.
+void warn_folder_not_synced(const std::string& folder, const std::string& file, const std::string& reason) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (!warned.insert(folder).second) return;
+  log_warn("results: ", folder, ": the folder cannot be synced (", reason, "): ", file,
+           " holds what was committed, but a crash of the machine, not of this process, may bring back an "
+           "earlier commit; said once per folder");
 }
 
 /// The bytes of the file at `path`; `error` gets the system's reason on failure.
@@ -746,8 +761,11 @@ void ResultsTransaction::commit() {
   }
   if (open_) *open_ = false;  // committed: the store may begin the next
   open_.reset();
-  const fs::path parent = fs::absolute(fs::path(path_)).parent_path();
-  fsync_path(parent.string(), O_RDONLY | O_DIRECTORY);
+  // Committed: the rename made the new file the one every reader opens, so a
+  // folder that cannot be synced is said, not thrown (the caller would take
+  // the run it holds as not written).
+  const std::string parent = fs::absolute(fs::path(path_)).parent_path().string();
+  if (const std::string error = sync_folder(parent); !error.empty()) warn_folder_not_synced(parent, path_, error);
 }
 
 // ---------------------------------------------------------------- ResultsStore

@@ -86,6 +86,10 @@ class ResultsTransaction {
 
   ResultsGroup root();
   /// Makes every write of this transaction durable and visible at once.
+  /// Throws ResultsError where the file is left as it was; a folder that
+  /// cannot be synced after the file is replaced is a warning (log_warn),
+  /// once per folder: the commit is visible, only its survival of a machine
+  /// crash is not assured.
   void commit();
 
  private:

@@ -356,6 +356,32 @@ void read_everything(const H5::Group& group) {
   }
 }
 
+// A commit whose folder cannot be synced after the rename (a file system
+// without fsync for folders) is in the file, and the store goes on; the
+// warning says so once per folder. Runs where fsync fails for folders: ctest's
+// framework.results_commit_folder_not_synced preloads fsync_fails_on_folders.cpp.
+TEST_F(ResultsStoreTest, CommitsIntoAFolderThatCannotBeSyncedAreKeptAndSaidOnce) {
+  const int folder = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY);
+  const bool folder_sync_fails = ::fsync(folder) != 0 && errno == EINVAL;
+  ::close(folder);
+  if (!folder_sync_fails) GTEST_SKIP() << "needs fsync to fail for folders: ctest framework.results_commit_folder_not_synced";
+  testing::internal::CaptureStderr();
+  {
+    ResultsStore store(path_);
+    for (const char* name : {"first", "second"}) {
+      auto txn = store.begin();
+      txn.root().create_group(name).write("x", std::vector<double>{1.0});
+      txn.commit();
+    }
+  }
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(ResultsReader(path_).list("/"), (std::vector<std::string>{"first", "second"}));
+  const std::string said = dir_.string() + ": the folder cannot be synced (Invalid argument): " + path_ + " holds what";
+  const std::size_t at = warnings.find(said);
+  EXPECT_NE(at, std::string::npos) << warnings;
+  EXPECT_EQ(warnings.find("cannot be synced", at + said.size()), std::string::npos) << warnings;
+}
+
 /// Whether reading the file at `path` crashes the HDF5 library (in a child
 /// process whose allocations stop 1 GiB above what it holds, so that a
 /// damaged length fails instead of copying gigabytes).
