@@ -863,20 +863,28 @@ def best_baseline_speedups(runs):
     """{profile: [(setting, context, speedup or None)]}: WriteScope (its own expert policy) over the fastest
     other system at equal setting and context (the lowest paired speedup), wherever WriteScope and another
     system completed; None where another system failed there, so that the fastest is unknown (one that did
-    not fit is no contender)."""
+    not fit is no contender), and where WriteScope did not fit or failed and another system completed (a
+    loss, not a gap: left out, as the measured tables count it)."""
     points = {}
     for profile in sorted({run.profile for run in runs}):
         profile_runs = system_runs([run for run in runs if run.profile == profile])
         failed = {(run.setting, run.context) for run in profile_runs
                   if run.system != SUBJECT and run.status == "failed"}
         throughput = throughputs(profile_runs)
-        lowest = {}
+        subject_ran = {(run.setting, run.context) for run in profile_runs if run.system == SUBJECT}
+        lowest, subject_lost = {}, set()
         for (setting, system, context), tps in throughput.items():
+            if system == SUBJECT:
+                continue
             subject = throughput.get((setting, SUBJECT, context))
-            if system != SUBJECT and subject and (speedup := paired_speedup(subject, tps)) is not None:
+            if subject and (speedup := paired_speedup(subject, tps)) is not None:
                 lowest[(setting, context)] = min(lowest.get((setting, context), math.inf), speedup)
-        points[profile] = sorted(((setting, context, None if (setting, context) in failed else speedup)
-                                  for (setting, context), speedup in lowest.items()), key=lambda p: p[:2])
+            elif not subject and (setting, context) in subject_ran:
+                subject_lost.add((setting, context))
+        unknown = failed | subject_lost
+        points[profile] = sorted(((setting, context,
+                                   None if (setting, context) in unknown else lowest[setting, context])
+                                  for setting, context in lowest.keys() | subject_lost), key=lambda p: p[:2])
     return points
 
 
@@ -1499,7 +1507,7 @@ def projected_section(runs, min_context):
     for profile, points in by_profile.items():
         for model in sorted({setting[0] for setting, _, _ in points}):
             at = [v for setting, context, v in points if setting[0] == model and context >= min_context]
-            values = [v for v in at if v is not None]  # None: another system failed, the fastest is unknown
+            values = [v for v in at if v is not None]  # None: the fastest unknown, or WriteScope did not complete
             if at:
                 rows.append((profile, model, mean_text(math.exp(np.mean(np.log(values))) if values else None),
                              f"{min(values):.2f}–{max(values):.2f}" if values else "n/a", len(values),
@@ -1511,7 +1519,8 @@ def projected_section(runs, min_context):
                              f"({context_label(min_context)}); give a smaller `--min-context` to include them.")
     if not rows and not below:
         return [f"No setting where {SUBJECT} and another system both fit."]
-    lines = table(("profile", "model", "geomean speedup (×)", "range (×)", "points", "left out (a system failed)",
+    lines = table(("profile", "model", "geomean speedup (×)", "range (×)", "points",
+                   f"left out (a baseline failed, or {SUBJECT} did not complete)",
                    "paper's headline"), rows) if rows else []
     # Side by side, the two columns would read as a reproduction: neither is a measurement here.
     if any(row[-1] != "—" for row in rows):

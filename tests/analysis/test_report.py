@@ -1309,6 +1309,29 @@ class SpeedupPairing(unittest.TestCase):
                                                 run("hybrimoe", None)])
         self.assertEqual([speedup for _, _, speedup in points["p"]], [None])
 
+    def test_a_projection_where_writescope_does_not_fit_is_left_out_not_dropped(self):
+        # WriteScope 2x at 16K, does not fit at 128K where MoE-Lightning runs: one point and one left out, as the
+        # measured tables count it (dropped, the table read 2x over one point and nothing left out).
+        report = report_module()
+        def run(system, context, tps):
+            return report.Run(model="m", model_label="m", system=system, batch=1, context=context,
+                              vram_budget_bytes=VRAM, repetition=0, status="complete" if tps else "does_not_fit",
+                              reason="", expert_policy=system, system_comparison=True,
+                              measured=report.Measurements(**{
+                                  name: (tps if name == "tokens_per_second" else None)
+                                  for name in report.Measurements.__dataclass_fields__}) if tps else None,
+                              predicted=True, profile="p")
+        runs = [run("writescope", 16384, 20.0), run("moe-lightning", 16384, 10.0),
+                run("writescope", 131072, None), run("moe-lightning", 131072, 5.0)]
+        points = report.best_baseline_speedups(runs)
+        self.assertEqual([(context, speedup) for _, context, speedup in points["p"]], [(16384, 2.0), (131072, None)])
+        lines = report.projected_section(runs, 0)
+        self.assertIn("| p | m | 2.00 | 2.00–2.00 | 1 | 1 |", "\n".join(lines))
+        # Neither side at a context: nothing to compare, nothing left out.
+        points = report.best_baseline_speedups(runs[:2] + [run("writescope", 65536, None),
+                                                           run("moe-lightning", 65536, None)])
+        self.assertEqual([context for _, context, _ in points["p"]], [16384])
+
 
 class InvalidInput(unittest.TestCase):
     def setUp(self):
