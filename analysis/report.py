@@ -791,11 +791,21 @@ def speedups(throughput, subject, baseline):
 def geomean(runs, subject, baseline, min_context):
     """(geometric-mean speedup of `subject` over `baseline` at contexts >= min_context or None, points,
     points left out): a point is a setting and context; one is left out where both systems have runs there
-    but not a repetition both completed (one did not fit or failed)."""
-    values = [s for _, context, s in speedups(throughputs(runs), subject, baseline) if context >= min_context]
+    but not a repetition both completed (one did not fit or failed), or have them only on two machine
+    setups while they are compared at that setting on one (a run that failed, retried by a resume on
+    another setup: else neither a point nor left out)."""
+    points = [(setting, context, s) for setting, context, s in speedups(throughputs(runs), subject, baseline)
+              if context >= min_context]
+    values = [s for _, _, s in points]
     ran = [{(run.setting, run.context) for run in runs if run.system == system and run.context >= min_context}
            for system in (subject, baseline)]
-    return (math.exp(np.mean(np.log(values))) if values else None), len(values), len(ran[0] & ran[1]) - len(values)
+    def across_setups(pairs):  # Run.setting ends in the setup
+        return {(setting[:-1], context) for setting, context in pairs}
+    compared = {setting[:-1] for setting, _ in ran[0] & ran[1]}
+    shared = {(setting, context) for setting, context in across_setups(ran[0]) & across_setups(ran[1])
+              if setting in compared}
+    left_out = len(shared - across_setups((setting, context) for setting, context, _ in points))
+    return (math.exp(np.mean(np.log(values))) if values else None), len(values), left_out
 
 
 def expert_policies(runs, system):

@@ -1240,12 +1240,16 @@ class SpeedupPairing(unittest.TestCase):
             spec.update(tokens_per_second=tps, pinned_bytes=PINNED_GIB << 30, host_bytes=HOST_GIB << 30)
         return spec
 
-    def rows(self, specs, min_context=0):
-        """{(model label, baseline): (geometric mean, points, left out)} of the system-against-system table."""
+    def rows(self, specs, min_context=0, edit=None):
+        """{(model label, baseline): (geometric mean, points, left out)} of the system-against-system table;
+        `edit(root)` changes the written file first."""
         report = report_module()
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "results.h5")
             write_results(path, specs)
+            if edit:
+                with h5py.File(path, "r+") as root:
+                    edit(root)
             runs = report.load(path).runs
         return {(model, baseline): (None if mean is None else round(mean, 9), points, left_out)
                 for model, _, baseline, mean, points, left_out, _ in report.geomean_rows(runs, min_context)}
@@ -1278,6 +1282,18 @@ class SpeedupPairing(unittest.TestCase):
                  self.spec("writescope", 20.0, context=32768), self.spec("gpu-only", None, context=32768)]
         self.assertEqual(self.rows(specs)["qwen3-30b-a3b", "gpu-only"], (3.0, 1, 1))
         self.assertEqual(self.rows(specs, min_context=32768)["qwen3-30b-a3b", "gpu-only"], (None, 0, 1))
+
+    def test_a_point_split_between_two_setups_is_left_out(self):
+        # WriteScope failed at 32K on the first setup and a resume on another measured it there: its pair with
+        # gpu-only's 32K run spans two setups, so it is no point, and left out (it vanished from the count).
+        specs = [self.spec("writescope", 30.0), self.spec("gpu-only", 10.0),
+                 self.spec("writescope", 20.0, context=32768), self.spec("gpu-only", 10.0, context=32768)]
+        def retried_elsewhere(root):
+            root.attrs["machine"] = "cpu_model: Test CPU\nbuild_type: Release\n"
+            for group in root["runs"].values():
+                if group.attrs["system"] == "writescope" and group.attrs["context"] == 32768:
+                    group.attrs["machine"] = "cpu_model: Test CPU\nbuild_type: Debug\n"
+        self.assertEqual(self.rows(specs, edit=retried_elsewhere)["qwen3-30b-a3b", "gpu-only"], (3.0, 1, 1))
 
     def test_a_run_the_machines_memory_refused_is_not_called_one_that_does_not_fit(self):
         # `does_not_fit` with a "host memory:" reason: the budgets may hold it; resume measures it again.
