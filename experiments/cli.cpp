@@ -805,7 +805,10 @@ int generate_command(const std::vector<std::string>& args, std::ostream& out) {
   std::string group_name;
   // The checkpoint's headers, read once: a damaged one is refused before any output is made.
   std::optional<SafetensorsCheckpoint> checkpoint;
-  if (from_checkpoint) checkpoint.emplace(model_name);
+  if (from_checkpoint) {
+    checkpoint.emplace(model_name);
+    check_checkpoint_sizes(*checkpoint, config);
+  }
   if (options.count("--logits")) prepare_output_option("generate: --logits", options["--logits"]);
   const bool new_logits_file = options.count("--logits") && !std::filesystem::exists(options["--logits"]);
   if (options.count("--logits")) {

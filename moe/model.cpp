@@ -508,6 +508,7 @@ MoeModel MoeModel::synthetic(const ModelConfig& config, std::uint64_t seed, Mode
 
 MoeModel MoeModel::from_checkpoint(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config,
                                    ModelOptions options) {
+  check_checkpoint_sizes(checkpoint, config);
   return MoeModel(config, [&](const TensorSpec& spec) { return checkpoint.read<bf16>(spec.name, spec.shape); },
                   std::move(options));
 }

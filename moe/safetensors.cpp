@@ -21,6 +21,13 @@
 #include "framework/log.hpp"
 
 namespace writescope {
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
 namespace {
 
 /// Where and why the JSON parser stopped, without the parser's own prefix.
@@ -30,12 +37,6 @@ std::string json_problem(const YAML::Exception& e) {
 }
 
 namespace fs = std::filesystem;
-
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
 
 TensorDType parse_dtype(const std::string& name, const std::string& where) {
   if (name == "F32") return TensorDType::f32;

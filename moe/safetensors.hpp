@@ -30,6 +30,9 @@ enum class TensorDType { f32, f16, bf16 };
 const char* dtype_name(TensorDType dtype);
 std::size_t dtype_bytes(TensorDType dtype);
 
+/// A tensor's shape as its errors print it: "[4, 64]".
+std::string shape_text(const std::vector<std::int64_t>& shape);
+
 struct TensorInfo {
   std::string file;  // the shard holding it
   TensorDType dtype;

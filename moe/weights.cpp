@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <set>
 #include <sstream>
 
@@ -57,57 +58,96 @@ std::int64_t TensorSpec::elements() const {
   return n;
 }
 
-std::vector<TensorSpec> weight_specs(const ModelConfig& c) {
-  SpecList s;
+namespace {
+
+/// Which routed experts layer_specs lists: all, or the first and the last.
+enum class Experts { all, first_and_last };
+
+/// The tensors of layer `layer` of `c`, in weight_specs order.
+void layer_specs(SpecList& s, const ModelConfig& c, int layer, Experts experts) {
   const std::int64_t h = c.hidden;
-  s.linear("model.embed_tokens.weight", c.vocab, h);
-  for (int layer = 0; layer < c.layers; ++layer) {
-    const std::string p = "model.layers." + std::to_string(layer) + ".";
-    s.norm(p + "input_layernorm.weight", h);
-    s.norm(p + "post_attention_layernorm.weight", h);
-    if (c.mla()) {
-      const std::int64_t q_dim = std::int64_t{c.q_heads} * (c.qk_nope_head_dim + c.qk_rope_head_dim);
-      if (c.q_lora_rank > 0) {
-        s.linear(p + "self_attn.q_a_proj.weight", c.q_lora_rank, h);
-        s.norm(p + "self_attn.q_a_layernorm.weight", c.q_lora_rank);
-        s.linear(p + "self_attn.q_b_proj.weight", q_dim, c.q_lora_rank);
-      } else {
-        s.linear(p + "self_attn.q_proj.weight", q_dim, h);
-      }
-      s.linear(p + "self_attn.kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, h);
-      s.norm(p + "self_attn.kv_a_layernorm.weight", c.kv_lora_rank);
-      s.linear(p + "self_attn.kv_b_proj.weight", std::int64_t{c.q_heads} * (c.qk_nope_head_dim + c.v_head_dim),
-               c.kv_lora_rank);
-      s.linear(p + "self_attn.o_proj.weight", h, std::int64_t{c.q_heads} * c.v_head_dim);
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  s.norm(p + "input_layernorm.weight", h);
+  s.norm(p + "post_attention_layernorm.weight", h);
+  if (c.mla()) {
+    const std::int64_t q_dim = std::int64_t{c.q_heads} * (c.qk_nope_head_dim + c.qk_rope_head_dim);
+    if (c.q_lora_rank > 0) {
+      s.linear(p + "self_attn.q_a_proj.weight", c.q_lora_rank, h);
+      s.norm(p + "self_attn.q_a_layernorm.weight", c.q_lora_rank);
+      s.linear(p + "self_attn.q_b_proj.weight", q_dim, c.q_lora_rank);
     } else {
-      s.linear(p + "self_attn.q_proj.weight", std::int64_t{c.q_heads} * c.head_dim, h);
-      s.linear(p + "self_attn.k_proj.weight", std::int64_t{c.kv_heads} * c.head_dim, h);
-      s.linear(p + "self_attn.v_proj.weight", std::int64_t{c.kv_heads} * c.head_dim, h);
-      s.linear(p + "self_attn.o_proj.weight", h, std::int64_t{c.q_heads} * c.head_dim);
-      if (c.qk_norm) {
-        s.norm(p + "self_attn.q_norm.weight", c.head_dim);
-        s.norm(p + "self_attn.k_norm.weight", c.head_dim);
-      }
+      s.linear(p + "self_attn.q_proj.weight", q_dim, h);
     }
-    if (layer < c.dense_layers) {
-      s.swiglu(p + "mlp.", h, c.dense_intermediate, "gate_proj", "up_proj", "down_proj");
-      continue;
+    s.linear(p + "self_attn.kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, h);
+    s.norm(p + "self_attn.kv_a_layernorm.weight", c.kv_lora_rank);
+    s.linear(p + "self_attn.kv_b_proj.weight", std::int64_t{c.q_heads} * (c.qk_nope_head_dim + c.v_head_dim),
+             c.kv_lora_rank);
+    s.linear(p + "self_attn.o_proj.weight", h, std::int64_t{c.q_heads} * c.v_head_dim);
+  } else {
+    s.linear(p + "self_attn.q_proj.weight", std::int64_t{c.q_heads} * c.head_dim, h);
+    s.linear(p + "self_attn.k_proj.weight", std::int64_t{c.kv_heads} * c.head_dim, h);
+    s.linear(p + "self_attn.v_proj.weight", std::int64_t{c.kv_heads} * c.head_dim, h);
+    s.linear(p + "self_attn.o_proj.weight", h, std::int64_t{c.q_heads} * c.head_dim);
+    if (c.qk_norm) {
+      s.norm(p + "self_attn.q_norm.weight", c.head_dim);
+      s.norm(p + "self_attn.k_norm.weight", c.head_dim);
     }
-    const bool mixtral = c.architecture == Architecture::mixtral;
-    const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
-    s.linear(moe + "gate.weight", c.experts, h);
-    for (int e = 0; e < c.experts; ++e) {
-      const std::string expert = moe + "experts." + std::to_string(e) + ".";
-      if (mixtral) s.swiglu(expert, h, c.expert_intermediate, "w1", "w3", "w2");
-      else s.swiglu(expert, h, c.expert_intermediate, "gate_proj", "up_proj", "down_proj");
-    }
-    if (c.shared_experts > 0)
-      s.swiglu(moe + "shared_experts.", h, std::int64_t{c.shared_experts} * c.expert_intermediate, "gate_proj",
-               "up_proj", "down_proj");
   }
-  s.norm("model.norm.weight", h);
-  if (!c.tied_embeddings) s.linear("lm_head.weight", c.vocab, h);
+  if (layer < c.dense_layers) {
+    s.swiglu(p + "mlp.", h, c.dense_intermediate, "gate_proj", "up_proj", "down_proj");
+    return;
+  }
+  const bool mixtral = c.architecture == Architecture::mixtral;
+  const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  s.linear(moe + "gate.weight", c.experts, h);
+  auto expert = [&](int e) {
+    const std::string prefix = moe + "experts." + std::to_string(e) + ".";
+    if (mixtral) s.swiglu(prefix, h, c.expert_intermediate, "w1", "w3", "w2");
+    else s.swiglu(prefix, h, c.expert_intermediate, "gate_proj", "up_proj", "down_proj");
+  };
+  if (experts == Experts::all) {
+    for (int e = 0; e < c.experts; ++e) expert(e);
+  } else {
+    expert(0);
+    if (c.experts > 1) expert(c.experts - 1);
+  }
+  if (c.shared_experts > 0)
+    s.swiglu(moe + "shared_experts.", h, std::int64_t{c.shared_experts} * c.expert_intermediate, "gate_proj",
+             "up_proj", "down_proj");
+}
+
+/// weight_specs of the layers `layers` lists (ascending, each once).
+std::vector<TensorSpec> specs_of_layers(const ModelConfig& c, const std::vector<int>& layers, Experts experts) {
+  SpecList s;
+  s.linear("model.embed_tokens.weight", c.vocab, c.hidden);
+  for (int layer : layers) layer_specs(s, c, layer, experts);
+  s.norm("model.norm.weight", c.hidden);
+  if (!c.tied_embeddings) s.linear("lm_head.weight", c.vocab, c.hidden);
   return s.take();
+}
+
+}  // namespace
+
+std::vector<TensorSpec> weight_specs(const ModelConfig& c) {
+  std::vector<int> layers(static_cast<std::size_t>(c.layers));
+  std::iota(layers.begin(), layers.end(), 0);
+  return specs_of_layers(c, layers, Experts::all);
+}
+
+void check_checkpoint_sizes(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config) {
+  // The first layer, the first with routed experts, the last; their first and last experts.
+  const std::set<int> layers{0, std::min(config.dense_layers, config.layers - 1), config.layers - 1};
+  for (const TensorSpec& spec :
+       specs_of_layers(config, std::vector<int>(layers.begin(), layers.end()), Experts::first_and_last)) {
+    const std::string disagrees =
+        "checkpoint " + checkpoint.folder() + ": its config.json disagrees with its weights: tensor '" + spec.name + "' ";
+    if (!checkpoint.contains(spec.name))
+      throw CheckpointError(disagrees + "(" + shape_text(spec.shape) +
+                            " by config.json's sizes) is not in the checkpoint");
+    if (const TensorInfo& info = checkpoint.info(spec.name); info.shape != spec.shape)
+      throw CheckpointError(disagrees + "has shape " + shape_text(info.shape) + ", where config.json's sizes give " +
+                            shape_text(spec.shape));
+  }
 }
 
 template <class Scalar>

@@ -51,6 +51,15 @@ void write_synthetic_checkpoint(const std::string& folder, const ModelConfig& co
 /// lm_head, no shared experts), by name.
 std::vector<std::string> unused_tensors(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config);
 
+/// Throws CheckpointError, naming the tensor and both shapes, where the
+/// tensors that fix `config`'s sizes (embedding, head, the first, first
+/// routed and last layers with their first and last experts) are missing
+/// from `checkpoint` or shaped otherwise: a config.json that disagrees with
+/// its weights, found before anything is sized from it (two billion experts
+/// listed tensor by tensor until memory runs out; a budget blamed for a
+/// vocabulary the weights do not have).
+void check_checkpoint_sizes(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config);
+
 /// Reads every tensor of weight_specs(config) from `checkpoint`, checking shapes.
 template <class Scalar>
 std::vector<std::vector<Scalar>> load_weights(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config);

@@ -67,4 +67,23 @@ if(NOT status EQUAL 1 OR NOT err MATCHES "checkpoint error: .*model.safetensors:
   message(FATAL_ERROR "generate --logits from a damaged checkpoint (${status}): ${err}")
 endif()
 file(REMOVE ${FOLDER}.h5.lock)
+# A config.json whose sizes the weights do not have is that error, before
+# anything is sized from it: two billion experts were listed tensor by tensor
+# until memory ran out, and a larger vocabulary was blamed on --vram-budget.
+foreach(edit "\"num_experts\": [0-9]+/\"num_experts\": 2000000000/model.layers.0.mlp.gate.weight' has shape [[][0-9]+, [0-9]+[]], where config.json's sizes give [[]2000000000, [0-9]+[]]"
+             "\"vocab_size\": [0-9]+/\"vocab_size\": 100000000/model.embed_tokens.weight' has shape [[][0-9]+, [0-9]+[]], where config.json's sizes give [[]100000000, [0-9]+[]]")
+  string(REPLACE "/" ";" parts "${edit}")
+  list(GET parts 0 field)
+  list(GET parts 1 value)
+  list(GET parts 2 expected)
+  make_checkpoint()
+  file(READ ${FOLDER}/config.json json)
+  string(REGEX REPLACE "${field}" "${value}" edited "${json}")
+  file(WRITE ${FOLDER}/config.json "${edited}")
+  execute_process(COMMAND ${COMMAND} generate --model ${FOLDER} --prompt 3,1 --new-tokens 2 TIMEOUT 60
+    RESULT_VARIABLE status ERROR_VARIABLE err)
+  if(NOT status EQUAL 1 OR NOT err MATCHES "checkpoint error: checkpoint .*: its config.json disagrees with its weights: tensor '${expected}")
+    message(FATAL_ERROR "generate with ${value} in config.json (${status}): ${err}")
+  endif()
+endforeach()
 file(REMOVE_RECURSE "${FOLDER}")

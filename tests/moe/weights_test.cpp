@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <numeric>
@@ -89,6 +90,70 @@ TEST(Weights, SyntheticCheckpointsLoadBackForEachArchitecture) {
         ASSERT_EQ(weights[i][k].bits, expected[k].bits) << specs[i].name << " element " << k;
     }
   }
+  fs::remove_all(dir);
+}
+
+/// What check_checkpoint_sizes says of `config` against `checkpoint`: empty where it agrees.
+std::string size_disagreement(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config) {
+  try {
+    check_checkpoint_sizes(checkpoint, config);
+    return {};
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+}
+
+// A config whose sizes its checkpoint's weights do not have is named by the
+// first tensor that shows it, at once even where listing every tensor would
+// not end (two billion experts).
+TEST(Weights, ACheckpointThatDisagreesWithItsConfigIsNamedByATensor) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("writescope_sizes_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const ModelConfig config = model_preset("tiny-deepseek-v2");  // a dense first layer, shared experts
+  ASSERT_EQ(config.dense_layers, 1);
+  write_synthetic_checkpoint(dir.string(), config, 3, TensorDType::bf16);
+  const SafetensorsCheckpoint checkpoint(dir.string());
+  EXPECT_EQ(size_disagreement(checkpoint, config), "");
+  const std::string intermediate = std::to_string(config.expert_intermediate);
+  const std::string hidden = std::to_string(config.hidden);
+  const std::vector<std::pair<std::function<void(ModelConfig&)>, std::string>> cases = {
+      {[](ModelConfig& c) { c.layers += 1; },
+       "tensor 'model.layers." + std::to_string(config.layers) + ".input_layernorm.weight' ([" + hidden +
+           "] by config.json's sizes) is not in the checkpoint"},
+      {[](ModelConfig& c) { c.experts = 2000000000; },
+       "tensor 'model.layers.1.mlp.gate.weight' has shape [" + std::to_string(config.experts) + ", " + hidden +
+           "], where config.json's sizes give [2000000000, " + hidden + "]"},
+      {[](ModelConfig& c) { c.vocab *= 2; }, "tensor 'model.embed_tokens.weight' has shape ["},
+      {[](ModelConfig& c) { c.dense_intermediate += 1; }, "tensor 'model.layers.0.mlp.gate_proj.weight' has shape ["},
+      {[](ModelConfig& c) { c.expert_intermediate += 1; },
+       "tensor 'model.layers.1.mlp.experts.0.gate_proj.weight' has shape [" + intermediate + ", "},
+      {[](ModelConfig& c) { c.shared_experts += 1; },
+       "tensor 'model.layers.1.mlp.shared_experts.gate_proj.weight' has shape ["},
+      {[](ModelConfig& c) { c.kv_lora_rank += 1; },
+       "tensor 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight' has shape ["},
+  };
+  for (const auto& [edit, expected] : cases) {
+    ModelConfig disagreeing = config;
+    edit(disagreeing);
+    const std::string said = size_disagreement(checkpoint, disagreeing);
+    EXPECT_NE(said.find("checkpoint " + dir.string() + ": its config.json disagrees with its weights: " + expected),
+              std::string::npos)
+        << said;
+  }
+  // The last layer's last expert is looked at too: a checkpoint without its down projection.
+  const fs::path partial = dir / "without_the_last_expert";
+  fs::create_directories(partial);
+  const std::string last = "model.layers." + std::to_string(config.layers - 1) + ".mlp.experts." +
+                           std::to_string(config.experts - 1) + ".down_proj.weight";
+  std::map<std::string, TensorToWrite> tensors;
+  for (const TensorSpec& spec : weight_specs(config))
+    if (spec.name != last)
+      tensors[spec.name] = TensorToWrite{TensorDType::bf16, spec.shape, synthetic_tensor<float>(spec, 3)};
+  write_safetensors((partial / "model.safetensors").string(), tensors);
+  const std::string said = size_disagreement(SafetensorsCheckpoint(partial.string()), config);
+  EXPECT_NE(said.find("tensor '" + last + "' ([" + hidden + ", " + intermediate + "] by config.json's sizes) is not"),
+            std::string::npos)
+      << said;
   fs::remove_all(dir);
 }
 
