@@ -78,18 +78,24 @@ std::string join(std::initializer_list<std::string_view> words) {
   return out;
 }
 
-/// The first key that appears twice in one mapping of `node`, as "path (line L)".
-std::optional<std::string> first_duplicate_key(const YAML::Node& node, const std::string& path) {
+/// Thrown by first_duplicate_key past max_yaml_values values.
+struct TooManyValues {};
+
+/// The first key that appears twice in one mapping of `node`, as "path (line
+/// L)". `left`: values it may still look at (an alias is walked again where
+/// it is used, so that ten lines of aliases can stand for 10^9 values).
+std::optional<std::string> first_duplicate_key(const YAML::Node& node, const std::string& path, std::size_t& left) {
+  if (left-- == 0) throw TooManyValues{};
   if (node.IsSequence()) {
     for (std::size_t i = 0; i < node.size(); ++i)
-      if (auto found = first_duplicate_key(node[i], path + "[" + std::to_string(i) + "]")) return found;
+      if (auto found = first_duplicate_key(node[i], path + "[" + std::to_string(i) + "]", left)) return found;
   } else if (node.IsMap()) {
     std::unordered_set<std::string> seen;  // safetensors indexes list tens of thousands of tensors
     for (const auto& entry : node) {
       const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : "?";
       const std::string key_path = path.empty() ? key : path + "." + key;
       if (!seen.insert(key).second) return key_path + "' (line " + std::to_string(entry.first.Mark().line + 1) + ")";
-      if (auto found = first_duplicate_key(entry.second, key_path)) return found;
+      if (auto found = first_duplicate_key(entry.second, key_path, left)) return found;
     }
   }
   return std::nullopt;
@@ -98,7 +104,13 @@ std::optional<std::string> first_duplicate_key(const YAML::Node& node, const std
 }  // namespace
 
 std::optional<std::string> duplicate_key(const YAML::Node& root) {
-  if (auto found = first_duplicate_key(root, "")) return "key '" + *found + " appears twice in one mapping";
+  std::size_t left = max_yaml_values;
+  try {
+    if (auto found = first_duplicate_key(root, "", left)) return "key '" + *found + " appears twice in one mapping";
+  } catch (const TooManyValues&) {
+    return "holds more than " + std::to_string(max_yaml_values) +
+           " values with its aliases (*name) expanded; write the values out, or fewer";
+  }
   return std::nullopt;
 }
 

@@ -7,6 +7,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -43,8 +44,14 @@ std::string byte_size_problem(std::string_view text);
 /// the printed digit).
 std::string format_byte_size(std::uint64_t bytes);
 
+/// Values a config, profile or checkpoint header may hold, counted with its
+/// YAML aliases expanded (a safetensors index of the largest models: about 10^5).
+inline constexpr std::size_t max_yaml_values = 10'000'000;
+
 /// Describes the first key given twice in one mapping of `root` (YAML keeps
-/// both and lookups see the first: a silent "first value wins"); nothing if none.
+/// both and lookups see the first: a silent "first value wins"), or a
+/// document past max_yaml_values values (ten lines of aliases can stand for
+/// 10^9, which every walk of it would take minutes over); nothing if neither.
 std::optional<std::string> duplicate_key(const YAML::Node& root);
 
 class ConfigNode {

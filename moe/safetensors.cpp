@@ -235,6 +235,12 @@ void SafetensorsCheckpoint::add_file(const std::string& file_name) {
     throw CheckpointError(path + ": truncated (no header length)");
   std::uint64_t header_length = 0;
   for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | length_bytes[i];
+  // The format's own limit (the reference reader's): a damaged length is not read as gigabytes of header.
+  constexpr std::uint64_t max_header_length = 100'000'000;
+  if (header_length > max_header_length)
+    throw CheckpointError(path + ": the header length, " + std::to_string(header_length) +
+                          " bytes, is past safetensors' limit of " + std::to_string(max_header_length) +
+                          ": not a safetensors file, or damaged");
   if (header_length > size - 8) throw CheckpointError(path + ": truncated (header longer than the file)");
   std::string header(header_length, '\0');
   in.read(header.data(), static_cast<std::streamsize>(header_length));

@@ -130,6 +130,24 @@ TEST(Config, TopLevelMustBeAMapping) {
   EXPECT_EQ(e.reason(), "expected a mapping at the top level, got a list");
 }
 
+// Aliases (*name) are walked where they are used: nine lines of ten each
+// stand for 10^9 values, which took minutes before the config's first error.
+// Past max_yaml_values the document is that error; aliases below it read.
+TEST(Config, AliasesThatExpandPastTheValueLimitAreOneError) {
+  std::string bomb = "a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n";
+  for (int level = 1; level < 9; ++level) {
+    const std::string previous = "*a" + std::to_string(level - 1);
+    bomb += "a" + std::to_string(level) + ": &a" + std::to_string(level) + " [" + previous;
+    for (int i = 1; i < 10; ++i) bomb += ", " + previous;
+    bomb += "]\n";
+  }
+  const auto e = expect_config_error([&] { ConfigNode::parse(bomb, "bomb.yaml"); });
+  EXPECT_EQ(e.reason(), "holds more than " + std::to_string(max_yaml_values) +
+                            " values with its aliases (*name) expanded; write the values out, or fewer");
+  const auto few = ConfigNode::parse("base: &base {layers: 2}\nmodels: [*base, *base]\n", "aliases.yaml");
+  EXPECT_EQ(few.child("base").get<int>("layers"), 2);
+}
+
 TEST(Config, UnreadableFileIsNamed) {
   const auto e = expect_config_error([] { ConfigNode::load_file("/nonexistent/writescope.yaml"); });
   EXPECT_EQ(e.source(), "/nonexistent/writescope.yaml");

@@ -85,6 +85,11 @@ TEST_F(SafetensorsTest, ErrorsNameFileTensorAndExpectation) {
   std::ofstream(file, std::ios::binary) << std::string("\x05\x00\x00\x00\x00\x00\x00\x00{oops", 13);
   expect_error([&] { SafetensorsCheckpoint broken(dir_.string()); },
                {file, "the header is not JSON (line 1, column 2: an object key not in double quotes)"});
+  // A length past the format's limit (here 2^32 + 2 in a sparse file that long): not read as 4 GiB of header.
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << std::string("\x02\x00\x00\x00\x01\x00\x00\x00{}", 10);
+  fs::resize_file(file, (std::uint64_t{1} << 32) + 10);
+  expect_error([&] { SafetensorsCheckpoint damaged(dir_.string()); },
+               {file, "the header length, 4294967298 bytes, is past safetensors' limit of 100000000"});
   expect_error([&] { SafetensorsCheckpoint missing((dir_ / "nowhere").string()); }, {"no such folder"});
   fs::remove(file);
   expect_error([&] { SafetensorsCheckpoint empty(dir_.string()); }, {"neither model.safetensors"});
