@@ -1575,9 +1575,9 @@ def provenance_lines(results):
     else:
         lines.append(f"- **Runs of {len(revisions)} git revisions**: {counted(revisions)}; their figures compare "
                      "builds as well as systems.")
-    if any(revision.endswith("-dirty") for revision in revisions):
-        lines.append("- **Built from a modified tree** (`-dirty`): the revision alone does not rebuild these "
-                     "binaries.")
+    if any(re.search(r"-dirty(-[0-9a-f]+)?$", revision) for revision in revisions):
+        lines.append("- **Built from a modified tree** (`-dirty`, with a hash of the modification where recorded): "
+                     "the revision alone does not rebuild these binaries.")
     if len(setups) == 1:
         machine = next(iter(setups.values()))[0]
         if machine is not None:

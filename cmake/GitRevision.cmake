@@ -1,12 +1,38 @@
 # cmake -DSOURCE_DIR=<repo> -DOUTPUT=<file.cpp> -P GitRevision.cmake
 # Writes the source's `git describe --always --dirty` into OUTPUT, touching the
-# file only when the revision changed so that nothing relinks needlessly.
+# file only when the revision changed so that nothing relinks needlessly. A
+# modified tree's revision ends in "-dirty-" and 12 hex digits of a hash of
+# its changes (the diff against HEAD and the untracked files' names and
+# contents): two different edits of one commit are two revisions, which
+# resume and merge keep apart.
 execute_process(
   COMMAND git -C "${SOURCE_DIR}" describe --always --dirty --abbrev=12
   OUTPUT_VARIABLE revision OUTPUT_STRIP_TRAILING_WHITESPACE
   RESULT_VARIABLE status ERROR_QUIET)
 if(NOT status EQUAL 0 OR revision STREQUAL "")
   set(revision "unknown (not a git checkout)")
+elseif(revision MATCHES "-dirty$")
+  execute_process(COMMAND git -C "${SOURCE_DIR}" diff HEAD --binary
+    OUTPUT_VARIABLE changes RESULT_VARIABLE diff_status ERROR_QUIET)
+  execute_process(COMMAND git -C "${SOURCE_DIR}" -c core.quotePath=false ls-files --others --exclude-standard
+    OUTPUT_VARIABLE untracked RESULT_VARIABLE list_status ERROR_QUIET)
+  if(NOT diff_status EQUAL 0 OR NOT list_status EQUAL 0)
+    message(FATAL_ERROR "GitRevision: cannot list the changes of the modified tree ${SOURCE_DIR}")
+  endif()
+  string(REPLACE ";" "\\;" untracked "${untracked}")
+  string(REPLACE "\n" ";" untracked "${untracked}")
+  foreach(name IN LISTS untracked)
+    # A name git quotes (a newline or a quote in it) is hashed as named.
+    if(EXISTS "${SOURCE_DIR}/${name}" AND NOT IS_DIRECTORY "${SOURCE_DIR}/${name}")
+      file(SHA256 "${SOURCE_DIR}/${name}" content)
+      string(APPEND changes "untracked ${name} ${content}\n")
+    elseif(NOT name STREQUAL "")
+      string(APPEND changes "untracked ${name}\n")
+    endif()
+  endforeach()
+  string(SHA256 digest "${changes}")
+  string(SUBSTRING "${digest}" 0 12 digest)
+  set(revision "${revision}-${digest}")
 endif()
 set(content "extern \"C\" const char* writescope_git_revision_string() { return \"${revision}\"; }\n")
 if(EXISTS "${OUTPUT}")

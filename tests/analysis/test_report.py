@@ -985,6 +985,10 @@ class Provenance(unittest.TestCase):
         self.assertIn("`feedbeef0001-dirty` (3 runs)", markdown)
         self.assertIn(f"`0123abcd` ({len(run_specs()) - 3} runs)", markdown)
         self.assertIn("**Built from a modified tree**", markdown)
+        # A build since revisions name their modification (cmake/GitRevision.cmake).
+        markdown = self.report_of(lambda root: root["runs"]["r0"].attrs.update(
+            git_revision="feedbeef0001-dirty-0a1b2c3d4e5f"))
+        self.assertIn("**Built from a modified tree**", markdown)
 
     def test_a_profile_without_gpu_says_what_its_runs_cannot_show(self):
         markdown = self.report_of(lambda root: root["profile"].attrs.update(has_gpu=np.int64(0)))
