@@ -167,17 +167,26 @@ void WriteScopeScheduler<Scalar>::observe(const SplitPlan& plan, const SplitTimi
   const StepBytes bytes = bytes_of(plan);
   const double cpu_profile_seconds =
       RooflineModel(profile_).cpu_attention_seconds(bytes.cpu_resident, segment_bytes(plan.cpu_pinned));
+  // A device whose share of the band gives no sample (none, or too short to
+  // time: a few blocks left it by a low estimate) drifts back to the
+  // profile's rate, so that one bad spell cannot keep it out of the split
+  // for good; where its share is timed, the samples correct the drift.
   const bool band = !plan.cpu_pinned.empty() || !plan.gpu_streamed.empty();
   if (sample(cpu_speed_, cpu_profile_seconds, timings.cpu_seconds, model_.rates().cpu_latency_s))
     cpu_timed_ = true;
-  else if (band && plan.cpu_pinned.empty())
+  else if (band)
     cpu_speed_.relax(1.0, options_.untimed_relaxation);
   if (model_.rates().has_gpu) {
     if (!sample(link_rate_, segment_bytes(plan.gpu_streamed), timings.streamed_seconds,
                 model_.rates().link_latency_s) &&
-        band && plan.gpu_streamed.empty())
+        band)
       link_rate_.relax(profile_.link_gbps * 1e9, options_.untimed_relaxation);
-    sample(resident_rate_, bytes.gpu_resident, timings.resident_seconds, model_.rates().gpu_latency_s);
+    // The resident kernel is timed only where it ends after the streamed
+    // path (split.cpp): one that ends before it is no slower than the
+    // profile says as far as the step can tell, so its rate drifts back.
+    if (!sample(resident_rate_, bytes.gpu_resident, timings.resident_seconds, model_.rates().gpu_latency_s) &&
+        bytes.gpu_resident > 0)
+      resident_rate_.relax(profile_.hbm_gbps * 1e9, options_.untimed_relaxation);
     model_.rates().link_gbps = link_rate_.value() / 1e9;
     model_.rates().hbm_gbps = resident_rate_.value() / 1e9;
   }

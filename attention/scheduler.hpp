@@ -30,8 +30,9 @@ namespace writescope {
 struct SchedulerOptions {
   double resident_headroom = 0.5;  // CpuResident share computed at this fraction of the CPU's rate
   bool feedback = true;            // observe() replaces the profile's rates by measured ones
-  /// Per observe() in which the plan gave a device none of the band (so it
-  /// was not timed): how far its rate moves back towards the profile's. A
+  /// Per observe() in which a device's work gave no sample (none of the
+  /// band, a share too short to time, a resident kernel that ended before the
+  /// streamed path): how far its rate moves back towards the profile's. A
   /// spell of contention then cannot keep it out of the split for good.
   double untimed_relaxation = 0.05;
 };

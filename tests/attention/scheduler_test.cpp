@@ -506,6 +506,83 @@ TEST_F(SchedulerTest, AStarvedDeviceIsTimedAgain) {
   EXPECT_FALSE(step(50, 50).cpu_pinned.empty());
 }
 
+// A low CPU estimate can leave the CPU a few blocks whose time is mostly its
+// launch latency, too short to be a sample: the estimate still drifts back,
+// or the CPU kept those blocks for good (the relaxation ran only where its
+// share was empty). Slow spells at several rates, so that one of them leaves
+// such a share on this shape.
+TEST_F(SchedulerTest, ACpuShareTooShortToTimeStillDriftsBack) {
+  auto cache = make_cache(/*vram_blocks=*/0);
+  const int seq = cache->add_sequence();
+  ModelRates rates = test::synthetic_rates(50, 50);
+  rates.cpu_latency_s = 20e-6;
+  const double bytes_per_token = static_cast<double>(block_bytes_) / block_tokens;
+  auto seconds_at = [&](const std::vector<BlockSegment>& segments, double gbps) {
+    double tokens = 0;
+    for (const BlockSegment& s : segments) tokens += s.token_count;
+    return tokens * bytes_per_token / (gbps * 1e9);
+  };
+  {
+    WriteScopeScheduler<bf16> placing(RooflineModel(rates), shape_, *cache);
+    for (int t = 0; t < 256 * block_tokens; t += block_tokens)
+      write(*cache, placing, 0, seq, block_tokens, 256 * block_tokens, true);
+  }
+  const std::vector<TokenRange> range{{0, 256 * block_tokens}};
+  int short_shares = 0;
+  for (const double slow_gbps : {1.0, 0.5, 0.3, 0.2, 0.1, 0.05, 0.02}) {
+    WriteScopeScheduler<bf16> scheduler(RooflineModel(rates), shape_, *cache);
+    auto step = [&](double cpu_gbps) {
+      const SplitPlan plan = scheduler.plan(0, {seq}, range);
+      SplitTimings measured;
+      measured.cpu_seconds = plan.cpu_pinned.empty() ? 0 : rates.cpu_latency_s + seconds_at(plan.cpu_pinned, cpu_gbps);
+      measured.streamed_seconds = measured.gpu_seconds = seconds_at(plan.gpu_streamed, 50);
+      scheduler.observe(plan, measured);
+      return plan;
+    };
+    for (int i = 0; i < 10; ++i) step(slow_gbps);
+    const SplitPlan after = step(50);
+    if (after.cpu_pinned.empty() || rates.cpu_latency_s + seconds_at(after.cpu_pinned, 50) >= 2 * rates.cpu_latency_s)
+      continue;  // not the case: an empty share, or one long enough to time
+    ++short_shares;
+    for (int i = 0; i < 300; ++i) step(50);
+    EXPECT_NEAR(scheduler.model().rates().cpu_attention_gbps, 50, 5) << "after a spell at " << slow_gbps << " GB/s";
+  }
+  EXPECT_GT(short_shares, 0) << "no spell left the CPU a share too short to time";
+}
+
+// The resident kernel is timed only where it ends after the streamed path: a
+// low HBM estimate from a slow spell still drifts back once it ends first,
+// or it stayed low for good (its time is never reported again), and the CPU
+// kept band blocks the GPU would have read sooner. A CPU of 5 GB/s, so that
+// the GPU streams most of the band at either estimate.
+TEST_F(SchedulerTest, AResidentRateNoLongerTimedDriftsBack) {
+  auto cache = make_cache(/*vram_blocks=*/64);
+  WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(50, 5)), shape_, *cache);
+  const int seq = cache->add_sequence();
+  write(*cache, scheduler, 0, seq, 192 * block_tokens, 192 * block_tokens, false);
+  const std::vector<TokenRange> range{{0, 192 * block_tokens}};
+  auto step = [&](double hbm_gbps) {
+    const SplitPlan plan = scheduler.plan(0, {seq}, range);
+    const StepBytes bytes = scheduler.bytes_of(plan);
+    double streamed_bytes = 0;
+    for (const auto& s : plan.gpu_streamed) streamed_bytes += s.token_count;
+    streamed_bytes *= static_cast<double>(block_bytes_) / block_tokens;
+    SplitTimings measured;
+    const double resident = bytes.gpu_resident / (hbm_gbps * 1e9);
+    measured.streamed_seconds = streamed_bytes / 50e9;
+    measured.resident_seconds = resident > measured.streamed_seconds ? resident : 0;  // as split.cpp reports it
+    measured.gpu_seconds = std::max(resident, measured.streamed_seconds);
+    measured.cpu_seconds = (bytes.total() - bytes.gpu_resident - streamed_bytes) / 5e9;
+    scheduler.observe(plan, measured);
+    return streamed_bytes;
+  };
+  for (int i = 0; i < 10; ++i) step(10);  // a spell at 10 GB/s: timed, past the streamed path
+  ASSERT_LT(scheduler.model().rates().hbm_gbps, 20);
+  ASSERT_GT(step(3000), 0) << "the GPU streams part of the band, which now ends after the resident kernel";
+  for (int i = 0; i < 300; ++i) step(3000);
+  EXPECT_NEAR(scheduler.model().rates().hbm_gbps, 3000, 300);
+}
+
 TEST_F(SchedulerTest, FeedbackFitsTheResidentRateApartFromTheLink) {
   auto cache = make_cache(/*vram_blocks=*/64);
   WriteScopeScheduler<bf16> scheduler(RooflineModel(test::synthetic_rates(50, 50)), shape_, *cache);
