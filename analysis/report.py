@@ -97,7 +97,7 @@ class Measurements:
 SETUP_FIELDS = ("cpu_model", "cpu_paths", "cpu_path", "logical_cpus", "host_threads", "openmp_environment",
                 "thread_placement", "memory_bytes", "huge_pages", "dram_read_load_bytes", "gpu_name",
                 "gpu_memory_bytes", "gpu_compute_capability", "kokkos_version", "enabled_exec_spaces", "compiler",
-                "build_type")
+                "build_type", "host_attention_choices")
 NOT_RECORDED = "(not recorded)"
 # The fields of a setup that rebuild and rerun it, beyond Machine.describe()'s, which report.md names.
 BUILD_FIELDS = ("build_type", "compiler", "kokkos_version", "cpu_path", "openmp_environment", "thread_placement")

@@ -561,6 +561,17 @@ std::string describe_decode_cpu_paths(const AttentionShape& shape) {
          "; token-major: " + describe_decode_cpu_path(shape, BlockOrder::token_major);
 }
 
+std::string host_attention_choices(const AttentionShape& shape) {
+  std::ostringstream out;
+  out << "head-major " << cpu_path_name(decode_product_path(shape, BlockOrder::head_major));
+  if (const int passes = active_head_major_pass(shape); passes > 0)
+    out << ", next pass into " << prefetch_level_name(active_next_pass_prefetch(shape)) << ", passes of " << passes
+        << " tokens";
+  out << "; token-major " << cpu_path_name(decode_product_path(shape, BlockOrder::token_major));
+  if (const int tokens = active_token_major_pass(shape); tokens > 0) out << ", passes of " << tokens << " tokens";
+  return out.str();
+}
+
 namespace impl {
 
 void replace_next_pass_prefetch_measurement(const AttentionShape& shape, const NextPassPrefetchMeasurement& m) {

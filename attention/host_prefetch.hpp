@@ -222,6 +222,12 @@ std::string describe_decode_cpu_path(const AttentionShape& shape, BlockOrder ord
 /// Both orders' for results: "head-major: <describe_decode_cpu_path>;
 /// token-major: <describe_decode_cpu_path>".
 std::string describe_decode_cpu_paths(const AttentionShape& shape);
+/// What the products of `shape` take in this process, without the
+/// measurements behind it: "head-major avx512_bf16, next pass into l2,
+/// passes of 64 tokens; token-major avx512_bf16, passes of 32 tokens" (the
+/// level and passes only where the products take them). Another process may
+/// measure its way to other choices (4-30% apart): a setup of an experiment.
+std::string host_attention_choices(const AttentionShape& shape);
 
 namespace impl {
 /// Makes `m` the shape's measurement on the path its head-major products take

@@ -1240,6 +1240,19 @@ ResumeCheck check_resume(const ExperimentConfig& config, const MachineProfile& p
   const std::vector<std::string> recorded = recorded_machines(reader);
   for (const std::string& yaml : recorded)
     if (machine.setup_differences(yaml).empty()) return {false, 0};
+  // On the same machine another process may measure its way to other host
+  // attention choices (4-30% apart): a setup of its own, which the report
+  // compares apart from the file's, added without the flag.
+  for (const std::string& yaml : recorded) {
+    const std::vector<std::string> differences = machine.setup_differences(yaml);
+    if (std::all_of(differences.begin(), differences.end(),
+                    [](const std::string& d) { return d.rfind("host_attention_choices: ", 0) == 0; })) {
+      log_info("run: ", config.output, ": this process took other host attention choices than the file's runs "
+               "(each process measures them): ", differences.front(), "; the runs it adds are of another setup, "
+               "which the report compares apart");
+      return {false, recorded.size()};
+    }
+  }
   const std::vector<std::string> differences = machine.setup_differences(recorded.front());
   std::string listed;
   for (const std::string& d : differences) listed += "\n  " + d;
@@ -1363,6 +1376,13 @@ std::vector<std::string> attention_choice_mismatches(const MachineProfile& profi
   return warnings;
 }
 
+std::string experiment_attention_choices(const ExperimentConfig& config) {
+  std::string choices;
+  for (const ModelSpec& model : config.models)
+    choices += (choices.empty() ? "" : "\n") + model.label + ": " + host_attention_choices(model.config.attention());
+  return choices;
+}
+
 ExperimentSummary run_experiment(const ExperimentConfig& config, const MachineProfile& profile,
                                  std::ostream& progress_out, bool tty, const RunOptions& options) {
   if (!has_gpu && profile.has_gpu)
@@ -1385,7 +1405,8 @@ ExperimentSummary run_experiment(const ExperimentConfig& config, const MachinePr
     for (const std::string& warning : attention_choice_mismatches(profile, shape)) log_info(warning);
   }
   create_output_folder("output", config.output);
-  const MachineDescription machine = MachineDescription::detect();
+  MachineDescription machine = MachineDescription::detect();
+  machine.host_attention_choices = experiment_attention_choices(config);
   const std::string machine_yaml = machine.to_yaml();
   ResultsStore store(config.output);
   const std::vector<RunSpec> all_runs = expand_runs(config, profile);

@@ -158,6 +158,13 @@ std::string thread_count_mismatch(const MachineProfile& profile, int host_thread
 /// with the other. run_experiment logs them.
 std::vector<std::string> attention_choice_mismatches(const MachineProfile& profile, const AttentionShape& shape);
 
+/// MachineDescription::host_attention_choices of an experiment in this
+/// process: "<model label>: <host_attention_choices of its shape>" per model,
+/// one a line. Part of the setup: a resume whose process took other choices
+/// adds runs of another setup (the only difference that needs no
+/// --allow-different-machine), which the report compares apart.
+std::string experiment_attention_choices(const ExperimentConfig& config);
+
 /// Runs the experiment into config.output; progress goes to `progress`
 /// (a bar with ETA when `tty`, plain lines otherwise). Runs already in the
 /// file with the same definition are kept unless failed or damaged

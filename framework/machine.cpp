@@ -213,6 +213,7 @@ std::vector<std::pair<std::string, MachineDescription::Value>> MachineDescriptio
           {"kokkos_configuration", kokkos_configuration},
           {"compiler", compiler},
           {"build_type", build_type},
+          {"host_attention_choices", host_attention_choices},
           {"git_revision", git_revision},
           {"writescope_version", writescope_version}};
 }
@@ -247,7 +248,8 @@ std::vector<std::string> machine_setup_differences(const std::string& then_yaml,
                                       "host_threads",    "openmp_environment", "thread_placement", "memory_bytes",
                                       "huge_pages",      "dram_read_load_bytes",
                                       "gpu_name",        "gpu_memory_bytes",   "gpu_compute_capability",
-                                      "kokkos_version",  "enabled_exec_spaces", "compiler",        "build_type"};
+                                      "kokkos_version",  "enabled_exec_spaces", "compiler",        "build_type",
+                                      "host_attention_choices"};
   const YAML::Node then = ConfigNode::parse(then_yaml, "a recorded machine setup").yaml(),
                    now = ConfigNode::parse(now_yaml, "a machine setup").yaml();
   auto value = [](const YAML::Node& machine, const char* name) {

@@ -36,6 +36,10 @@ struct MachineDescription {
   std::string kokkos_configuration; // Kokkos::print_configuration, detailed
   std::string compiler;
   std::string build_type;
+  // An experiment's: per model, the choices its CPU decode attention measured
+  // in this process (attention/host_prefetch.hpp host_attention_choices), one
+  // "model: choices" line each; "" elsewhere (detect() leaves it).
+  std::string host_attention_choices;
   std::string git_revision;         // `git describe --always --dirty` at build time
   std::string writescope_version;
 
@@ -54,7 +58,8 @@ struct MachineDescription {
 
 /// Where the setup that decides measurements (CPU, its paths, thread count
 /// and OpenMP settings and placement, memory, GPU, Kokkos, compiler, build
-/// type) of machine description `now_yaml` differs from `then_yaml` (both
+/// type, an experiment's host attention choices) of machine description
+/// `now_yaml` differs from `then_yaml` (both
 /// MachineDescription::to_yaml()), one "field: 'then' -> 'now'" each; empty
 /// when the same. Host name and git revision are not setup: containers and
 /// cluster nodes differ in names, and runs record their revision; nor is

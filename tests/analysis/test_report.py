@@ -1088,6 +1088,22 @@ class Provenance(unittest.TestCase):
             self.assertEqual((subject, mean, points, left_out), ("writescope", None, 0, 0), (model, baseline))
 
 
+    def test_runs_of_other_host_attention_choices_are_another_setup(self):
+        """Each process measures its CPU attention's choices per model: runs of a resume that took others (4-30%
+        apart) are another setup, never compared with the file's."""
+        machine = 'cpu_model: Test CPU\nhost_threads: 16\ngpu_name: NVIDIA H200\nhost_attention_choices: |\n  {}\n'
+
+        def edit(root):
+            root.attrs["machine"] = machine.format("m: head-major avx512_bf16, next pass into l2, passes of 64 tokens")
+            for name, group in root["runs"].items():
+                if group.attrs["system"] == "writescope":
+                    group.attrs["machine"] = machine.format(
+                        "m: head-major avx512_bf16, next pass into l1, passes of 32 tokens")
+        markdown = self.report_of(edit)
+        self.assertIn("**Runs of 2 machine setups**", markdown)
+        self.assertIn("they differ in `host_attention_choices`.", markdown)
+
+
 class ResultsFileBeingWritten(unittest.TestCase):
     def test_a_writers_lock_is_warned_of(self):
         """`writescope run` holds <results>.lock while it writes: runs missing from the report may still come."""

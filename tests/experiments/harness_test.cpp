@@ -928,11 +928,65 @@ TEST_F(HarnessTest, ResumeChecksTheConfigTheRunsAndTheMachine) {
   const ResultsReader reader(output_);
   EXPECT_NE(reader.string_attribute("/", "machine").find("host_threads: 977"), std::string::npos);
   ASSERT_EQ(reader.list("/other_machines").size(), 1u);
-  EXPECT_EQ(MachineDescription::detect().setup_differences(
+  MachineDescription now = MachineDescription::detect();
+  now.host_attention_choices = experiment_attention_choices(experiment(yaml));
+  EXPECT_EQ(now.setup_differences(
                 reader.string_attribute("/other_machines/" + reader.list("/other_machines").front(), "machine")),
             std::vector<std::string>{});
   // Now recorded, the second setup resumes without the flag.
   EXPECT_EQ(run_experiment(experiment(yaml), test::tiny_profile(), quiet, false).skipped, 2);
+}
+
+// Each process measures the host attention's choices (product path, next
+// pass level, passes) per model: a resume whose process took others, 4-30%
+// apart, adds its runs as another setup (which the report compares apart),
+// without --allow-different-machine; another machine still needs it.
+TEST_F(HarnessTest, AResumeThatTookOtherHostAttentionChoicesAddsAnotherSetup) {
+  const std::string yaml = small_yaml("choices");
+  const ExperimentConfig experiment = ExperimentConfig::from_config(ConfigNode::parse(yaml, "choices.yaml"));
+  std::ostringstream quiet;
+  ASSERT_EQ(run_experiment(experiment, test::tiny_profile(), quiet, false).complete, 2) << quiet.str();
+  const std::string choices = experiment_attention_choices(experiment);
+  ASSERT_EQ(choices.find('\n'), std::string::npos) << "one model: " << choices;
+  EXPECT_EQ(choices.rfind("tiny-mixtral: head-major ", 0), 0u) << choices;
+  const auto recorded_choices = [](const std::string& machine) {
+    const YAML::Node node = YAML::Load(machine)["host_attention_choices"];
+    return node ? node.as<std::string>() : std::string("(none)");
+  };
+  {
+    const ResultsReader reader(output_);
+    EXPECT_EQ(recorded_choices(reader.string_attribute("/runs/" + reader.list("/runs").front(), "machine")), choices);
+  }
+  const auto recorded_elsewhere = [&](const std::string& field, const std::string& value) {
+    ResultsStore store(output_);
+    auto txn = store.begin();
+    std::string machine = ResultsReader(output_).string_attribute("/", "machine");
+    const auto at = machine.find(field + ": ");
+    ASSERT_NE(at, std::string::npos) << machine;
+    machine.replace(at, machine.find('\n', at) - at, field + ": " + value);
+    txn.root().set_attribute("machine", machine);
+    if (txn.root().has("other_machines")) txn.root().remove("other_machines");
+    txn.root().open_group("runs").remove(ResultsReader(output_).list("/runs").front());
+    txn.commit();
+  };
+  recorded_elsewhere("host_attention_choices", "'tiny-mixtral: head-major scalar; token-major scalar'");
+  EXPECT_EQ(run_experiment(experiment, test::tiny_profile(), quiet, false).complete, 1);
+  {
+    const ResultsReader reader(output_);
+    ASSERT_EQ(reader.list("/other_machines").size(), 1u);
+    EXPECT_EQ(recorded_choices(reader.string_attribute("/other_machines/" + reader.list("/other_machines").front(),
+                                                       "machine")),
+              choices);
+  }
+  // Other choices on another machine: that difference still needs the flag.
+  recorded_elsewhere("host_threads", "977");
+  try {
+    run_experiment(experiment, test::tiny_profile(), quiet, false);
+    FAIL() << "runs of another machine resumed without --allow-different-machine";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("another machine setup:\n  host_threads: '977' -> '"), std::string::npos)
+        << e.what();
+  }
 }
 
 // An HDF5 file of another program named as the output is refused before
