@@ -1198,6 +1198,15 @@ struct ResumeCheck {
 /// layout, `output` and `profile` aside), machine profile and machine setup; with
 /// allow_different_machine another setup is recorded beside the first
 /// (/other_machines) and every run keeps its own.
+/// Whether setup differences (machine_setup_differences) are only in the
+/// host attention choices: on the same machine another process may measure
+/// its way to others (4-30% apart), a setup of its own that the report
+/// compares apart, which resume and merge add without --allow-different-machine.
+bool only_attention_choices(const std::vector<std::string>& differences) {
+  return std::all_of(differences.begin(), differences.end(),
+                     [](const std::string& d) { return d.rfind("host_attention_choices: ", 0) == 0; });
+}
+
 ResumeCheck check_resume(const ExperimentConfig& config, const MachineProfile& profile, const RunOptions& options,
                          const MachineDescription& machine) {
   const ResultsReader reader(config.output);
@@ -1240,13 +1249,9 @@ ResumeCheck check_resume(const ExperimentConfig& config, const MachineProfile& p
   const std::vector<std::string> recorded = recorded_machines(reader);
   for (const std::string& yaml : recorded)
     if (machine.setup_differences(yaml).empty()) return {false, 0};
-  // On the same machine another process may measure its way to other host
-  // attention choices (4-30% apart): a setup of its own, which the report
-  // compares apart from the file's, added without the flag.
   for (const std::string& yaml : recorded) {
     const std::vector<std::string> differences = machine.setup_differences(yaml);
-    if (std::all_of(differences.begin(), differences.end(),
-                    [](const std::string& d) { return d.rfind("host_attention_choices: ", 0) == 0; })) {
+    if (only_attention_choices(differences)) {
       log_info("run: ", config.output, ": this process took other host attention choices than the file's runs "
                "(each process measures them): ", differences.front(), "; the runs it adds are of another setup, "
                "which the report compares apart");
@@ -1621,9 +1626,13 @@ std::vector<std::string> merge_results(const std::string& output, const std::vec
                        [&](const std::string& m) { return machine_setup_differences(m, machine).empty(); }))
         machines.push_back(machine);
   }
-  if (machines.size() > 1 && !options.allow_different_machine) {
+  const auto another_machine = [&](const std::string& m) {
+    return !only_attention_choices(machine_setup_differences(machines.front(), m));
+  };
+  const auto other_machine = std::find_if(machines.begin(), machines.end(), another_machine);
+  if (other_machine != machines.end() && !options.allow_different_machine) {
     std::string listed;
-    for (const std::string& d : machine_setup_differences(machines.front(), machines[1])) listed += "\n  " + d;
+    for (const std::string& d : machine_setup_differences(machines.front(), *other_machine)) listed += "\n  " + d;
     throw std::invalid_argument("merge: the inputs were measured with different machine setups:" + listed +
                                 "\npass --allow-different-machine to merge them (each run records its own)");
   }

@@ -1284,6 +1284,24 @@ TEST_F(HarnessTest, ShardsMergeIntoWhatOneProcessWrites) {
                       ")"),
             std::string::npos)
       << merge_error({shards[1], another.output});
+  {  // Shard 1 measured by a process that took other host attention choices: another setup, without the flag.
+    const std::string original = ResultsReader(shards[1]).string_attribute("/", "machine");
+    auto record = [&](const std::string& machine) {
+      ResultsStore store(shards[1]);
+      auto txn = store.begin();
+      txn.root().set_attribute("machine", machine);
+      txn.commit();
+    };
+    std::string machine = original;
+    const auto at = machine.find("host_attention_choices: ");
+    ASSERT_NE(at, std::string::npos) << machine;
+    machine.replace(at, machine.find('\n', at) - at, "host_attention_choices: 'tiny-mixtral: other choices'");
+    record(machine);
+    const std::string choices = (dir_ / "choices.h5").string();
+    merge_results(choices, shards);
+    EXPECT_EQ(ResultsReader(choices).list("/other_machines").size(), 1u);
+    record(original);
+  }
   {  // Shard 2 measured with another thread count.
     ResultsStore store(shards[2]);
     auto txn = store.begin();
