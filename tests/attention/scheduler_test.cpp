@@ -39,6 +39,13 @@ class SchedulerTest : public ::testing::Test {
     cache.append(HostExecSpace(), layer, sequence, view, view, regions);
   }
 
+  /// Bytes of the fixture's KV that `segments` cover.
+  double covered_bytes(const std::vector<BlockSegment>& segments) const {
+    double tokens = 0;
+    for (const BlockSegment& s : segments) tokens += s.token_count;
+    return tokens * static_cast<double>(block_bytes_) / block_tokens;
+  }
+
   std::int64_t count(const InplaceKVCache<bf16>& cache, int layer, int sequence, Region region) {
     const auto regions = cache.block_regions(layer, sequence);
     return std::count(regions.begin(), regions.end(), region);
@@ -516,11 +523,8 @@ TEST_F(SchedulerTest, ACpuShareTooShortToTimeStillDriftsBack) {
   const int seq = cache->add_sequence();
   ModelRates rates = test::synthetic_rates(50, 50);
   rates.cpu_latency_s = 20e-6;
-  const double bytes_per_token = static_cast<double>(block_bytes_) / block_tokens;
   auto seconds_at = [&](const std::vector<BlockSegment>& segments, double gbps) {
-    double tokens = 0;
-    for (const BlockSegment& s : segments) tokens += s.token_count;
-    return tokens * bytes_per_token / (gbps * 1e9);
+    return covered_bytes(segments) / (gbps * 1e9);
   };
   {
     WriteScopeScheduler<bf16> placing(RooflineModel(rates), shape_, *cache);
@@ -564,9 +568,7 @@ TEST_F(SchedulerTest, AResidentRateNoLongerTimedDriftsBack) {
   auto step = [&](double hbm_gbps) {
     const SplitPlan plan = scheduler.plan(0, {seq}, range);
     const StepBytes bytes = scheduler.bytes_of(plan);
-    double streamed_bytes = 0;
-    for (const auto& s : plan.gpu_streamed) streamed_bytes += s.token_count;
-    streamed_bytes *= static_cast<double>(block_bytes_) / block_tokens;
+    const double streamed_bytes = covered_bytes(plan.gpu_streamed);
     SplitTimings measured;
     const double resident = bytes.gpu_resident / (hbm_gbps * 1e9);
     measured.streamed_seconds = streamed_bytes / 50e9;
@@ -592,9 +594,7 @@ TEST_F(SchedulerTest, FeedbackFitsTheResidentRateApartFromTheLink) {
   for (int step = 0; step < 10; ++step) {
     const SplitPlan plan = scheduler.plan(0, {seq}, range);
     const StepBytes bytes = scheduler.bytes_of(plan);
-    double streamed_bytes = 0;
-    for (const auto& s : plan.gpu_streamed) streamed_bytes += s.token_count;
-    streamed_bytes *= static_cast<double>(block_bytes_) / block_tokens;
+    const double streamed_bytes = covered_bytes(plan.gpu_streamed);
     ASSERT_GT(bytes.gpu_resident, 0);
     ASSERT_GT(streamed_bytes, 0);
     SplitTimings measured;
