@@ -1194,10 +1194,6 @@ struct ResumeCheck {
   std::size_t another_setup = 0;
 };
 
-/// Resuming mixes runs into a file only of the same experiment (comments,
-/// layout, `output` and `profile` aside), machine profile and machine setup; with
-/// allow_different_machine another setup is recorded beside the first
-/// (/other_machines) and every run keeps its own.
 /// Whether setup differences (machine_setup_differences) are only in the
 /// host attention choices: on the same machine another process may measure
 /// its way to others (4-30% apart), a setup of its own that the report
@@ -1207,6 +1203,11 @@ bool only_attention_choices(const std::vector<std::string>& differences) {
                      [](const std::string& d) { return d.rfind("host_attention_choices: ", 0) == 0; });
 }
 
+/// Resuming mixes runs into a file only of the same experiment (comments,
+/// layout, `output` and `profile` aside), machine profile and machine setup; with
+/// allow_different_machine (or where only the host attention choices differ)
+/// another setup is recorded beside the first (/other_machines) and every run
+/// keeps its own.
 ResumeCheck check_resume(const ExperimentConfig& config, const MachineProfile& profile, const RunOptions& options,
                          const MachineDescription& machine) {
   const ResultsReader reader(config.output);
