@@ -1588,7 +1588,8 @@ def provenance_lines(results):
                               for label, (machine, n) in setups.items())
         recorded = [dict(machine.setup) for machine, _ in setups.values() if machine is not None]
         differing = [name for name in SETUP_FIELDS if len({m.get(name) for m in recorded}) > 1]
-        lines.append(f"- **Runs of {len(setups)} machine setups** (`--allow-different-machine`): {described}"
+        lines.append(f"- **Runs of {len(setups)} machine setups** (`--allow-different-machine`, or other host "
+                     f"attention choices): {described}"
                      + (f"; they differ in {', '.join(f'`{name}`' for name in differing)}" if differing else "")
                      + ". Every figure and table compares runs of one setup only.")
         for label, (machine, _) in setups.items():

@@ -19,9 +19,17 @@ elseif(revision MATCHES "-dirty$")
   if(NOT diff_status EQUAL 0 OR NOT list_status EQUAL 0)
     message(FATAL_ERROR "GitRevision: cannot list the changes of the modified tree ${SOURCE_DIR}")
   endif()
+  # A list item is split at ';' but not inside '[' ']': both brackets stand in
+  # for themselves (as ASCII 1 and 2) until the item is read.
+  string(ASCII 1 open)
+  string(ASCII 2 close)
+  string(REPLACE "[" "${open}" untracked "${untracked}")
+  string(REPLACE "]" "${close}" untracked "${untracked}")
   string(REPLACE ";" "\\;" untracked "${untracked}")
   string(REPLACE "\n" ";" untracked "${untracked}")
   foreach(name IN LISTS untracked)
+    string(REPLACE "${open}" "[" name "${name}")
+    string(REPLACE "${close}" "]" name "${name}")
     # A name git quotes (a newline or a quote in it) is hashed as named.
     if(EXISTS "${SOURCE_DIR}/${name}" AND NOT IS_DIRECTORY "${SOURCE_DIR}/${name}")
       file(SHA256 "${SOURCE_DIR}/${name}" content)

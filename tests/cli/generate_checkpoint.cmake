@@ -56,7 +56,7 @@ print(g.attrs['weights_dtypes'], '|', g.attrs['weights_files'], '|', 'torch_dtyp
 " ${FOLDER}.h5 RESULT_VARIABLE status OUTPUT_VARIABLE described ERROR_VARIABLE err)
 file(REMOVE ${FOLDER}.h5 ${FOLDER}.h5.lock)
 if(NOT status EQUAL 0 OR NOT described MATCHES
-   "^F16 [|] model.safetensors: [0-9]+ bytes, modified 20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9:]+Z \\(metadata: git_revision: [0-9a-f]+[a-z-]*, model: tiny-qwen3-moe, seed: 7, writer: writescope make-checkpoint\\) [|] True")
+   "^F16 [|] model.safetensors: [0-9]+ bytes, modified 20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9:]+Z \\(metadata: git_revision: [0-9a-f]+[a-z0-9-]*, model: tiny-qwen3-moe, seed: 7, writer: writescope make-checkpoint\\) [|] True")
   message(FATAL_ERROR "the logits file's weights (${status}): ${described}${err}")
 endif()
 # A damaged checkpoint is refused before a new logits file is made (no empty file left behind).
